@@ -1,0 +1,389 @@
+"""Collectives: one row per collective the CPU issued, joined to the GPU kernels that ran it.
+
+The CPU side is the ``record_param_comms`` op (its args carry the collective name, sizes, dtype,
+group); the GPU side is the NCCL/RCCL kernel with the same ``External id``. Old traces whose
+``record_param_comms`` has no args get the kind from the enclosing ``nccl:*`` annotation or the
+kernel name; CPU-only (gloo) traces have no kernels and are timed on the CPU.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+import msgspec
+import numpy as np
+
+from ..ingest.kineto import Args, RankTrace
+from .labels import enclosing
+
+# Same rule as Holistic Trace Analysis (hta/common/types.py), so overlap figures agree.
+COMM_NAME_RX = re.compile(r"(^nccl.*)|(^hip)|(^hccl)|(.*ncclKernel.*)")
+MEMORY_NAME_RX = re.compile(r"(^(hip)?Memcpy)|(^(hip)?Memset)|(^dma)")
+NOT_COMPUTE_RX = re.compile(
+    r"(^nccl)|(.*Memcpy)|(.*Memset)|(.*dma)|(^.*Sync)|(^Stream Wait Event)|(cuda.*LaunchKernel)"
+    r"|(^runFunction)|(^hip)|(^job_exe)|(^packet)|(^pe_exe)|(^cpum_exe_subgraph)|(^hccl)"
+    r"|(^collective_subgraph_execution)"
+)
+
+KINDS = ("all_gather", "reduce_scatter", "all_reduce", "all_to_all", "send_recv", "broadcast", "barrier", "other")
+
+_COLLECTIVE_NAME_KIND = {
+    "_allgather_base": "all_gather",
+    "allgather": "all_gather",
+    "all_gather": "all_gather",
+    "allgather_into_tensor_coalesced": "all_gather",
+    "all_gather_into_tensor": "all_gather",
+    "allgather_coalesced": "all_gather",
+    "_all_gather_base": "all_gather",
+    "_reduce_scatter_base": "reduce_scatter",
+    "reduce_scatter": "reduce_scatter",
+    "reduce_scatter_tensor_coalesced": "reduce_scatter",
+    "reduce_scatter_tensor": "reduce_scatter",
+    "allreduce": "all_reduce",
+    "all_reduce": "all_reduce",
+    "allreduce_coalesced": "all_reduce",
+    "all_to_all": "all_to_all",
+    "alltoall": "all_to_all",
+    "alltoall_base": "all_to_all",
+    "all_to_all_single": "all_to_all",
+    "send": "send_recv",
+    "recv": "send_recv",
+    "recvanysource": "send_recv",
+    "sendrecv": "send_recv",
+    "broadcast": "broadcast",
+    "_broadcast_oop": "broadcast",
+    "barrier": "barrier",
+}
+_KERNEL_KIND = [
+    ("AllGather", "all_gather"),
+    ("ReduceScatter", "reduce_scatter"),
+    ("AllReduce", "all_reduce"),
+    ("AllToAll", "all_to_all"),
+    ("SendRecv", "send_recv"),
+    ("Send", "send_recv"),
+    ("Recv", "send_recv"),
+    ("Broadcast", "broadcast"),
+]
+
+DTYPE_BYTES = {
+    "float": 4, "float32": 4, "int": 4, "int32": 4, "uint32": 4,
+    "bfloat16": 2, "half": 2, "float16": 2, "short": 2, "int16": 2, "uint16": 2,
+    "double": 8, "float64": 8, "long": 8, "int64": 8, "uint64": 8, "complexfloat": 8,
+    "byte": 1, "char": 1, "bool": 1, "int8": 1, "uint8": 1, "unsigned char": 1,
+    "float8_e4m3fn": 1, "float8_e5m2": 1, "float8_e4m3fnuz": 1, "float8_e5m2fnuz": 1,
+}
+
+
+def kind_from_collective_name(name: str | None) -> str | None:
+    if not name:
+        return None
+    key = name.strip().lower()
+    if key in _COLLECTIVE_NAME_KIND:
+        return _COLLECTIVE_NAME_KIND[key]
+    key = key.removeprefix("nccl:").removeprefix("gloo:").removeprefix("c10d::").rstrip("_")
+    return _COLLECTIVE_NAME_KIND.get(key)
+
+
+def kind_from_kernel_name(name: str) -> str | None:
+    for token, kind in _KERNEL_KIND:
+        if token in name:
+            return kind
+    return None
+
+
+def dtype_bytes(dtype: str | None) -> int | None:
+    if not dtype:
+        return None
+    d = dtype.lower().removeprefix("c10::").removeprefix("torch.")
+    return DTYPE_BYTES.get(d)
+
+
+def message_bytes(kind: str, a: Args | None) -> int | None:
+    """Collective size in the nccl-tests convention: the full buffer (all-gather output,
+    reduce-scatter input, all-reduce buffer, all-to-all buffer)."""
+    if a is None:
+        return None
+    width = dtype_bytes(a.dtype)
+    if width is None:
+        return None
+    if kind == "all_gather":
+        n = a.out_nelems
+    elif kind == "reduce_scatter":
+        n = a.in_nelems
+    else:
+        n = max(a.in_nelems or 0, a.out_nelems or 0) or None
+    return None if n is None else int(n) * width
+
+
+def bus_factor(kind: str, n: int | None) -> float:
+    """nccl-tests busBw = algBw × factor."""
+    if not n or n < 1:
+        return 1.0
+    if kind == "all_reduce":
+        return 2.0 * (n - 1) / n
+    if kind in ("all_gather", "reduce_scatter", "all_to_all"):
+        return (n - 1) / n
+    return 1.0
+
+
+@dataclass
+class Collective:
+    kind: str
+    name: str  # Collective name arg, nccl:* annotation, or kernel name
+    cpu_row: int  # record_param_comms row, -1 when found only as a kernel
+    cpu_ts: float
+    cpu_thread: int
+    dtype: str | None = None
+    in_nelems: int | None = None
+    out_nelems: int | None = None
+    group_size: int | None = None
+    pg_name: str | None = None
+    pg_desc: str | None = None
+    bytes: int | None = None
+    kernel_rows: list[int] = field(default_factory=list)
+    gpu_start: float | None = None
+    gpu_end: float | None = None
+    stream: int | None = None
+    # filled by later analyses
+    step: int = -1
+    phase: str = "other"
+    labels: list[str] = field(default_factory=list)
+    unit: str | None = None
+    issue_label: str | None = None  # the innermost FSDP label that issued it
+    exposed_us: float = 0.0
+    cpu_dur: float = 0.0  # µs the issuing CPU op took (the whole collective for gloo)
+
+    @property
+    def gpu_dur_us(self) -> float | None:
+        if self.gpu_start is None or self.gpu_end is None:
+            return None
+        return self.gpu_end - self.gpu_start
+
+    def busbw_gbps(self) -> float | None:
+        d = self.gpu_dur_us
+        if not self.bytes or not d or d <= 0:
+            return None
+        return self.bytes / (d * 1e-6) / 1e9 * bus_factor(self.kind, self.group_size)
+
+
+def comm_kernel_mask(rt: RankTrace) -> np.ndarray:
+    kern = rt.mask_cat("kernel")
+    by_name = rt.mask_names(lambda n: COMM_NAME_RX.match(n) is not None)
+    by_args = np.zeros(len(rt), dtype=bool)
+    rows_with_coll = [i for i, a in rt.args.items() if a.collective is not None]
+    if rows_with_coll:
+        by_args[rows_with_coll] = True
+    return kern & (by_name | by_args)
+
+
+LAUNCH_CATS = ("cuda_runtime", "cuda_driver")
+
+
+def launch_rows(rt: RankTrace, rows: np.ndarray) -> np.ndarray:
+    """The runtime/driver row that launched each GPU row (same correlation id), or -1."""
+    out = np.full(rows.size, -1, dtype=np.int64)
+    launch = np.flatnonzero(rt.mask_cat(*LAUNCH_CATS) & (rt.correlation >= 0))
+    if launch.size == 0 or rows.size == 0:
+        return out
+    corr = rt.correlation[launch]
+    order = np.argsort(corr, kind="stable")
+    corr_sorted = corr[order]
+    want = rt.correlation[rows]
+    pos = np.minimum(np.searchsorted(corr_sorted, want), corr_sorted.size - 1)
+    hit = (want >= 0) & (corr_sorted[pos] == want)
+    out[hit] = launch[order[pos[hit]]]
+    return out
+
+
+# kinds whose buffer size is the first input's size, so recorded shapes give the bytes
+SHAPE_SIZED_KINDS = ("all_reduce", "broadcast", "all_to_all", "send_recv")
+
+
+def _is_backend_annotation(name: str) -> bool:
+    return name.startswith(("nccl:", "gloo:"))
+
+
+def is_c10d_collective(name: str) -> bool:
+    return name.startswith("c10d::") and kind_from_collective_name(name) is not None
+
+
+def issue_rows(rt: RankTrace) -> np.ndarray:
+    """Rows that issue a collective on the CPU: ``record_param_comms`` (NCCL, old and new) and
+    c10d collective ops (``c10d::_allgather_base_`` …; the only record in gloo traces)."""
+    cpu = rt.mask_cat("cpu_op")
+    return np.flatnonzero(cpu & rt.mask_names(lambda n: n == "record_param_comms" or is_c10d_collective(n)))
+
+
+def _nelems(dims) -> int:
+    if isinstance(dims, list):
+        if all(isinstance(d, int) for d in dims):
+            return int(np.prod(dims)) if dims else 1
+        return sum(_nelems(d) for d in dims if isinstance(d, list) and d)
+    return 0
+
+
+def args_from_shapes(name: str, a: Args | None, kind: str) -> Args | None:
+    """Sizes and dtype of a c10d collective op from its recorded input shapes (gloo traces)."""
+    if a is None or a.input_dims is None:
+        return None
+    try:
+        dims = msgspec.json.decode(a.input_dims)
+        types = msgspec.json.decode(a.input_type) if a.input_type is not None else []
+    except msgspec.DecodeError:
+        return None
+    if not isinstance(dims, list) or not dims:
+        return None
+    first = _nelems(dims[0])
+    second = _nelems(dims[1]) if len(dims) > 1 else first
+    dtype = next((t for t in types if isinstance(t, str) and t and t not in ("TensorList", "Scalar", "ScalarList")), None)
+    if dtype is None and types and types[0] == "TensorList":
+        dtype = None
+    op = name.removeprefix("c10d::").rstrip("_")
+    if kind in ("all_gather", "reduce_scatter") and op in (
+        "_allgather_base", "allgather_into_tensor_coalesced", "_reduce_scatter_base", "reduce_scatter_tensor_coalesced"
+    ):
+        out_n, in_n = first, second  # (output, input, ...)
+    else:
+        out_n = in_n = first
+    return Args(collective=op, in_nelems=in_n, out_nelems=out_n, dtype=dtype)
+
+
+def find_collectives(rt: RankTrace, chains: dict[int, list[int]], group_size: int | None = None) -> list[Collective]:
+    """Collectives of one rank.
+
+    ``chains`` maps each issue row (see :func:`issue_rows`) to its enclosing label rows (see
+    :func:`fsdpdoctor.analysis.labels.enclosing`). One collective per outermost issue row; a
+    ``record_param_comms`` inside a c10d op lends it its args and its kernels' External id.
+    ``group_size`` is the fallback when the trace does not say (gloo ops carry no group).
+    """
+    rows = issue_rows(rt)
+    row_set = set(int(r) for r in rows)
+    comm_k = np.flatnonzero(comm_kernel_mask(rt))
+    kern_by_ext: dict[int, list[int]] = {}
+    for r in comm_k:
+        x = int(rt.external_id[r])
+        if x >= 0:
+            kern_by_ext.setdefault(x, []).append(int(r))
+    # inner record_param_comms of each outer issue row
+    inner: dict[int, list[int]] = {}
+    outer_rows = []
+    for r in rows:
+        r = int(r)
+        parents = [c for c in chains.get(r, []) if c in row_set]
+        if parents:
+            inner.setdefault(parents[0], []).append(r)
+        else:
+            outer_rows.append(r)
+    # ``nccl:*`` / ``gloo:*`` annotations recorded inside an issue row name its collective
+    ann = np.flatnonzero(rt.mask_cat("user_annotation") & rt.mask_names(_is_backend_annotation))
+    child_ann: dict[int, str] = {}
+    if ann.size and outer_rows:
+        for a_row, chain in enclosing(rt, np.array(outer_rows, dtype=np.int64), ann).items():
+            if chain:
+                child_ann.setdefault(chain[0], rt.row_name(a_row))
+    out: list[Collective] = []
+    used_kernels: set[int] = set()
+    for r in outer_rows:
+        members = [r] + inner.get(r, [])
+        label_names = [rt.row_name(c) for c in chains.get(r, [])]
+        kernels = [k for m in members if rt.external_id[m] >= 0 for k in kern_by_ext.get(int(rt.external_id[m]), [])]
+        a = next((rt.args[m] for m in members if m in rt.args and rt.args[m].collective), None)
+        if a is None:
+            a = next((rt.args[k] for k in kernels if k in rt.args and rt.args[k].collective), None)
+        own = rt.row_name(r)
+        kind = kind_from_collective_name(a.collective if a else None)
+        name = a.collective if a and a.collective else None
+        if kind is None and own.startswith("c10d::"):
+            kind = kind_from_collective_name(own)
+            name = own
+        if kind is None:
+            for ln in [*reversed(label_names), child_ann.get(r, "")]:
+                if _is_backend_annotation(ln):
+                    kind = kind_from_collective_name(ln)
+                    if kind:
+                        name = name or ln
+                        break
+        if kind is None:
+            for k in kernels:
+                kind = kind_from_kernel_name(rt.row_name(k))
+                if kind:
+                    name = name or rt.row_name(k)
+                    break
+        if kind is None and not kernels:
+            continue  # a record_param_comms with nothing to say what it is
+        kind = kind or "other"
+        if a is None and (own.startswith("c10d::") or kind in SHAPE_SIZED_KINDS):
+            a = args_from_shapes(own, rt.args.get(r), kind)
+        c = Collective(
+            kind=kind,
+            name=name or "unknown",
+            cpu_row=r,
+            cpu_ts=float(rt.ts[r]),
+            cpu_thread=int(rt.thread[r]),
+            labels=label_names,
+        )
+        c.cpu_dur = float(rt.dur[r])
+        _fill_args(c, a)
+        if c.group_size is None:
+            c.group_size = group_size
+        _attach_kernels(rt, c, kernels)
+        used_kernels.update(kernels)
+        out.append(c)
+    # kernels whose External id names no issue row (2023-era traces number them differently):
+    # the runtime call that launched them (same correlation id) sits inside the issuing op
+    orphans = np.array([int(k) for k in comm_k if int(k) not in used_kernels], dtype=np.int64)
+    if orphans.size and out:
+        launches = launch_rows(rt, orphans)
+        has = launches >= 0
+        by_row = {c.cpu_row: c for c in out}
+        owners = enclosing(rt, np.array(sorted(by_row), dtype=np.int64), launches[has])
+        for k, lr in zip(orphans[has], launches[has]):
+            chain = owners.get(int(lr), [])
+            if chain:
+                c = by_row[chain[0]]
+                _attach_kernels(rt, c, c.kernel_rows + [int(k)])
+                used_kernels.add(int(k))
+    # kernels with no CPU op found at all (launched before the trace window, trimmed traces):
+    # the GPU-side ``nccl:*`` annotation around the kernel still names the collective
+    left = np.array([int(k) for k in comm_k if int(k) not in used_kernels], dtype=np.int64)
+    gpu_ann = np.flatnonzero(rt.mask_cat("gpu_user_annotation") & rt.mask_names(_is_backend_annotation))
+    around = enclosing(rt, gpu_ann, left) if left.size and gpu_ann.size else {}
+    for k in left:
+        k = int(k)
+        a = rt.args.get(k)
+        chain = around.get(k, [])
+        kind = (
+            kind_from_collective_name(a.collective if a else None)
+            or kind_from_kernel_name(rt.row_name(k))
+            or (kind_from_collective_name(rt.row_name(chain[-1])) if chain else None)
+            or "other"
+        )
+        c = Collective(kind=kind, name=(a.collective if a and a.collective else rt.row_name(k)), cpu_row=-1,
+                       cpu_ts=float(rt.ts[k]), cpu_thread=-1)
+        _fill_args(c, a)
+        _attach_kernels(rt, c, [k])
+        out.append(c)
+    out.sort(key=lambda c: c.cpu_ts)
+    return out
+
+
+def _fill_args(c: Collective, a: Args | None) -> None:
+    if a is None:
+        return
+    c.dtype = a.dtype
+    c.in_nelems = a.in_nelems
+    c.out_nelems = a.out_nelems
+    c.group_size = a.group_size
+    c.pg_name = a.pg_name
+    c.pg_desc = a.pg_desc
+    c.bytes = message_bytes(c.kind, a)
+
+
+def _attach_kernels(rt: RankTrace, c: Collective, kernels: list[int]) -> None:
+    if not kernels:
+        return
+    c.kernel_rows = list(kernels)
+    c.gpu_start = float(min(rt.ts[k] for k in kernels))
+    c.gpu_end = float(max(rt.ts[k] + rt.dur[k] for k in kernels))
+    c.stream = int(rt.stream[kernels[0]])

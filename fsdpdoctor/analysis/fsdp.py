@@ -1,0 +1,267 @@
+"""FSDP structure recovered from the hook labels FSDP records (shared/notes/fsdp-trace-signatures.md).
+
+- version: FSDP2 labels start with ``FSDP::``, FSDP1 labels with ``FullyShardedDataParallel.``
+- units: FSDP2 ``FSDP::pre_forward (<fqn>)`` (torch ≥ 2.5; the root unit has no suffix);
+  FSDP1 and torch-2.4 FSDP2 carry no FQN, so units are the ``_pre_forward`` ranges of a step in
+  execution order, and collectives are matched to them by order (forward) and size (backward).
+- backward prefetch: the label enclosing each backward all-gather. FSDP1:
+  ``_pre_backward_prefetch`` → BACKWARD_PRE, ``_post_backward_prefetch`` → BACKWARD_POST,
+  directly in ``_pre_backward_hook`` → issued on demand. FSDP2: inside
+  ``FSDP::backward_prefetch`` → prefetched (FSDP2's default is the BACKWARD_PRE analogue),
+  directly in ``FSDP::pre_backward`` → on demand.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import Counter, defaultdict
+
+import numpy as np
+
+from ..facts import FsdpFacts, OffloadFacts, UnitFacts
+from ..ingest.kineto import RankTrace
+from .comms import Collective
+
+FSDP2_PREFIX = "FSDP::"
+FSDP1_PREFIX = "FullyShardedDataParallel."
+_FSDP2_HOOK = re.compile(r"^FSDP::(?P<hook>[a-z_]+?)(?: \((?P<fqn>.*)\))?$")
+_FSDP2_PREFETCH = re.compile(r"^FSDP::(?P<pass>forward|backward)_prefetch(?: for (?P<fqn>.*))?$")
+ROOT_FQN = ""
+LOW_PRECISION = {"bfloat16", "half", "float16", "c10::bfloat16", "c10::half"}
+
+
+def detect_version(rt: RankTrace) -> tuple[int | None, str]:
+    n2 = sum(1 for n in rt.names if n.startswith(FSDP2_PREFIX))
+    n1 = sum(1 for n in rt.names if n.startswith(FSDP1_PREFIX))
+    if n2 and n2 >= n1:
+        return 2, f"{n2} distinct 'FSDP::' hook labels (fully_shard)"
+    if n1:
+        return 1, f"{n1} distinct 'FullyShardedDataParallel.' hook labels"
+    return None, "no FSDP hook labels in the trace"
+
+
+def _fsdp_chain(c: Collective, prefix: str) -> list[str]:
+    return [n for n in c.labels if n.startswith(prefix)]
+
+
+def _fqn_of(label: str) -> str | None:
+    m = _FSDP2_PREFETCH.match(label)
+    if m:
+        return m.group("fqn")
+    m = _FSDP2_HOOK.match(label)
+    if m:
+        return m.group("fqn") if m.group("fqn") is not None else ROOT_FQN
+    return None
+
+
+def _fsdp2_unit(c: Collective) -> str | None:
+    chain = _fsdp_chain(c, FSDP2_PREFIX)
+    for lab in reversed(chain):  # innermost first
+        if lab.startswith("FSDP::all_gather") or "_prefetch for " in lab:
+            return _fqn_of(lab)
+    for lab in reversed(chain):
+        m = _FSDP2_HOOK.match(lab)
+        if m and m.group("hook") in ("pre_forward", "pre_backward", "post_backward_reduce", "post_backward",
+                                     "post_backward_reshard", "post_backward_accumulate", "all_gather"):
+            return _fqn_of(lab)
+    return None
+
+
+def analyze_fsdp(rt: RankTrace, colls: list[Collective], steps, n_steps: int) -> FsdpFacts:
+    version, evidence = detect_version(rt)
+    f = FsdpFacts(version=version, version_evidence=evidence)
+    f.sources["version"] = "trace"
+    f.cpu_offload = _offload(rt, n_steps)
+    ag = [c for c in colls if c.kind == "all_gather"]
+    rs = [c for c in colls if c.kind == "reduce_scatter"]
+    dtypes: dict[str, list[str]] = {}
+    for c in colls:
+        if c.dtype:
+            lst = dtypes.setdefault(c.kind, [])
+            if c.dtype not in lst:
+                lst.append(c.dtype)
+    f.collective_dtypes = dtypes
+    if ag and any(c.dtype for c in ag):
+        f.mixed_precision = any((c.dtype or "").lower() in LOW_PRECISION for c in ag)
+    if version is None:
+        return f
+    if version == 2:
+        _units_fsdp2(rt, f, colls, steps)
+    else:
+        _units_by_order(rt, f, colls, steps, FSDP1_PREFIX + "_pre_forward")
+    _per_unit_stats(f, colls, max(n_steps, 1))
+    _prefetch(f, colls, version)
+    rl = rt.mask_names(lambda n: n == FSDP1_PREFIX + "rate_limiter")
+    f.rate_limiter_ms_per_step = float(rt.dur[rl].sum()) / 1e3 / max(n_steps, 1)
+    return f
+
+
+def _first_full_step_rows(rt: RankTrace, rows: np.ndarray, steps) -> np.ndarray:
+    """Rows of the first step that contains any of ``rows`` (units are counted in one step)."""
+    for st in steps:
+        m = (rt.ts[rows] >= st.start) & (rt.ts[rows] < st.end)
+        if m.any():
+            return rows[m]
+    return rows
+
+
+def _units_fsdp2(rt: RankTrace, f: FsdpFacts, colls: list[Collective], steps) -> None:
+    rows = np.flatnonzero(rt.mask_names(lambda n: n == "FSDP::pre_forward" or n.startswith("FSDP::pre_forward (")))
+    rows = rows[np.argsort(rt.ts[rows], kind="stable")]
+    names = [rt.row_name(int(r)) for r in rows]
+    if any(n != "FSDP::pre_forward" for n in names):
+        order: list[str] = []
+        for n in names:
+            fqn = _fqn_of(n)
+            if fqn is not None and fqn not in order:
+                order.append(fqn)
+        f.units = [UnitFacts(index=i, fqn=fqn) for i, fqn in enumerate(order)]
+        f.unit_source = "FQNs from 'FSDP::pre_forward (<fqn>)' labels"
+        for c in colls:
+            c.unit = _fsdp2_unit(c)
+            chain = _fsdp_chain(c, FSDP2_PREFIX)
+            c.issue_label = chain[-1] if chain else None
+    else:
+        _units_by_order(rt, f, colls, steps, "FSDP::pre_forward")
+        f.unit_source += " (torch 2.4 FSDP2 labels carry no FQN)"
+
+
+def _units_by_order(rt: RankTrace, f: FsdpFacts, colls: list[Collective], steps, pre_forward: str) -> None:
+    """Units without FQNs: the pre-forward ranges of one step, in execution order. The k-th
+    forward all-gather of a step belongs to unit k; backward collectives are matched by size,
+    walking units in reverse order (backward runs them in reverse)."""
+    prefix = FSDP2_PREFIX if pre_forward.startswith(FSDP2_PREFIX) else FSDP1_PREFIX
+    rows = np.flatnonzero(rt.mask_names(lambda n: n == pre_forward))
+    one = _first_full_step_rows(rt, rows, steps)
+    n_units = int(one.size)
+    f.units = [UnitFacts(index=i, fqn=f"unit{i}") for i in range(n_units)]
+    f.unit_source = f"{n_units} '{pre_forward}' ranges per step, in execution order (names need the sidecar)"
+    for c in colls:
+        chain = _fsdp_chain(c, prefix)
+        c.issue_label = chain[-1] if chain else None
+    by_step: dict[int, list[Collective]] = defaultdict(list)
+    for c in colls:
+        by_step[c.step].append(c)
+    numel: dict[int, int] = {}
+    for step_colls in by_step.values():
+        fwd = [c for c in step_colls if c.kind == "all_gather" and c.phase == "forward"]
+        for k, c in enumerate(fwd[:n_units]):
+            c.unit = f"unit{k}"
+            if c.out_nelems:
+                numel.setdefault(k, c.out_nelems)
+    for step_colls in by_step.values():
+        used: dict[str, set[int]] = defaultdict(set)
+        for c in step_colls:
+            if c.unit is not None or c.kind not in ("all_gather", "reduce_scatter"):
+                continue
+            size = c.out_nelems if c.kind == "all_gather" else c.in_nelems
+            for k in range(n_units - 1, -1, -1):
+                if numel.get(k) == size and k not in used[c.kind]:
+                    used[c.kind].add(k)
+                    c.unit = f"unit{k}"
+                    break
+    for u in f.units:
+        u.unsharded_numel = numel.get(u.index)
+
+
+def _per_unit_stats(f: FsdpFacts, colls: list[Collective], n_steps: int) -> None:
+    by_fqn = {u.fqn: u for u in f.units}
+    for c in colls:
+        u = by_fqn.get(c.unit) if c.unit is not None else None
+        if u is None:
+            continue
+        if c.kind == "all_gather":
+            if c.phase == "backward":
+                u.backward_all_gathers += 1 / n_steps
+            else:
+                u.forward_all_gathers += 1 / n_steps
+            u.all_gather_bytes += (c.bytes or 0) / n_steps
+            u.all_gather_exposed_ms += c.exposed_us / 1e3 / n_steps
+            if u.unsharded_numel is None and c.out_nelems:
+                u.unsharded_numel = c.out_nelems
+        elif c.kind == "reduce_scatter":
+            u.reduce_scatters += 1 / n_steps
+            u.reduce_scatter_bytes += (c.bytes or 0) / n_steps
+            u.reduce_scatter_exposed_ms += c.exposed_us / 1e3 / n_steps
+
+
+def _prefetch(f: FsdpFacts, colls: list[Collective], version: int) -> None:
+    bwd = [c for c in colls if c.kind == "all_gather" and c.phase == "backward"]
+    counts: Counter[str] = Counter()
+    for c in bwd:
+        if version == 2:
+            if any(lab.startswith("FSDP::backward_prefetch") for lab in c.labels):
+                counts["prefetched"] += 1
+            else:
+                counts["on_demand"] += 1
+        else:
+            fs = _fsdp_chain(c, FSDP1_PREFIX)
+            inner = fs[-1] if fs else ""
+            if inner.endswith("_pre_backward_prefetch"):
+                counts["pre"] += 1
+            elif inner.endswith("_post_backward_prefetch"):
+                counts["post"] += 1
+            else:
+                counts["on_demand"] += 1
+    f.backward_prefetch_evidence = dict(counts)
+    if version == 2:
+        if counts["prefetched"]:
+            f.backward_prefetch = "BACKWARD_PRE"
+        elif counts["on_demand"]:
+            f.backward_prefetch = "NONE"
+    else:
+        if counts["pre"] and counts["pre"] >= counts["post"]:
+            f.backward_prefetch = "BACKWARD_PRE"
+        elif counts["post"]:
+            f.backward_prefetch = "BACKWARD_POST"
+        elif counts["on_demand"]:
+            f.backward_prefetch = "NONE"
+    if f.backward_prefetch is not None:
+        f.sources["backward_prefetch"] = "trace"
+    fwd = [c for c in colls if c.kind == "all_gather" and c.phase == "forward"]
+    if fwd:
+        marker = "FSDP::forward_prefetch" if version == 2 else FSDP1_PREFIX + "_pre_forward_prefetch"
+        f.forward_prefetch = any(any(lab.startswith(marker) for lab in c.labels) for c in fwd)
+        f.sources["forward_prefetch"] = "trace"
+    # reshard_after_forward: non-root units that all-gather in forward but never in backward
+    non_root = [u for u in f.units if u.forward_all_gathers > 0 and u.fqn not in (ROOT_FQN, "unit0")]
+    if non_root:
+        if all(u.backward_all_gathers == 0 for u in non_root):
+            f.reshard_after_forward = False
+        elif all(u.backward_all_gathers > 0 for u in non_root):
+            f.reshard_after_forward = True
+        if f.reshard_after_forward is not None:
+            f.sources["reshard_after_forward"] = "trace"
+
+
+def _offload(rt: RankTrace, n_steps: int) -> OffloadFacts:
+    """Host↔device copies. Offload is reported when both directions recur every step."""
+    o = OffloadFacts()
+    rows = np.flatnonzero(rt.mask_cat("gpu_memcpy"))
+    if rows.size == 0:
+        return o
+    for r in rows:
+        name = rt.row_name(int(r))
+        a = rt.args.get(int(r))
+        nbytes = int(a.nbytes) if a is not None and isinstance(a.nbytes, int) else 0
+        if "HtoD" in name:
+            o.h2d_count += 1
+            o.h2d_bytes += nbytes
+        elif "DtoH" in name:
+            o.d2h_count += 1
+            o.d2h_bytes += nbytes
+        else:
+            continue
+        if "Pageable" in name:
+            o.pageable_count += 1
+        o.memcpy_gpu_ms += float(rt.dur[r]) / 1e3
+    steps = max(n_steps, 1)
+    o.detected = o.h2d_count >= steps and o.d2h_count >= steps and rt.names and any(
+        n.startswith((FSDP2_PREFIX, FSDP1_PREFIX)) for n in rt.names
+    )
+    o.detected = bool(o.detected)
+    o.evidence = (
+        f"{o.h2d_count} H2D ({o.h2d_bytes / 2**20:.1f} MiB) and {o.d2h_count} D2H ({o.d2h_bytes / 2**20:.1f} MiB) "
+        f"copies, {o.pageable_count} from/to pageable memory"
+    )
+    return o

@@ -1,0 +1,136 @@
+"""Interval arithmetic on numpy arrays.
+
+An *interval set* is a pair ``(starts, ends)`` of float64 arrays, sorted, disjoint and
+non-touching after :func:`merge`. Every GPU-time metric in fsdpdoctor is computed on merged sets,
+never on summed durations: summing kernel durations across streams double-counts concurrent
+work (DESIGN.md, "Metric definitions").
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+Intervals = tuple[np.ndarray, np.ndarray]
+
+EMPTY: Intervals = (np.zeros(0), np.zeros(0))
+
+
+def merge(starts: np.ndarray, ends: np.ndarray) -> Intervals:
+    """Union of possibly overlapping intervals as a sorted disjoint set.
+
+    Touching intervals (one starts exactly where another ends) merge, as in Holistic Trace
+    Analysis's ``merge_kernel_intervals``.
+    """
+    starts = np.asarray(starts, dtype=np.float64)
+    ends = np.asarray(ends, dtype=np.float64)
+    if starts.size == 0:
+        return EMPTY
+    order = np.argsort(starts, kind="stable")
+    s = starts[order]
+    e = ends[order]
+    run_max = np.maximum.accumulate(e)
+    new = np.empty(s.size, dtype=bool)
+    new[0] = True
+    new[1:] = s[1:] > run_max[:-1]
+    idx = np.flatnonzero(new)
+    return s[idx], np.maximum.reduceat(e, idx)
+
+
+def total(iv: Intervals) -> float:
+    return float(np.sum(iv[1] - iv[0])) if iv[0].size else 0.0
+
+
+def union(*sets: Intervals) -> Intervals:
+    return merge(np.concatenate([s[0] for s in sets]), np.concatenate([s[1] for s in sets]))
+
+
+def measure_below(iv: Intervals, x: np.ndarray) -> np.ndarray:
+    """F(x) = |iv ∩ (-inf, x]| for each x (vectorised). ``iv`` must be merged."""
+    s, e = iv
+    x = np.asarray(x, dtype=np.float64)
+    if s.size == 0:
+        return np.zeros_like(x)
+    cum = np.concatenate(([0.0], np.cumsum(e - s)))
+    k = np.searchsorted(s, x, side="right")  # intervals starting at or before x
+    full = cum[k]
+    # the k-th interval (index k-1) may extend past x: remove that tail
+    last_end = np.where(k > 0, e[np.maximum(k - 1, 0)], -np.inf)
+    return full - np.where(k > 0, np.maximum(last_end - x, 0.0), 0.0)
+
+
+def intersect_len(a: Intervals, b: Intervals) -> float:
+    """|a ∩ b| for merged sets."""
+    if a[0].size == 0 or b[0].size == 0:
+        return 0.0
+    return float(np.sum(measure_below(b, a[1]) - measure_below(b, a[0])))
+
+
+def clip(iv: Intervals, lo: float, hi: float) -> Intervals:
+    """The part of ``iv`` inside [lo, hi]."""
+    s, e = iv
+    keep = (e > lo) & (s < hi)
+    return np.maximum(s[keep], lo), np.minimum(e[keep], hi)
+
+
+def subtract(a: Intervals, b: Intervals) -> Intervals:
+    """a \\ b as a merged set."""
+    if a[0].size == 0 or b[0].size == 0:
+        return a
+    # gaps of b inside a's span are the complement; intersect a with the complement of b
+    cs = np.concatenate(([-np.inf], b[1]))
+    ce = np.concatenate((b[0], [np.inf]))
+    return intersect(a, (cs, ce))
+
+
+def intersect(a: Intervals, b: Intervals) -> Intervals:
+    """a ∩ b as a merged set (both inputs merged)."""
+    if a[0].size == 0 or b[0].size == 0:
+        return EMPTY
+    # candidate pairs: for each a-interval, the b-intervals that can overlap it
+    lo = np.searchsorted(b[1], a[0], side="right")
+    hi = np.searchsorted(b[0], a[1], side="left")
+    counts = np.maximum(hi - lo, 0)
+    if counts.sum() == 0:
+        return EMPTY
+    ai = np.repeat(np.arange(a[0].size), counts)
+    offs = np.arange(counts.sum()) - np.repeat(np.cumsum(counts) - counts, counts)
+    bi = np.repeat(lo, counts) + offs
+    s = np.maximum(a[0][ai], b[0][bi])
+    e = np.minimum(a[1][ai], b[1][bi])
+    ok = e > s
+    return s[ok], e[ok]
+
+
+def attribute(target: Intervals, starts: np.ndarray, ends: np.ndarray, labels: np.ndarray) -> dict:
+    """Split the measure of ``target`` among labelled intervals that cover it.
+
+    Each elementary piece of ``target`` is shared equally by the distinct labels whose
+    intervals cover it; pieces covered by no label go to ``None``. The parts sum to
+    ``total(target)`` exactly, which is what lets per-phase and per-kind breakdowns add up.
+    """
+    out: dict = {}
+    if target[0].size == 0:
+        return out
+    labels = np.asarray(labels, dtype=object)
+    uniq = list(dict.fromkeys(labels.tolist()))
+    bounds = np.unique(np.concatenate([target[0], target[1], starts, ends]))
+    seg_s, seg_e = bounds[:-1], bounds[1:]
+    mid = (seg_s + seg_e) / 2
+    in_target = (measure_below(target, seg_e) - measure_below(target, seg_s)) > 0
+    seg_len = np.where(in_target, seg_e - seg_s, 0.0)
+    cover = np.zeros((len(uniq), seg_s.size), dtype=bool)
+    for j, lab in enumerate(uniq):
+        m = labels == lab
+        iv = merge(starts[m], ends[m])
+        k = np.searchsorted(iv[0], mid, side="right") - 1
+        cover[j] = (k >= 0) & (mid < iv[1][np.maximum(k, 0)])
+    n_cover = cover.sum(axis=0)
+    share = np.where(n_cover > 0, seg_len / np.maximum(n_cover, 1), 0.0)
+    for j, lab in enumerate(uniq):
+        v = float(np.sum(share[cover[j]]))
+        if v:
+            out[lab] = v
+    rest = float(np.sum(seg_len[n_cover == 0]))
+    if rest:
+        out[None] = rest
+    return out

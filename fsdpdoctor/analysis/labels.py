@@ -1,0 +1,64 @@
+"""Which CPU ranges enclose an event: the FSDP hook, c10d op and annotation stack above it."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..ingest.kineto import RankTrace
+
+# Ranges worth knowing as ancestors. Everything else (aten ops, python functions) is skipped,
+# which keeps the sweep proportional to the number of labels, not of events.
+LABEL_PREFIXES = (
+    "FSDP::",
+    "FullyShardedDataParallel.",
+    "DistributedDataParallel.",
+    "nccl:",
+    "gloo:",
+    "c10d::",
+    "record_param_comms",
+    "ProfilerStep#",
+    "Optimizer.",
+    "fsdp::",
+)
+
+
+def label_rows(rt: RankTrace) -> np.ndarray:
+    """CPU rows whose names make them useful ancestors (FSDP hooks, c10d ops, annotations)."""
+    return np.flatnonzero(
+        rt.mask_cat("cpu_op", "user_annotation") & rt.mask_names(lambda n: n.startswith(LABEL_PREFIXES))
+    )
+
+
+def enclosing(rt: RankTrace, labels: np.ndarray, queries: np.ndarray) -> dict[int, list[int]]:
+    """For each query row, the label rows on the same thread that contain it, outermost first.
+
+    A label contains a query when it starts no later and ends no earlier. Ranges recorded on one
+    thread nest, so a sweep in start order with a stack of open labels finds every chain in
+    O((labels + queries) log) time.
+    """
+    out: dict[int, list[int]] = {int(q): [] for q in queries}
+    if labels.size == 0 or queries.size == 0:
+        return out
+    ts, end, thr = rt.ts, rt.ts + rt.dur, rt.thread
+    rows = np.concatenate([labels, queries])
+    is_query = np.concatenate([np.zeros(labels.size, bool), np.ones(queries.size, bool)])
+    # by thread, then start; at equal starts the longer range first, and a label before a query
+    # of the same extent so that the label contains it
+    order = np.lexsort((is_query, -end[rows], ts[rows], thr[rows]))
+    eps = 1e-6
+    stack: list[int] = []
+    cur_thread = -1
+    for k in order:
+        r = int(rows[k])
+        if thr[r] != cur_thread:
+            stack = []
+            cur_thread = thr[r]
+        e = end[r]
+        # whatever on the stack ends before this row ends cannot contain it (or anything later)
+        while stack and end[stack[-1]] < e - eps:
+            stack.pop()
+        if is_query[k]:
+            out[r] = [x for x in stack if x != r]  # a row can be both label and query
+        else:
+            stack.append(r)
+    return out

@@ -1,0 +1,107 @@
+"""One rank, end to end: trace file → RankFacts. Runs in a worker process per file."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..facts import CollectiveFacts, CollectiveStats, RankFacts
+from ..ingest.kineto import RankTrace, load_trace
+from .comms import Collective, find_collectives, issue_rows
+from .fsdp import analyze_fsdp
+from .labels import enclosing, label_rows
+from .steps import find_steps
+from .timeline import hta_overlap, step_timeline
+
+
+def analyze_rank(path: str, order_index: int = 0) -> RankFacts:
+    return analyze_rank_trace(load_trace(path), order_index)
+
+
+def analyze_rank_trace(rt: RankTrace, order_index: int = 0) -> RankFacts:
+    info = find_steps(rt)
+    labels = label_rows(rt)
+    chains = enclosing(rt, labels, issue_rows(rt))
+    colls = find_collectives(rt, chains, group_size=rt.world_size)
+    steps = step_timeline(rt, info.steps, colls)
+    n_steps = len(info.steps)
+    fsdp = analyze_fsdp(rt, colls, info.steps, n_steps)
+    overlap_pct, comm_ms, compute_ms = hta_overlap(rt, info.steps if info.step_method == "ProfilerStep" else None)
+    gpu_present = bool(rt.mask_cat("kernel").any())
+    rank = rt.rank if rt.rank is not None else order_index
+    notes = []
+    if not gpu_present:
+        notes.append("no GPU kernels in this trace (CPU-only run or CPU activity only): GPU timeline metrics are empty")
+    if info.step_method != "ProfilerStep":
+        notes.append(f"no ProfilerStep annotations: steps from {info.step_method}")
+    device_name = None
+    if rt.device_properties:
+        dp = rt.device_properties[0]
+        if isinstance(dp, dict):
+            device_name = dp.get("name")
+    pg_config = rt.distributed_info.get("pg_config") if isinstance(rt.distributed_info.get("pg_config"), list) else []
+    return RankFacts(
+        rank=int(rank),
+        rank_source=rt.rank_source if rt.rank is not None else "order",
+        path=rt.path,
+        world_size=rt.world_size,
+        device_name=device_name,
+        gpu_present=gpu_present,
+        decode_mode=rt.decode_mode,
+        event_count=rt.event_count,
+        step_method=info.step_method,
+        phase_method=info.phase_method,
+        steps=steps,
+        overlap_pct=overlap_pct,
+        comm_ms_total=comm_ms,
+        compute_ms_total=compute_ms,
+        collectives=[_collective_facts(c) for c in colls],
+        collective_stats=collective_stats(colls, n_steps),
+        fsdp=fsdp,
+        pg_config=[x for x in pg_config if isinstance(x, dict)],
+        notes=notes,
+    )
+
+
+def _collective_facts(c: Collective) -> CollectiveFacts:
+    return CollectiveFacts(
+        kind=c.kind,
+        name=c.name,
+        step=c.step,
+        phase=c.phase,
+        unit=c.unit,
+        issue_label=c.issue_label,
+        bytes=c.bytes,
+        dtype=c.dtype,
+        group_size=c.group_size,
+        pg_name=c.pg_name,
+        stream=c.stream,
+        cpu_ts_us=c.cpu_ts,
+        gpu_start_us=c.gpu_start,
+        gpu_dur_us=c.gpu_dur_us,
+        exposed_us=c.exposed_us,
+        busbw_gbps=c.busbw_gbps(),
+        in_nelems=c.in_nelems,
+        out_nelems=c.out_nelems,
+    )
+
+
+def collective_stats(colls: list[Collective], n_steps: int) -> list[CollectiveStats]:
+    n = max(n_steps, 1)
+    out = []
+    kinds = sorted({c.kind for c in colls if c.step >= 0})
+    for kind in kinds:
+        cs = [c for c in colls if c.kind == kind and c.step >= 0]
+        bws = [b for b in (c.busbw_gbps() for c in cs) if b is not None]
+        dtypes = sorted({c.dtype for c in cs if c.dtype})
+        out.append(
+            CollectiveStats(
+                kind=kind,
+                count_per_step=len(cs) / n,
+                bytes_per_step=sum(c.bytes or 0 for c in cs) / n,
+                gpu_ms_per_step=sum(c.gpu_dur_us or 0.0 for c in cs) / 1e3 / n,
+                exposed_ms_per_step=sum(c.exposed_us for c in cs) / 1e3 / n,
+                mean_busbw_gbps=float(np.mean(bws)) if bws else None,
+                dtypes=dtypes,
+            )
+        )
+    return out

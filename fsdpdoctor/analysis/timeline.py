@@ -1,0 +1,137 @@
+"""The GPU timeline of one rank: compute, communication, their overlap, memcpy and idle time.
+
+Definitions (DESIGN.md): comm = union of collective kernels; compute = union of all other
+kernels (memcpy/memset excluded); overlap % = |comm ∩ compute| / |comm|; exposed comm =
+|comm \\ compute|. GPU activity belongs to the step and phase in which the CPU launched it
+(the runtime call with the same correlation id), as Holistic Trace Analysis assigns iterations.
+Per step, compute + exposed comm + exposed memcpy + idle = the step's GPU window exactly.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..facts import StepFacts
+from ..ingest.kineto import RankTrace
+from . import intervals as iv
+from .comms import COMM_NAME_RX, MEMORY_NAME_RX, NOT_COMPUTE_RX, Collective, comm_kernel_mask, launch_rows
+from .steps import PHASES, StepWindow, locate
+
+GPU_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
+
+
+@dataclass
+class GpuClasses:
+    rows: np.ndarray  # GPU activity rows
+    comm: np.ndarray  # bool per row of ``rows``
+    compute: np.ndarray
+    memory: np.ndarray
+    launch_ts: np.ndarray  # CPU time of the launch (own ts when no launch was found)
+
+
+def launch_times(rt: RankTrace, rows: np.ndarray, with_found: bool = False):
+    """CPU timestamp of the runtime call that launched each GPU row (by correlation id); the
+    row's own timestamp where no launch is in the trace. With ``with_found``, also the mask of
+    rows whose launch was found."""
+    lr = launch_rows(rt, rows)
+    found = lr >= 0
+    out = rt.ts[rows].copy()
+    out[found] = rt.ts[lr[found]]
+    return (out, found) if with_found else out
+
+
+def classify_gpu(rt: RankTrace) -> GpuClasses:
+    rows = np.flatnonzero(rt.mask_cat(*GPU_CATS))
+    comm_all = comm_kernel_mask(rt)
+    is_kernel = rt.mask_cat("kernel")
+    mem_name = rt.mask_names(lambda n: MEMORY_NAME_RX.match(n) is not None)
+    not_compute = rt.mask_names(lambda n: NOT_COMPUTE_RX.match(n) is not None)
+    comm = comm_all[rows]
+    memory = (mem_name | rt.mask_cat("gpu_memcpy", "gpu_memset"))[rows] & ~comm
+    compute = is_kernel[rows] & ~comm & ~memory & ~not_compute[rows]
+    return GpuClasses(rows, comm, compute, memory, launch_times(rt, rows))
+
+
+def hta_overlap(rt: RankTrace, steps: list[StepWindow] | None = None) -> tuple[float | None, float, float]:
+    """Overlap % exactly as Holistic Trace Analysis's ``get_comm_comp_overlap`` computes it.
+
+    Events: every GPU event with a stream (kernels, memcpy, memset; GPU annotations dropped);
+    comm by HTA's name pattern (or collective args); compute = everything not matching HTA's
+    non-compute pattern. Window: HTA drops the last ProfilerStep (its GPU work is often cut off
+    when the profiler stops) by keeping only GPU events launched before that step starts. We do
+    the same when there are at least two steps, and use the whole trace otherwise.
+    Returns (pct or None when there is no comm, comm ms, compute ms) over that window.
+    """
+    rows = np.flatnonzero((rt.stream >= 0) & ~rt.mask_cat("gpu_user_annotation", "cpu_op", "user_annotation"))
+    if rows.size == 0:
+        return None, 0.0, 0.0
+    if steps is not None and len(steps) >= 2:
+        # like HTA: keep GPU events whose launch is in the trace and precedes the last step
+        last_start = max(st.start for st in steps)
+        lt, found = launch_times(rt, rows, with_found=True)
+        rows = rows[found & (lt < last_start)]
+    comm_m = comm_kernel_mask(rt)[rows] | rt.mask_names(lambda n: COMM_NAME_RX.match(n) is not None)[rows]
+    comp_m = ~rt.mask_names(lambda n: NOT_COMPUTE_RX.match(n) is not None)[rows] & ~comm_m
+    s, e = rt.ts[rows], rt.ts[rows] + rt.dur[rows]
+    comm = iv.merge(s[comm_m], e[comm_m])
+    comp = iv.merge(s[comp_m], e[comp_m])
+    comm_t = iv.total(comm)
+    if comm_t <= 0:
+        return None, 0.0, iv.total(comp) / 1e3
+    return 100.0 * iv.intersect_len(comm, comp) / comm_t, comm_t / 1e3, iv.total(comp) / 1e3
+
+
+def step_timeline(rt: RankTrace, steps: list[StepWindow], colls: list[Collective]) -> list[StepFacts]:
+    """Per-step GPU breakdown; also sets ``exposed_us``, ``step`` and ``phase`` on each collective."""
+    g = classify_gpu(rt)
+    step_idx, phase_idx = locate(steps, g.launch_ts)
+    # collectives: step/phase from their CPU issue time
+    c_step, c_phase = locate(steps, np.array([c.cpu_ts for c in colls], dtype=np.float64))
+    for c, k, p in zip(colls, c_step, c_phase):
+        c.step, c.phase = int(k), PHASES[int(p)]
+    kernel_to_coll = {k: ci for ci, c in enumerate(colls) for k in c.kernel_rows}
+    s_all = rt.ts[g.rows]
+    e_all = s_all + rt.dur[g.rows]
+    out: list[StepFacts] = []
+    for k, st in enumerate(steps):
+        in_step = step_idx == k
+        sf = StepFacts(number=st.number, start_us=st.start, step_ms=st.dur / 1e3)
+        sf.phase_ms = {name: (b - a) / 1e3 for name, (a, b) in st.phases.items()}
+        if in_step.any():
+            s, e = s_all[in_step], e_all[in_step]
+            cm, cp, mm = g.comm[in_step], g.compute[in_step], g.memory[in_step]
+            comp = iv.merge(s[cp], e[cp])
+            comm = iv.merge(s[cm], e[cm])
+            mem = iv.merge(s[mm], e[mm])
+            busy_cc = iv.union(comp, comm)
+            window = float(e.max() - s.min())
+            exposed = iv.subtract(comm, comp)
+            sf.gpu_window_ms = window / 1e3
+            sf.compute_ms = iv.total(comp) / 1e3
+            sf.comm_ms = iv.total(comm) / 1e3
+            sf.exposed_comm_ms = iv.total(exposed) / 1e3
+            sf.overlap_ms = sf.comm_ms - sf.exposed_comm_ms
+            sf.memcpy_ms = (iv.total(mem) - iv.intersect_len(mem, busy_cc)) / 1e3
+            sf.idle_ms = max(window / 1e3 - sf.compute_ms - sf.exposed_comm_ms - sf.memcpy_ms, 0.0)
+            # share exposed time among the collectives whose kernels cover it
+            comm_rows = g.rows[in_step][cm]
+            labels = np.array([kernel_to_coll.get(int(r), -1) for r in comm_rows], dtype=object)
+            parts = iv.attribute(exposed, s[cm], e[cm], labels)
+            for ci, us in parts.items():
+                if ci is not None and ci >= 0:
+                    colls[ci].exposed_us += us
+            by_phase: dict[str, float] = {}
+            by_kind: dict[str, float] = {}
+            for ci, us in parts.items():
+                if ci is None or ci < 0:
+                    phase, kind = PHASES[int(np.bincount(phase_idx[in_step][cm]).argmax())], "other"
+                else:
+                    phase, kind = colls[ci].phase, colls[ci].kind
+                by_phase[phase] = by_phase.get(phase, 0.0) + us / 1e3
+                by_kind[kind] = by_kind.get(kind, 0.0) + us / 1e3
+            sf.exposed_by_phase = by_phase
+            sf.exposed_by_kind = by_kind
+        out.append(sf)
+    return out

@@ -1,0 +1,128 @@
+"""The Python API behind the CLI: ``fsdpdoctor.analyze(paths) -> Report``."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterable
+
+import msgspec
+import pandas as pd
+
+from .analysis.ranks import analyze_ranks, fold
+from .engine import Finding, run_rules
+from .facts import RunFacts
+from .ingest.discover import discover
+
+
+@dataclass
+class Report:
+    """RunFacts plus the findings the rules drew from them."""
+
+    facts: RunFacts
+    findings: list[Finding] = field(default_factory=list)
+
+    # -- machine contract ------------------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        f = self.facts
+        fs = f.fsdp
+        return {
+            "schema_version": f.schema_version,
+            "tool": f.tool,
+            "ranks": f.ranks,
+            "world_size": f.world_size,
+            "gpu_present": f.gpu_present,
+            "inputs": msgspec.to_builtins(f.inputs),
+            "fsdp": {
+                "version": fs.version,
+                "version_evidence": fs.version_evidence,
+                "unit_count": fs.unit_count,
+                "unit_source": fs.unit_source,
+                "units": msgspec.to_builtins(fs.units),
+                "backward_prefetch": fs.backward_prefetch,
+                "backward_prefetch_evidence": fs.backward_prefetch_evidence,
+                "forward_prefetch": fs.forward_prefetch,
+                "reshard_after_forward": fs.reshard_after_forward,
+                "cpu_offload": msgspec.to_builtins(fs.cpu_offload),
+                "collective_dtypes": fs.collective_dtypes,
+                "mixed_precision": fs.mixed_precision,
+                "rate_limiter_ms_per_step": fs.rate_limiter_ms_per_step,
+                "sources": fs.sources,
+            },
+            "steps": msgspec.to_builtins(f.steps),
+            "overlap": msgspec.to_builtins(f.overlap),
+            "exposed_comm": msgspec.to_builtins(f.exposed_comm),
+            "timeline": msgspec.to_builtins(f.timeline),
+            "collectives": msgspec.to_builtins(f.collectives),
+            "sidecar": f.sidecar,
+            "notes": f.notes,
+            "findings": msgspec.to_builtins(self.findings),
+            "facts": f.to_dict(),
+        }
+
+    def to_json(self, indent: int = 2) -> str:
+        return msgspec.json.format(msgspec.json.encode(self.to_dict()), indent=indent).decode()
+
+    def to_markdown(self) -> str:
+        from .report.markdown import render
+
+        return render(self)
+
+    # -- tables ----------------------------------------------------------------------------
+    def steps_df(self) -> pd.DataFrame:
+        """One row per (rank, step): step time and the GPU breakdown in ms."""
+        rows = []
+        for r in self.facts.rank_facts:
+            for s in r.steps:
+                d = msgspec.to_builtins(s)
+                for k in ("exposed_by_phase", "exposed_by_kind", "phase_ms"):
+                    for sub, v in d.pop(k).items():
+                        d[f"{k}.{sub}"] = v
+                rows.append({"rank": r.rank, **d})
+        return pd.DataFrame(rows)
+
+    def collectives_df(self) -> pd.DataFrame:
+        """One row per collective per rank, with its unit, phase, bytes, timing and exposure."""
+        rows = [{"rank": r.rank, **msgspec.to_builtins(c)} for r in self.facts.rank_facts for c in r.collectives]
+        return pd.DataFrame(rows)
+
+    def units_df(self) -> pd.DataFrame:
+        return pd.DataFrame(msgspec.to_builtins(self.facts.fsdp.units))
+
+    def ranks_df(self) -> pd.DataFrame:
+        rows = []
+        for r in self.facts.rank_facts:
+            steps = [s.step_ms for s in r.steps]
+            rows.append(
+                {
+                    "rank": r.rank,
+                    "rank_source": r.rank_source,
+                    "path": r.path,
+                    "steps": len(steps),
+                    "step_mean_ms": sum(steps) / len(steps) if steps else None,
+                    "overlap_pct": r.overlap_pct,
+                    "exposed_comm_ms_per_step": (sum(s.exposed_comm_ms for s in r.steps) / len(steps)) if steps else None,
+                }
+            )
+        return pd.DataFrame(rows)
+
+
+def analyze(
+    paths: str | Path | Iterable[str | Path],
+    memory: Any = None,
+    *,
+    config: dict[str, Any] | None = None,
+    jobs: int | None = None,
+    progress: Callable[[int, int], None] | None = None,
+) -> Report:
+    """Analyse traces (files, directories or globs) and return the :class:`Report`.
+
+    Raises :class:`fsdpdoctor.errors.InputError` when an input cannot be read.
+    ``memory`` (a snapshot path) is accepted for forward compatibility and currently ignored.
+    """
+    if isinstance(paths, (str, Path)):
+        paths = [paths]
+    files = discover(list(paths))
+    ranks = analyze_ranks(files, jobs=jobs, progress=progress)
+    facts = fold(ranks)
+    return Report(facts=facts, findings=run_rules(facts, config))

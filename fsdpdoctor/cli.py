@@ -1,0 +1,119 @@
+"""Command line: a thin layer over :mod:`fsdpdoctor.api`.
+
+Exit codes: 0 success; 1 reserved for failed gates (``check``); 2 bad input or usage.
+Bad input is one line on stderr naming the file and the problem, never a traceback
+(set ``FSDPDOCTOR_DEBUG=1`` to see one for an internal error).
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import sys
+from pathlib import Path
+
+import click
+from rich.console import Console
+
+from . import __version__
+from .errors import InputError
+
+EXIT_BAD_INPUT = 2
+EXIT_INTERNAL = 3
+
+
+def _fail(msg: str, code: int = EXIT_BAD_INPUT) -> None:
+    click.echo(f"fsdpdoctor: error: {msg}", err=True)
+    sys.exit(code)
+
+
+def guarded(fn):
+    """Turn InputError into one stderr line + exit 2, and any other crash into one line + exit 3."""
+
+    @functools.wraps(fn)
+    def wrapper(*a, **kw):
+        try:
+            return fn(*a, **kw)
+        except InputError as exc:
+            _fail(str(exc))
+        except (click.exceptions.Exit, click.ClickException, SystemExit, KeyboardInterrupt):
+            raise
+        except MemoryError:
+            _fail("out of memory while analysing the input", EXIT_INTERNAL)
+        except Exception as exc:  # noqa: BLE001 - the contract is: no tracebacks for users
+            if os.environ.get("FSDPDOCTOR_DEBUG"):
+                raise
+            _fail(f"internal error: {type(exc).__name__}: {exc} (set FSDPDOCTOR_DEBUG=1 for a traceback)", EXIT_INTERNAL)
+
+    return wrapper
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="fsdpdoctor")
+def main() -> None:
+    """Diagnose PyTorch FSDP runs from profiler traces and CUDA memory snapshots."""
+
+
+def _write(text: str, output: Path | None) -> None:
+    if output is None:
+        click.echo(text)
+        return
+    try:
+        output.write_text(text if text.endswith("\n") else text + "\n")
+    except OSError as exc:
+        raise InputError(output, f"cannot write output ({exc.strerror or exc})") from None
+
+
+@main.command()
+@click.argument("paths", nargs=-1, required=True)
+@click.option("--format", "fmt", type=click.Choice(["terminal", "markdown", "json"]), default="terminal", show_default=True)
+@click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path), help="Write the report to FILE.")
+@click.option("-j", "--jobs", type=click.IntRange(1, 256), default=None, help="Worker processes for several ranks (default: cores).")
+@click.option("--memory", "memory", multiple=True, type=click.Path(path_type=Path), help="CUDA memory snapshot(s).")
+@guarded
+def analyze(paths: tuple[str, ...], fmt: str, output: Path | None, jobs: int | None, memory: tuple[Path, ...]) -> None:
+    """Analyse trace files, directories of rank traces, or globs."""
+    from .api import analyze as run
+
+    report = run(list(paths), memory=list(memory) or None, jobs=jobs)
+    if fmt == "json":
+        _write(report.to_json(), output)
+    elif fmt == "markdown":
+        _write(report.to_markdown(), output)
+    else:
+        from .report.terminal import render
+
+        if output is None:
+            render(report, Console(highlight=False))
+        else:
+            console = Console(record=True, width=110, file=open(os.devnull, "w"), highlight=False)
+            render(report, console)
+            _write(console.export_text(), output)
+
+
+@main.command("rules")
+@guarded
+def rules_cmd() -> None:
+    """List the rules."""
+    from .engine import load_rules
+
+    for mod in load_rules():
+        click.echo(f"{mod.CODE}  {mod.SLUG:<34} {getattr(mod, 'SEVERITY', ''):<8} {getattr(mod, 'TITLE', '')}")
+
+
+@main.command()
+@click.argument("rule")
+@guarded
+def explain(rule: str) -> None:
+    """Print a rule's documentation (by code or slug)."""
+    from .engine import find_rule
+
+    mod = find_rule(rule)
+    if mod is None:
+        raise InputError(rule, "no such rule (see 'fsdpdoctor rules')")
+    click.echo(f"{mod.CODE} {mod.SLUG}: {getattr(mod, 'TITLE', '')}\n")
+    click.echo((mod.__doc__ or "").strip())
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main()

@@ -1,0 +1,82 @@
+"""Rule registry and runner.
+
+A rule is a module with ``CODE``, ``SLUG``, ``TITLE``, ``SEVERITY``, a docstring in the form
+*What it detects / Why it hurts / How it shows in a trace / Fix*, and ``check(facts, cfg)``
+returning a list of :class:`Finding`. Built-in rules live in the ``fsdpdoctor.rules`` package
+(the top-level ``rules/`` folder); third-party rules register modules under the
+``fsdpdoctor.rules`` entry-point group.
+"""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+from dataclasses import dataclass, field
+from importlib.metadata import entry_points
+from types import ModuleType
+from typing import Any
+
+from .facts import RunFacts
+
+SEVERITIES = ("critical", "warning", "info")
+
+
+@dataclass
+class Finding:
+    slug: str
+    code: str
+    severity: str
+    summary: str
+    evidence: list[str] = field(default_factory=list)  # numbers with units and where measured
+    cause: str = ""
+    fix: dict[str, str] = field(default_factory=dict)  # "fsdp1" / "fsdp2" / "any" → code
+    confidence: float = 0.5
+    est_saving_ms: float | None = None  # per step
+    where: dict[str, Any] = field(default_factory=dict)  # rank / step / phase / unit
+
+
+def _is_rule(mod: ModuleType) -> bool:
+    return all(hasattr(mod, a) for a in ("CODE", "SLUG", "check"))
+
+
+def load_rules() -> list[ModuleType]:
+    """Built-in rule modules, then entry-point rules; sorted by code."""
+    from . import rules as pkg
+
+    mods: dict[str, ModuleType] = {}
+    for info in pkgutil.iter_modules(pkg.__path__):
+        if info.name.startswith("_"):
+            continue
+        mod = importlib.import_module(f"{pkg.__name__}.{info.name}")
+        if _is_rule(mod):
+            mods[mod.CODE] = mod
+    for ep in entry_points(group="fsdpdoctor.rules"):
+        try:
+            mod = ep.load()
+        except Exception:  # a broken plugin must not break the tool
+            continue
+        if isinstance(mod, ModuleType) and _is_rule(mod):
+            mods.setdefault(mod.CODE, mod)
+    return [mods[k] for k in sorted(mods)]
+
+
+def find_rule(key: str) -> ModuleType | None:
+    key = key.strip().lower()
+    for mod in load_rules():
+        if key in (mod.CODE.lower(), mod.SLUG.lower()):
+            return mod
+    return None
+
+
+def run_rules(facts: RunFacts, config: dict[str, Any] | None = None) -> list[Finding]:
+    """All findings, ranked by estimated saving (largest first), then severity."""
+    cfg = config or {}
+    findings: list[Finding] = []
+    disabled = set(cfg.get("disable", []))
+    for mod in load_rules():
+        if mod.CODE in disabled or mod.SLUG in disabled:
+            continue
+        findings.extend(mod.check(facts, cfg))
+    sev = {s: i for i, s in enumerate(SEVERITIES)}
+    findings.sort(key=lambda f: (-(f.est_saving_ms or 0.0), sev.get(f.severity, 9), f.code))
+    return findings

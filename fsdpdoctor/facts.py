@@ -1,0 +1,249 @@
+"""RunFacts: everything the analysis learned, as plain data that serialises to JSON.
+
+Rules, reports, ``compare`` and ``check`` read only these classes. A saved RunFacts JSON file is
+what ``--baseline`` reads back, so field names here are a compatibility contract: add fields
+freely, rename none without bumping :data:`SCHEMA_VERSION`.
+
+Units: times in ``*_ms`` fields are milliseconds, ``*_us`` microseconds, bytes are bytes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+SCHEMA_VERSION = 1
+
+
+@dataclass
+class StepFacts:
+    number: int
+    start_us: float
+    step_ms: float  # CPU ProfilerStep span
+    gpu_window_ms: float = 0.0  # first to last GPU activity launched in this step
+    compute_ms: float = 0.0  # |union of compute kernels|
+    comm_ms: float = 0.0  # |union of collective kernels|
+    overlap_ms: float = 0.0  # |comm ∩ compute|
+    exposed_comm_ms: float = 0.0  # |comm \ compute|
+    memcpy_ms: float = 0.0  # |memcpy/memset \ (compute ∪ comm)|
+    idle_ms: float = 0.0  # gpu window with nothing running
+    exposed_by_phase: dict[str, float] = field(default_factory=dict)
+    exposed_by_kind: dict[str, float] = field(default_factory=dict)
+    phase_ms: dict[str, float] = field(default_factory=dict)  # CPU duration of each phase
+
+    @property
+    def overlap_pct(self) -> float | None:
+        return 100.0 * self.overlap_ms / self.comm_ms if self.comm_ms > 0 else None
+
+
+@dataclass
+class CollectiveFacts:
+    kind: str
+    name: str
+    step: int  # index into the rank's steps, -1 outside every step
+    phase: str
+    unit: str | None
+    issue_label: str | None
+    bytes: int | None
+    dtype: str | None
+    group_size: int | None
+    pg_name: str | None
+    stream: int | None
+    cpu_ts_us: float
+    gpu_start_us: float | None
+    gpu_dur_us: float | None
+    exposed_us: float
+    busbw_gbps: float | None
+    in_nelems: int | None = None
+    out_nelems: int | None = None
+
+
+@dataclass
+class UnitFacts:
+    index: int
+    fqn: str
+    # per step (mean over the analysed steps of this rank)
+    forward_all_gathers: float = 0.0
+    backward_all_gathers: float = 0.0
+    all_gather_bytes: float = 0.0
+    reduce_scatters: float = 0.0
+    reduce_scatter_bytes: float = 0.0
+    all_gather_exposed_ms: float = 0.0
+    reduce_scatter_exposed_ms: float = 0.0
+    unsharded_numel: int | None = None  # all-gather output elements (padded)
+
+
+@dataclass
+class OffloadFacts:
+    detected: bool = False
+    h2d_count: int = 0
+    h2d_bytes: int = 0
+    d2h_count: int = 0
+    d2h_bytes: int = 0
+    pageable_count: int = 0
+    memcpy_gpu_ms: float = 0.0
+    evidence: str = ""
+
+
+@dataclass
+class FsdpFacts:
+    version: int | None = None  # 1, 2 or None
+    version_evidence: str = ""
+    unit_source: str = ""  # how units and their names were found
+    units: list[UnitFacts] = field(default_factory=list)
+    backward_prefetch: str | None = None  # BACKWARD_PRE / BACKWARD_POST / NONE / None (unknown)
+    backward_prefetch_evidence: dict[str, int] = field(default_factory=dict)
+    forward_prefetch: bool | None = None
+    reshard_after_forward: bool | None = None
+    cpu_offload: OffloadFacts = field(default_factory=OffloadFacts)
+    collective_dtypes: dict[str, list[str]] = field(default_factory=dict)
+    mixed_precision: bool | None = None
+    rate_limiter_ms_per_step: float = 0.0
+    sources: dict[str, str] = field(default_factory=dict)  # fact → "trace" / "sidecar"
+
+    @property
+    def unit_count(self) -> int:
+        return len(self.units)
+
+
+@dataclass
+class CollectiveStats:
+    kind: str
+    count_per_step: float
+    bytes_per_step: float
+    gpu_ms_per_step: float
+    exposed_ms_per_step: float
+    mean_busbw_gbps: float | None
+    dtypes: list[str]
+
+
+@dataclass
+class RankFacts:
+    rank: int
+    rank_source: str
+    path: str
+    world_size: int | None
+    device_name: str | None
+    gpu_present: bool
+    decode_mode: str
+    event_count: int
+    step_method: str
+    phase_method: str
+    steps: list[StepFacts]
+    overlap_pct: float | None  # whole trace, Holistic Trace Analysis's definition
+    comm_ms_total: float
+    compute_ms_total: float
+    collectives: list[CollectiveFacts]
+    collective_stats: list[CollectiveStats]
+    fsdp: FsdpFacts
+    pg_config: list[dict[str, Any]] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def step_ms(self) -> list[float]:
+        return [s.step_ms for s in self.steps]
+
+
+@dataclass
+class InputFacts:
+    path: str
+    rank: int
+    rank_source: str
+
+
+@dataclass
+class StepsSummary:
+    count: int = 0
+    mean_ms: float | None = None
+    median_ms: float | None = None
+    min_ms: float | None = None
+    max_ms: float | None = None
+    method: str = ""
+    per_rank_mean_ms: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass
+class OverlapSummary:
+    pct: float | None = None
+    per_rank: dict[str, float | None] = field(default_factory=dict)
+    definition: str = "|comm ∩ compute| / |comm| over all GPU kernels of the trace (as Holistic Trace Analysis)"
+
+
+@dataclass
+class ExposedSummary:
+    mean_ms_per_step: float | None = None
+    by_phase: dict[str, float] = field(default_factory=dict)
+    by_kind: dict[str, float] = field(default_factory=dict)
+    per_rank: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass
+class TimelineSummary:
+    """Mean per step over ranks; compute + exposed_comm + memcpy + idle = gpu_window."""
+
+    gpu_window_ms: float = 0.0
+    compute_ms: float = 0.0
+    comm_ms: float = 0.0
+    exposed_comm_ms: float = 0.0
+    memcpy_ms: float = 0.0
+    idle_ms: float = 0.0
+
+
+@dataclass
+class RunFacts:
+    schema_version: int = SCHEMA_VERSION
+    tool: str = ""
+    inputs: list[InputFacts] = field(default_factory=list)
+    ranks: list[int] = field(default_factory=list)
+    world_size: int | None = None
+    gpu_present: bool = False
+    fsdp: FsdpFacts = field(default_factory=FsdpFacts)
+    steps: StepsSummary = field(default_factory=StepsSummary)
+    overlap: OverlapSummary = field(default_factory=OverlapSummary)
+    exposed_comm: ExposedSummary = field(default_factory=ExposedSummary)
+    timeline: TimelineSummary = field(default_factory=TimelineSummary)
+    collectives: list[CollectiveStats] = field(default_factory=list)
+    sidecar: dict[str, Any] | None = None
+    notes: list[str] = field(default_factory=list)
+    rank_facts: list[RankFacts] = field(default_factory=list)
+
+    # -- serialisation -------------------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        d = msgspec.to_builtins(self)
+        d["fsdp"]["unit_count"] = self.fsdp.unit_count
+        return d
+
+    def to_json(self, indent: int = 2) -> str:
+        return msgspec.json.format(msgspec.json.encode(self.to_dict()), indent=indent).decode()
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "RunFacts":
+        d = dict(d)
+        d["fsdp"] = {k: v for k, v in d.get("fsdp", {}).items() if k != "unit_count"}
+        known = {f for f in cls.__dataclass_fields__}
+        return msgspec.convert({k: v for k, v in d.items() if k in known}, cls)
+
+    @classmethod
+    def load(cls, path: str | Path) -> "RunFacts":
+        from .errors import InputError
+
+        p = Path(path)
+        try:
+            raw = msgspec.json.decode(p.read_bytes())
+        except FileNotFoundError:
+            raise InputError(p, "no such file") from None
+        except msgspec.DecodeError as exc:
+            raise InputError(p, f"not valid JSON ({str(exc).splitlines()[0]})") from None
+        if isinstance(raw, dict) and "facts" in raw and isinstance(raw["facts"], dict):
+            raw = raw["facts"]  # a full report JSON: take the facts inside it
+        if not isinstance(raw, dict) or raw.get("schema_version") is None or "rank_facts" not in raw:
+            raise InputError(p, "not a fsdpdoctor facts/baseline file (no schema_version/rank_facts)")
+        if raw["schema_version"] > SCHEMA_VERSION:
+            raise InputError(p, f"written by a newer fsdpdoctor (schema {raw['schema_version']} > {SCHEMA_VERSION})")
+        try:
+            return cls.from_dict(raw)
+        except msgspec.ValidationError as exc:
+            raise InputError(p, f"facts file does not match the schema ({exc})") from None

@@ -1,0 +1,55 @@
+"""Turn the user's PATH arguments (files, directories, globs) into an ordered list of trace files."""
+
+from __future__ import annotations
+
+import glob
+from pathlib import Path
+
+from ..errors import InputError
+
+TRACE_PATTERNS = ("*.json", "*.json.gz")
+# JSON files that sit next to traces but are not traces.
+NOT_TRACES = {"fsdpdoctor_meta.json", "truth.json"}
+
+
+def _is_trace_name(p: Path) -> bool:
+    n = p.name
+    if n in NOT_TRACES or n.endswith(".meta.json"):
+        return False
+    return n.endswith(".json") or n.endswith(".json.gz")
+
+
+def discover(paths: list[str | Path]) -> list[Path]:
+    """Trace files named by ``paths``, in a stable order, without duplicates.
+
+    A directory contributes every ``*.json`` / ``*.json.gz`` directly inside it (not recursively);
+    a pattern with ``*?[`` is expanded as a glob; anything else must be an existing file.
+    """
+    out: list[Path] = []
+    for raw in paths:
+        s = str(raw)
+        p = Path(s)
+        if p.is_dir():
+            found = sorted(q for q in p.iterdir() if q.is_file() and _is_trace_name(q))
+            if not found:
+                raise InputError(p, "directory contains no trace files (*.json, *.json.gz)")
+            out.extend(found)
+        elif p.exists():
+            out.append(p)
+        elif any(ch in s for ch in "*?["):
+            found = sorted(Path(q) for q in glob.glob(s) if Path(q).is_file())
+            if not found:
+                raise InputError(s, "pattern matches no files")
+            out.extend(found)
+        else:
+            raise InputError(p, "no such file or directory")
+    seen: set[Path] = set()
+    unique = []
+    for p in out:
+        key = p.resolve()
+        if key not in seen:
+            seen.add(key)
+            unique.append(p)
+    if not unique:
+        raise InputError(" ".join(map(str, paths)) or "(no paths)", "no trace files given")
+    return unique

@@ -1,0 +1,57 @@
+"""Markdown: reads like a support ticket and pastes into an issue or PR."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from .sections import Table, all_tables, headline, ms
+
+if TYPE_CHECKING:
+    from ..api import Report
+
+
+def _table(t: Table) -> str:
+    def esc(s: str) -> str:
+        return s.replace("|", "\\|")
+
+    out = [f"### {t.title}", "", "| " + " | ".join(t.headers) + " |", "|" + "---|" * len(t.headers)]
+    out += ["| " + " | ".join(esc(c) for c in row) + " |" for row in t.rows]
+    if t.note:
+        out += ["", f"_{t.note}_"]
+    return "\n".join(out)
+
+
+def render(report: "Report") -> str:
+    f = report.facts
+    lines = ["# fsdpdoctor report", ""]
+    lines += [f"- **{k}:** {v}" for k, v in headline(f)]
+    lines.append("")
+    lines.append("## Findings")
+    lines.append("")
+    if not report.findings:
+        lines.append("No findings.")
+    for i, fd in enumerate(report.findings, 1):
+        saving = f" — est. saving {ms(fd.est_saving_ms)}/step" if fd.est_saving_ms else ""
+        lines.append(f"### {i}. [{fd.severity}] {fd.code} `{fd.slug}`{saving}")
+        lines.append("")
+        lines.append(fd.summary)
+        if fd.evidence:
+            lines.append("")
+            lines.append("**Evidence**")
+            lines += [f"- {e}" for e in fd.evidence]
+        if fd.cause:
+            lines += ["", f"**Likely cause:** {fd.cause}"]
+        for flavour, code in fd.fix.items():
+            lines += ["", f"**Fix ({flavour}):**", "", "```python", code.rstrip(), "```"]
+        lines.append("")
+    lines.append("## Details")
+    lines.append("")
+    for t in all_tables(f):
+        lines.append(_table(t))
+        lines.append("")
+    if f.notes:
+        lines.append("## Notes")
+        lines.append("")
+        lines += [f"- {n}" for n in f.notes]
+        lines.append("")
+    return "\n".join(lines)

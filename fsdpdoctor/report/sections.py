@@ -1,0 +1,160 @@
+"""The report's content as format-neutral tables; each reporter only decides how to draw them."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ..facts import RunFacts
+
+
+@dataclass
+class Table:
+    title: str
+    headers: list[str]
+    rows: list[list[str]] = field(default_factory=list)
+    note: str = ""
+
+
+def ms(v: float | None, digits: int = 2) -> str:
+    return "–" if v is None else f"{v:.{digits}f} ms"
+
+
+def pct(v: float | None) -> str:
+    return "–" if v is None else f"{v:.1f}%"
+
+
+def mib(v: float | None) -> str:
+    if v is None:
+        return "–"
+    if v >= 2**30:
+        return f"{v / 2**30:.2f} GiB"
+    if v >= 2**20:
+        return f"{v / 2**20:.1f} MiB"
+    if v >= 2**10:
+        return f"{v / 2**10:.1f} KiB"
+    return f"{v:.0f} B"
+
+
+def headline(f: RunFacts) -> list[tuple[str, str]]:
+    """Key/value lines for the top of every report."""
+    fs = f.fsdp
+    ws = f.world_size
+    ranks = f.ranks
+    rank_txt = f"{len(ranks)} rank{'s' if len(ranks) != 1 else ''}" + (f" of {ws}" if ws else "")
+    dev = next((r.device_name for r in f.rank_facts if r.device_name), None)
+    if fs.version is None:
+        fsdp_txt = "not detected (" + fs.version_evidence + ")"
+    else:
+        fsdp_txt = f"FSDP{fs.version}, {fs.unit_count} units"
+        if fs.backward_prefetch:
+            fsdp_txt += f", backward prefetch {fs.backward_prefetch}"
+        if fs.forward_prefetch:
+            fsdp_txt += ", forward prefetch on"
+        if fs.reshard_after_forward is False:
+            fsdp_txt += ", no reshard after forward"
+        if fs.cpu_offload.detected:
+            fsdp_txt += ", CPU offload"
+        if fs.mixed_precision is not None:
+            fsdp_txt += ", " + ("low-precision" if fs.mixed_precision else "fp32") + " all-gathers"
+    lines = [
+        ("Run", rank_txt + (f" · {dev}" if dev else "") + ("" if f.gpu_present else " · no GPU activity")),
+        ("Steps", f"{f.steps.count} per rank ({f.steps.method})" + (f", mean {ms(f.steps.mean_ms)}" if f.steps.mean_ms else "")),
+        ("FSDP", fsdp_txt),
+    ]
+    if f.gpu_present:
+        lines.append(("Overlap", f"{pct(f.overlap.pct)} of communication hidden behind compute (mean over ranks)"))
+        lines.append(("Exposed comm", f"{ms(f.exposed_comm.mean_ms_per_step)} per step"))
+    return lines
+
+
+def breakdown_table(f: RunFacts) -> Table | None:
+    if not f.gpu_present:
+        return None
+    t = f.timeline
+    w = t.gpu_window_ms or 0.0
+    t_rows = [
+        ["compute", ms(t.compute_ms), pct(100 * t.compute_ms / w if w else None)],
+    ]
+    for kind, v in sorted(f.exposed_comm.by_kind.items(), key=lambda kv: -kv[1]):
+        t_rows.append([f"exposed {kind.replace('_', '-')}", ms(v), pct(100 * v / w if w else None)])
+    t_rows += [
+        ["exposed memcpy/memset", ms(t.memcpy_ms), pct(100 * t.memcpy_ms / w if w else None)],
+        ["idle", ms(t.idle_ms), pct(100 * t.idle_ms / w if w else None)],
+        ["GPU step window", ms(w), "100%"],
+    ]
+    return Table("Where a step's GPU time goes (mean per step over ranks)", ["part", "time", "share"], t_rows)
+
+
+def phase_table(f: RunFacts) -> Table | None:
+    if not f.gpu_present or f.exposed_comm.mean_ms_per_step is None:
+        return None
+    rows = [[p, ms(v)] for p, v in f.exposed_comm.by_phase.items() if v > 0 or p != "other"]
+    return Table("Exposed communication by phase (per step)", ["phase", "exposed"], rows)
+
+
+def collectives_table(f: RunFacts) -> Table | None:
+    if not f.collectives:
+        return None
+    rows = []
+    for c in f.collectives:
+        rows.append(
+            [
+                c.kind.replace("_", "-"),
+                f"{c.count_per_step:.1f}",
+                mib(c.bytes_per_step),
+                ms(c.gpu_ms_per_step) if f.gpu_present else "–",
+                ms(c.exposed_ms_per_step) if f.gpu_present else "–",
+                "–" if c.mean_busbw_gbps is None else f"{c.mean_busbw_gbps:.1f} GB/s",
+                ", ".join(c.dtypes) or "–",
+            ]
+        )
+    return Table("Collectives (per step, mean over ranks)", ["kind", "count", "bytes", "GPU time", "exposed", "bus bw", "dtype"], rows)
+
+
+def units_table(f: RunFacts, limit: int = 12) -> Table | None:
+    units = f.fsdp.units
+    if not units:
+        return None
+    rows = []
+    for u in units[:limit]:
+        rows.append(
+            [
+                str(u.index),
+                u.fqn or "(root)",
+                f"{u.forward_all_gathers + u.backward_all_gathers:.1f}",
+                mib(u.all_gather_bytes),
+                f"{u.reduce_scatters:.1f}",
+                mib(u.reduce_scatter_bytes),
+                ms(u.all_gather_exposed_ms + u.reduce_scatter_exposed_ms) if f.gpu_present else "–",
+            ]
+        )
+    note = f"… and {len(units) - limit} more units" if len(units) > limit else ""
+    return Table(
+        f"FSDP units ({f.fsdp.unit_source})",
+        ["#", "module", "AG/step", "AG bytes", "RS/step", "RS bytes", "exposed"],
+        rows,
+        note,
+    )
+
+
+def ranks_table(f: RunFacts) -> Table | None:
+    if len(f.rank_facts) < 2:
+        return None
+    rows = []
+    for r in f.rank_facts:
+        steps = [s.step_ms for s in r.steps]
+        exp = [s.exposed_comm_ms for s in r.steps]
+        rows.append(
+            [
+                str(r.rank),
+                ms(sum(steps) / len(steps) if steps else None),
+                pct(r.overlap_pct) if r.gpu_present else "–",
+                ms(sum(exp) / len(exp) if exp and r.gpu_present else None),
+                r.rank_source,
+            ]
+        )
+    return Table("Per rank", ["rank", "step", "overlap", "exposed comm", "rank from"], rows)
+
+
+def all_tables(f: RunFacts) -> list[Table]:
+    return [t for t in (breakdown_table(f), phase_table(f), collectives_table(f), units_table(f), ranks_table(f)) if t]

@@ -1,0 +1,54 @@
+"""Terminal: a one-screen rich summary."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from rich import box
+from rich.console import Console, Group
+from rich.panel import Panel
+from rich.table import Table as RichTable
+from rich.text import Text
+
+from .sections import Table, all_tables, headline, ms
+
+if TYPE_CHECKING:
+    from ..api import Report
+
+SEVERITY_STYLE = {"critical": "bold red", "warning": "yellow", "info": "cyan"}
+
+
+def _rich(t: Table) -> RichTable:
+    rt = RichTable(title=t.title, title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False, caption=t.note or None)
+    for i, h in enumerate(t.headers):
+        rt.add_column(h, justify="left" if i < 2 else "right")
+    for row in t.rows:
+        rt.add_row(*row)
+    return rt
+
+
+def render(report: "Report", console: Console) -> None:
+    f = report.facts
+    head = RichTable.grid(padding=(0, 2))
+    head.add_column(style="bold")
+    head.add_column()
+    for k, v in headline(f):
+        head.add_row(k, v)
+    console.print(Panel(head, title="fsdpdoctor", title_align="left"))
+    if report.findings:
+        ft = RichTable(title="Findings (ranked by estimated saving)", title_justify="left", box=box.SIMPLE_HEAD)
+        for col in ("sev", "code", "finding", "saving/step"):
+            ft.add_column(col)
+        for fd in report.findings[:8]:
+            ft.add_row(
+                Text(fd.severity, style=SEVERITY_STYLE.get(fd.severity, "")),
+                f"{fd.code} {fd.slug}",
+                fd.summary,
+                ms(fd.est_saving_ms) if fd.est_saving_ms else "–",
+            )
+        console.print(ft)
+    else:
+        console.print(Text("No findings.", style="green"))
+    console.print(Group(*[_rich(t) for t in all_tables(f)]))
+    for n in f.notes:
+        console.print(Text(f"note: {n}", style="dim"))
