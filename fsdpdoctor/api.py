@@ -12,7 +12,9 @@ import pandas as pd
 from .analysis.ranks import analyze_ranks, fold
 from .engine import Finding, run_rules
 from .facts import RunFacts
+from .analysis.sidecar import apply_sidecar
 from .ingest.discover import discover
+from .ingest.sidecar import find_sidecar, load_sidecar
 
 
 @dataclass
@@ -36,6 +38,7 @@ class Report:
             "fsdp": {
                 "version": fs.version,
                 "version_evidence": fs.version_evidence,
+                "sharding_strategy": fs.sharding_strategy,
                 "unit_count": fs.unit_count,
                 "unit_source": fs.unit_source,
                 "units": msgspec.to_builtins(fs.units),
@@ -125,4 +128,12 @@ def analyze(
     files = discover(list(paths))
     ranks = analyze_ranks(files, jobs=jobs, progress=progress)
     facts = fold(ranks)
+    side_path = find_sidecar(files)
+    if side_path is not None:
+        side, problem = load_sidecar(side_path)
+        if side is not None:
+            apply_sidecar(facts, side)
+            facts.notes.append(f"sidecar {side_path.name} read: facts marked 'sidecar' came from it")
+        else:
+            facts.notes.append(problem)
     return Report(facts=facts, findings=run_rules(facts, config))

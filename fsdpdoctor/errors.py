@@ -10,3 +10,6 @@ class InputError(ValueError):
         self.path = str(path)
         self.problem = problem
         super().__init__(f"{self.path}: {problem}")
+
+    def __reduce__(self):  # crosses process boundaries (parallel rank loading)
+        return (type(self), (self.path, self.problem))

@@ -68,9 +68,9 @@ class UnitFacts:
     # per step (mean over the analysed steps of this rank)
     forward_all_gathers: float = 0.0
     backward_all_gathers: float = 0.0
-    all_gather_bytes: float = 0.0
+    all_gather_bytes: float | None = 0.0  # None: the trace does not record the dtype
     reduce_scatters: float = 0.0
-    reduce_scatter_bytes: float = 0.0
+    reduce_scatter_bytes: float | None = 0.0
     all_gather_exposed_ms: float = 0.0
     reduce_scatter_exposed_ms: float = 0.0
     unsharded_numel: int | None = None  # all-gather output elements (padded)
@@ -92,6 +92,7 @@ class OffloadFacts:
 class FsdpFacts:
     version: int | None = None  # 1, 2 or None
     version_evidence: str = ""
+    sharding_strategy: str | None = None  # from the sidecar; traces do not say
     unit_source: str = ""  # how units and their names were found
     units: list[UnitFacts] = field(default_factory=list)
     backward_prefetch: str | None = None  # BACKWARD_PRE / BACKWARD_POST / NONE / None (unknown)
@@ -113,7 +114,7 @@ class FsdpFacts:
 class CollectiveStats:
     kind: str
     count_per_step: float
-    bytes_per_step: float
+    bytes_per_step: float | None  # None when no collective of this kind records its size
     gpu_ms_per_step: float
     exposed_ms_per_step: float
     mean_busbw_gbps: float | None

@@ -223,7 +223,7 @@ def _nelems(dims) -> int:
     return 0
 
 
-def args_from_shapes(name: str, a: Args | None, kind: str) -> Args | None:
+def args_from_shapes(name: str, a: Args | None, kind: str, group_size: int | None = None) -> Args | None:
     """Sizes and dtype of a c10d collective op from its recorded input shapes (gloo traces)."""
     if a is None or a.input_dims is None:
         return None
@@ -244,6 +244,10 @@ def args_from_shapes(name: str, a: Args | None, kind: str) -> Args | None:
         "_allgather_base", "allgather_into_tensor_coalesced", "_reduce_scatter_base", "reduce_scatter_tensor_coalesced"
     ):
         out_n, in_n = first, second  # (output, input, ...)
+    elif op == "allgather":
+        # (output tensor lists, input tensor list): outputs are recorded empty; gather = n x input
+        in_n = second
+        out_n = in_n * group_size if group_size else None
     else:
         out_n = in_n = first
     return Args(collective=op, in_nelems=in_n, out_nelems=out_n, dtype=dtype)
@@ -314,7 +318,7 @@ def find_collectives(rt: RankTrace, chains: dict[int, list[int]], group_size: in
             continue  # a record_param_comms with nothing to say what it is
         kind = kind or "other"
         if a is None and (own.startswith("c10d::") or kind in SHAPE_SIZED_KINDS):
-            a = args_from_shapes(own, rt.args.get(r), kind)
+            a = args_from_shapes(own, rt.args.get(r), kind, group_size)
         c = Collective(
             kind=kind,
             name=name or "unknown",

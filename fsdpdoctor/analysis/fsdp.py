@@ -135,7 +135,7 @@ def _units_by_order(rt: RankTrace, f: FsdpFacts, colls: list[Collective], steps,
     one = _first_full_step_rows(rt, rows, steps)
     n_units = int(one.size)
     f.units = [UnitFacts(index=i, fqn=f"unit{i}") for i in range(n_units)]
-    f.unit_source = f"{n_units} '{pre_forward}' ranges per step, in execution order (names need the sidecar)"
+    f.unit_source = f"{n_units} '{pre_forward}' ranges per step, in execution order"
     for c in colls:
         chain = _fsdp_chain(c, prefix)
         c.issue_label = chain[-1] if chain else None
@@ -166,6 +166,7 @@ def _units_by_order(rt: RankTrace, f: FsdpFacts, colls: list[Collective], steps,
 
 def _per_unit_stats(f: FsdpFacts, colls: list[Collective], n_steps: int) -> None:
     by_fqn = {u.fqn: u for u in f.units}
+    sized: set[tuple[str, str]] = set()  # (unit, kind) with at least one collective of known size
     for c in colls:
         u = by_fqn.get(c.unit) if c.unit is not None else None
         if u is None:
@@ -176,13 +177,22 @@ def _per_unit_stats(f: FsdpFacts, colls: list[Collective], n_steps: int) -> None
             else:
                 u.forward_all_gathers += 1 / n_steps
             u.all_gather_bytes += (c.bytes or 0) / n_steps
+            if c.bytes is not None:
+                sized.add((u.fqn, "ag"))
             u.all_gather_exposed_ms += c.exposed_us / 1e3 / n_steps
             if u.unsharded_numel is None and c.out_nelems:
                 u.unsharded_numel = c.out_nelems
         elif c.kind == "reduce_scatter":
             u.reduce_scatters += 1 / n_steps
             u.reduce_scatter_bytes += (c.bytes or 0) / n_steps
+            if c.bytes is not None:
+                sized.add((u.fqn, "rs"))
             u.reduce_scatter_exposed_ms += c.exposed_us / 1e3 / n_steps
+    for u in f.units:
+        if u.forward_all_gathers + u.backward_all_gathers > 0 and (u.fqn, "ag") not in sized:
+            u.all_gather_bytes = None
+        if u.reduce_scatters > 0 and (u.fqn, "rs") not in sized:
+            u.reduce_scatter_bytes = None
 
 
 def _prefetch(f: FsdpFacts, colls: list[Collective], version: int) -> None:

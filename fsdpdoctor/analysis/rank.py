@@ -97,7 +97,7 @@ def collective_stats(colls: list[Collective], n_steps: int) -> list[CollectiveSt
             CollectiveStats(
                 kind=kind,
                 count_per_step=len(cs) / n,
-                bytes_per_step=sum(c.bytes or 0 for c in cs) / n,
+                bytes_per_step=(sum(c.bytes or 0 for c in cs) / n) if any(c.bytes is not None for c in cs) else None,
                 gpu_ms_per_step=sum(c.gpu_dur_us or 0.0 for c in cs) / 1e3 / n,
                 exposed_ms_per_step=sum(c.exposed_us for c in cs) / 1e3 / n,
                 mean_busbw_gbps=float(np.mean(bws)) if bws else None,

@@ -138,7 +138,7 @@ def _fold_collectives(ranks: list[RankFacts]) -> list[CollectiveStats]:
             CollectiveStats(
                 kind=k,
                 count_per_step=_mean([c.count_per_step for c in cs]) or 0.0,
-                bytes_per_step=_mean([c.bytes_per_step for c in cs]) or 0.0,
+                bytes_per_step=_mean([c.bytes_per_step for c in cs if c.bytes_per_step is not None]),
                 gpu_ms_per_step=_mean([c.gpu_ms_per_step for c in cs]) or 0.0,
                 exposed_ms_per_step=_mean([c.exposed_ms_per_step for c in cs]) or 0.0,
                 mean_busbw_gbps=_mean(bws),

@@ -45,7 +45,7 @@ def headline(f: RunFacts) -> list[tuple[str, str]]:
     if fs.version is None:
         fsdp_txt = "not detected (" + fs.version_evidence + ")"
     else:
-        fsdp_txt = f"FSDP{fs.version}, {fs.unit_count} units"
+        fsdp_txt = f"FSDP{fs.version}" + (f" {fs.sharding_strategy}" if fs.sharding_strategy else "") + f", {fs.unit_count} units"
         if fs.backward_prefetch:
             fsdp_txt += f", backward prefetch {fs.backward_prefetch}"
         if fs.forward_prefetch:
