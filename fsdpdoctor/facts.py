@@ -59,6 +59,7 @@ class CollectiveFacts:
     busbw_gbps: float | None
     in_nelems: int | None = None
     out_nelems: int | None = None
+    fsdp_labels: list[str] = field(default_factory=list)  # enclosing FSDP hook labels, outermost first
 
 
 @dataclass

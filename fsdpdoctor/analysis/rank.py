@@ -82,6 +82,7 @@ def _collective_facts(c: Collective) -> CollectiveFacts:
         busbw_gbps=c.busbw_gbps(),
         in_nelems=c.in_nelems,
         out_nelems=c.out_nelems,
+        fsdp_labels=[x for x in c.labels if x.startswith(("FSDP::", "FullyShardedDataParallel."))],
     )
 
 
