@@ -1,0 +1,133 @@
+"""pytest plugin: record real FSDP2 / FSDP1 / DDP runs on CPU (gloo) once per test session.
+
+Register from ``tests/conftest.py`` with ``pytest_plugins = ["_recording"]``.
+
+Fixtures (all session-scoped):
+
+``recorded_run``
+    A factory ``recorded_run(variant) -> Path``: the directory holding ``rank{R}.json.gz`` for
+    every rank and the sidecar ``fsdpdoctor_meta.json``, as written by
+    ``fixtures/record_cpu.py`` through ``fsdpdoctor.capture``. The first call records every
+    variant in :data:`VARIANTS` in one subprocess (one torch start-up, all variants in the same
+    two gloo ranks, about 20 s on 2 cores); later calls return the cached directories. Skips
+    the test when torch is not installed.
+``recorder``
+    ``fixtures/record_cpu.py`` loaded as a module (model definition, ``unit_params``,
+    ``VARIANTS``, ``WAIT``/``WARMUP``/``ACTIVE``...), for computing expected values.
+``recorded_world_size``
+    The world size the runs are recorded with (2).
+
+Set ``FSDPDOCTOR_RECORDED_DIR=/some/dir`` to reuse recordings made earlier with
+``python fixtures/record_cpu.py --all --out /some/dir`` instead of recording again.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Callable
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+RECORDER = REPO / "fixtures" / "record_cpu.py"
+COMMITTED = REPO / "fixtures" / "recorded"
+WORLD_SIZE = 2
+VARIANTS = (
+    "per-block",
+    "root-only",
+    "per-linear",
+    "no-backward-prefetch",
+    "no-reshard",
+    "bf16-mp",
+    "ddp",
+    "fsdp1",
+)
+RECORD_TIMEOUT_S = 600
+
+
+def load_recorder():
+    """Import ``fixtures/record_cpu.py`` as a module (needs torch)."""
+    name = "fsdpdoctor_fixtures_record_cpu"
+    if name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.spec_from_file_location(name, RECORDER)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def _run_recorder(variants: list[str], out: Path) -> float:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(
+        [str(REPO)] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else [])
+    )
+    cmd = [sys.executable, str(RECORDER), "--out", str(out), "--world-size", str(WORLD_SIZE)]
+    for v in variants:
+        cmd += ["--variant", v]
+    t0 = time.perf_counter()
+    proc = subprocess.run(
+        cmd, env=env, capture_output=True, text=True, timeout=RECORD_TIMEOUT_S, cwd=str(REPO)
+    )
+    if proc.returncode != 0:
+        raise RuntimeError(
+            f"recording {variants} failed (exit {proc.returncode}):\n"
+            f"$ {' '.join(cmd)}\n--- stdout ---\n{proc.stdout[-4000:]}\n"
+            f"--- stderr ---\n{proc.stderr[-8000:]}"
+        )
+    return time.perf_counter() - t0
+
+
+class _Recordings:
+    def __init__(self, base: Path) -> None:
+        self.base = base
+        self.dirs: dict[str, Path] = {}
+        self.seconds: dict[tuple[str, ...], float] = {}
+        preset = os.environ.get("FSDPDOCTOR_RECORDED_DIR")
+        self.preset = Path(preset) if preset else None
+
+    def __call__(self, variant: str) -> Path:
+        if variant not in VARIANTS:
+            raise ValueError(f"unknown variant {variant!r}; known: {', '.join(VARIANTS)}")
+        if variant in self.dirs:
+            return self.dirs[variant]
+        if self.preset is not None and (self.preset / variant / "fsdpdoctor_meta.json").exists():
+            self.dirs[variant] = self.preset / variant
+            return self.dirs[variant]
+        pytest.importorskip("torch")
+        todo = [v for v in VARIANTS if v not in self.dirs]
+        self.seconds[tuple(todo)] = _run_recorder(todo, self.base)
+        for v in todo:
+            self.dirs[v] = self.base / v
+        return self.dirs[variant]
+
+
+# One cache per process, shared by every registration of these fixtures (a test module may
+# import them while conftest also registers this plugin), so each variant is recorded once.
+_RECORDINGS: _Recordings | None = None
+
+
+@pytest.fixture(scope="session")
+def recorded_run(tmp_path_factory) -> Callable[[str], Path]:
+    """Factory: ``recorded_run(variant) -> Path`` of a freshly recorded run (see module doc)."""
+    global _RECORDINGS
+    if _RECORDINGS is None:
+        _RECORDINGS = _Recordings(tmp_path_factory.mktemp("recorded"))
+    return _RECORDINGS
+
+
+@pytest.fixture(scope="session")
+def recorder():
+    """``fixtures/record_cpu.py`` as a module (skips without torch)."""
+    pytest.importorskip("torch")
+    return load_recorder()
+
+
+@pytest.fixture(scope="session")
+def recorded_world_size() -> int:
+    return WORLD_SIZE
