@@ -70,12 +70,20 @@ def _write(text: str, output: Path | None) -> None:
 @click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path), help="Write the report to FILE.")
 @click.option("-j", "--jobs", type=click.IntRange(1, 256), default=None, help="Worker processes for several ranks (default: cores).")
 @click.option("--memory", "memory", multiple=True, type=click.Path(path_type=Path), help="CUDA memory snapshot(s).")
+@click.option("--set", "settings", multiple=True, metavar="KEY=VALUE", help="Override a rule threshold (see 'fsdpdoctor rules --thresholds').")
+@click.option("--disable", multiple=True, metavar="RULE", help="Skip a rule (code or slug); repeatable.")
 @guarded
-def analyze(paths: tuple[str, ...], fmt: str, output: Path | None, jobs: int | None, memory: tuple[Path, ...]) -> None:
+def analyze(
+    paths: tuple[str, ...], fmt: str, output: Path | None, jobs: int | None, memory: tuple[Path, ...],
+    settings: tuple[str, ...], disable: tuple[str, ...],
+) -> None:
     """Analyse trace files, directories of rank traces, or globs."""
     from .api import analyze as run
+    from .config import load_config
 
-    report = run(list(paths), memory=list(memory) or None, jobs=jobs)
+    cfg = load_config(list(settings))
+    cfg["disable"] = list(cfg.get("disable", [])) + list(disable)
+    report = run(list(paths), memory=list(memory) or None, jobs=jobs, config=cfg)
     if fmt == "json":
         _write(report.to_json(), output)
     elif fmt == "markdown":
@@ -92,11 +100,19 @@ def analyze(paths: tuple[str, ...], fmt: str, output: Path | None, jobs: int | N
 
 
 @main.command("rules")
+@click.option("--thresholds", is_flag=True, help="List the thresholds and their current values instead.")
 @guarded
-def rules_cmd() -> None:
-    """List the rules."""
+def rules_cmd(thresholds: bool) -> None:
+    """List the rules (or their thresholds)."""
+    from .config import THRESHOLDS, load_config
     from .engine import load_rules
 
+    if thresholds:
+        cfg = load_config()
+        for key, (default, doc) in THRESHOLDS.items():
+            mark = "" if cfg[key] == default else f" (default {default:g})"
+            click.echo(f"{key:<30} {cfg[key]:<8g}{mark}  {doc}")
+        return
     for mod in load_rules():
         click.echo(f"{mod.CODE}  {mod.SLUG:<34} {getattr(mod, 'SEVERITY', ''):<8} {getattr(mod, 'TITLE', '')}")
 
@@ -111,8 +127,16 @@ def explain(rule: str) -> None:
     mod = find_rule(rule)
     if mod is None:
         raise InputError(rule, "no such rule (see 'fsdpdoctor rules')")
+    from .config import THRESHOLDS, load_config
+
     click.echo(f"{mod.CODE} {mod.SLUG}: {getattr(mod, 'TITLE', '')}\n")
     click.echo((mod.__doc__ or "").strip())
+    keys = getattr(mod, "THRESHOLDS", ())
+    if keys:
+        cfg = load_config()
+        click.echo("\nThresholds (override with --set KEY=VALUE or [tool.fsdpdoctor]):")
+        for k in keys:
+            click.echo(f"  {k} = {cfg[k]:g}  — {THRESHOLDS[k][1]}")
 
 
 if __name__ == "__main__":  # pragma: no cover

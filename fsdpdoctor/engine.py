@@ -71,12 +71,18 @@ def find_rule(key: str) -> ModuleType | None:
 def run_rules(facts: RunFacts, config: dict[str, Any] | None = None) -> list[Finding]:
     """All findings, ranked by estimated saving (largest first), then severity."""
     cfg = config or {}
+    from .config import defaults
+
+    cfg = defaults() | cfg
     findings: list[Finding] = []
     disabled = set(cfg.get("disable", []))
-    for mod in load_rules():
-        if mod.CODE in disabled or mod.SLUG in disabled:
-            continue
+    mods = [m for m in load_rules() if m.CODE not in disabled and m.SLUG not in disabled]
+    for mod in mods:
         findings.extend(mod.check(facts, cfg))
+    # a general rule (low-overlap, host-bound) yields to the specific ones that explain it
+    fired = {f.slug for f in findings}
+    superseded = {m.SLUG for m in mods if set(getattr(m, "SUPERSEDED_BY", ())) & fired}
+    findings = [f for f in findings if f.slug not in superseded]
     sev = {s: i for i, s in enumerate(SEVERITIES)}
     findings.sort(key=lambda f: (-(f.est_saving_ms or 0.0), sev.get(f.severity, 9), f.code))
     return findings

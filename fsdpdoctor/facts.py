@@ -85,6 +85,7 @@ class OffloadFacts:
     d2h_count: int = 0
     d2h_bytes: int = 0
     pageable_count: int = 0
+    pageable_ms: float = 0.0
     memcpy_gpu_ms: float = 0.0
     evidence: str = ""
 
@@ -104,6 +105,8 @@ class FsdpFacts:
     collective_dtypes: dict[str, list[str]] = field(default_factory=dict)
     mixed_precision: bool | None = None
     rate_limiter_ms_per_step: float = 0.0
+    hook_cpu_ms_per_step: float = 0.0  # CPU time inside outermost FSDP hook ranges
+    other_parallelism: str | None = None  # what was found when FSDP was not (e.g. "DDP")
     sources: dict[str, str] = field(default_factory=dict)  # fact → "trace" / "sidecar"
 
     @property
@@ -179,6 +182,7 @@ class ExposedSummary:
     mean_ms_per_step: float | None = None
     by_phase: dict[str, float] = field(default_factory=dict)
     by_kind: dict[str, float] = field(default_factory=dict)
+    by_phase_kind: dict[str, dict[str, float]] = field(default_factory=dict)  # phase → kind → ms/step
     per_rank: dict[str, float] = field(default_factory=dict)
 
 

@@ -84,6 +84,7 @@ def analyze_fsdp(rt: RankTrace, colls: list[Collective], steps, n_steps: int) ->
     if ag and any(c.dtype for c in ag):
         f.mixed_precision = any((c.dtype or "").lower() in LOW_PRECISION for c in ag)
     if version is None:
+        f.other_parallelism = _other_parallelism(rt, colls)
         return f
     if version == 2:
         _units_fsdp2(rt, f, colls, steps)
@@ -93,7 +94,42 @@ def analyze_fsdp(rt: RankTrace, colls: list[Collective], steps, n_steps: int) ->
     _prefetch(f, colls, version)
     rl = rt.mask_names(lambda n: n == FSDP1_PREFIX + "rate_limiter")
     f.rate_limiter_ms_per_step = float(rt.dur[rl].sum()) / 1e3 / max(n_steps, 1)
+    f.hook_cpu_ms_per_step = _hook_cpu_ms(rt, version) / max(n_steps, 1)
     return f
+
+
+def _hook_cpu_ms(rt: RankTrace, version: int) -> float:
+    """CPU time spent inside FSDP hook ranges, counting nested ranges once per thread."""
+    from . import intervals as iv
+
+    prefix = FSDP2_PREFIX if version == 2 else FSDP1_PREFIX
+    # forward() of FSDP1 wraps the whole module: it is not hook overhead
+    rows = np.flatnonzero(
+        rt.mask_cat("user_annotation", "cpu_op")
+        & rt.mask_names(lambda n: n.startswith(prefix) and n != FSDP1_PREFIX + "forward")
+    )
+    # collectives issued inside hooks (synchronous on gloo) are communication, not overhead
+    c10d = np.flatnonzero(rt.mask_cat("cpu_op") & rt.mask_names(lambda n: n.startswith("c10d::")))
+    total = 0.0
+    for t in np.unique(rt.thread[rows]):
+        r = rows[rt.thread[rows] == t]
+        c = c10d[rt.thread[c10d] == t]
+        hooks = iv.merge(rt.ts[r], rt.ts[r] + rt.dur[r])
+        total += iv.total(iv.subtract(hooks, iv.merge(rt.ts[c], rt.ts[c] + rt.dur[c])))
+    return total / 1e3
+
+
+def _other_parallelism(rt: RankTrace, colls: list[Collective]) -> str | None:
+    if any(n.startswith("DistributedDataParallel.") for n in rt.names):
+        return "DDP (DistributedDataParallel labels)"
+    kinds = Counter(c.kind for c in colls)
+    if kinds.get("all_to_all") or kinds.get("send_recv"):
+        return "all-to-all / point-to-point communication (e.g. embedding or pipeline parallelism)"
+    if kinds.get("all_reduce"):
+        return "all-reduce data parallelism (DDP-like)"
+    if not colls:
+        return "no collectives (single process)"
+    return None
 
 
 def _first_full_step_rows(rt: RankTrace, rows: np.ndarray, steps) -> np.ndarray:
@@ -264,6 +300,7 @@ def _offload(rt: RankTrace, n_steps: int) -> OffloadFacts:
             continue
         if "Pageable" in name:
             o.pageable_count += 1
+            o.pageable_ms += float(rt.dur[r]) / 1e3
         o.memcpy_gpu_ms += float(rt.dur[r]) / 1e3
     steps = max(n_steps, 1)
     o.detected = o.h2d_count >= steps and o.d2h_count >= steps and rt.names and any(

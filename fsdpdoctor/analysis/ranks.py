@@ -100,7 +100,16 @@ def fold(ranks: list[RankFacts]) -> RunFacts:
         by_phase = {p: _mean([_mean([s.exposed_by_phase.get(p, 0.0) for s in r.steps]) or 0.0 for r in gpu_ranks]) or 0.0 for p in PHASES}
         kinds = sorted({k for r in gpu_ranks for s in r.steps for k in s.exposed_by_kind})
         by_kind = {k: _mean([_mean([s.exposed_by_kind.get(k, 0.0) for s in r.steps]) or 0.0 for r in gpu_ranks]) or 0.0 for k in kinds}
-        rf.exposed_comm = ExposedSummary(mean_ms_per_step=_mean(list(per.values())), by_phase=by_phase, by_kind=by_kind, per_rank=per)
+        by_pk: dict[str, dict[str, float]] = {}
+        for r in gpu_ranks:
+            n = max(len(r.steps), 1)
+            for c in r.collectives:
+                if c.step >= 0 and c.exposed_us > 0:
+                    d = by_pk.setdefault(c.phase, {})
+                    d[c.kind] = d.get(c.kind, 0.0) + c.exposed_us / 1e3 / n / len(gpu_ranks)
+        rf.exposed_comm = ExposedSummary(
+            mean_ms_per_step=_mean(list(per.values())), by_phase=by_phase, by_kind=by_kind, by_phase_kind=by_pk, per_rank=per
+        )
 
         def m(attr: str) -> float:
             return _mean([_mean([getattr(s, attr) for s in r.steps]) or 0.0 for r in gpu_ranks]) or 0.0

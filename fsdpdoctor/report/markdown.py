@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from .sections import Table, all_tables, headline, ms
+from ..fmt import ms
+from .sections import Table, all_tables, headline
 
 if TYPE_CHECKING:
     from ..api import Report

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ..facts import RunFacts
+from ..fmt import mib, ms, pct
 
 
 @dataclass
@@ -13,26 +14,6 @@ class Table:
     headers: list[str]
     rows: list[list[str]] = field(default_factory=list)
     note: str = ""
-
-
-def ms(v: float | None, digits: int = 2) -> str:
-    return "–" if v is None else f"{v:.{digits}f} ms"
-
-
-def pct(v: float | None) -> str:
-    return "–" if v is None else f"{v:.1f}%"
-
-
-def mib(v: float | None) -> str:
-    if v is None:
-        return "–"
-    if v >= 2**30:
-        return f"{v / 2**30:.2f} GiB"
-    if v >= 2**20:
-        return f"{v / 2**20:.1f} MiB"
-    if v >= 2**10:
-        return f"{v / 2**10:.1f} KiB"
-    return f"{v:.0f} B"
 
 
 def headline(f: RunFacts) -> list[tuple[str, str]]:

@@ -10,7 +10,8 @@ from rich.panel import Panel
 from rich.table import Table as RichTable
 from rich.text import Text
 
-from .sections import Table, all_tables, headline, ms
+from ..fmt import ms
+from .sections import Table, all_tables, headline
 
 if TYPE_CHECKING:
     from ..api import Report

@@ -1,0 +1,1133 @@
+"""Memory facts from a CUDA allocator snapshot or a profiler memory timeline.
+
+Method (see ``notes/memory-categorization.md``):
+
+1. Per device, replay ``device_traces`` over a seed of blocks that were alive before recording
+   started (live at the end with no event at their address, or freed without a recorded alloc).
+   *Allocated* follows ``torch.cuda.memory_allocated()``: a block counts from ``alloc`` until
+   ``free_requested``; from then until ``free_completed`` it is *pending* (freed by Python, still
+   in use by another stream). *Reserved* replays ``segment_alloc/map`` − ``segment_free/unmap``
+   backwards from the final segments.
+2. Trace entries carry the *requested* size; the allocator hands out larger blocks (512-byte
+   rounding, and large-pool blocks are not split when ≤ 1 MiB would remain). The block size is
+   recovered from the address layout: a block starts at the beginning of a free run, which ends at
+   the next live block or the segment end. Blocks still alive at the end use their exact size.
+   Allocated bytes, categories and internal fragmentation are therefore in allocator (block) bytes.
+3. The peak is the first maximum of allocated bytes. At the peak, reserved = requested +
+   internal fragmentation (rounding) + pending frees + external fragmentation (cached free blocks).
+4. Blocks live at the peak are categorised from their allocation stack (innermost matching
+   frame wins; FSDP1, FSDP2 in ``_composable/fsdp`` (2.4) and ``_fully_shard`` (2.6+), torch.optim,
+   activation checkpointing), then by lifetime relative to the forward / backward / optimizer
+   phase they were allocated in: phases come from stack markers (and ``external_annotations``),
+   frameless events inherit the phase before them (backward allocations on the autograd thread
+   have no Python frames).
+5. Blocks allocated before recording are reported as pre-existing and attributed by size where the
+   trace shows parameter-shaped sizes (optimizer state created in the trace, FSDP unsharded sizes
+   divided by the world size recovered from reduce-scatter input/output pairs, or long-lived
+   gradients), split between parameters and optimizer state by multiplicity (Adam keeps two
+   states per parameter). The rest goes to ``other``.
+
+Non-FSDP runs: resident full parameters are counted as ``parameters_sharded`` (the persistent
+parameter storage); ``parameters_unsharded`` is reserved for FSDP's transient all-gathered copies.
+"""
+
+from __future__ import annotations
+
+import bisect
+import dataclasses
+import re
+from collections import Counter
+from dataclasses import dataclass, field
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..ingest.snapshot import (
+    TIMELINE_CATEGORIES,
+    MemoryTimeline,
+    Snapshot,
+    load_memory,
+    snapshot_from_object,
+)
+
+__all__ = ["CATEGORIES", "MemoryFacts", "analyze_memory", "analyze_snapshot", "analyze_timeline", "round_size"]
+
+CATEGORIES = (
+    "parameters_sharded",
+    "parameters_unsharded",
+    "gradients",
+    "optimizer_state",
+    "activations",
+    "temporary",
+    "allgather_buffers",
+    "reduce_scatter_buffers",
+    "other",
+)
+
+MIN_BLOCK = 512  # kMinBlockSize
+SMALL_SIZE = 1 << 20  # kSmallSize: requests up to 1 MiB use the small pool; large blocks keep ≤ 1 MiB tails
+CURVE_POINTS = 500
+TOP_SITES = 10
+
+# profiler Category (export index order) -> ours
+_TIMELINE_TO_CATEGORY = {
+    "PARAMETER": "parameters_sharded",
+    "OPTIMIZER_STATE": "optimizer_state",
+    "INPUT": "other",
+    "TEMPORARY": "temporary",
+    "ACTIVATION": "activations",
+    "GRADIENT": "gradients",
+    "AUTOGRAD_DETAIL": "temporary",
+    "UNKNOWN": "other",
+}
+# `category` on trace entries of _memory_viz._profile_to_snapshot pseudo-snapshots
+_PROFILE_ENTRY_CATEGORY = {k.lower(): v for k, v in _TIMELINE_TO_CATEGORY.items()}
+
+
+@dataclass
+class MemoryFacts:
+    """Plain memory facts for one run (one rank's snapshot or memory timeline).
+
+    Byte counts are allocator block bytes unless named ``requested``. ``peak_event_index`` is the
+    trace entry after which the peak is reached (-1: already at the start of recording; None:
+    no history). ``categories`` always has every name in :data:`CATEGORIES` and sums to
+    ``peak_allocated_bytes``. ``curve`` holds ``x`` (``x_unit`` "time_us" or "event_index"),
+    ``allocated`` and ``reserved`` (None entries where unknown), at most 500 points, peak kept.
+    """
+
+    source: str
+    path: str | None = None
+    device: int | None = None
+    devices: list[dict] = field(default_factory=list)
+    history_missing: bool = False
+    n_events: int = 0
+    peak_allocated_bytes: int = 0
+    peak_requested_bytes: int | None = None
+    reserved_at_peak_bytes: int | None = None
+    peak_time_us: float | None = None
+    peak_event_index: int | None = None
+    peak_phase: str | None = None
+    pending_free_at_peak_bytes: int | None = None
+    internal_fragmentation_bytes: int | None = None
+    external_fragmentation_bytes: int | None = None
+    categories: dict[str, int] = field(default_factory=lambda: dict.fromkeys(CATEGORIES, 0))
+    pre_existing_bytes: int = 0
+    pre_existing_attributed: dict[str, int] = field(default_factory=dict)
+    top_sites: list[tuple[str, int]] = field(default_factory=list)
+    end_allocated_bytes: int | None = None
+    end_reserved_bytes: int | None = None
+    fsdp_version: str | None = None
+    world_size: int | None = None
+    oom: dict | None = None
+    curve: dict = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict:
+        d = dataclasses.asdict(self)
+        d["top_sites"] = [list(t) for t in self.top_sites]
+        if d["oom"] is not None:
+            d["oom"]["top_sites"] = [list(t) for t in d["oom"].get("top_sites", [])]
+        return d
+
+    @classmethod
+    def from_dict(cls, data: dict) -> MemoryFacts:
+        names = {f.name for f in dataclasses.fields(cls)}
+        kw = {k: v for k, v in data.items() if k in names}
+        kw["top_sites"] = [(str(s), int(b)) for s, b in kw.get("top_sites", [])]
+        if kw.get("oom") is not None:
+            kw["oom"] = dict(kw["oom"])
+            kw["oom"]["top_sites"] = [(str(s), int(b)) for s, b in kw["oom"].get("top_sites", [])]
+        return cls(**kw)
+
+
+# =========================================================================== allocator arithmetic
+
+
+def round_size(size: int, divisions: dict | None = None) -> int:
+    """The caching allocator's ``round_size`` (512-byte multiples, or power-of-2 divisions if configured)."""
+    if size < MIN_BLOCK:
+        return MIN_BLOCK
+    if divisions:
+        index = min(max(size.bit_length() - 1 - 20, 0), 15)  # intervals start at 1 MiB
+        div = int(divisions.get(str(1 << index), 0) or 0)
+        if div > 1 and size > MIN_BLOCK * div:
+            if size & (size - 1) == 0:
+                return size
+            floor = 1 << (size.bit_length() - 1)
+            step = floor >> (div.bit_length() - 1)
+            if step == 0:
+                return floor << 1
+            rounded_floor = size & ~(step - 1)
+            return size if rounded_floor == size else rounded_floor + step
+    return MIN_BLOCK * ((size + MIN_BLOCK - 1) // MIN_BLOCK)
+
+
+# =========================================================================== stack frames
+
+# labels beyond CATEGORIES that need lifetime to decide
+_RS = "rs"  # reduce-scatter input (buffer) or output (sharded gradient)
+_OPT = "optim"  # inside an optimizer step: state if it survives the step, else temporary
+
+_FSDP2_DIRS = ("torch/distributed/fsdp/_fully_shard/", "torch/distributed/_composable/fsdp/")
+_FSDP1_DIR = "torch/distributed/fsdp/"
+
+_FSDP2_RULES = {
+    "_fsdp_collectives.py": {
+        "foreach_all_gather": "allgather_buffers",
+        "_get_param_all_gather_inputs": "allgather_buffers",
+        "foreach_all_gather_copy_out": "parameters_unsharded",
+        "foreach_reduce": _RS,
+        "foreach_reduce_scatter": _RS,
+    },
+    "_fsdp_param.py": {
+        "alloc_storage": "parameters_unsharded",
+        "init_all_gather_outputs": "parameters_unsharded",
+        "alloc_all_gather_outputs": "parameters_unsharded",
+        "init_unsharded_param": "parameters_unsharded",
+        "_init_sharded_param": "parameters_sharded",
+        "reset_sharded_param": "parameters_sharded",
+        "to_sharded_post_forward": "parameters_sharded",
+        "to_accumulated_grad_if_needed": "gradients",
+        "accumulate_unsharded_grad_if_needed": "gradients",
+        "all_gather_inputs": "allgather_buffers",
+    },
+}
+_FSDP1_RULES = {
+    "_flat_param.py": {
+        "_alloc_padded_unsharded_flat_param": "parameters_unsharded",
+        "unshard": "parameters_unsharded",
+        "_all_gather_flat_param": "parameters_unsharded",
+        "_use_low_precision_shard": "allgather_buffers",
+        "flatten_tensors": "parameters_sharded",
+        "flatten_tensors_into_flat_param": "parameters_sharded",
+        "_init_flat_param_and_metadata": "parameters_sharded",
+        "_get_shard": "parameters_sharded",
+        "_get_unpadded_shard": "parameters_sharded",
+        "shard": "parameters_sharded",
+        "_use_unsharded_grad_views": "gradients",
+        "_use_sharded_grad_views": "gradients",
+        "prepare_gradient_for_backward": "gradients",
+        "prepare_gradient_for_optim": "gradients",
+    },
+    "_runtime_utils.py": {
+        "_get_reduce_scatter_tensors": _RS,
+        "_reduce_grad": _RS,
+        "_reduce_grad_no_shard": _RS,
+        "_post_backward_hook": _RS,
+        "_cast_grad_to_param_dtype": "gradients",
+        "_accumulate_sharded_grad": "gradients",
+        "_unshard": "parameters_unsharded",
+    },
+}
+_OPTIM_STATE_FUNCS = {"_init_group", "load_state_dict", "_process_value_according_to_param_policy"}
+#: optimizer file stem -> states kept per parameter (besides the parameter)
+_OPTIM_STATES = {
+    "adam": 2,
+    "adamw": 2,
+    "nadam": 2,
+    "radam": 2,
+    "adamax": 2,
+    "adadelta": 2,
+    "sgd": 1,
+    "adagrad": 1,
+    "rmsprop": 1,
+    "rprop": 2,
+    "asgd": 2,
+}
+
+_BACKWARD_PY = {
+    ("torch/_tensor.py", "backward"),
+    ("torch/autograd/__init__.py", "backward"),
+    ("torch/autograd/__init__.py", "grad"),
+    ("torch/autograd/__init__.py", "_make_grads"),
+    ("torch/autograd/graph.py", "_engine_run_backward"),
+}
+_FSDP_BACKWARD_FUNCS = {
+    "pre_backward",
+    "post_backward",
+    "_pre_backward",
+    "_post_backward",
+    "_pre_backward_hook",
+    "_post_backward_hook",
+    "_root_post_backward_final_callback",
+    "_post_backward_final_callback",
+    "foreach_reduce",
+    "_reduce_grad",
+    "backward",
+}
+_FSDP_FORWARD_FUNCS = {"pre_forward", "post_forward", "_pre_forward", "_post_forward", "_pre_forward_unshard"}
+_CPP_BACKWARD = re.compile(r"torch::autograd::(Engine::|generated::\w+Backward|AccumulateGrad)")
+
+PH_UNKNOWN, PH_FORWARD, PH_BACKWARD, PH_OPTIM = 0, 1, 2, 3
+_PHASE_NAMES = {PH_UNKNOWN: None, PH_FORWARD: "forward", PH_BACKWARD: "backward", PH_OPTIM: "optimizer"}
+
+
+@dataclass(frozen=True)
+class _FrameInfo:
+    label: str | None  # rule label when this frame decides the category
+    phase: int  # phase marker carried by this frame
+    python: bool
+    in_torch: bool
+    site: str
+    fsdp: str | None  # "fsdp1" / "fsdp2" when the frame is FSDP code
+    optimizer: str | None  # torch.optim file stem
+
+
+def _short_path(path: str) -> str:
+    if "site-packages/" in path:
+        return path.rsplit("site-packages/", 1)[1]
+    i = path.find("/torch/")
+    if i >= 0:
+        return path[i + 1 :]
+    parts = path.rsplit("/", 2)
+    return "/".join(parts[-2:])
+
+
+@lru_cache(maxsize=1 << 16)
+def _frame_info(filename: str, name: str, line: int) -> _FrameInfo:
+    path = filename.replace("\\", "/")
+    python = line > 0
+    base = path.rsplit("/", 1)[-1]
+    label = None
+    phase = PH_UNKNOWN
+    fsdp = None
+    optimizer = None
+    in_torch = "/torch/" in path or path.startswith("torch/")
+    if python and in_torch:
+        if any(d in path for d in _FSDP2_DIRS):
+            fsdp = "fsdp2"
+            label = _FSDP2_RULES.get(base, {}).get(name)
+        elif _FSDP1_DIR in path:
+            fsdp = "fsdp1"
+            label = _FSDP1_RULES.get(base, {}).get(name)
+        if fsdp:
+            if name in _FSDP_BACKWARD_FUNCS:
+                phase = PH_BACKWARD
+            elif name in _FSDP_FORWARD_FUNCS:
+                phase = PH_FORWARD
+        if "torch/optim/" in path or "torch/distributed/optim/" in path:
+            phase = PH_OPTIM
+            optimizer = base[:-3] if "torch/optim/" in path else None
+            label = "optimizer_state" if name in _OPTIM_STATE_FUNCS else _OPT
+        elif path.endswith("torch/utils/checkpoint.py"):
+            label = "activations"
+        elif any(path.endswith(p) and name == f for p, f in _BACKWARD_PY):
+            phase = PH_BACKWARD
+        elif path.endswith("torch/nn/modules/module.py") and name in ("_call_impl", "_wrapped_call_impl"):
+            phase = PH_FORWARD
+    elif not python and _CPP_BACKWARD.search(name):
+        phase = PH_BACKWARD
+    site = f"{name} ({_short_path(path)}:{line})" if python else name
+    return _FrameInfo(label, phase, python, in_torch, site, fsdp, optimizer)
+
+
+@dataclass(frozen=True)
+class _Stack:
+    """What one allocation/free stack says: its phase marker, rule label and allocation site."""
+
+    phase: int = PH_UNKNOWN
+    label: str | None = None
+    site: str | None = None
+    fsdp: str | None = None
+    optimizer: str | None = None
+
+
+_NO_STACK = _Stack()
+
+
+def _summarize(key: tuple) -> _Stack:
+    infos = [_frame_info(str(f), str(n), int(ln or 0)) for f, n, ln in key]
+    phases = {i.phase for i in infos}
+    # optimizer beats backward beats forward (recompute in backward runs module forwards)
+    phase = next((ph for ph in (PH_OPTIM, PH_BACKWARD, PH_FORWARD) if ph in phases), PH_UNKNOWN)
+    hit = next((i for i in infos if i.label is not None), None)  # innermost matching frame wins
+    if hit is not None:
+        site = hit.site
+    else:
+        python = [i for i in infos if i.python]
+        user = [i for i in python if not i.in_torch]
+        site = (user or python)[0].site if python else None
+    return _Stack(
+        phase=phase,
+        label=hit.label if hit else None,
+        site=site,
+        fsdp=next((i.fsdp for i in infos if i.fsdp), None),
+        optimizer=next((i.optimizer for i in infos if i.optimizer), None),
+    )
+
+
+class _StackCache:
+    """Stacks repeat (same code path, same frames): summarise each distinct one once."""
+
+    def __init__(self) -> None:
+        self.seen: dict[tuple, _Stack] = {}
+
+    def __call__(self, frames: list | None) -> _Stack:
+        if not frames:
+            return _NO_STACK
+        key = tuple([(f.get("filename", ""), f.get("name", ""), f.get("line", 0)) for f in frames])
+        st = self.seen.get(key)
+        if st is None:
+            st = self.seen[key] = _summarize(key)
+        return st
+
+
+# =========================================================================== trace replay
+
+NEVER = np.iinfo(np.int64).max // 4  # free index of blocks alive at the end
+
+
+@dataclass
+class _Replay:
+    n: int
+    addr: np.ndarray
+    size: np.ndarray
+    requested: np.ndarray
+    alloc_idx: np.ndarray  # -1: allocated before recording
+    free_req: np.ndarray  # -1: free requested before recording; NEVER: not freed
+    free_done: np.ndarray
+    frames: list  # allocation stack per block (list of frame dicts)
+    entry_category: list  # `category` of pseudo-snapshot entries, else None
+    reserved: np.ndarray  # after each event
+    reserved_seed: int
+    ooms: list[dict]
+    notes: list[str]
+
+
+class _LiveBlocks:
+    """Sorted start addresses of active (allocated or pending) blocks, for free-run lookups."""
+
+    def __init__(self) -> None:
+        self.starts: list[int] = []
+        self.block: dict[int, int] = {}
+
+    def add(self, addr: int, bid: int) -> None:
+        bisect.insort(self.starts, addr)
+        self.block[addr] = bid
+
+    def remove(self, addr: int) -> None:
+        del self.block[addr]
+        del self.starts[bisect.bisect_left(self.starts, addr)]
+
+    def next_start_after(self, addr: int) -> int | None:
+        j = bisect.bisect_right(self.starts, addr)
+        return self.starts[j] if j < len(self.starts) else None
+
+
+class _Segments:
+    """Non-expandable segment ranges, replayed alongside the trace."""
+
+    def __init__(self, ends: dict[int, int]):
+        self.end = dict(ends)
+        self.starts = sorted(self.end)
+
+    def add(self, addr: int, size: int) -> None:
+        if addr not in self.end:
+            bisect.insort(self.starts, addr)
+        self.end[addr] = addr + size
+
+    def remove(self, addr: int) -> None:
+        if self.end.pop(addr, None) is not None:
+            del self.starts[bisect.bisect_left(self.starts, addr)]
+
+    def containing(self, addr: int) -> tuple[int, int] | None:
+        i = bisect.bisect_right(self.starts, addr) - 1
+        if i < 0:
+            return None
+        start = self.starts[i]
+        end = self.end[start]
+        return (start, end) if addr < end else None
+
+
+class _BlockSizer:
+    """Recover the allocator block size of an allocation from the free run it was carved from."""
+
+    def __init__(
+        self, segments: _Segments, live: _LiveBlocks, expandable: bool, max_split: int, divisions: dict | None
+    ):
+        self.segments = segments
+        self.live = live
+        self.expandable = expandable
+        self.max_split = max_split
+        self.divisions = divisions
+
+    def size(self, addr: int, requested: int) -> int:
+        rounded = round_size(requested, self.divisions)
+        if self.expandable or requested <= SMALL_SIZE:
+            return rounded  # small pool / expandable segments split whenever ≥ 512 B would remain
+        seg = self.segments.containing(addr)
+        if seg is None:
+            return rounded
+        nxt = self.live.next_start_after(addr)
+        limit = seg[1] if nxt is None else min(seg[1], nxt)
+        run = limit - addr
+        if run < rounded:
+            return rounded
+        oversize = self.max_split > 0 and rounded >= self.max_split
+        if oversize or run - rounded <= SMALL_SIZE:
+            return run  # the allocator did not split off the tail
+        return rounded
+
+
+def _replay(snap: Snapshot, device: int, trace: list[dict]) -> _Replay:
+    n = len(trace)
+    segs_dev = [s for s in snap.segments if s["device"] == device]
+    settings = snap.allocator_settings
+    max_split = settings.get("max_split_size", -1)
+    max_split = max_split if isinstance(max_split, int) else -1
+    divisions = settings.get("roundup_power2_divisions")
+    divisions = divisions if isinstance(divisions, dict) else None
+    notes: list[str] = []
+
+    # segment ranges as they were when recording started: undo the recorded cudaMalloc/cudaFree
+    ends = {s["address"]: s["address"] + s["total_size"] for s in segs_dev if not s["is_expandable"]}
+    seg_delta = np.zeros(n, dtype=np.int64)
+    first_event: dict[int, dict] = {}  # address -> its first alloc/free entry
+    for i in range(n - 1, -1, -1):
+        e = trace[i]
+        a = e["action"]
+        if a in ("alloc", "free_requested", "free_completed"):
+            first_event[e["addr"]] = e  # overwritten going backwards -> first in time
+        elif a == "segment_alloc":
+            ends.pop(e["addr"], None)
+            seg_delta[i] = e["size"]
+        elif a == "segment_free":
+            ends[e["addr"]] = e["addr"] + e["size"]
+            seg_delta[i] = -e["size"]
+        elif a == "segment_map":
+            seg_delta[i] = e["size"]
+        elif a == "segment_unmap":
+            seg_delta[i] = -e["size"]
+    reserved_end = sum(s["total_size"] for s in segs_dev)
+    reserved_seed = reserved_end - int(seg_delta.sum())
+    reserved = reserved_seed + np.cumsum(seg_delta)
+    if n and not seg_delta.any():
+        notes.append("no cudaMalloc/cudaFree recorded: reserved memory was constant during recording")
+
+    segments = _Segments(ends)
+    live = _LiveBlocks()
+    sizer = _BlockSizer(segments, live, snap.expandable_segments, max_split, divisions)
+
+    addr: list[int] = []
+    size: list[int] = []
+    req: list[int] = []
+    alloc_idx: list[int] = []
+    free_req: list[int] = []
+    free_done: list[int] = []
+    frames: list = []
+    entry_cat: list = []
+
+    def new_block(a: int, sz: int, rq: int, ai: int, fr: int, fd: int, frm: list, cat: Any = None) -> int:
+        addr.append(a)
+        size.append(sz)
+        req.append(rq)
+        alloc_idx.append(ai)  # noqa: E702
+        free_req.append(fr)
+        free_done.append(fd)
+        frames.append(frm)
+        entry_cat.append(cat)  # noqa: E702
+        return len(addr) - 1
+
+    # seed: blocks alive at the end that the trace never touches were alive throughout
+    end_live = {b["address"]: b for s in segs_dev for b in s["blocks"] if b["state"] != "inactive"}
+    for a, b in end_live.items():
+        if a not in first_event:
+            pending = b["state"] == "active_pending_free"
+            bid = new_block(a, b["size"], b["requested_size"], -1, -1 if pending else NEVER, NEVER, b["frames"])
+            live.add(a, bid)
+    # seed: addresses whose first event is a free were allocated before recording (or before the
+    # ring buffer wrapped); their block size is recovered once all seeds are in place
+    freed_seeds = []
+    for a in sorted(first_event):
+        e = first_event[a]
+        if e["action"] != "alloc" and a not in live.block:
+            pending = e["action"] == "free_completed"  # its free_requested happened before recording
+            freed_seeds.append(new_block(a, 0, e["size"], -1, -1 if pending else NEVER, NEVER, []))
+            live.add(a, freed_seeds[-1])
+    for bid in freed_seeds:
+        size[bid] = sizer.size(addr[bid], req[bid])
+
+    ooms = []
+    for i, e in enumerate(trace):
+        act = e["action"]
+        if act == "alloc":
+            a = e["addr"]
+            old = live.block.get(a)
+            if old is not None:  # a free fell out of the record: close the old block here
+                free_req[old] = min(free_req[old], i)
+                free_done[old] = i
+                live.remove(a)
+            bid = new_block(
+                a, sizer.size(a, e["size"]), e["size"], i, NEVER, NEVER, e.get("frames") or [], e.get("category")
+            )
+            live.add(a, bid)
+        elif act == "free_requested":
+            bid = live.block.get(e["addr"])
+            if bid is not None and free_req[bid] == NEVER:
+                free_req[bid] = i
+        elif act == "free_completed":
+            a = e["addr"]
+            bid = live.block.get(a)
+            if bid is not None:
+                if free_req[bid] == NEVER:
+                    free_req[bid] = i
+                free_done[bid] = i
+                live.remove(a)
+        elif act == "segment_alloc":
+            segments.add(e["addr"], e["size"])
+        elif act == "segment_free":
+            segments.remove(e["addr"])
+        elif act == "oom":
+            ooms.append({"index": i, "largest_cached_free_block_bytes": _largest_free_run(segments, live, size, sizer)})
+
+    # blocks still open must match the final segments: take their exact size and stack from there
+    inconsistent = resized = 0
+    for a, bid in live.block.items():
+        b = end_live.get(a)
+        if b is None:
+            inconsistent += 1
+        elif alloc_idx[bid] >= 0:
+            resized += size[bid] != b["size"]
+            size[bid], req[bid] = b["size"], b["requested_size"]
+            frames[bid] = frames[bid] or b["frames"]  # context="state" keeps stacks only on live blocks
+    if inconsistent:
+        notes.append(f"{inconsistent} blocks open at the end of the trace are not in the final segments")
+    if resized:
+        notes.append(f"{resized} blocks alive at the end had a block size other than the one inferred from the trace")
+
+    as_i8 = lambda v: np.asarray(v, dtype=np.int64)  # noqa: E731
+    return _Replay(
+        n=n,
+        addr=as_i8(addr),
+        size=as_i8(size),
+        requested=as_i8(req),
+        alloc_idx=as_i8(alloc_idx),
+        free_req=as_i8(free_req),
+        free_done=as_i8(free_done),
+        frames=frames,
+        entry_category=entry_cat,
+        reserved=reserved,
+        reserved_seed=reserved_seed,
+        ooms=ooms,
+        notes=notes,
+    )
+
+
+def _largest_free_run(segments: _Segments, live: _LiveBlocks, size: list[int], sizer: _BlockSizer) -> int | None:
+    """Largest contiguous cached-free range inside non-expandable segments right now."""
+    if sizer.expandable or not segments.starts:
+        return None
+    best = 0
+    for start in segments.starts:
+        end = segments.end[start]
+        cursor = start
+        j = bisect.bisect_left(live.starts, start)
+        while j < len(live.starts) and live.starts[j] < end:
+            a = live.starts[j]
+            best = max(best, a - cursor)
+            cursor = max(cursor, a + size[live.block[a]])
+            j += 1
+        best = max(best, end - cursor)
+    return best
+
+
+def _state_series(r: _Replay) -> tuple[np.ndarray, np.ndarray, int, int]:
+    """Allocated and pending bytes after each event, and their values before the first event."""
+    n = r.n
+    d_alloc = np.zeros(n + 1, dtype=np.int64)
+    d_pend = np.zeros(n + 1, dtype=np.int64)
+    traced = r.alloc_idx >= 0
+    np.add.at(d_alloc, r.alloc_idx[traced], r.size[traced])
+    req_in = (r.free_req >= 0) & (r.free_req < n)
+    np.add.at(d_alloc, r.free_req[req_in], -r.size[req_in])
+    np.add.at(d_pend, r.free_req[req_in], r.size[req_in])
+    done_in = (r.free_done >= 0) & (r.free_done < n)
+    np.add.at(d_pend, r.free_done[done_in], -r.size[done_in])
+    seed_alloc = int(r.size[(r.alloc_idx < 0) & (r.free_req >= 0)].sum())
+    seed_pend = int(r.size[(r.alloc_idx < 0) & (r.free_req < 0)].sum())
+    return seed_alloc + np.cumsum(d_alloc[:n]), seed_pend + np.cumsum(d_pend[:n]), seed_alloc, seed_pend
+
+
+# =========================================================================== phases & categories
+
+
+def _event_phases(
+    trace: list[dict], stacks: _StackCache, times: np.ndarray | None, annotations: list[dict], device: int
+) -> np.ndarray:
+    """forward / backward / optimizer per trace entry, from stack markers and annotations."""
+    n = len(trace)
+    phase = np.fromiter((stacks(e.get("frames")).phase for e in trace), dtype=np.int8, count=n)
+    if times is not None and annotations and (phase == PH_UNKNOWN).any() and (np.diff(times) >= 0).all():
+        for start, end, ph in _annotation_intervals(annotations, device):
+            lo, hi = np.searchsorted(times, [start, end], side="left")
+            seg = phase[lo:hi]
+            seg[seg == PH_UNKNOWN] = ph
+    # frameless events (autograd thread, context off) take the phase of the last known event;
+    # events before the first marker (model construction, data loading) stay unknown
+    known = phase != PH_UNKNOWN
+    if not known.any():
+        return phase
+    idx = np.where(known, np.arange(n), 0)
+    np.maximum.accumulate(idx, out=idx)
+    return phase[idx]
+
+
+def _annotation_intervals(annotations: list[dict], device: int) -> list[tuple[float, float, int]]:
+    opened: dict[str, float] = {}
+    out = []
+    for a in annotations:
+        if not isinstance(a, dict) or a.get("device", device) != device or a.get("time_us") is None:
+            continue
+        name = str(a.get("name", ""))
+        low = name.lower()
+        ph = (
+            PH_OPTIM
+            if low.startswith("optimizer.")
+            else PH_BACKWARD
+            if "backward" in low
+            else PH_FORWARD
+            if "forward" in low
+            else None
+        )
+        if ph is None:
+            continue
+        if a.get("stage") == "START":
+            opened[name] = a["time_us"]
+        elif a.get("stage") == "END" and name in opened:
+            out.append((opened.pop(name), a["time_us"], ph))
+    return out
+
+
+def _times(trace: list[dict]) -> np.ndarray | None:
+    t = [e.get("time_us") for e in trace]
+    if not t or None in t:
+        return None
+    return np.asarray(t, dtype=np.float64)
+
+
+def _run_ends(phase: np.ndarray) -> np.ndarray:
+    """For each event, the index where its run of equal phase ends."""
+    n = len(phase)
+    change = np.flatnonzero(np.diff(phase)) + 1
+    run_id = np.zeros(n, dtype=np.int64)
+    run_id[change] = 1
+    return np.append(change, n)[np.cumsum(run_id)]
+
+
+def _pair_reduce_scatter(r: _Replay, rs_ids: list[int]) -> tuple[set[int], int | None]:
+    """Reduce-scatter inputs (world_size × the output allocated right after them) and world_size."""
+    inputs: set[int] = set()
+    ratios: Counter = Counter()
+    k = 0
+    while k + 1 < len(rs_ids):
+        a, b = rs_ids[k], rs_ids[k + 1]
+        ra, rb = int(r.requested[a]), int(r.requested[b])
+        if rb > 0 and ra % rb == 0 and ra // rb >= 2:
+            inputs.add(a)
+            ratios[ra // rb] += 1
+            k += 2
+        else:
+            k += 1
+    return inputs, (ratios.most_common(1)[0][0] if ratios else None)
+
+
+@dataclass
+class _Labels:
+    category: list[str]
+    site: list[str]
+    pre_existing: np.ndarray  # bool per block
+    fsdp: str | None
+    world_size: int | None
+    attributed: dict[str, int]  # pre-existing bytes per category (all pre-existing blocks)
+
+
+def _label_blocks(r: _Replay, stacks: _StackCache, phase: np.ndarray) -> _Labels:
+    n = r.n
+    run_end = _run_ends(phase) if n else np.zeros(0, dtype=np.int64)
+    nb = len(r.addr)
+    st = [stacks(f) for f in r.frames]
+    pre = r.alloc_idx < 0
+    seen = list(stacks.seen.values())  # every distinct stack, allocation and free
+    fsdp_votes = Counter(x.fsdp for x in seen if x.fsdp)
+    fsdp = fsdp_votes.most_common(1)[0][0] if fsdp_votes else None
+    optimizers = {x.optimizer for x in seen if x.optimizer}
+
+    order = np.argsort(r.alloc_idx, kind="stable")
+    rs_inputs, world_size = _pair_reduce_scatter(r, [int(b) for b in order if st[b].label == _RS and not pre[b]])
+    # FSDP unsharded gradients have the unsharded parameter's size (FSDP1: minus the flat padding,
+    # so compare allocator-rounded sizes)
+    unsharded = {round_size(int(r.requested[b])) for b in range(nb) if st[b].label == "parameters_unsharded"}
+
+    traced = np.flatnonzero(~pre)
+    rounded = {int(b): round_size(int(r.requested[b])) for b in traced}
+    short_lived = np.zeros(nb, dtype=bool)  # freed before the phase it was allocated in ended
+    open_ended = np.zeros(nb, dtype=bool)  # alive when recording stopped inside its phase (OOM, dump)
+    short_lived[traced] = r.free_req[traced] < run_end[r.alloc_idx[traced]]
+    open_ended[traced] = (r.free_req[traced] >= n) & (run_end[r.alloc_idx[traced]] == n)
+    # what completed phases teach about sizes, for blocks whose lifetime the recording cut off
+    seen_short: dict[int, set] = {PH_UNKNOWN: set(), PH_FORWARD: set(), PH_BACKWARD: set(), PH_OPTIM: set()}
+    seen_long: dict[int, set] = {k: set() for k in seen_short}
+    for b in traced:
+        if st[b].label is None and not open_ended[b]:
+            (seen_short if short_lived[b] else seen_long)[int(phase[r.alloc_idx[b]])].add(rounded[b])
+
+    def lifetime(b: int, ph: int, default_long: bool) -> bool:
+        """Whether block b outlives its phase."""
+        if not open_ended[b]:
+            return not short_lived[b]
+        if rounded[b] in seen_long[ph]:
+            return True
+        return False if rounded[b] in seen_short[ph] else default_long
+
+    cats = ["other"] * nb
+    site = [x.site for x in st]
+    for b in traced:
+        i = int(r.alloc_idx[b])
+        lab, ph = st[b].label, int(phase[i])
+        if lab in CATEGORIES:
+            cat = lab
+        elif lab == _RS:
+            cat = "reduce_scatter_buffers" if short_lived[b] or b in rs_inputs else "gradients"
+        elif lab == _OPT or ph == PH_OPTIM:
+            cat = "optimizer_state" if lifetime(b, PH_OPTIM, True) else "temporary"
+        elif r.entry_category[b] in _PROFILE_ENTRY_CATEGORY:
+            cat = _PROFILE_ENTRY_CATEGORY[r.entry_category[b]]
+        elif ph == PH_FORWARD:
+            cat = "activations" if lifetime(b, ph, True) else "temporary"
+        elif ph == PH_BACKWARD:
+            # FSDP: gradients are recognised by size (unsharded) or stack (reduce-scatter output),
+            # so an unexplained backward block cut off by the recording is most likely a temporary
+            unsharded_grad = fsdp is not None and rounded[b] in unsharded
+            cat = "gradients" if unsharded_grad or lifetime(b, ph, fsdp is None) else "temporary"
+        else:
+            cat = "temporary" if r.free_req[b] < n else "other"
+        cats[b] = cat
+        if site[b] is None:
+            site[b] = f"<no Python frames: {_PHASE_NAMES[ph] or 'unknown phase'}>"
+    for b in np.flatnonzero(pre):
+        site[b] = site[b] or "<allocated before recording>"
+    attributed = _attribute_pre_existing(r, cats, pre, fsdp, world_size, optimizers)
+    return _Labels(cats, site, pre, fsdp, world_size, attributed)
+
+
+def _attribute_pre_existing(
+    r: _Replay, cats: list[str], pre: np.ndarray, fsdp: str | None, world_size: int | None, optimizers: set[str]
+) -> dict[str, int]:
+    """Give pre-existing blocks a category where their size is parameter-shaped (see module doc)."""
+    n = r.n
+    traced = ~pre
+    opt_sizes = {int(r.requested[b]) for b in np.flatnonzero(traced) if cats[b] == "optimizer_state"}
+    param_sizes: set[int] = set()
+    if fsdp:
+        if world_size:
+            unsharded = {int(r.requested[b]) for b in np.flatnonzero(traced) if cats[b] == "parameters_unsharded"}
+            param_sizes |= {u // world_size for u in unsharded if u % world_size == 0}
+        # FSDP1's sharded flat parameter has the size of its sharded (reduce-scattered) gradient
+        param_sizes |= {
+            int(r.requested[b]) for b in np.flatnonzero(traced) if cats[b] == "gradients" and fsdp == "fsdp1"
+        }
+    else:
+        param_sizes |= {
+            int(r.requested[b]) for b in np.flatnonzero(traced) if cats[b] == "gradients" and r.free_req[b] >= n
+        }
+    n_states = max((_OPTIM_STATES.get(o, 0) for o in optimizers), default=0)
+
+    always_alive = np.flatnonzero(pre & (r.free_req >= n))
+    by_size: dict[int, list[int]] = {}
+    for b in always_alive:
+        by_size.setdefault(int(r.requested[b]), []).append(int(b))
+    for s, ids in by_size.items():
+        ids.sort(key=lambda b: int(r.addr[b]))
+        if s in opt_sizes:  # the optimizer state of these parameters was created while recording
+            for b in ids:
+                cats[b] = "parameters_sharded"
+            continue
+        if s not in param_sizes:
+            continue
+        m = len(ids)
+        per_param = next((d for d in (1 + n_states, 2 + n_states, 1) if m % d == 0), 1)
+        n_params = m // per_param
+        n_opt = min(n_states * n_params, m - n_params)
+        for j, b in enumerate(ids):
+            cats[b] = (
+                "parameters_sharded" if j < n_params else "optimizer_state" if j < n_params + n_opt else "gradients"
+            )
+    out: Counter = Counter()
+    for b in np.flatnonzero(pre):
+        out[cats[b]] += int(r.size[b])
+    return {c: out[c] for c in CATEGORIES if out[c]}
+
+
+# =========================================================================== assembling facts
+
+
+def _categories(mask: np.ndarray, r: _Replay, labels: _Labels) -> dict[str, int]:
+    out = dict.fromkeys(CATEGORIES, 0)
+    for b in np.flatnonzero(mask):
+        out[labels.category[b]] += int(r.size[b])
+    return out
+
+
+def _top_sites(mask: np.ndarray, r: _Replay, labels: _Labels) -> list[tuple[str, int]]:
+    c: Counter = Counter()
+    for b in np.flatnonzero(mask):
+        c[labels.site[b]] += int(r.size[b])
+    return [(s, int(v)) for s, v in c.most_common(TOP_SITES)]
+
+
+def _downsample(x: np.ndarray, alloc: np.ndarray, reserved: np.ndarray | None, x_unit: str) -> dict:
+    n = len(alloc)
+    if n <= CURVE_POINTS:
+        idx = np.arange(n)
+    else:  # per bucket keep the highest point, so the peak survives
+        bounds = np.linspace(0, n, CURVE_POINTS + 1).astype(np.int64)
+        idx = np.array(
+            [lo + int(np.argmax(alloc[lo:hi])) for lo, hi in zip(bounds[:-1], bounds[1:], strict=True) if hi > lo]
+        )
+    return {
+        "x_unit": x_unit,
+        "x": [float(v) if x_unit == "time_us" else int(v) for v in x[idx]],
+        "allocated": [int(v) for v in alloc[idx]],
+        "reserved": [int(v) for v in reserved[idx]] if reserved is not None else [None] * len(idx),
+    }
+
+
+def _segment_totals(segs: list[dict]) -> dict[str, int]:
+    t = Counter()
+    for s in segs:
+        t["reserved"] += s["total_size"]
+        for b in s["blocks"]:
+            if b["state"] == "active_allocated":
+                t["allocated"] += b["size"]
+                t["requested"] += b["requested_size"]
+            elif b["state"] == "active_pending_free":
+                t["pending"] += b["size"]
+            else:
+                t["external"] += b["size"]
+    t["internal"] = t["allocated"] - t["requested"]
+    return t
+
+
+def _analyze_device(snap: Snapshot, device: int) -> MemoryFacts:
+    trace = snap.device_traces[device] if device < len(snap.device_traces) else []
+    segs = [s for s in snap.segments if s["device"] == device]
+    end = _segment_totals(segs)
+    if not trace:
+        return _analyze_without_history(snap, device, segs, end)
+
+    r = _replay(snap, device, trace)
+    stacks = _StackCache()
+    times = _times(trace)
+    phase = _event_phases(trace, stacks, times, snap.external_annotations, device)
+    labels = _label_blocks(r, stacks, phase)
+    alloc, pend, seed_alloc, seed_pend = _state_series(r)
+    full = np.concatenate([[seed_alloc], alloc])
+    p = int(np.argmax(full)) - 1  # -1: before the first event
+    peak = int(full[p + 1])
+    live = (r.alloc_idx <= p) & (p < r.free_req)
+    pending = int(pend[p]) if p >= 0 else seed_pend
+    reserved = int(r.reserved[p]) if p >= 0 else r.reserved_seed
+    requested = int(r.requested[live].sum())
+    external = reserved - peak - pending
+    notes = list(r.notes)
+    if external < 0:
+        notes.append(f"reserved at peak is {-external} bytes below allocated+pending: the trace misses segment events")
+    x, unit = (times, "time_us") if times is not None else (np.arange(r.n), "event_index")
+    if times is None:
+        notes.append("trace entries have no time_us (torch < 2.2): the peak is located by event index")
+    pre_bytes = int(r.size[labels.pre_existing].sum())
+    pre_live = live & labels.pre_existing
+    if pre_live.any():
+        count, nbytes = int(pre_live.sum()), int(r.size[pre_live].sum())
+        notes.append(f"{count} blocks ({nbytes} bytes) alive at the peak were allocated before recording started")
+
+    facts = MemoryFacts(
+        source="snapshot",
+        path=snap.path,
+        device=device,
+        n_events=r.n,
+        peak_allocated_bytes=peak,
+        peak_requested_bytes=requested,
+        reserved_at_peak_bytes=reserved,
+        peak_time_us=(float(times[max(p, 0)]) if times is not None else None),
+        peak_event_index=p,
+        peak_phase=_PHASE_NAMES[int(phase[max(p, 0)])],
+        pending_free_at_peak_bytes=pending,
+        internal_fragmentation_bytes=peak - requested,
+        external_fragmentation_bytes=max(external, 0),
+        categories=_categories(live, r, labels),
+        pre_existing_bytes=pre_bytes,
+        pre_existing_attributed=labels.attributed,
+        top_sites=_top_sites(live, r, labels),
+        end_allocated_bytes=end["allocated"],
+        end_reserved_bytes=end["reserved"],
+        fsdp_version=labels.fsdp,
+        world_size=labels.world_size,
+        curve=_downsample(x, alloc, r.reserved, unit),
+        notes=notes,
+    )
+    if r.ooms:
+        facts.oom = _oom(r, trace, labels, alloc, pend, r.ooms, device, times)
+    return facts
+
+
+def _oom(r: _Replay, trace, labels: _Labels, alloc, pend, ooms: list[dict], device: int, times) -> dict:
+    last = ooms[-1]
+    k = last["index"]
+    e = trace[k]
+    live = (r.alloc_idx <= k) & (k < r.free_req)
+    allocated, pending, reserved = int(alloc[k]), int(pend[k]), int(r.reserved[k])
+    requested = int(e.get("size", 0))
+    free_dev = e.get("device_free")
+    cached = reserved - allocated - pending
+    largest = last["largest_cached_free_block_bytes"]
+    if largest is not None and cached >= requested > largest:
+        why = "fragmentation: enough cached free memory in total, but no contiguous block large enough"
+    elif cached + (free_dev or 0) >= requested:
+        why = "cached free memory plus free device memory would cover the request, but neither alone does"
+    else:
+        why = "the device is full: allocated tensors (see categories) leave too little free memory"
+    return {
+        "device": device,
+        "count": len(ooms),
+        "event_index": k,
+        "time_us": float(times[k]) if times is not None else None,
+        "requested_bytes": requested,
+        "device_free_bytes": free_dev,
+        "allocated_bytes": allocated,
+        "reserved_bytes": reserved,
+        "pending_free_bytes": pending,
+        "cached_free_bytes": cached,
+        "largest_cached_free_block_bytes": largest,
+        "categories": _categories(live, r, labels),
+        "top_sites": _top_sites(live, r, labels),
+        "explanation": why,
+    }
+
+
+def _analyze_without_history(snap: Snapshot, device: int, segs: list[dict], end: Counter) -> MemoryFacts:
+    """Only the final segments: totals, and categories from allocation stacks without lifetimes."""
+    cats = dict.fromkeys(CATEGORIES, 0)
+    sites: Counter = Counter()
+    stacks = _StackCache()
+    blocks = [b for s in segs for b in s["blocks"] if b["state"] == "active_allocated"]
+    rs_sizes = [b["requested_size"] for b in blocks if stacks(b["frames"]).label == _RS]
+    for b in blocks:
+        st = stacks(b["frames"])
+        lab, ph, site = st.label, st.phase, st.site
+        if lab in CATEGORIES:
+            cat = lab
+        elif lab == _RS:  # an RS input is world_size × an RS output that is alive beside it
+            cat = (
+                "gradients"
+                if any(s != b["requested_size"] and s % max(b["requested_size"], 1) == 0 for s in rs_sizes)
+                else "reduce_scatter_buffers"
+            )
+        elif lab == _OPT or ph == PH_OPTIM:
+            cat = "optimizer_state"
+        elif ph == PH_FORWARD:
+            cat = "activations"
+        elif ph == PH_BACKWARD:
+            cat = "gradients"
+        else:
+            cat = "other"
+        cats[cat] += b["size"]
+        sites[site or ("<no frames>")] += b["size"]
+    return MemoryFacts(
+        source="snapshot",
+        path=snap.path,
+        device=device,
+        history_missing=True,
+        peak_allocated_bytes=end["allocated"],
+        peak_requested_bytes=end["requested"],
+        reserved_at_peak_bytes=end["reserved"],
+        pending_free_at_peak_bytes=end["pending"],
+        internal_fragmentation_bytes=end["internal"],
+        external_fragmentation_bytes=end["external"],
+        categories=cats,
+        top_sites=[(s, int(v)) for s, v in sites.most_common(TOP_SITES)],
+        end_allocated_bytes=end["allocated"],
+        end_reserved_bytes=end["reserved"],
+        notes=[
+            "no allocation history (recorded without _record_memory_history or a bare segment list): "
+            "numbers are the state at snapshot time; categories come from stacks only"
+        ],
+    )
+
+
+def analyze_snapshot(snap: Snapshot) -> MemoryFacts:
+    devices = snap.devices
+    if not devices:
+        return MemoryFacts(
+            source="snapshot",
+            path=snap.path,
+            history_missing=not snap.has_history,
+            notes=["the snapshot holds no segments and no history"],
+        )
+    per = [_analyze_device(snap, d) for d in devices]
+    best = max(per, key=lambda f: f.peak_allocated_bytes)
+    best.devices = [
+        {
+            "device": f.device,
+            "peak_allocated_bytes": f.peak_allocated_bytes,
+            "reserved_at_peak_bytes": f.reserved_at_peak_bytes,
+            "peak_time_us": f.peak_time_us,
+            "peak_event_index": f.peak_event_index,
+            "history_missing": f.history_missing,
+            "oom": f.oom is not None,
+        }
+        for f in per
+    ]
+    if best.oom is None:
+        best.oom = next((f.oom for f in per if f.oom is not None), None)
+    return best
+
+
+def analyze_timeline(tl: MemoryTimeline) -> MemoryFacts:
+    """Replay a profiler memory timeline in file order; the state at a time is after all its rows."""
+    n = len(tl.nbytes)
+    if n == 0:
+        return MemoryFacts(source="memory_timeline", path=tl.path, notes=["empty memory timeline"])
+    total = np.cumsum(tl.nbytes)
+    group_end = np.flatnonzero(np.r_[tl.time_ns[1:] != tl.time_ns[:-1], True])
+    g = group_end[int(np.argmax(total[group_end]))]
+    per_cat = np.zeros(len(TIMELINE_CATEGORIES), dtype=np.int64)
+    np.add.at(per_cat, tl.category[: g + 1], tl.nbytes[: g + 1])
+    cats = dict.fromkeys(CATEGORIES, 0)
+    for i, name in enumerate(TIMELINE_CATEGORIES):
+        cats[_TIMELINE_TO_CATEGORY[name]] += int(per_cat[i])
+    t = int(tl.time_ns[g])
+    timed = group_end[tl.time_ns[group_end] >= 0]
+    return MemoryFacts(
+        source="memory_timeline",
+        path=tl.path,
+        n_events=n,
+        peak_allocated_bytes=int(total[g]),
+        peak_time_us=t / 1000 if t >= 0 else None,
+        peak_event_index=int(g),
+        categories=cats,
+        pre_existing_bytes=int(tl.nbytes[tl.time_ns < 0].sum()),
+        end_allocated_bytes=int(total[-1]),
+        curve=_downsample(tl.time_ns[timed] / 1000, total[timed], None, "time_us"),
+        notes=[
+            "profiler memory timeline: categories are torch.profiler's (INPUT and unknown count as other, "
+            "AUTOGRAD_DETAIL as temporary); no reserved memory or fragmentation information"
+        ],
+    )
+
+
+def analyze_memory(source: str | Path | Snapshot | MemoryTimeline | dict | list) -> MemoryFacts:
+    """Memory facts from a snapshot/timeline path, a loaded :class:`Snapshot`/:class:`MemoryTimeline`,
+    or an already-unpickled snapshot object. For several devices the one with the highest peak is
+    reported in full and every device's peak is listed in ``devices``."""
+    if isinstance(source, (str, Path)):
+        source = load_memory(source)
+    elif isinstance(source, (dict, list)):
+        source = snapshot_from_object(source)
+    if isinstance(source, MemoryTimeline):
+        return analyze_timeline(source)
+    if isinstance(source, Snapshot):
+        return analyze_snapshot(source)
+    raise TypeError(f"analyze_memory: unsupported input {type(source).__name__}")

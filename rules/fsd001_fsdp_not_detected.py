@@ -1,0 +1,49 @@
+"""What it detects
+    Traces in which no FSDP hook label appears: no ``FSDP::*`` (fully_shard) and no
+    ``FullyShardedDataParallel.*`` (FSDP1) ranges.
+
+Why it matters
+    Every FSDP-specific rule needs those labels. The run may be DDP, inference, a different
+    sharding library, or an FSDP run profiled without CPU activity.
+
+How it shows in a trace
+    Collectives and kernels are there, FSDP labels are not. The finding says what was found
+    (DDP labels, all-reduce or all-to-all traffic) and the timeline is still reported.
+
+Fix
+    Nothing to fix if this is not an FSDP run. For an FSDP run, profile with CPU activity
+    (``torch.profiler.ProfilerActivity.CPU``) so that the hook ranges are recorded, e.g. with
+    ``fsdpdoctor.capture``.
+"""
+
+from fsdpdoctor.fmt import pct
+
+from ._util import finding
+
+CODE = "FSD001"
+SLUG = "fsdp-not-detected"
+TITLE = "No FSDP in these traces"
+SEVERITY = "info"
+THRESHOLDS = ()
+
+
+def check(facts, cfg):
+    if facts.fsdp.version is not None:
+        return []
+    kinds = ", ".join(f"{c.kind.replace('_', '-')} ×{c.count_per_step:g}/step" for c in facts.collectives) or "no collectives"
+    found = facts.fsdp.other_parallelism or "no recognised data-parallel wrapper"
+    evidence = [f"found: {found}", f"collectives: {kinds}", f"{len(facts.ranks)} rank(s), {facts.steps.count} step(s) each"]
+    if facts.gpu_present:
+        evidence.append(f"overlap {pct(facts.overlap.pct)} (reported below; FSDP rules skipped)")
+    return [
+        finding(
+            __name__,
+            f"No FSDP hook labels in the traces; found {found}. FSDP-specific rules were skipped.",
+            evidence=evidence,
+            cause="the run does not use FSDP, or the profiler recorded no CPU activity",
+            fix={"any": "from fsdpdoctor.capture import capture\n"
+                 "with capture('traces/', model=model) as cap:  # records CPU + CUDA activity\n"
+                 "    for batch in loader:\n        train_step(batch)\n        cap.step()"},
+            confidence=0.9,
+        )
+    ]

@@ -1,0 +1,84 @@
+"""What it detects
+    One FSDP unit holds most of the model's parameters (the root-only wrap, or a policy that
+    missed the transformer blocks).
+
+Why it hurts
+    FSDP overlaps the all-gather of the *next* unit with the compute of the current one. With
+    one giant unit there is no next unit: the whole model is gathered before the first layer can
+    run, and its reduce-scatter starts only after the last gradient. Peak memory holds the full
+    unsharded model at once.
+
+How it shows in a trace
+    Few ``FSDP::pre_forward`` / ``_pre_forward`` ranges per step; one all-gather whose
+    ``Out msg nelems`` is most of the parameter count; that all-gather exposed at the start of
+    forward and its reduce-scatter exposed at the end of backward.
+
+Fix
+    Wrap each transformer block as its own unit, then the root.
+"""
+
+from fsdpdoctor.fmt import mib, ms, pct
+
+from ._util import finding, is_fsdp
+
+CODE = "FSD002"
+SLUG = "auto-wrap-too-coarse"
+TITLE = "FSDP wrapping too coarse: one unit holds most parameters"
+SEVERITY = "warning"
+THRESHOLDS = ("coarse_max_unit_share", "coarse_split_into")
+
+FIX_FSDP2 = """from torch.distributed.fsdp import fully_shard
+
+for block in model.layers:          # each transformer block is its own unit
+    fully_shard(block)
+fully_shard(model)                  # the root keeps embeddings / head
+"""
+FIX_FSDP1 = """import functools
+from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+from torch.distributed.fsdp.wrap import transformer_auto_wrap_policy
+
+policy = functools.partial(transformer_auto_wrap_policy, transformer_layer_cls={TransformerBlock})
+model = FSDP(model, auto_wrap_policy=policy)
+"""
+
+
+def check(facts, cfg):
+    if not is_fsdp(facts):
+        return []
+    units = [u for u in facts.fsdp.units if u.unsharded_numel]
+    total = sum(u.unsharded_numel for u in units)
+    if not total:
+        return []
+    big = max(units, key=lambda u: u.unsharded_numel)
+    share = big.unsharded_numel / total
+    if share < cfg["coarse_max_unit_share"]:
+        return []
+    name = big.fqn or "(root)"
+    evidence = [
+        f"unit '{name}' gathers {big.unsharded_numel:,} elements = {pct(100 * share)} of all parameters",
+        f"{len(facts.fsdp.units)} FSDP unit(s) in total ({facts.fsdp.unit_source})",
+    ]
+    if big.all_gather_bytes:
+        evidence.append(f"its all-gathers move {mib(big.all_gather_bytes)} per step")
+    saving = None
+    exposed = big.all_gather_exposed_ms + big.reduce_scatter_exposed_ms
+    if facts.gpu_present:
+        evidence.append(
+            f"its all-gather is exposed {ms(big.all_gather_exposed_ms)} and its reduce-scatter "
+            f"{ms(big.reduce_scatter_exposed_ms)} per step (rank {facts.rank_facts[0].rank})"
+        )
+        k = max(int(cfg["coarse_split_into"]), 2)
+        # with k units only the first all-gather and the last reduce-scatter (1/k each) stay exposed
+        saving = exposed * (1 - 1 / k) if exposed > 0 else None
+    return [
+        finding(
+            __name__,
+            f"FSDP unit '{name}' holds {pct(100 * share)} of the parameters, so its communication cannot overlap with compute.",
+            evidence=evidence,
+            cause="the auto-wrap policy (or fully_shard calls) did not make the transformer blocks units of their own",
+            fix={"fsdp2": FIX_FSDP2, "fsdp1": FIX_FSDP1},
+            confidence=0.9 if share > 0.8 else 0.7,
+            est_saving_ms=saving,
+            where={"unit": big.fqn},
+        )
+    ]

@@ -1,0 +1,90 @@
+"""What it detects
+    Many FSDP units with small all-gathers (e.g. every ``nn.Linear`` wrapped separately).
+
+Why it hurts
+    Each unit costs a collective launch, hook CPU time and NCCL latency regardless of size. Below
+    a few MiB a collective runs at its latency floor, far from the link's bandwidth, and the CPU
+    time in FSDP hooks grows with the number of units.
+
+How it shows in a trace
+    Dozens of ``FSDP::pre_forward`` ranges per step, a small median all-gather
+    (``Out msg nelems``), achieved bus bandwidth of the small all-gathers far below the largest
+    ones, and a large share of CPU time inside FSDP hook ranges.
+
+Fix
+    Wrap at the transformer-block level instead of individual layers.
+"""
+
+import statistics
+
+from fsdpdoctor.fmt import mib, ms, pct
+
+from ._util import collectives, finding, is_fsdp, per_step_per_rank, step_ms
+
+CODE = "FSD003"
+SLUG = "auto-wrap-too-fine"
+TITLE = "FSDP wrapping too fine: many small, latency-bound all-gathers"
+SEVERITY = "warning"
+THRESHOLDS = ("fine_min_units", "fine_max_median_ag_mib", "hook_overhead_pct")
+
+FIX_FSDP2 = """from torch.distributed.fsdp import fully_shard
+
+# one unit per transformer block, not per nn.Linear
+for block in model.layers:
+    fully_shard(block)
+fully_shard(model)
+"""
+FIX_FSDP1 = """import functools
+from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+from torch.distributed.fsdp.wrap import transformer_auto_wrap_policy
+
+policy = functools.partial(transformer_auto_wrap_policy, transformer_layer_cls={TransformerBlock})
+model = FSDP(model, auto_wrap_policy=policy)   # instead of size_based / per-Linear wrapping
+"""
+
+
+def check(facts, cfg):
+    if not is_fsdp(facts):
+        return []
+    units = facts.fsdp.units
+    if len(units) < cfg["fine_min_units"]:
+        return []
+    ags = collectives(facts, "all_gather")
+    sizes = [c.bytes for _, c in ags if c.bytes]
+    if not sizes:
+        sizes = [u.unsharded_numel * 4 for u in units if u.unsharded_numel]  # dtype unknown: assume fp32
+    if not sizes:
+        return []
+    median = statistics.median(sizes)
+    if median >= cfg["fine_max_median_ag_mib"] * 2**20:
+        return []
+    evidence = [
+        f"{len(units)} FSDP units; median all-gather {mib(median)} (threshold {mib(cfg['fine_max_median_ag_mib'] * 2**20)})",
+    ]
+    hook = facts.fsdp.hook_cpu_ms_per_step
+    if step_ms(facts) > 0 and hook > 0:
+        share = 100 * hook / step_ms(facts)
+        evidence.append(f"CPU time inside FSDP hooks: {ms(hook)} per step = {pct(share)} of the step")
+    saving = None
+    timed = [(c.bytes, c.gpu_dur_us, c.exposed_us) for _, c in collectives(facts) if c.kind in ("all_gather", "reduce_scatter") and c.bytes and c.gpu_dur_us]
+    if facts.gpu_present and timed:
+        best = max(b / d for b, d, _ in timed)  # best achieved bytes/µs in this run
+        small = [b / d for b, d, _ in timed if b <= median]
+        if small:
+            evidence.append(
+                f"small collectives reach {pct(100 * statistics.median(small) / best)} of the best achieved bandwidth in this run"
+            )
+        # time above what the same bytes take at the best achieved rate, where it is exposed
+        latency = sum(min(e, max(d - b / best, 0.0)) for b, d, e in timed) / 1e3
+        saving = per_step_per_rank(facts, latency) or None
+    return [
+        finding(
+            __name__,
+            f"{len(units)} FSDP units with a median all-gather of {mib(median)}: collectives run at their latency floor.",
+            evidence=evidence,
+            cause="an auto-wrap policy that wraps individual layers (or a small min_num_params)",
+            fix={"fsdp2": FIX_FSDP2, "fsdp1": FIX_FSDP1},
+            confidence=0.7,
+            est_saving_ms=saving,
+        )
+    ]

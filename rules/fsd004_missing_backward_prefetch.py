@@ -1,0 +1,81 @@
+"""What it detects
+    Backward all-gathers issued on demand instead of prefetched: FSDP1 with
+    ``backward_prefetch=None`` (or ``BACKWARD_POST`` where ``BACKWARD_PRE`` would overlap more),
+    FSDP2 with backward prefetching switched off.
+
+Why it hurts
+    Each unit's parameters are re-gathered in backward. Without prefetch the all-gather for a
+    unit is issued only when its gradient computation is about to start, and the compute stream
+    waits for it: every backward all-gather lands on the critical path.
+
+How it shows in a trace
+    The backward ``c10d::_allgather_base_`` / ``record_param_comms`` sits directly under
+    ``FullyShardedDataParallel._pre_backward_hook`` (FSDP1) or ``FSDP::pre_backward (<fqn>)``
+    (FSDP2) of the same unit, not under ``_pre_backward_prefetch`` / ``FSDP::backward_prefetch
+    for <fqn>``; on the GPU, compute idles while each backward all-gather runs.
+
+Fix
+    FSDP1: ``backward_prefetch=BackwardPrefetch.BACKWARD_PRE`` (the default). FSDP2: remove the
+    override that disabled prefetching, or prefetch explicitly.
+"""
+
+from fsdpdoctor.fmt import ms, pct
+
+from ._util import exposed_ms, finding, is_fsdp, step_ms
+
+CODE = "FSD004"
+SLUG = "missing-backward-prefetch"
+TITLE = "Backward all-gathers are not prefetched"
+SEVERITY = "warning"
+THRESHOLDS = ("prefetch_min_exposed_ms",)
+
+FIX_FSDP1 = """from torch.distributed.fsdp import BackwardPrefetch, FullyShardedDataParallel as FSDP
+
+model = FSDP(model, auto_wrap_policy=policy, backward_prefetch=BackwardPrefetch.BACKWARD_PRE)
+"""
+FIX_FSDP2 = """# FSDP2 prefetches one unit ahead in backward by default: remove any
+# set_modules_to_backward_prefetch(...) that disables it, or prefetch explicitly:
+layers = list(model.layers)
+for prev, cur in zip(layers, layers[1:]):
+    cur.set_modules_to_backward_prefetch([prev])   # backward runs cur, then prev
+"""
+
+
+def check(facts, cfg):
+    fs = facts.fsdp
+    if not is_fsdp(facts) or fs.backward_prefetch not in ("NONE", "BACKWARD_POST"):
+        return []
+    ev = fs.backward_prefetch_evidence
+    n_total = sum(ev.values())
+    mode = fs.backward_prefetch
+    evidence = []
+    if fs.sources.get("backward_prefetch") == "sidecar":
+        evidence.append(f"sidecar: backward prefetch {mode}")
+    elif mode == "NONE":
+        evidence.append(f"{ev.get('on_demand', 0)} of {n_total} backward all-gathers issued inside the unit's own pre-backward hook (none prefetched)")
+    else:
+        evidence.append(f"{ev.get('post', 0)} of {n_total} backward all-gathers issued in _post_backward_prefetch (BACKWARD_POST)")
+    saving = None
+    severity = SEVERITY
+    if facts.gpu_present:
+        exp = exposed_ms(facts, "backward", "all_gather")
+        if exp < cfg["prefetch_min_exposed_ms"]:
+            return []
+        evidence.append(f"exposed backward all-gather: {ms(exp)} per step = {pct(100 * exp / step_ms(facts))} of the step")
+        # prefetching moves the all-gather under the preceding unit's gradient compute
+        saving = exp
+        if exp > 0.1 * step_ms(facts):
+            severity = "critical"
+    what = "not prefetched" if mode == "NONE" else "prefetched only after the current gradients (BACKWARD_POST)"
+    return [
+        finding(
+            __name__,
+            f"Backward all-gathers are {what}: compute waits for each unit's parameters in backward.",
+            evidence=evidence,
+            cause="backward_prefetch=None / BACKWARD_POST (FSDP1) or prefetching disabled (FSDP2)",
+            fix={"fsdp1": FIX_FSDP1, "fsdp2": FIX_FSDP2},
+            confidence=0.9 if fs.sources.get("backward_prefetch") == "trace" else 0.7,
+            est_saving_ms=saving,
+            severity=severity,
+        )
+    ]

@@ -1,0 +1,86 @@
+"""What it detects
+    CPU offload on the critical path: host↔device copies of parameters and gradients that the
+    GPU waits for, and an optimizer step running on the CPU while the GPU idles.
+
+Why it hurts
+    With ``CPUOffload(offload_params=True)`` / ``CPUOffloadPolicy`` every all-gather needs an H2D
+    copy of the shard first, every reduce-scatter is followed by a D2H copy of the gradient, the
+    end of backward synchronises on those copies, and the optimizer step runs on the CPU.
+
+How it shows in a trace
+    ``Memcpy HtoD (Pinned -> Device)`` before each all-gather and ``Memcpy DtoH`` after each
+    reduce-scatter, launched inside FSDP hooks; exposed memcpy time on the GPU; a long
+    ``Optimizer.step#`` range with the GPU idle.
+
+Fix
+    Turn offload off if the model fits (see the memory report), or keep it only for the
+    optimizer state; otherwise keep ``pin_memory=True`` and overlap the optimizer step.
+"""
+
+from fsdpdoctor.fmt import mib, ms, pct
+
+from ._util import finding, is_fsdp, step_ms
+
+CODE = "FSD005"
+SLUG = "cpu-offload-stall"
+TITLE = "CPU offload stalls the GPU"
+SEVERITY = "warning"
+THRESHOLDS = ("offload_min_ms",)
+
+FIX_FSDP2 = """from torch.distributed.fsdp import fully_shard
+
+# drop offload_policy=CPUOffloadPolicy() when parameters + optimizer state fit on the GPU
+for block in model.layers:
+    fully_shard(block)
+fully_shard(model)
+"""
+FIX_FSDP1 = """from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+
+# drop cpu_offload=CPUOffload(offload_params=True) when the model fits on the GPU
+model = FSDP(model, auto_wrap_policy=policy)
+"""
+
+
+def _optimizer_ms(facts) -> float:
+    vals = [s.phase_ms.get("optimizer", 0.0) for r in facts.rank_facts for s in r.steps]
+    return sum(vals) / len(vals) if vals else 0.0
+
+
+def check(facts, cfg):
+    off = facts.fsdp.cpu_offload
+    if not is_fsdp(facts) or not off.detected:
+        return []
+    evidence = [off.evidence]
+    if not facts.gpu_present:
+        return [
+            finding(
+                __name__,
+                "CPU offload is on; this trace has no GPU activity, so its cost cannot be measured here.",
+                evidence=evidence,
+                fix={"fsdp2": FIX_FSDP2, "fsdp1": FIX_FSDP1},
+                severity="info",
+                confidence=0.5,
+            )
+        ]
+    t = facts.timeline
+    opt = _optimizer_ms(facts)
+    stall = t.memcpy_ms + min(t.idle_ms, opt)
+    if stall < cfg["offload_min_ms"]:
+        return []
+    evidence += [
+        f"exposed memcpy {ms(t.memcpy_ms)} per step; GPU idle {ms(t.idle_ms)} per step",
+        f"optimizer phase (CPU) {ms(opt)} per step = {pct(100 * opt / step_ms(facts)) if step_ms(facts) else '–'} of the step",
+        f"copies per step: {mib(off.h2d_bytes / max(facts.steps.count, 1))} H2D, {mib(off.d2h_bytes / max(facts.steps.count, 1))} D2H",
+    ]
+    return [
+        finding(
+            __name__,
+            f"CPU offload costs about {ms(stall)} per step: the GPU waits for host copies and the CPU optimizer step.",
+            evidence=evidence,
+            cause="CPUOffload(offload_params=True) / CPUOffloadPolicy moves parameters, gradients and the optimizer step to the host",
+            fix={"fsdp2": FIX_FSDP2, "fsdp1": FIX_FSDP1},
+            confidence=0.8,
+            est_saving_ms=stall,
+            severity="critical" if stall > 0.2 * step_ms(facts) else SEVERITY,
+        )
+    ]

@@ -1,0 +1,70 @@
+"""What it detects
+    Reduce-scatters that run with nothing to hide behind: typically the last ones of backward,
+    after the final gradient kernels, and the root unit's, which is issued last.
+
+Why it hurts
+    The optimizer step cannot start before the last reduce-scatter finishes, so every exposed
+    millisecond lands on the step time.
+
+How it shows in a trace
+    Reduce-scatter kernels at the end of backward with no compute kernels running beside them.
+
+Fix
+    Keep the last unit to run in backward small: wrap the output layer / embeddings as units of
+    their own so the root's reduce-scatter is small, and use bf16 reduce-scatters.
+"""
+
+from fsdpdoctor.fmt import ms, pct
+
+from ._util import finding, is_fsdp, step_ms
+
+CODE = "FSD007"
+SLUG = "exposed-reduce-scatter"
+TITLE = "Reduce-scatters not hidden behind compute"
+SEVERITY = "warning"
+THRESHOLDS = ("exposed_rs_min_ms", "exposed_rs_min_pct")
+
+FIX_FSDP2 = """from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.bfloat16)
+fully_shard(model.output, mp_policy=mp)        # last in forward = first in backward, small
+for block in model.layers:
+    fully_shard(block, mp_policy=mp)
+fully_shard(model.tok_embeddings, mp_policy=mp)  # keep the root unit small: its RS runs last
+fully_shard(model, mp_policy=mp)
+"""
+FIX_FSDP1 = """from torch.distributed.fsdp import FullyShardedDataParallel as FSDP, MixedPrecision
+
+# wrap embeddings / output projection as their own units so the root's reduce-scatter is small
+policy = ModuleWrapPolicy({TransformerBlock, torch.nn.Embedding})
+model = FSDP(model, auto_wrap_policy=policy,
+             mixed_precision=MixedPrecision(param_dtype=torch.bfloat16, reduce_dtype=torch.bfloat16))
+"""
+
+
+def check(facts, cfg):
+    if not is_fsdp(facts) or not facts.gpu_present:
+        return []
+    exp = facts.exposed_comm.by_kind.get("reduce_scatter", 0.0)
+    sm = step_ms(facts)
+    if exp < cfg["exposed_rs_min_ms"] or not sm or 100 * exp / sm < cfg["exposed_rs_min_pct"]:
+        return []
+    worst = sorted(facts.fsdp.units, key=lambda u: -u.reduce_scatter_exposed_ms)[:3]
+    evidence = [f"exposed reduce-scatter {ms(exp)} per step = {pct(100 * exp / sm)} of the step"]
+    evidence += [
+        f"unit '{u.fqn or '(root)'}': {ms(u.reduce_scatter_exposed_ms)} exposed per step"
+        for u in worst
+        if u.reduce_scatter_exposed_ms > 0
+    ]
+    return [
+        finding(
+            __name__,
+            f"Reduce-scatters are exposed for {ms(exp)} per step, mostly at the end of backward.",
+            evidence=evidence,
+            cause="the last units of backward have no remaining gradient compute to overlap their reduce-scatter",
+            fix={"fsdp2": FIX_FSDP2, "fsdp1": FIX_FSDP1},
+            confidence=0.7,
+            est_saving_ms=exp,
+            where={"unit": worst[0].fqn if worst else None},
+        )
+    ]

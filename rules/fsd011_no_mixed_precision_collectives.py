@@ -1,0 +1,68 @@
+"""What it detects
+    FSDP all-gathers in fp32 where bf16 parameters would halve the bytes on the wire.
+
+Why it hurts
+    All-gather time is proportional to bytes. Training in bf16 autocast while FSDP gathers fp32
+    parameters moves twice the data for the same math.
+
+How it shows in a trace
+    ``dtype`` ``Float`` in the all-gather ``record_param_comms`` args (or ``float`` in the c10d
+    op's input types).
+
+Fix
+    FSDP2 ``MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)``;
+    FSDP1 ``MixedPrecision(param_dtype=torch.bfloat16, ...)``.
+"""
+
+from fsdpdoctor.fmt import mib, ms
+
+from ._util import exposed_ms, finding, is_fsdp
+
+CODE = "FSD011"
+SLUG = "no-mixed-precision-collectives"
+TITLE = "fp32 all-gathers where bf16 would halve the traffic"
+SEVERITY = "info"
+THRESHOLDS = ("mp_min_ag_mib",)
+
+FIX_FSDP2 = """from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+for block in model.layers:
+    fully_shard(block, mp_policy=mp)
+fully_shard(model, mp_policy=mp)
+"""
+FIX_FSDP1 = """from torch.distributed.fsdp import FullyShardedDataParallel as FSDP, MixedPrecision
+
+model = FSDP(model, auto_wrap_policy=policy,
+             mixed_precision=MixedPrecision(param_dtype=torch.bfloat16, reduce_dtype=torch.float32))
+"""
+
+
+def check(facts, cfg):
+    fs = facts.fsdp
+    if not is_fsdp(facts) or fs.mixed_precision is not False:
+        return []
+    ag = next((c for c in facts.collectives if c.kind == "all_gather"), None)
+    if ag is None or not ag.bytes_per_step or ag.bytes_per_step < cfg["mp_min_ag_mib"] * 2**20:
+        return []
+    evidence = [f"all-gathers move {mib(ag.bytes_per_step)} per step in {', '.join(ag.dtypes)}"]
+    saving = None
+    severity = SEVERITY
+    if facts.gpu_present:
+        exp = sum(exposed_ms(facts, p, "all_gather") for p in ("forward", "backward", "optimizer", "other"))
+        evidence.append(f"exposed all-gather {ms(exp)} per step; bf16 halves the bytes")
+        saving = exp / 2 if exp > 0 else None
+        if saving and saving > 1.0:
+            severity = "warning"
+    return [
+        finding(
+            __name__,
+            f"All-gathers run in fp32 ({mib(ag.bytes_per_step)} per step); bf16 parameters would halve that.",
+            evidence=evidence,
+            cause="no mixed-precision policy on the FSDP units",
+            fix={"fsdp2": FIX_FSDP2, "fsdp1": FIX_FSDP1},
+            confidence=0.8,
+            est_saving_ms=saving,
+            severity=severity,
+        )
+    ]

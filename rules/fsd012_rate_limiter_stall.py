@@ -1,0 +1,45 @@
+"""What it detects
+    FSDP1's all-gather rate limiter (``limit_all_gathers=True``, the default) blocking the CPU.
+
+Why it hurts
+    With at most two all-gathers in flight, the CPU thread blocks in
+    ``FullyShardedDataParallel.rate_limiter`` (a ``cudaEventSynchronize``) until an earlier
+    unit's memory is freed, so it cannot enqueue further kernels.
+
+How it shows in a trace
+    Long ``FullyShardedDataParallel.rate_limiter`` CPU ranges in forward.
+
+Fix
+    If memory allows, ``limit_all_gathers=False``; otherwise larger units or less memory
+    pressure (activation checkpointing) so the limiter rarely waits.
+"""
+
+from fsdpdoctor.fmt import ms, pct
+
+from ._util import finding, step_ms
+
+CODE = "FSD012"
+SLUG = "rate-limiter-stall"
+TITLE = "FSDP1 rate limiter blocks the CPU"
+SEVERITY = "warning"
+THRESHOLDS = ("rate_limiter_min_ms", "rate_limiter_min_pct")
+
+
+def check(facts, cfg):
+    fs = facts.fsdp
+    rl = fs.rate_limiter_ms_per_step
+    sm = step_ms(facts)
+    if fs.version != 1 or rl < cfg["rate_limiter_min_ms"] or not sm or 100 * rl / sm < cfg["rate_limiter_min_pct"]:
+        return []
+    saving = min(rl, facts.timeline.idle_ms) if facts.gpu_present else None
+    return [
+        finding(
+            __name__,
+            f"The CPU blocks {ms(rl)} per step in FSDP1's all-gather rate limiter.",
+            evidence=[f"FullyShardedDataParallel.rate_limiter: {ms(rl)} per step = {pct(100 * rl / sm)} of the step"],
+            cause="limit_all_gathers=True with units whose memory is freed late",
+            fix={"fsdp1": "model = FSDP(model, auto_wrap_policy=policy, limit_all_gathers=False)  # if memory allows"},
+            confidence=0.8,
+            est_saving_ms=saving or None,
+        )
+    ]

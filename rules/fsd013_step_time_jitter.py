@@ -1,0 +1,56 @@
+"""What it detects
+    Step times that vary a lot within a rank.
+
+Why it hurts
+    Variable steps usually mean something intermittent: data loading hiccups, garbage
+    collection, checkpointing, recompilation, or a noisy neighbour. The mean step is slower than
+    the typical one.
+
+How it shows in a trace
+    ``ProfilerStep#N`` durations with a high coefficient of variation.
+
+Fix
+    Look at the slowest step's CPU timeline; common fixes are more DataLoader workers,
+    ``gc.freeze()`` after start-up, and asynchronous checkpointing.
+"""
+
+import statistics
+
+from fsdpdoctor.fmt import ms, pct
+
+from ._util import finding
+
+CODE = "FSD013"
+SLUG = "step-time-jitter"
+TITLE = "Step time varies between steps"
+SEVERITY = "info"
+THRESHOLDS = ("jitter_cv_pct", "jitter_min_steps")
+
+
+def check(facts, cfg):
+    worst = None
+    for r in facts.rank_facts:
+        times = [s.step_ms for s in r.steps]
+        if len(times) < cfg["jitter_min_steps"]:
+            continue
+        mean = statistics.fmean(times)
+        cv = 100 * statistics.pstdev(times) / mean if mean else 0.0
+        if worst is None or cv > worst[1]:
+            worst = (r.rank, cv, times)
+    if worst is None or worst[1] < cfg["jitter_cv_pct"]:
+        return []
+    rank, cv, times = worst
+    med = statistics.median(times)
+    return [
+        finding(
+            __name__,
+            f"Step time varies by {pct(cv)} (coefficient of variation) on rank {rank}.",
+            evidence=[f"rank {rank}: steps {', '.join(f'{t:.1f}' for t in times)} ms; median {ms(med)}, max {ms(max(times))}"],
+            cause="an intermittent stall: data loading, garbage collection, checkpointing or recompilation",
+            fix={"any": "import gc\ngc.freeze()   # after model and optimizer are built\n"
+                 "loader = DataLoader(ds, num_workers=8, pin_memory=True, persistent_workers=True)"},
+            confidence=0.5,
+            est_saving_ms=max(statistics.fmean(times) - med, 0.0) or None,
+            where={"rank": rank},
+        )
+    ]
