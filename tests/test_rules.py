@@ -1,0 +1,158 @@
+"""Rule contract and rule cases.
+
+Each rule module ``rules/fsdNNN_*.py`` has its cases as data in ``rules/cases/<module>.toml``:
+inputs that must make it fire and inputs on which it must stay silent.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from pathlib import Path
+
+import pytest
+
+import fsdpdoctor
+from conftest import public_trace_files
+from fsdpdoctor.config import THRESHOLDS, defaults
+from fsdpdoctor.engine import find_rule, load_rules, run_rules
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+RULES_DIR = Path(__file__).resolve().parents[1] / "rules"
+CASE_DIR = RULES_DIR / "cases"
+SECTIONS = ("What it detects", "Why it", "How it shows in a trace", "Fix")
+
+
+def test_every_rule_honours_the_contract():
+    mods = load_rules()
+    assert len(mods) >= 13
+    codes = [m.CODE for m in mods]
+    slugs = [m.SLUG for m in mods]
+    assert len(set(codes)) == len(codes) and len(set(slugs)) == len(slugs)
+    for m in mods:
+        assert re.fullmatch(r"FSD\d{3}", m.CODE)
+        assert re.fullmatch(r"[a-z0-9]+(-[a-z0-9]+)*", m.SLUG)
+        assert m.SEVERITY in ("critical", "warning", "info")
+        doc = m.__doc__ or ""
+        for sec in SECTIONS:
+            assert sec in doc, f"{m.CODE} docstring lacks '{sec}'"
+        for key in getattr(m, "THRESHOLDS", ()):
+            assert key in THRESHOLDS, f"{m.CODE} names unknown threshold {key}"
+        assert find_rule(m.SLUG) is m and find_rule(m.CODE.lower()) is m
+        case_file = CASE_DIR / (Path(m.__file__).stem + ".toml")
+        assert case_file.exists(), f"{m.CODE} has no cases file {case_file.name}"
+
+
+def _cases():
+    out = []
+    for f in sorted(CASE_DIR.glob("*.toml")):
+        data = tomllib.loads(f.read_text())
+        for i, case in enumerate(data.get("case", [])):
+            out.append(pytest.param(f.stem, case, id=f"{f.stem}[{i}]-{case['source']}-{case['input']}-{case['expect']}"))
+    return out
+
+
+def _slug_of(module_stem: str) -> str:
+    return next(m.SLUG for m in load_rules() if Path(m.__file__).stem == module_stem)
+
+
+@pytest.fixture(scope="module")
+def analyzed(recorded_run, tmp_path_factory):
+    cache: dict[tuple[str, str], list] = {}
+
+    def get(source: str, name: str):
+        key = (source, name)
+        if key not in cache:
+            if source == "recorded":
+                cache[key] = [fsdpdoctor.analyze(recorded_run(name))]
+            elif source == "public":
+                files = public_trace_files()
+                if not files:
+                    pytest.skip("../shared/traces/public is absent")
+                cache[key] = [fsdpdoctor.analyze(f) for f in files]
+            elif source == "scenario":
+                gen = pytest.importorskip("fixtures.scenarios.generator")
+                out = tmp_path_factory.mktemp(f"scn-{name}")
+                gen.generate(gen.PRESETS[name], out)
+                cache[key] = [fsdpdoctor.analyze(out)]
+            else:
+                raise ValueError(source)
+        return cache[key]
+
+    return get
+
+
+@pytest.mark.parametrize("module_stem,case", _cases())
+def test_rule_case(module_stem, case, analyzed):
+    slug = _slug_of(module_stem)
+    for rep in analyzed(case["source"], case["input"]):
+        fired = [f for f in rep.findings if f.slug == slug]
+        if case["expect"] == "fires":
+            assert fired, f"{slug} did not fire on {case['source']}:{case['input']}; findings: {[f.slug for f in rep.findings]}"
+            f = fired[0]
+            assert f.summary and f.evidence and f.fix
+            if "min_saving_ms" in case:
+                assert f.est_saving_ms is not None and f.est_saving_ms >= case["min_saving_ms"]
+        else:
+            assert not fired, f"{slug} fired on {case['source']}:{case['input']}: {fired[0].summary}"
+
+
+def test_nothing_fsdp_specific_fires_on_public_traces():
+    files = public_trace_files()
+    if not files:
+        pytest.skip("../shared/traces/public is absent")
+    fsdp_specific = {m.SLUG for m in load_rules()} - {"fsdp-not-detected", "low-overlap", "host-bound", "straggler-rank", "step-time-jitter", "pageable-memcpy"}
+    for f in files:
+        rep = fsdpdoctor.analyze(f)
+        slugs = {x.slug for x in rep.findings}
+        assert "fsdp-not-detected" in slugs, f
+        assert not slugs & fsdp_specific, (f, slugs & fsdp_specific)
+
+
+def test_findings_json_shape_and_ranking(recorded_run):
+    rep = fsdpdoctor.analyze(recorded_run("per-linear"))
+    d = rep.to_dict()
+    assert d["findings"], "per-linear has findings"
+    for f in d["findings"]:
+        for key in ("slug", "code", "severity", "summary", "evidence", "fix", "est_saving_ms"):
+            assert key in f
+    savings = [f.est_saving_ms or 0.0 for f in rep.findings]
+    assert savings == sorted(savings, reverse=True)
+
+
+def test_thresholds_override_and_disable(recorded_run):
+    rep = fsdpdoctor.analyze(recorded_run("per-linear"))
+    cfg = defaults()
+    assert any(f.slug == "auto-wrap-too-fine" for f in run_rules(rep.facts, cfg))
+    cfg["fine_min_units"] = 1000
+    assert not any(f.slug == "auto-wrap-too-fine" for f in run_rules(rep.facts, cfg))
+    cfg = defaults() | {"disable": ["FSD003"]}
+    assert not any(f.slug == "auto-wrap-too-fine" for f in run_rules(rep.facts, cfg))
+
+
+def test_pyproject_settings_are_read(tmp_path):
+    from fsdpdoctor.config import load_config
+    from fsdpdoctor.errors import InputError
+
+    p = tmp_path / "pyproject.toml"
+    p.write_text("[tool.fsdpdoctor]\nmin_overlap_pct = 85\ndisable = ['step-time-jitter']\n[tool.fsdpdoctor.check]\nmax_step_regression_pct = 5\n")
+    cfg = load_config(["jitter_cv_pct=20"], pyproject=p)
+    assert cfg["min_overlap_pct"] == 85 and cfg["jitter_cv_pct"] == 20 and cfg["disable"] == ["step-time-jitter"]
+    p.write_text("[tool.fsdpdoctor]\nmin_overlap = 85\n")
+    with pytest.raises(InputError, match="unknown setting"):
+        load_config(pyproject=p)
+
+
+def test_explain_and_rules_commands():
+    import subprocess
+
+    out = subprocess.run([sys.executable, "-m", "fsdpdoctor", "explain", "missing-backward-prefetch"], capture_output=True, text=True)
+    assert out.returncode == 0 and "BACKWARD_PRE" in out.stdout and "prefetch_min_exposed_ms" in out.stdout
+    out = subprocess.run([sys.executable, "-m", "fsdpdoctor", "rules"], capture_output=True, text=True)
+    assert out.returncode == 0 and "FSD013" in out.stdout
+    out = subprocess.run([sys.executable, "-m", "fsdpdoctor", "explain", "nope"], capture_output=True, text=True)
+    assert out.returncode == 2 and "no such rule" in out.stderr
