@@ -72,10 +72,11 @@ def _write(text: str, output: Path | None) -> None:
 @click.option("--memory", "memory", multiple=True, type=click.Path(path_type=Path), help="CUDA memory snapshot(s).")
 @click.option("--set", "settings", multiple=True, metavar="KEY=VALUE", help="Override a rule threshold (see 'fsdpdoctor rules --thresholds').")
 @click.option("--disable", multiple=True, metavar="RULE", help="Skip a rule (code or slug); repeatable.")
+@click.option("--save-baseline", type=click.Path(dir_okay=False, path_type=Path), help="Also write the facts (with findings) for a later 'check --baseline'.")
 @guarded
 def analyze(
     paths: tuple[str, ...], fmt: str, output: Path | None, jobs: int | None, memory: tuple[Path, ...],
-    settings: tuple[str, ...], disable: tuple[str, ...],
+    settings: tuple[str, ...], disable: tuple[str, ...], save_baseline: Path | None,
 ) -> None:
     """Analyse trace files, directories of rank traces, or globs."""
     from .api import analyze as run
@@ -84,6 +85,8 @@ def analyze(
     cfg = load_config(list(settings))
     cfg["disable"] = list(cfg.get("disable", [])) + list(disable)
     report = run(list(paths), memory=list(memory) or None, jobs=jobs, config=cfg)
+    if save_baseline is not None:
+        _write(report.to_json(), save_baseline)
     if fmt == "json":
         _write(report.to_json(), output)
     elif fmt == "markdown":
@@ -138,6 +141,14 @@ def explain(rule: str) -> None:
         for k in keys:
             click.echo(f"  {k} = {cfg[k]:g}  — {THRESHOLDS[k][1]}")
 
+
+# Commands that live in their own modules register themselves on ``main`` when imported.
+for _mod in ("cli_compare",):
+    try:
+        __import__(f"{__package__}.{_mod}")
+    except ModuleNotFoundError as _exc:  # a command module not written yet
+        if _exc.name != f"{__package__}.{_mod}":
+            raise
 
 if __name__ == "__main__":  # pragma: no cover
     main()

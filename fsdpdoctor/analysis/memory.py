@@ -258,7 +258,9 @@ _FSDP_BACKWARD_FUNCS = {
     "backward",
 }
 _FSDP_FORWARD_FUNCS = {"pre_forward", "post_forward", "_pre_forward", "_post_forward", "_pre_forward_unshard"}
-_CPP_BACKWARD = re.compile(r"torch::autograd::(Engine::|generated::\w+Backward|AccumulateGrad)")
+_CPP_BACKWARD = re.compile(r"torch::autograd::(Engine::|generated::\w+Backward|AccumulateGrad)|^<built-in method run_backward ")
+# _memory_viz._profile_to_snapshot writes Python frames as {"filename": "none", "line": 0, "name": "path(line): func"}
+_PROFILER_FRAME = re.compile(r"^(?P<path>[^()]+\.py)\((?P<line>\d+)\): (?P<func>.+)$")
 
 PH_UNKNOWN, PH_FORWARD, PH_BACKWARD, PH_OPTIM = 0, 1, 2, 3
 _PHASE_NAMES = {PH_UNKNOWN: None, PH_FORWARD: "forward", PH_BACKWARD: "backward", PH_OPTIM: "optimizer"}
@@ -287,6 +289,8 @@ def _short_path(path: str) -> str:
 
 @lru_cache(maxsize=1 << 16)
 def _frame_info(filename: str, name: str, line: int) -> _FrameInfo:
+    if line == 0 and filename in ("none", "") and (m := _PROFILER_FRAME.match(name)):
+        filename, name, line = m["path"], m["func"], int(m["line"])
     path = filename.replace("\\", "/")
     python = line > 0
     base = path.rsplit("/", 1)[-1]
@@ -390,6 +394,7 @@ class _Replay:
     free_done: np.ndarray
     frames: list  # allocation stack per block (list of frame dicts)
     entry_category: list  # `category` of pseudo-snapshot entries, else None
+    pseudo: bool  # made by _memory_viz._profile_to_snapshot: no caching allocator behind it
     reserved: np.ndarray  # after each event
     reserved_seed: int
     ooms: list[dict]
@@ -441,19 +446,20 @@ class _Segments:
         return (start, end) if addr < end else None
 
 
+@dataclass
 class _BlockSizer:
     """Recover the allocator block size of an allocation from the free run it was carved from."""
 
-    def __init__(
-        self, segments: _Segments, live: _LiveBlocks, expandable: bool, max_split: int, divisions: dict | None
-    ):
-        self.segments = segments
-        self.live = live
-        self.expandable = expandable
-        self.max_split = max_split
-        self.divisions = divisions
+    segments: _Segments
+    live: _LiveBlocks
+    expandable: bool
+    max_split: int
+    divisions: dict | None
+    exact: bool  # no caching allocator (profiler pseudo-snapshot): block = request
 
     def size(self, addr: int, requested: int) -> int:
+        if self.exact:
+            return requested
         rounded = round_size(requested, self.divisions)
         if self.expandable or requested <= SMALL_SIZE:
             return rounded  # small pool / expandable segments split whenever ≥ 512 B would remain
@@ -508,7 +514,8 @@ def _replay(snap: Snapshot, device: int, trace: list[dict]) -> _Replay:
 
     segments = _Segments(ends)
     live = _LiveBlocks()
-    sizer = _BlockSizer(segments, live, snap.expandable_segments, max_split, divisions)
+    pseudo = any("category" in e for e in trace)
+    sizer = _BlockSizer(segments, live, snap.expandable_segments, max_split, divisions, exact=pseudo)
 
     addr: list[int] = []
     size: list[int] = []
@@ -608,6 +615,7 @@ def _replay(snap: Snapshot, device: int, trace: list[dict]) -> _Replay:
         free_done=as_i8(free_done),
         frames=frames,
         entry_category=entry_cat,
+        pseudo=pseudo,
         reserved=reserved,
         reserved_seed=reserved_seed,
         ooms=ooms,
@@ -790,10 +798,10 @@ def _label_blocks(r: _Replay, stacks: _StackCache, phase: np.ndarray) -> _Labels
             cat = lab
         elif lab == _RS:
             cat = "reduce_scatter_buffers" if short_lived[b] or b in rs_inputs else "gradients"
+        elif r.entry_category[b] in _PROFILE_ENTRY_CATEGORY:  # pseudo-snapshot: versions, not allocations
+            cat = _PROFILE_ENTRY_CATEGORY[r.entry_category[b]]
         elif lab == _OPT or ph == PH_OPTIM:
             cat = "optimizer_state" if lifetime(b, PH_OPTIM, True) else "temporary"
-        elif r.entry_category[b] in _PROFILE_ENTRY_CATEGORY:
-            cat = _PROFILE_ENTRY_CATEGORY[r.entry_category[b]]
         elif ph == PH_FORWARD:
             cat = "activations" if lifetime(b, ph, True) else "temporary"
         elif ph == PH_BACKWARD:
@@ -932,7 +940,12 @@ def _analyze_device(snap: Snapshot, device: int) -> MemoryFacts:
     requested = int(r.requested[live].sum())
     external = reserved - peak - pending
     notes = list(r.notes)
-    if external < 0:
+    if r.pseudo:
+        notes = [
+            "pseudo-snapshot from torch.profiler (_memory_viz._profile_to_snapshot): no allocator state, so no "
+            "reserved memory or fragmentation; in-place updates appear as free+alloc pairs of tensor versions"
+        ]
+    elif external < 0:
         notes.append(f"reserved at peak is {-external} bytes below allocated+pending: the trace misses segment events")
     x, unit = (times, "time_us") if times is not None else (np.arange(r.n), "event_index")
     if times is None:
@@ -950,22 +963,22 @@ def _analyze_device(snap: Snapshot, device: int) -> MemoryFacts:
         n_events=r.n,
         peak_allocated_bytes=peak,
         peak_requested_bytes=requested,
-        reserved_at_peak_bytes=reserved,
+        reserved_at_peak_bytes=None if r.pseudo else reserved,
         peak_time_us=(float(times[max(p, 0)]) if times is not None else None),
         peak_event_index=p,
         peak_phase=_PHASE_NAMES[int(phase[max(p, 0)])],
         pending_free_at_peak_bytes=pending,
-        internal_fragmentation_bytes=peak - requested,
-        external_fragmentation_bytes=max(external, 0),
+        internal_fragmentation_bytes=None if r.pseudo else peak - requested,
+        external_fragmentation_bytes=None if r.pseudo else max(external, 0),
         categories=_categories(live, r, labels),
         pre_existing_bytes=pre_bytes,
         pre_existing_attributed=labels.attributed,
         top_sites=_top_sites(live, r, labels),
         end_allocated_bytes=end["allocated"],
-        end_reserved_bytes=end["reserved"],
+        end_reserved_bytes=None if r.pseudo else end["reserved"],
         fsdp_version=labels.fsdp,
         world_size=labels.world_size,
-        curve=_downsample(x, alloc, r.reserved, unit),
+        curve=_downsample(x, alloc, None if r.pseudo else r.reserved, unit),
         notes=notes,
     )
     if r.ooms:
