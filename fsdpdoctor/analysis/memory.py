@@ -258,7 +258,9 @@ _FSDP_BACKWARD_FUNCS = {
     "backward",
 }
 _FSDP_FORWARD_FUNCS = {"pre_forward", "post_forward", "_pre_forward", "_post_forward", "_pre_forward_unshard"}
-_CPP_BACKWARD = re.compile(r"torch::autograd::(Engine::|generated::\w+Backward|AccumulateGrad)|^<built-in method run_backward ")
+_CPP_BACKWARD = re.compile(
+    r"torch::autograd::(Engine::|generated::\w+Backward|AccumulateGrad)|^<built-in method run_backward "
+)
 # _memory_viz._profile_to_snapshot writes Python frames as {"filename": "none", "line": 0, "name": "path(line): func"}
 _PROFILER_FRAME = re.compile(r"^(?P<path>[^()]+\.py)\((?P<line>\d+)\): (?P<func>.+)$")
 
@@ -280,6 +282,8 @@ class _FrameInfo:
 def _short_path(path: str) -> str:
     if "site-packages/" in path:
         return path.rsplit("site-packages/", 1)[1]
+    if path.startswith("torch/"):
+        return path
     i = path.find("/torch/")
     if i >= 0:
         return path[i + 1 :]

@@ -1,0 +1,465 @@
+"""Load CUDA caching-allocator memory snapshots and profiler memory-timeline exports.
+
+Two inputs are understood:
+
+* ``torch.cuda.memory._dump_snapshot()`` pickles (torch 2.0 – 2.13), also the bare segment list
+  that ``torch.cuda.memory_snapshot()`` returns, optionally gzip-compressed. They are read with an
+  unpickler that refuses every global, so a pickle can build only dicts, lists, tuples, strings
+  and numbers: a pickle that names ``os.system`` (or any other callable or class) is rejected
+  before anything runs.
+* ``torch.profiler.profile.export_memory_timeline`` exports: the ``.raw.json(.gz)`` rows
+  ``[t_ns, action, bytes, category]`` and the plain ``[times_us, sizes]`` form.
+
+Snapshot fields are read with defaults, because the format grew over releases (see
+``notes/memory-snapshot-format.md``): ``time_us`` (2.2+), ``allocator_settings`` (2.3+),
+``external_annotations`` (2.5+), ``compile_context`` (2.8+), ``user_metadata`` (2.10+), and
+≤2.0 blocks that carry a ``history`` list instead of ``address``/``frames``.
+"""
+
+from __future__ import annotations
+
+import copyreg
+import gc
+import gzip
+import io
+import pickle
+import pickletools
+import zlib
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import numpy as np
+
+from ..errors import InputError
+
+try:  # isal's gzip is several times faster than zlib's; same API, its own exception class
+    from isal import igzip as _gzip
+    from isal import isal_zlib
+
+    _GZIP_ERRORS: tuple[type[BaseException], ...] = (EOFError, OSError, zlib.error, isal_zlib.error)
+except ImportError:  # pragma: no cover - only without the isal wheel
+    _gzip = gzip
+    _GZIP_ERRORS = (EOFError, OSError, zlib.error)
+
+__all__ = [
+    "SnapshotError",
+    "Snapshot",
+    "MemoryTimeline",
+    "TIMELINE_CATEGORIES",
+    "load_snapshot",
+    "load_memory_timeline",
+    "load_memory",
+    "snapshot_from_object",
+]
+
+#: Column order of ``export_memory_timeline`` (``_CATEGORY_TO_INDEX`` in torch/profiler/_memory_profiler.py);
+#: index 7 is "no category".
+TIMELINE_CATEGORIES = (
+    "PARAMETER",
+    "OPTIMIZER_STATE",
+    "INPUT",
+    "TEMPORARY",
+    "ACTIVATION",
+    "GRADIENT",
+    "AUTOGRAD_DETAIL",
+    "UNKNOWN",
+)
+
+_PENDING_STATES = {"active_pending_free", "active_awaiting_free"}  # the docstring spells it "awaiting"
+_BLOCK_STATES = {"active_allocated", "inactive"} | _PENDING_STATES
+
+
+class SnapshotError(InputError):
+    """A memory snapshot or memory timeline cannot be loaded; ``str(err)`` is ``"<file>: <problem>"``."""
+
+
+class _RefuseGlobals(pickle.Unpickler):
+    """Unpickler that can build only builtin containers and scalars.
+
+    GLOBAL, STACK_GLOBAL, INST and OBJ get their callable from ``find_class``, so refusing it here
+    means REDUCE/BUILD/NEWOBJ never get anything to call. EXT1/2/4 do too, unless ``copyreg``'s
+    extension cache already holds the object: :func:`_extension_opcode` covers that case.
+    """
+
+    def find_class(self, module: str, name: str) -> Any:
+        raise _RefusedGlobal(f"{module}.{name}")
+
+    def persistent_load(self, pid: Any) -> Any:
+        raise _RefusedGlobal(f"persistent id {pid!r}")
+
+
+class _RefusedGlobal(pickle.UnpicklingError):
+    pass
+
+
+def _extension_opcode(data: bytes) -> str | None:
+    """EXT1/2/4 opcodes resolve through ``copyreg``'s extension cache without ``find_class``.
+
+    Nothing registers extension codes by default, so the (slow, pure-Python) opcode scan runs
+    only when this process has some registered or cached.
+    """
+    if not (copyreg._extension_cache or copyreg._inverted_registry):
+        return None
+    try:
+        for op, arg, _ in pickletools.genops(data):
+            if op.name in ("EXT1", "EXT2", "EXT4"):
+                return f"copyreg extension code {arg}"
+    except (ValueError, EOFError):
+        return None  # malformed: the unpickler reports it
+    return None
+
+
+@dataclass
+class Snapshot:
+    """A loaded allocator snapshot, normalised so every documented key is present.
+
+    ``segments`` are fresh dicts with the keys ``device, address, total_size, stream, segment_type,
+    segment_pool_id, is_expandable, frames, blocks``; each block has ``address, size,
+    requested_size, state, frames`` (``state`` ``"active_awaiting_free"`` is folded into
+    ``"active_pending_free"``; ``requested_size`` of inactive blocks is stale in real files and is
+    never used). ``device_traces`` are the original entry dicts (not copied: real traces hold
+    millions of them); read optional entry keys with ``.get``.
+    """
+
+    path: str | None
+    segments: list[dict]
+    device_traces: list[list[dict]]
+    allocator_settings: dict = field(default_factory=dict)
+    external_annotations: list[dict] = field(default_factory=list)
+    bare_segment_list: bool = False
+
+    @property
+    def has_history(self) -> bool:
+        return any(self.device_traces)
+
+    @property
+    def devices(self) -> list[int]:
+        devs = {s["device"] for s in self.segments}
+        devs.update(i for i, t in enumerate(self.device_traces) if t)
+        return sorted(devs)
+
+    @property
+    def expandable_segments(self) -> bool:
+        """Whether the allocator ran with ``expandable_segments`` (changes how blocks are split)."""
+        if self.allocator_settings.get("expandable_segments"):
+            return True
+        if any(s["is_expandable"] for s in self.segments):
+            return True
+        return any(e.get("action") in ("segment_map", "segment_unmap") for t in self.device_traces for e in t)
+
+
+@dataclass
+class MemoryTimeline:
+    """Rows of a profiler memory-timeline export, in file order.
+
+    ``time_ns`` is -1 for tensors that existed before profiling (PREEXISTING); ``action`` is
+    1 PREEXISTING, 2 CREATE, 3 INCREMENT_VERSION, 4 DESTROY; ``nbytes`` is signed; ``category``
+    indexes :data:`TIMELINE_CATEGORIES`.
+    """
+
+    path: str | None
+    time_ns: np.ndarray
+    action: np.ndarray
+    nbytes: np.ndarray
+    category: np.ndarray
+    form: str = "raw"  # "raw" rows or the cumulative "[times, sizes]" export, converted to rows
+
+
+# --------------------------------------------------------------------------- file reading
+
+
+def _read(path: Path) -> bytes:
+    try:
+        data = path.read_bytes()
+    except IsADirectoryError:
+        raise SnapshotError(path, "is a directory, expected a memory snapshot file") from None
+    except FileNotFoundError:
+        raise SnapshotError(path, "no such file") from None
+    except PermissionError:
+        raise SnapshotError(path, "permission denied") from None
+    except OSError as exc:
+        raise SnapshotError(path, f"cannot read ({exc.strerror or exc})") from None
+    if not data:
+        raise SnapshotError(path, "empty file")
+    if data[:2] == b"\x1f\x8b":
+        try:
+            data = _gzip.decompress(data)
+        except _GZIP_ERRORS as exc:
+            raise SnapshotError(path, f"truncated or corrupt gzip data ({_short(exc)})") from None
+        if not data:
+            raise SnapshotError(path, "empty file (after gunzip)")
+    return data
+
+
+def _short(exc: BaseException) -> str:
+    msg = str(exc).strip() or type(exc).__name__
+    return msg.splitlines()[0][:120]
+
+
+def _looks_like_json(data: bytes) -> bool:
+    head = data[:64].lstrip()
+    return head[:1] in (b"[", b"{")
+
+
+@contextmanager
+def _gc_paused():
+    """Unpickling creates millions of small dicts; cyclic GC passes over them cost ~3x the load."""
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
+
+
+def _unpickle(path: Path, data: bytes) -> Any:
+    if data[:2] == b"PK":
+        raise SnapshotError(path, "is a zip archive (torch.save?), not a memory snapshot pickle")
+    if data[:1] != b"\x80" and _looks_like_json(data):
+        raise SnapshotError(path, "is JSON, not a memory snapshot pickle")
+    ext = _extension_opcode(data)
+    if ext:
+        raise SnapshotError(
+            path, f"refused to load: the pickle references {ext} (a memory snapshot holds only plain data)"
+        )
+    try:
+        with _gc_paused():
+            return _RefuseGlobals(io.BytesIO(data)).load()
+    except _RefusedGlobal as exc:
+        raise SnapshotError(
+            path,
+            f"refused to load: the pickle references {exc} "
+            "(a memory snapshot holds only plain data; this file may be malicious)",
+        ) from None
+    except EOFError:
+        raise SnapshotError(path, "truncated pickle (ran out of data)") from None
+    except pickle.UnpicklingError as exc:
+        msg = _short(exc)
+        if "truncated" in msg or "ran out of input" in msg.lower():
+            raise SnapshotError(path, "truncated pickle (ran out of data)") from None
+        if data[:1] != b"\x80":
+            raise SnapshotError(path, f"not a pickle file (starts with {data[:8]!r})") from None
+        raise SnapshotError(path, f"corrupt pickle ({msg})") from None
+    except (ValueError, TypeError, KeyError, IndexError, AttributeError, OverflowError, RecursionError) as exc:
+        # the C unpickler raises these on malformed opcode streams
+        if data[:1] != b"\x80":
+            raise SnapshotError(path, f"not a pickle file (starts with {data[:8]!r})") from None
+        raise SnapshotError(path, f"corrupt pickle ({type(exc).__name__}: {_short(exc)})") from None
+    except MemoryError:
+        raise SnapshotError(path, "corrupt pickle (asks for more memory than available)") from None
+
+
+# --------------------------------------------------------------------------- snapshot structure
+
+
+def _int(value: Any, default: int = 0) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) else default
+
+
+def _normalise_block(blk: Any, where: str, path: Any, next_address: int) -> dict:
+    if not isinstance(blk, dict):
+        raise SnapshotError(path, f"wrong structure: {where} is a {type(blk).__name__}, expected a dict")
+    size = blk.get("size")
+    if not isinstance(size, int) or size < 0:
+        raise SnapshotError(path, f"wrong structure: {where} has no integer 'size'")
+    state = blk.get("state", "active_allocated")
+    if state not in _BLOCK_STATES:
+        raise SnapshotError(path, f"wrong structure: {where} has unknown state {state!r}")
+    if state in _PENDING_STATES:
+        state = "active_pending_free"
+    if "frames" in blk:
+        frames = blk["frames"] or []
+        requested = _int(blk.get("requested_size"), size)
+    else:  # torch <= 2.0: what was allocated lives in a per-block history list
+        history = blk.get("history") or []
+        first = history[0] if history and isinstance(history[0], dict) else {}
+        frames = first.get("frames") or []
+        requested = _int(first.get("real_size"), _int(blk.get("requested_size"), size))
+    if not isinstance(frames, list):
+        raise SnapshotError(path, f"wrong structure: {where}['frames'] is not a list")
+    return {
+        "address": _int(blk.get("address"), next_address),
+        "size": size,
+        "requested_size": requested,
+        "state": state,
+        "frames": frames,
+    }
+
+
+def _normalise_segment(seg: Any, idx: int, path: Any) -> dict:
+    where = f"segments[{idx}]"
+    if not isinstance(seg, dict):
+        raise SnapshotError(path, f"wrong structure: {where} is a {type(seg).__name__}, expected a dict")
+    blocks = seg.get("blocks")
+    if not isinstance(blocks, list):
+        raise SnapshotError(path, f"wrong structure: {where} has no 'blocks' list")
+    address = _int(seg.get("address"))
+    out_blocks = []
+    cursor = address
+    for j, blk in enumerate(blocks):
+        nb = _normalise_block(blk, f"{where}['blocks'][{j}]", path, cursor)
+        out_blocks.append(nb)
+        cursor = nb["address"] + nb["size"]
+    total = seg.get("total_size")
+    if not isinstance(total, int):
+        total = sum(b["size"] for b in out_blocks)
+    pool = seg.get("segment_pool_id", (0, 0))
+    return {
+        "device": _int(seg.get("device")),
+        "address": address,
+        "total_size": total,
+        "stream": _int(seg.get("stream")),
+        "segment_type": seg.get("segment_type") or ("small" if total <= 2 * 1024 * 1024 else "large"),
+        "segment_pool_id": tuple(pool) if isinstance(pool, (list, tuple)) else (0, 0),
+        "is_expandable": bool(seg.get("is_expandable", False)),
+        "frames": seg.get("frames") or [],
+        "blocks": out_blocks,
+    }
+
+
+def _entry_ok(e: Any) -> bool:
+    return (
+        type(e) is dict
+        and type(e.get("action")) is str
+        and type(e.get("size", 0)) is int
+        and (type(e.get("addr")) is int or e.get("action") == "oom")
+    )
+
+
+def _check_traces(traces: Any, path: Any) -> list[list[dict]]:
+    if traces is None:
+        return []
+    if not isinstance(traces, list):
+        raise SnapshotError(path, f"wrong structure: 'device_traces' is a {type(traces).__name__}, expected a list")
+    for d, entries in enumerate(traces):
+        if entries is None:
+            traces[d] = []
+            continue
+        if not isinstance(entries, list):
+            raise SnapshotError(path, f"wrong structure: device_traces[{d}] is not a list")
+        if not all(map(_entry_ok, entries)):
+            i = next(i for i, e in enumerate(entries) if not _entry_ok(e))
+            raise SnapshotError(
+                path,
+                f"wrong structure: device_traces[{d}][{i}] is not an entry with 'action', integer 'addr' and 'size'",
+            )
+    return traces
+
+
+def snapshot_from_object(obj: Any, path: str | Path | None = None) -> Snapshot:
+    """Validate and normalise an already-unpickled snapshot (dict, or a bare list of segments)."""
+    label = path if path is not None else "<snapshot>"
+    bare = isinstance(obj, list)
+    if bare:
+        obj = {"segments": obj}
+    if not isinstance(obj, dict):
+        raise SnapshotError(
+            label, f"wrong structure: top level is a {type(obj).__name__}, expected a dict or a list of segments"
+        )
+    segments = obj.get("segments")
+    if not isinstance(segments, list):
+        keys = ", ".join(sorted(map(str, obj))[:8]) or "none"
+        raise SnapshotError(
+            label, f"wrong structure: no 'segments' list (top-level keys: {keys}); not a CUDA memory snapshot"
+        )
+    traces = obj.get("device_traces", obj.get("traces"))  # _memory_viz wraps bare lists with "traces"
+    settings = obj.get("allocator_settings")
+    annotations = obj.get("external_annotations")
+    return Snapshot(
+        path=str(path) if path is not None else None,
+        segments=[_normalise_segment(s, i, label) for i, s in enumerate(segments)],
+        device_traces=_check_traces(traces, label),
+        allocator_settings=settings if isinstance(settings, dict) else {},
+        external_annotations=annotations if isinstance(annotations, list) else [],
+        bare_segment_list=bare,
+    )
+
+
+def load_snapshot(path: str | Path) -> Snapshot:
+    """Read a ``_dump_snapshot`` pickle (plain or gzip) safely; raise :class:`SnapshotError` on any problem."""
+    path = Path(path)
+    data = _read(path)
+    return snapshot_from_object(_unpickle(path, data), path)
+
+
+# --------------------------------------------------------------------------- memory timeline
+
+
+def _timeline_from_json(obj: Any, path: Path) -> MemoryTimeline:
+    if not isinstance(obj, list) or not obj:
+        raise SnapshotError(path, "wrong structure: expected a JSON list of [t, action, bytes, category] rows")
+    if (
+        len(obj) == 2
+        and isinstance(obj[0], list)
+        and isinstance(obj[1], list)
+        and obj[1]
+        and isinstance(obj[1][0], list)
+    ):
+        return _timeline_from_cumulative(obj[0], obj[1], path)
+    try:
+        rows = np.asarray(obj, dtype=np.int64)
+    except (ValueError, TypeError, OverflowError):
+        raise SnapshotError(
+            path, "wrong structure: memory timeline rows are not all [t, action, bytes, category] integers"
+        ) from None
+    if rows.ndim != 2 or rows.shape[1] != 4:
+        raise SnapshotError(path, f"wrong structure: memory timeline rows have shape {rows.shape}, expected (n, 4)")
+    if rows[:, 3].min() < 0 or rows[:, 3].max() >= len(TIMELINE_CATEGORIES):
+        raise SnapshotError(path, "wrong structure: memory timeline category index out of range 0..7")
+    return MemoryTimeline(
+        str(path), rows[:, 0].copy(), rows[:, 1].astype(np.int8), rows[:, 2].copy(), rows[:, 3].astype(np.int8)
+    )
+
+
+def _timeline_from_cumulative(times: list, sizes: list, path: Path) -> MemoryTimeline:
+    """``export_memory_timeline("x.json")``: times in µs, rows of 9 cumulative columns (col 0 unused)."""
+    try:
+        t = np.asarray(times, dtype=np.float64)
+        s = np.asarray(sizes, dtype=np.int64)
+    except (ValueError, TypeError, OverflowError):
+        raise SnapshotError(path, "wrong structure: [times, sizes] memory timeline holds non-numbers") from None
+    if s.ndim != 2 or s.shape[1] != len(TIMELINE_CATEGORIES) + 1 or len(t) != len(s):
+        raise SnapshotError(path, f"wrong structure: expected {len(t)} rows of 9 cumulative sizes, got shape {s.shape}")
+    delta = np.diff(s[:, 1:], axis=0, prepend=np.zeros((1, s.shape[1] - 1), dtype=np.int64))
+    row, cat = np.nonzero(delta)
+    nbytes = delta[row, cat]
+    return MemoryTimeline(
+        str(path),
+        (t[row] * 1000).astype(np.int64),
+        np.where(nbytes > 0, 2, 4).astype(np.int8),
+        nbytes,
+        cat.astype(np.int8),
+        form="cumulative",
+    )
+
+
+def load_memory_timeline(path: str | Path) -> MemoryTimeline:
+    """Read an ``export_memory_timeline`` JSON (``.raw.json``, ``.raw.json.gz`` or the cumulative form)."""
+    path = Path(path)
+    data = _read(path)
+    if not _looks_like_json(data):
+        raise SnapshotError(path, f"not a JSON memory timeline (starts with {data[:8]!r})")
+    try:
+        obj = msgspec.json.decode(data)
+    except msgspec.DecodeError as exc:
+        problem = "truncated JSON" if "truncated" in str(exc) else f"invalid JSON ({_short(exc)})"
+        raise SnapshotError(path, problem) from None
+    return _timeline_from_json(obj, path)
+
+
+def load_memory(path: str | Path) -> Snapshot | MemoryTimeline:
+    """Load either kind of memory input, deciding by content (gzip and name suffixes do not matter)."""
+    path = Path(path)
+    data = _read(path)
+    if data[:1] != b"\x80" and _looks_like_json(data):
+        try:
+            obj = msgspec.json.decode(data)
+        except msgspec.DecodeError as exc:
+            problem = "truncated JSON" if "truncated" in str(exc) else f"invalid JSON ({_short(exc)})"
+            raise SnapshotError(path, problem) from None
+        return _timeline_from_json(obj, path)
+    return snapshot_from_object(_unpickle(path, data), path)
