@@ -9,6 +9,7 @@ from typing import Any, Callable, Iterable
 import msgspec
 import pandas as pd
 
+from . import __version__
 from .analysis.ranks import analyze_ranks, fold
 from .engine import Finding, run_rules
 from .facts import RunFacts
@@ -23,6 +24,7 @@ class Report:
 
     facts: RunFacts
     findings: list[Finding] = field(default_factory=list)
+    timeline: Any = None  # StepTimeline of one step of one rank (analyze(..., timeline_step=...)), or None
 
     # -- machine contract ------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
@@ -57,6 +59,7 @@ class Report:
             "exposed_comm": msgspec.to_builtins(f.exposed_comm),
             "timeline": msgspec.to_builtins(f.timeline),
             "collectives": msgspec.to_builtins(f.collectives),
+            "memory": f.memory.to_dict() if f.memory is not None else None,
             "sidecar": f.sidecar,
             "notes": f.notes,
             "findings": msgspec.to_builtins(self.findings),
@@ -117,11 +120,17 @@ def analyze(
     config: dict[str, Any] | None = None,
     jobs: int | None = None,
     progress: Callable[[int, int], None] | None = None,
+    timeline_step: tuple[int | None, int | None] | None = None,
 ) -> Report:
     """Analyse traces (files, directories or globs) and return the :class:`Report`.
 
     Raises :class:`fsdpdoctor.errors.InputError` when an input cannot be read.
-    ``memory`` (a snapshot path) is accepted for forward compatibility and currently ignored.
+    ``memory``: CUDA memory snapshot pickles (``torch.cuda.memory._dump_snapshot``), profiler
+    memory-timeline exports (``.raw.json.gz``), or directories of them; the one with the highest
+    peak becomes ``facts.memory``.
+    ``timeline_step=(rank, step_index)`` also extracts that step's GPU timeline into
+    ``Report.timeline`` (see :mod:`fsdpdoctor.analysis.timeline_extract`; ``None`` in either place
+    means rank 0 / the median-length step).
     """
     if isinstance(paths, (str, Path)):
         paths = [paths]
@@ -136,4 +145,55 @@ def analyze(
             facts.notes.append(f"sidecar {side_path.name} read: facts marked 'sidecar' came from it")
         else:
             facts.notes.append(problem)
+    if memory:
+        attach_memory(facts, memory)
+    report = Report(facts=facts, findings=run_rules(facts, config))
+    if timeline_step is not None:
+        from .analysis.timeline_extract import extract_for_facts
+
+        report.timeline = extract_for_facts(facts, *timeline_step)
+    return report
+
+
+MEMORY_SUFFIXES = (".pickle", ".pkl", ".pickle.gz", ".pkl.gz", ".raw.json.gz", ".raw.json")
+
+
+def memory_files(paths: str | Path | Iterable[str | Path]) -> list[Path]:
+    """Snapshot / memory-timeline files named by ``paths`` (files, or directories of them)."""
+    from .errors import InputError
+
+    if isinstance(paths, (str, Path)):
+        paths = [paths]
+    out: list[Path] = []
+    for raw in paths:
+        p = Path(raw)
+        if p.is_dir():
+            found = sorted(q for q in p.iterdir() if q.is_file() and q.name.endswith(MEMORY_SUFFIXES))
+            if not found:
+                raise InputError(p, "directory contains no memory snapshots (*.pickle, *.raw.json.gz)")
+            out.extend(found)
+        elif p.is_file():
+            out.append(p)
+        else:
+            raise InputError(p, "no such file or directory")
+    return out
+
+
+def attach_memory(facts: RunFacts, memory: str | Path | Iterable[str | Path]) -> None:
+    """Analyse every snapshot; keep the one with the highest peak in ``facts.memory``."""
+    from .analysis.memory import analyze_memory
+
+    best = None
+    for f in memory_files(memory):
+        mf = analyze_memory(f)
+        facts.memory_per_input[str(f)] = mf.peak_allocated_bytes
+        if best is None or mf.peak_allocated_bytes > best.peak_allocated_bytes:
+            best = mf
+    facts.memory = best
+
+
+def analyze_memory_only(memory: str | Path | Iterable[str | Path], config: dict[str, Any] | None = None) -> Report:
+    """A report from memory snapshots alone (``fsdpdoctor memory``)."""
+    facts = RunFacts(tool=f"fsdpdoctor {__version__}")
+    attach_memory(facts, memory)
     return Report(facts=facts, findings=run_rules(facts, config))

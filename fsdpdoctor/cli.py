@@ -87,7 +87,29 @@ def analyze(
     report = run(list(paths), memory=list(memory) or None, jobs=jobs, config=cfg)
     if save_baseline is not None:
         _write(report.to_json(), save_baseline)
-    if fmt == "json":
+    _emit(report, fmt, output)
+
+
+@main.command()
+@click.argument("paths", nargs=-1, required=True)
+@click.option("--format", "fmt", type=click.Choice(["terminal", "markdown", "json"]), default="terminal", show_default=True)
+@click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path), help="Write the report to FILE.")
+@guarded
+def memory(paths: tuple[str, ...], fmt: str, output: Path | None) -> None:
+    """Analyse CUDA memory snapshots (or profiler memory timelines) alone."""
+    from .api import analyze_memory_only
+    from .config import load_config
+
+    _emit(analyze_memory_only(list(paths), config=load_config()), fmt, output)
+
+
+def _emit(report, fmt: str, output: Path | None) -> None:
+    """Write ``report`` in ``fmt`` to ``output`` (stdout when None)."""
+    if fmt == "html":
+        from .report.html import render as render_html
+
+        _write(render_html(report), output)
+    elif fmt == "json":
         _write(report.to_json(), output)
     elif fmt == "markdown":
         _write(report.to_markdown(), output)

@@ -41,6 +41,12 @@ THRESHOLDS: dict[str, tuple[float, str]] = {
     "rate_limiter_min_pct": (2.0, "rate-limiter-stall: … and as % of the step"),
     "jitter_cv_pct": (10.0, "step-time-jitter: coefficient of variation of step times (%)"),
     "jitter_min_steps": (3, "step-time-jitter: steps needed to judge"),
+    "activation_share_pct": (50.0, "activation-memory-dominates: activations this % of peak allocated memory"),
+    "checkpoint_kept_fraction": (0.2, "activation-memory-dominates: share of activation memory still held with per-block checkpointing"),
+    "unsharded_share_pct": (25.0, "unsharded-params-held: unsharded parameters this % of peak allocated memory"),
+    "fragmentation_pct": (30.0, "allocator-fragmentation: cached free blocks this % of reserved memory at the peak"),
+    "fragmentation_min_mib": (1024, "allocator-fragmentation: … and at least this many MiB"),
+    "optimizer_share_pct": (40.0, "optimizer-state-dominates: optimizer state this % of peak allocated memory"),
     "hook_overhead_pct": (30.0, "auto-wrap-too-fine: CPU time in FSDP hooks as % of the step that counts as evidence"),
 }
 

@@ -32,6 +32,7 @@ class Finding:
     fix: dict[str, str] = field(default_factory=dict)  # "fsdp1" / "fsdp2" / "any" → code
     confidence: float = 0.5
     est_saving_ms: float | None = None  # per step
+    est_saving_bytes: int | None = None  # memory findings: bytes the fix frees at the peak
     where: dict[str, Any] = field(default_factory=dict)  # rank / step / phase / unit
 
 

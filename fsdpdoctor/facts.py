@@ -9,6 +9,7 @@ Units: times in ``*_ms`` fields are milliseconds, ``*_us`` microseconds, bytes a
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -16,6 +17,76 @@ from typing import Any
 import msgspec
 
 SCHEMA_VERSION = 1
+
+
+MEMORY_CATEGORIES = (
+    "parameters_sharded",
+    "parameters_unsharded",
+    "gradients",
+    "optimizer_state",
+    "activations",
+    "temporary",
+    "allgather_buffers",
+    "reduce_scatter_buffers",
+    "other",
+)
+
+
+@dataclass
+class MemoryFacts:
+    """Plain memory facts for one run (one rank's snapshot or memory timeline).
+
+    Byte counts are allocator block bytes unless named ``requested``. ``peak_event_index`` is the
+    trace entry after which the peak is reached (-1: already at the start of recording; None:
+    no history). ``categories`` always has every name in :data:`MEMORY_CATEGORIES` and sums to
+    ``peak_allocated_bytes``. ``curve`` holds ``x`` (``x_unit`` "time_us" or "event_index"),
+    ``allocated`` and ``reserved`` (None entries where unknown), at most 500 points, peak kept.
+    """
+
+    source: str
+    path: str | None = None
+    device: int | None = None
+    devices: list[dict] = field(default_factory=list)
+    history_missing: bool = False
+    n_events: int = 0
+    peak_allocated_bytes: int = 0
+    peak_requested_bytes: int | None = None
+    reserved_at_peak_bytes: int | None = None
+    peak_time_us: float | None = None
+    peak_event_index: int | None = None
+    peak_phase: str | None = None
+    pending_free_at_peak_bytes: int | None = None
+    internal_fragmentation_bytes: int | None = None
+    external_fragmentation_bytes: int | None = None
+    categories: dict[str, int] = field(default_factory=lambda: dict.fromkeys(MEMORY_CATEGORIES, 0))
+    pre_existing_bytes: int = 0
+    pre_existing_attributed: dict[str, int] = field(default_factory=dict)
+    top_sites: list[tuple[str, int]] = field(default_factory=list)
+    end_allocated_bytes: int | None = None
+    end_reserved_bytes: int | None = None
+    fsdp_version: str | None = None
+    world_size: int | None = None
+    oom: dict | None = None
+    curve: dict = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict:
+        d = dataclasses.asdict(self)
+        d["top_sites"] = [list(t) for t in self.top_sites]
+        if d["oom"] is not None:
+            d["oom"]["top_sites"] = [list(t) for t in d["oom"].get("top_sites", [])]
+        return d
+
+    @classmethod
+    def from_dict(cls, data: dict) -> MemoryFacts:
+        names = {f.name for f in dataclasses.fields(cls)}
+        kw = {k: v for k, v in data.items() if k in names}
+        kw["top_sites"] = [(str(s), int(b)) for s, b in kw.get("top_sites", [])]
+        if kw.get("oom") is not None:
+            kw["oom"] = dict(kw["oom"])
+            kw["oom"]["top_sites"] = [(str(s), int(b)) for s, b in kw["oom"].get("top_sites", [])]
+        return cls(**kw)
+
 
 
 @dataclass
@@ -213,6 +284,8 @@ class RunFacts:
     timeline: TimelineSummary = field(default_factory=TimelineSummary)
     collectives: list[CollectiveStats] = field(default_factory=list)
     sidecar: dict[str, Any] | None = None
+    memory: MemoryFacts | None = None  # the snapshot with the highest peak, when given
+    memory_per_input: dict[str, int] = field(default_factory=dict)  # snapshot path → peak allocated bytes
     notes: list[str] = field(default_factory=list)
     rank_facts: list[RankFacts] = field(default_factory=list)
 

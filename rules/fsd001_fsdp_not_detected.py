@@ -28,7 +28,7 @@ THRESHOLDS = ()
 
 
 def check(facts, cfg):
-    if facts.fsdp.version is not None:
+    if facts.fsdp.version is not None or not facts.rank_facts:
         return []
     kinds = ", ".join(f"{c.kind.replace('_', '-')} ×{c.count_per_step:g}/step" for c in facts.collectives) or "no collectives"
     found = facts.fsdp.other_parallelism or "no recognised data-parallel wrapper"

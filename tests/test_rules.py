@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 import fsdpdoctor
+import fsdpdoctor.api
 from conftest import public_trace_files
 from fsdpdoctor.config import THRESHOLDS, defaults
 from fsdpdoctor.engine import find_rule, load_rules, run_rules
@@ -29,7 +30,7 @@ SECTIONS = ("What it detects", "Why it", "How it shows in a trace", "Fix")
 
 def test_every_rule_honours_the_contract():
     mods = load_rules()
-    assert len(mods) >= 13
+    assert len(mods) >= 19
     codes = [m.CODE for m in mods]
     slugs = [m.SLUG for m in mods]
     assert len(set(codes)) == len(codes) and len(set(slugs)) == len(slugs)
@@ -74,6 +75,18 @@ def analyzed(recorded_run, tmp_path_factory):
                 if not files:
                     pytest.skip("../shared/traces/public is absent")
                 cache[key] = [fsdpdoctor.analyze(f) for f in files]
+            elif source == "snapshot":
+                gen = pytest.importorskip("fixtures.snapshots.gen_snapshot")
+                out = tmp_path_factory.mktemp(f"snap-{name}")
+                snap, _truth = gen.write(name, out)
+                cache[key] = [fsdpdoctor.api.analyze_memory_only(snap)]
+            elif source == "public-snapshot":
+                from conftest import PUBLIC_SNAPSHOTS
+
+                path = PUBLIC_SNAPSHOTS / name
+                if not path.exists():
+                    pytest.skip("../shared/snapshots/public is absent")
+                cache[key] = [fsdpdoctor.api.analyze_memory_only(path)]
             elif source == "scenario":
                 gen = pytest.importorskip("fixtures.scenarios.generator")
                 out = tmp_path_factory.mktemp(f"scn-{name}")

@@ -51,20 +51,10 @@ from ..ingest.snapshot import (
     load_memory,
     snapshot_from_object,
 )
+from ..facts import MEMORY_CATEGORIES as CATEGORIES
+from ..facts import MemoryFacts
 
 __all__ = ["CATEGORIES", "MemoryFacts", "analyze_memory", "analyze_snapshot", "analyze_timeline", "round_size"]
-
-CATEGORIES = (
-    "parameters_sharded",
-    "parameters_unsharded",
-    "gradients",
-    "optimizer_state",
-    "activations",
-    "temporary",
-    "allgather_buffers",
-    "reduce_scatter_buffers",
-    "other",
-)
 
 MIN_BLOCK = 512  # kMinBlockSize
 SMALL_SIZE = 1 << 20  # kSmallSize: requests up to 1 MiB use the small pool; large blocks keep ≤ 1 MiB tails
@@ -84,62 +74,6 @@ _TIMELINE_TO_CATEGORY = {
 }
 # `category` on trace entries of _memory_viz._profile_to_snapshot pseudo-snapshots
 _PROFILE_ENTRY_CATEGORY = {k.lower(): v for k, v in _TIMELINE_TO_CATEGORY.items()}
-
-
-@dataclass
-class MemoryFacts:
-    """Plain memory facts for one run (one rank's snapshot or memory timeline).
-
-    Byte counts are allocator block bytes unless named ``requested``. ``peak_event_index`` is the
-    trace entry after which the peak is reached (-1: already at the start of recording; None:
-    no history). ``categories`` always has every name in :data:`CATEGORIES` and sums to
-    ``peak_allocated_bytes``. ``curve`` holds ``x`` (``x_unit`` "time_us" or "event_index"),
-    ``allocated`` and ``reserved`` (None entries where unknown), at most 500 points, peak kept.
-    """
-
-    source: str
-    path: str | None = None
-    device: int | None = None
-    devices: list[dict] = field(default_factory=list)
-    history_missing: bool = False
-    n_events: int = 0
-    peak_allocated_bytes: int = 0
-    peak_requested_bytes: int | None = None
-    reserved_at_peak_bytes: int | None = None
-    peak_time_us: float | None = None
-    peak_event_index: int | None = None
-    peak_phase: str | None = None
-    pending_free_at_peak_bytes: int | None = None
-    internal_fragmentation_bytes: int | None = None
-    external_fragmentation_bytes: int | None = None
-    categories: dict[str, int] = field(default_factory=lambda: dict.fromkeys(CATEGORIES, 0))
-    pre_existing_bytes: int = 0
-    pre_existing_attributed: dict[str, int] = field(default_factory=dict)
-    top_sites: list[tuple[str, int]] = field(default_factory=list)
-    end_allocated_bytes: int | None = None
-    end_reserved_bytes: int | None = None
-    fsdp_version: str | None = None
-    world_size: int | None = None
-    oom: dict | None = None
-    curve: dict = field(default_factory=dict)
-    notes: list[str] = field(default_factory=list)
-
-    def to_dict(self) -> dict:
-        d = dataclasses.asdict(self)
-        d["top_sites"] = [list(t) for t in self.top_sites]
-        if d["oom"] is not None:
-            d["oom"]["top_sites"] = [list(t) for t in d["oom"].get("top_sites", [])]
-        return d
-
-    @classmethod
-    def from_dict(cls, data: dict) -> MemoryFacts:
-        names = {f.name for f in dataclasses.fields(cls)}
-        kw = {k: v for k, v in data.items() if k in names}
-        kw["top_sites"] = [(str(s), int(b)) for s, b in kw.get("top_sites", [])]
-        if kw.get("oom") is not None:
-            kw["oom"] = dict(kw["oom"])
-            kw["oom"]["top_sites"] = [(str(s), int(b)) for s, b in kw["oom"].get("top_sites", [])]
-        return cls(**kw)
 
 
 # =========================================================================== allocator arithmetic

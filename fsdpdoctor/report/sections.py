@@ -16,8 +16,30 @@ class Table:
     note: str = ""
 
 
+def memory_headline(f: RunFacts) -> list[tuple[str, str]]:
+    m = f.memory
+    if m is None:
+        return []
+    peak = f"peak {mib(m.peak_allocated_bytes)} allocated"
+    if m.reserved_at_peak_bytes is not None:
+        peak += f", {mib(m.reserved_at_peak_bytes)} reserved at that moment"
+    if m.peak_phase:
+        peak += f" (during {m.peak_phase})"
+    top = sorted(((k, v) for k, v in m.categories.items() if v), key=lambda kv: -kv[1])[:2]
+    if top and m.peak_allocated_bytes:
+        peak += "; " + ", ".join(f"{k} {pct(100 * v / m.peak_allocated_bytes)}" for k, v in top)
+    lines = [("Memory", peak)]
+    if m.history_missing:
+        lines.append(("", "snapshot has no allocation history: categories from segments only"))
+    if m.oom:
+        lines.append(("OOM", f"requested {mib(m.oom.get('requested_bytes') or m.oom.get('size'))}"))
+    return lines
+
+
 def headline(f: RunFacts) -> list[tuple[str, str]]:
     """Key/value lines for the top of every report."""
+    if not f.rank_facts:
+        return memory_headline(f) or [("Run", "no traces")]
     fs = f.fsdp
     ws = f.world_size
     ranks = f.ranks
@@ -45,7 +67,39 @@ def headline(f: RunFacts) -> list[tuple[str, str]]:
     if f.gpu_present:
         lines.append(("Overlap", f"{pct(f.overlap.pct)} of communication hidden behind compute (mean over ranks)"))
         lines.append(("Exposed comm", f"{ms(f.exposed_comm.mean_ms_per_step)} per step"))
-    return lines
+    return lines + memory_headline(f)
+
+
+BAR_WIDTH = 24
+
+
+def memory_tables(f: RunFacts) -> list[Table]:
+    m = f.memory
+    if m is None:
+        return []
+    total = m.peak_allocated_bytes or 1
+    rows = []
+    for k, v in sorted(m.categories.items(), key=lambda kv: -kv[1]):
+        if not v:
+            continue
+        bar = "█" * max(1, round(BAR_WIDTH * v / total))
+        rows.append([k, mib(v), pct(100 * v / total), bar])
+    out = [Table(f"Memory at the peak ({m.source}: {m.path or ''})", ["category", "bytes", "share", ""], rows)]
+    frag = [["peak allocated", mib(m.peak_allocated_bytes)]]
+    if m.reserved_at_peak_bytes is not None:
+        frag.append(["reserved at peak", mib(m.reserved_at_peak_bytes)])
+    if m.internal_fragmentation_bytes is not None:
+        frag.append(["internal fragmentation (rounding)", mib(m.internal_fragmentation_bytes)])
+    if m.external_fragmentation_bytes is not None:
+        frag.append(["external fragmentation (cached free blocks)", mib(m.external_fragmentation_bytes)])
+    if m.pending_free_at_peak_bytes:
+        frag.append(["freed on another stream, not yet reusable", mib(m.pending_free_at_peak_bytes)])
+    if m.pre_existing_bytes:
+        frag.append(["allocated before recording started", mib(m.pre_existing_bytes)])
+    out.append(Table("Reserved memory at the peak", ["part", "bytes"], frag))
+    if m.top_sites:
+        out.append(Table("Top allocation sites at the peak", ["site", "bytes"], [[site, mib(b)] for site, b in m.top_sites[:8]]))
+    return out
 
 
 def breakdown_table(f: RunFacts) -> Table | None:
@@ -138,4 +192,5 @@ def ranks_table(f: RunFacts) -> Table | None:
 
 
 def all_tables(f: RunFacts) -> list[Table]:
-    return [t for t in (breakdown_table(f), phase_table(f), collectives_table(f), units_table(f), ranks_table(f)) if t]
+    tables = [breakdown_table(f), phase_table(f), collectives_table(f), units_table(f), ranks_table(f)]
+    return [t for t in tables if t] + memory_tables(f)

@@ -1,0 +1,58 @@
+"""What it detects
+    Memory reserved by the caching allocator but unusable: cached free blocks too fragmented
+    for the requests that follow, up to an OOM with enough free memory in total.
+
+Why it hurts
+    Reserved-but-free memory counts against the device like allocated memory; large requests
+    fail when no single cached block is big enough.
+
+How it shows in a trace
+    Reserved much larger than allocated at the peak, many free blocks inside segments; an OOM
+    whose requested size is below the total cached free memory but above the largest free block.
+
+Fix
+    ``PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True`` lets segments grow in place instead of
+    fragmenting into fixed-size segments.
+"""
+
+from fsdpdoctor.fmt import mib, pct
+
+from ._util import finding
+
+CODE = "FSD022"
+SLUG = "allocator-fragmentation"
+TITLE = "Caching-allocator fragmentation"
+SEVERITY = "warning"
+THRESHOLDS = ("fragmentation_pct", "fragmentation_min_mib")
+
+
+def check(facts, cfg):
+    m = facts.memory
+    if m is None:
+        return []
+    ext = m.external_fragmentation_bytes or 0
+    res = m.reserved_at_peak_bytes or 0
+    oom_frag = bool(m.oom and str(m.oom.get("explanation", "")).startswith("fragmentation"))
+    big = res and 100 * ext / res >= cfg["fragmentation_pct"] and ext >= cfg["fragmentation_min_mib"] * 2**20
+    if not (oom_frag or big):
+        return []
+    evidence = [f"cached free blocks {mib(ext)} = {pct(100 * ext / res) if res else '–'} of {mib(res)} reserved at the peak"]
+    if oom_frag:
+        o = m.oom
+        evidence.append(
+            f"OOM: requested {mib(o.get('requested_bytes'))}, cached free {mib(o.get('cached_free_bytes'))}, "
+            f"largest free block {mib(o.get('largest_cached_free_block_bytes'))}"
+        )
+    return [
+        finding(
+            __name__,
+            f"{mib(ext)} of reserved memory sits in fragmented free blocks" + (" and caused the OOM." if oom_frag else "."),
+            evidence=evidence,
+            cause="variable-size allocations split the allocator's fixed segments",
+            fix={"any": "# before the first CUDA allocation (e.g. in the launch script)\n"
+                 "export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True"},
+            confidence=0.8 if oom_frag else 0.6,
+            severity="critical" if oom_frag else SEVERITY,
+            est_saving_bytes=ext,
+        )
+    ]

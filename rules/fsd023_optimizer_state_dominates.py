@@ -1,0 +1,47 @@
+"""What it detects
+    Optimizer state (Adam's two moments, master weights) fills most of peak memory.
+
+Why it hurts
+    Adam keeps 8 bytes per parameter (12 with an fp32 master copy). Without sharding it, or with
+    too few ranks, it dominates memory for large models.
+
+How it shows in a trace
+    Snapshot blocks allocated from ``torch/optim/*`` at the first optimizer step and alive
+    ever after.
+
+Fix
+    Shard it: FULL_SHARD / fully_shard shard optimizer state by construction; otherwise use more
+    ranks, a lighter optimizer, or CPU offload of optimizer state.
+"""
+
+from fsdpdoctor.fmt import mib, pct
+
+from ._util import finding
+
+CODE = "FSD023"
+SLUG = "optimizer-state-dominates"
+TITLE = "Optimizer state dominates peak memory"
+SEVERITY = "info"
+THRESHOLDS = ("optimizer_share_pct",)
+
+
+def check(facts, cfg):
+    m = facts.memory
+    if m is None or not m.peak_allocated_bytes:
+        return []
+    opt = m.categories.get("optimizer_state", 0)
+    share = 100 * opt / m.peak_allocated_bytes
+    if share < cfg["optimizer_share_pct"]:
+        return []
+    return [
+        finding(
+            __name__,
+            f"Optimizer state takes {pct(share)} of peak memory ({mib(opt)}).",
+            evidence=[f"optimizer state {mib(opt)} of a {mib(m.peak_allocated_bytes)} peak"],
+            cause="unsharded or lightly sharded Adam-style state (8-12 bytes per parameter)",
+            fix={"fsdp2": "fully_shard(model)  # parameters, gradients and optimizer state are sharded across ranks",
+                 "fsdp1": "model = FSDP(model, sharding_strategy=ShardingStrategy.FULL_SHARD)"},
+            confidence=0.6,
+            est_saving_bytes=None,
+        )
+    ]

@@ -1,0 +1,47 @@
+"""What it detects
+    A memory snapshot without allocation history (``device_traces`` empty), e.g. from
+    ``torch.cuda.memory_snapshot()`` or a dump without ``_record_memory_history``.
+
+Why it matters
+    Without history there are no lifetimes and no stack per allocation event: the peak cannot be
+    located in time and categories come from the final segments only.
+
+How it shows in a trace
+    The snapshot has segments and blocks but no ``alloc``/``free`` entries.
+
+Fix
+    Record history before the steps you want to see, then dump.
+"""
+
+from fsdpdoctor.fmt import mib
+
+from ._util import finding
+
+CODE = "FSD025"
+SLUG = "memory-history-missing"
+TITLE = "Memory snapshot has no allocation history"
+SEVERITY = "info"
+THRESHOLDS = ()
+
+FIX = """torch.cuda.memory._record_memory_history(max_entries=200_000)
+for step in range(3):
+    train_step()
+torch.cuda.memory._dump_snapshot(f"snapshot_rank{rank}.pickle")
+# or: fsdpdoctor.capture.capture(out_dir, model=model, memory_history=True)
+"""
+
+
+def check(facts, cfg):
+    m = facts.memory
+    if m is None or not m.history_missing:
+        return []
+    return [
+        finding(
+            __name__,
+            "The snapshot has no allocation history: only the segments at dump time are reported.",
+            evidence=[f"segments at dump: {mib(m.reserved_at_peak_bytes)} reserved, {mib(m.peak_allocated_bytes)} allocated"],
+            cause="snapshot taken without torch.cuda.memory._record_memory_history",
+            fix={"any": FIX},
+            confidence=1.0,
+        )
+    ]
