@@ -14,6 +14,7 @@ from .analysis.ranks import analyze_ranks, fold
 from .engine import Finding, run_rules
 from .facts import RunFacts
 from .analysis.sidecar import apply_sidecar
+from .analysis.strategy import advise, inputs_from_facts
 from .ingest.discover import discover
 from .ingest.sidecar import find_sidecar, load_sidecar
 
@@ -60,6 +61,7 @@ class Report:
             "timeline": msgspec.to_builtins(f.timeline),
             "collectives": msgspec.to_builtins(f.collectives),
             "memory": f.memory.to_dict() if f.memory is not None else None,
+            "strategy": msgspec.to_builtins(f.strategy) if f.strategy is not None else None,
             "sidecar": f.sidecar,
             "notes": f.notes,
             "findings": msgspec.to_builtins(self.findings),
@@ -147,6 +149,9 @@ def analyze(
             facts.notes.append(problem)
     if memory:
         attach_memory(facts, memory)
+    plan_inputs = inputs_from_facts(facts)
+    if plan_inputs is not None:
+        facts.strategy = advise(plan_inputs)
     report = Report(facts=facts, findings=run_rules(facts, config))
     if timeline_step is not None:
         from .analysis.timeline_extract import extract_for_facts

@@ -165,7 +165,7 @@ def explain(rule: str) -> None:
 
 
 # Commands that live in their own modules register themselves on ``main`` when imported.
-for _mod in ("cli_compare",):
+for _mod in ("cli_compare", "cli_plan"):
     try:
         __import__(f"{__package__}.{_mod}")
     except ModuleNotFoundError as _exc:  # a command module not written yet

@@ -27,7 +27,7 @@ THRESHOLDS: dict[str, tuple[float, str]] = {
     "coarse_split_into": (8, "auto-wrap-too-coarse: units assumed after re-wrapping, for the saving estimate"),
     "fine_min_units": (8, "auto-wrap-too-fine: at least this many units"),
     "fine_max_median_ag_mib": (16, "auto-wrap-too-fine: median all-gather below this size (MiB) is latency-bound"),
-    "prefetch_min_exposed_ms": (0.05, "missing-backward-prefetch: exposed backward all-gather per step (ms) needed to fire on GPU traces"),
+    "prefetch_min_exposed_ms": (0.05, "missing-backward-prefetch: exposed backward all-gather per step (ms) below which the finding is info only"),
     "offload_min_ms": (1.0, "cpu-offload-stall: exposed memcpy + optimizer-phase GPU idle per step (ms)"),
     "pageable_min_count": (1, "pageable-memcpy: host copies from/to pageable memory per trace"),
     "exposed_rs_min_ms": (0.5, "exposed-reduce-scatter: exposed reduce-scatter per step (ms)"),
@@ -47,6 +47,7 @@ THRESHOLDS: dict[str, tuple[float, str]] = {
     "fragmentation_pct": (30.0, "allocator-fragmentation: cached free blocks this % of reserved memory at the peak"),
     "fragmentation_min_mib": (1024, "allocator-fragmentation: … and at least this many MiB"),
     "optimizer_share_pct": (40.0, "optimizer-state-dominates: optimizer state this % of peak allocated memory"),
+    "strategy_min_saving_pct": (5.0, "sharding-strategy / ddp-would-be-faster: estimated saving as % of the step"),
     "hook_overhead_pct": (30.0, "auto-wrap-too-fine: CPU time in FSDP hooks as % of the step that counts as evidence"),
 }
 

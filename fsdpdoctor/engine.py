@@ -80,10 +80,23 @@ def run_rules(facts: RunFacts, config: dict[str, Any] | None = None) -> list[Fin
     mods = [m for m in load_rules() if m.CODE not in disabled and m.SLUG not in disabled]
     for mod in mods:
         findings.extend(mod.check(facts, cfg))
-    # a general rule (low-overlap, host-bound) yields to the specific ones that explain it
-    fired = {f.slug for f in findings}
-    superseded = {m.SLUG for m in mods if set(getattr(m, "SUPERSEDED_BY", ())) & fired}
-    findings = [f for f in findings if f.slug not in superseded]
+    findings = _drop_explained(findings, {m.SLUG: set(getattr(m, "SUPERSEDED_BY", ())) for m in mods})
     sev = {s: i for i, s in enumerate(SEVERITIES)}
     findings.sort(key=lambda f: (-(f.est_saving_ms or 0.0), sev.get(f.severity, 9), f.code))
     return findings
+
+
+def _drop_explained(findings: list[Finding], superseded_by: dict[str, set[str]]) -> list[Finding]:
+    """A general finding (low-overlap, host-bound) yields to specific ones only when they explain
+    it: when their estimated savings cover at least half of its own (a specific finding without
+    an estimate, as on CPU-only traces, counts as explaining it)."""
+    out = []
+    for f in findings:
+        specific = [g for g in findings if g.slug in superseded_by.get(f.slug, ())]
+        if specific:
+            if any(g.est_saving_ms is None for g in specific) or f.est_saving_ms is None:
+                continue
+            if sum(g.est_saving_ms for g in specific) >= 0.5 * f.est_saving_ms:
+                continue
+        out.append(f)
+    return out

@@ -101,9 +101,11 @@ class StepFacts:
     exposed_comm_ms: float = 0.0  # |comm \ compute|
     memcpy_ms: float = 0.0  # |memcpy/memset \ (compute ∪ comm)|
     idle_ms: float = 0.0  # gpu window with nothing running
+    outside_window_ms: float = 0.0  # step time with no GPU work of this step at all (max(step − window, 0))
     exposed_by_phase: dict[str, float] = field(default_factory=dict)
     exposed_by_kind: dict[str, float] = field(default_factory=dict)
     phase_ms: dict[str, float] = field(default_factory=dict)  # CPU duration of each phase
+    compute_by_phase: dict[str, float] = field(default_factory=dict)  # |compute| of kernels launched in each phase
 
     @property
     def overlap_pct(self) -> float | None:
@@ -209,7 +211,7 @@ class RankFacts:
     step_method: str
     phase_method: str
     steps: list[StepFacts]
-    overlap_pct: float | None  # whole trace, Holistic Trace Analysis's definition
+    overlap_pct: float | None  # Holistic Trace Analysis's definition and window (last step dropped)
     comm_ms_total: float
     compute_ms_total: float
     collectives: list[CollectiveFacts]
@@ -217,6 +219,9 @@ class RankFacts:
     fsdp: FsdpFacts
     pg_config: list[dict[str, Any]] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    optimizer: str | None = None  # from Optimizer.step#<Name>.step
+    gpus_per_node: int | None = None  # deviceProperties entries (the devices on this host)
+    device_memory_bytes: int | None = None  # totalGlobalMem of this rank's GPU
 
     @property
     def step_ms(self) -> list[float]:
@@ -245,7 +250,13 @@ class StepsSummary:
 class OverlapSummary:
     pct: float | None = None
     per_rank: dict[str, float | None] = field(default_factory=dict)
-    definition: str = "|comm ∩ compute| / |comm| over all GPU kernels of the trace (as Holistic Trace Analysis)"
+    # over every step (GPU work attributed to steps by launch): Σ overlap / Σ comm
+    steps_pct: float | None = None
+    steps_per_rank: dict[str, float | None] = field(default_factory=dict)
+    definition: str = (
+        "pct: |comm ∩ compute| / |comm| over GPU work launched before the last ProfilerStep, as "
+        "Holistic Trace Analysis's get_comm_comp_overlap(); steps_pct: the same over every step"
+    )
 
 
 @dataclass
@@ -267,6 +278,33 @@ class TimelineSummary:
     exposed_comm_ms: float = 0.0
     memcpy_ms: float = 0.0
     idle_ms: float = 0.0
+    outside_window_ms: float = 0.0  # mean step time in which the GPU had no work of the step
+
+
+@dataclass
+class Candidate:
+    name: str
+    memory_bytes: float
+    fits: bool
+    comm_ms: float
+    exposed_ms: float
+    step_ms: float
+    comm_bytes_per_step: float
+    note: str = ""
+
+
+@dataclass
+class StrategyFacts:
+    current: str | None
+    recommended: str | None
+    candidates: list[Candidate]
+    reasoning: str
+    assumptions: list[str]
+    inputs: dict[str, float | int | str | None]
+    fix: dict[str, str] = field(default_factory=dict)
+
+    def candidate(self, name: str | None) -> "Candidate | None":
+        return next((c for c in self.candidates if c.name == name), None)
 
 
 @dataclass
@@ -285,6 +323,7 @@ class RunFacts:
     collectives: list[CollectiveStats] = field(default_factory=list)
     sidecar: dict[str, Any] | None = None
     memory: MemoryFacts | None = None  # the snapshot with the highest peak, when given
+    strategy: StrategyFacts | None = None  # the sharding-strategy estimate (GPU runs)
     memory_per_input: dict[str, int] = field(default_factory=dict)  # snapshot path → peak allocated bytes
     notes: list[str] = field(default_factory=list)
     rank_facts: list[RankFacts] = field(default_factory=list)

@@ -27,7 +27,7 @@ CODE = "FSD004"
 SLUG = "missing-backward-prefetch"
 TITLE = "Backward all-gathers are not prefetched"
 SEVERITY = "warning"
-THRESHOLDS = ("prefetch_min_exposed_ms",)
+THRESHOLDS = ("prefetch_min_exposed_ms",)  # below it the finding is info only
 
 FIX_FSDP1 = """from torch.distributed.fsdp import BackwardPrefetch, FullyShardedDataParallel as FSDP
 
@@ -59,12 +59,12 @@ def check(facts, cfg):
     severity = SEVERITY
     if facts.gpu_present:
         exp = exposed_ms(facts, "backward", "all_gather")
-        if exp < cfg["prefetch_min_exposed_ms"]:
-            return []
         evidence.append(f"exposed backward all-gather: {ms(exp)} per step = {pct(100 * exp / step_ms(facts))} of the step")
         # prefetching moves the all-gather under the preceding unit's gradient compute
-        saving = exp
-        if exp > 0.1 * step_ms(facts):
+        saving = exp or None
+        if exp < cfg["prefetch_min_exposed_ms"]:
+            severity = "info"  # the setting is off, but this run does not pay for it (yet)
+        elif exp > 0.1 * step_ms(facts):
             severity = "critical"
     what = "not prefetched" if mode == "NONE" else "prefetched only after the current gradients (BACKWARD_POST)"
     return [

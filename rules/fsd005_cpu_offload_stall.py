@@ -64,11 +64,13 @@ def check(facts, cfg):
         ]
     t = facts.timeline
     opt = _optimizer_ms(facts)
-    stall = t.memcpy_ms + min(t.idle_ms, opt)
+    # the GPU waits for host copies (exposed memcpy) and, while the CPU runs the optimizer step,
+    # has no work: idle inside the GPU window plus step time with no GPU work at all
+    stall = t.memcpy_ms + min(t.idle_ms + t.outside_window_ms, opt)
     if stall < cfg["offload_min_ms"]:
         return []
     evidence += [
-        f"exposed memcpy {ms(t.memcpy_ms)} per step; GPU idle {ms(t.idle_ms)} per step",
+        f"exposed memcpy {ms(t.memcpy_ms)} per step; GPU idle {ms(t.idle_ms + t.outside_window_ms)} per step",
         f"optimizer phase (CPU) {ms(opt)} per step = {pct(100 * opt / step_ms(facts)) if step_ms(facts) else '–'} of the step",
         f"copies per step: {mib(off.h2d_bytes / max(facts.steps.count, 1))} H2D, {mib(off.d2h_bytes / max(facts.steps.count, 1))} D2H",
     ]

@@ -61,12 +61,29 @@ def _slug_of(module_stem: str) -> str:
     return next(m.SLUG for m in load_rules() if Path(m.__file__).stem == module_stem)
 
 
+def _patched_report(base: "fsdpdoctor.Report", patch: dict) -> "fsdpdoctor.Report":
+    """A copy of ``base`` with dotted RunFacts fields replaced, findings re-run."""
+    import copy
+
+    facts = copy.deepcopy(base.facts)
+    for dotted, value in patch.items():
+        obj = facts
+        *path, last = dotted.split(".")
+        for part in path:
+            obj = getattr(obj, part)
+        assert hasattr(obj, last), dotted
+        setattr(obj, last, value)
+    return fsdpdoctor.Report(facts=facts, findings=run_rules(facts, defaults()))
+
+
 @pytest.fixture(scope="module")
 def analyzed(recorded_run, tmp_path_factory):
     cache: dict[tuple[str, str], list] = {}
 
-    def get(source: str, name: str):
-        key = (source, name)
+    def get(source: str, name: str, patch: dict | None = None, knobs: dict | None = None):
+        if source == "facts":
+            return [_patched_report(r, patch or {}) for r in get("recorded", name)]
+        key = (source, name, tuple(sorted((knobs or {}).items())))
         if key not in cache:
             if source == "recorded":
                 cache[key] = [fsdpdoctor.analyze(recorded_run(name))]
@@ -88,9 +105,11 @@ def analyzed(recorded_run, tmp_path_factory):
                     pytest.skip("../shared/snapshots/public is absent")
                 cache[key] = [fsdpdoctor.api.analyze_memory_only(path)]
             elif source == "scenario":
+                import dataclasses
+
                 gen = pytest.importorskip("fixtures.scenarios.generator")
                 out = tmp_path_factory.mktemp(f"scn-{name}")
-                gen.generate(gen.PRESETS[name], out)
+                gen.generate(dataclasses.replace(gen.PRESETS[name], **(knobs or {})), out)
                 cache[key] = [fsdpdoctor.analyze(out)]
             else:
                 raise ValueError(source)
@@ -102,7 +121,7 @@ def analyzed(recorded_run, tmp_path_factory):
 @pytest.mark.parametrize("module_stem,case", _cases())
 def test_rule_case(module_stem, case, analyzed):
     slug = _slug_of(module_stem)
-    for rep in analyzed(case["source"], case["input"]):
+    for rep in analyzed(case["source"], case["input"], case.get("patch"), case.get("set")):
         fired = [f for f in rep.findings if f.slug == slug]
         if case["expect"] == "fires":
             assert fired, f"{slug} did not fire on {case['source']}:{case['input']}; findings: {[f.slug for f in rep.findings]}"

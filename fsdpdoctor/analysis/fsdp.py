@@ -40,6 +40,12 @@ def detect_version(rt: RankTrace) -> tuple[int | None, str]:
     return None, "no FSDP hook labels in the trace"
 
 
+def cpu_label_rows(rt: RankTrace, predicate) -> np.ndarray:
+    """CPU-side ranges whose name satisfies ``predicate`` (Kineto also copies record_function
+    ranges onto GPU streams as ``gpu_user_annotation``: those must not be counted twice)."""
+    return np.flatnonzero(rt.mask_cat("user_annotation", "cpu_op") & rt.mask_names(predicate))
+
+
 def _fsdp_chain(c: Collective, prefix: str) -> list[str]:
     return [n for n in c.labels if n.startswith(prefix)]
 
@@ -92,7 +98,7 @@ def analyze_fsdp(rt: RankTrace, colls: list[Collective], steps, n_steps: int) ->
         _units_by_order(rt, f, colls, steps, FSDP1_PREFIX + "_pre_forward")
     _per_unit_stats(f, colls, max(n_steps, 1))
     _prefetch(f, colls, version)
-    rl = rt.mask_names(lambda n: n == FSDP1_PREFIX + "rate_limiter")
+    rl = cpu_label_rows(rt, lambda n: n == FSDP1_PREFIX + "rate_limiter")
     f.rate_limiter_ms_per_step = float(rt.dur[rl].sum()) / 1e3 / max(n_steps, 1)
     f.hook_cpu_ms_per_step = _hook_cpu_ms(rt, version) / max(n_steps, 1)
     return f
@@ -142,10 +148,13 @@ def _first_full_step_rows(rt: RankTrace, rows: np.ndarray, steps) -> np.ndarray:
 
 
 def _units_fsdp2(rt: RankTrace, f: FsdpFacts, colls: list[Collective], steps) -> None:
-    rows = np.flatnonzero(rt.mask_names(lambda n: n == "FSDP::pre_forward" or n.startswith("FSDP::pre_forward (")))
+    rows = cpu_label_rows(rt, lambda n: n == "FSDP::pre_forward" or n.startswith("FSDP::pre_forward ("))
     rows = rows[np.argsort(rt.ts[rows], kind="stable")]
     names = [rt.row_name(int(r)) for r in rows]
-    if any(n != "FSDP::pre_forward" for n in names):
+    # torch >= 2.5 suffixes every label with the module FQN except the root's, and records
+    # FSDP::all_gather; 2.4 has neither, so a plain label is ambiguous only without all_gather
+    has_fqns = any(n != "FSDP::pre_forward" for n in names) or any(n.startswith("FSDP::all_gather") for n in rt.names)
+    if has_fqns:
         order: list[str] = []
         for n in names:
             fqn = _fqn_of(n)
@@ -167,7 +176,7 @@ def _units_by_order(rt: RankTrace, f: FsdpFacts, colls: list[Collective], steps,
     forward all-gather of a step belongs to unit k; backward collectives are matched by size,
     walking units in reverse order (backward runs them in reverse)."""
     prefix = FSDP2_PREFIX if pre_forward.startswith(FSDP2_PREFIX) else FSDP1_PREFIX
-    rows = np.flatnonzero(rt.mask_names(lambda n: n == pre_forward))
+    rows = cpu_label_rows(rt, lambda n: n == pre_forward)
     one = _first_full_step_rows(rt, rows, steps)
     n_units = int(one.size)
     f.units = [UnitFacts(index=i, fqn=f"unit{i}") for i in range(n_units)]

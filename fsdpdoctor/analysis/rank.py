@@ -33,11 +33,8 @@ def analyze_rank_trace(rt: RankTrace, order_index: int = 0) -> RankFacts:
         notes.append("no GPU kernels in this trace (CPU-only run or CPU activity only): GPU timeline metrics are empty")
     if info.step_method != "ProfilerStep":
         notes.append(f"no ProfilerStep annotations: steps from {info.step_method}")
-    device_name = None
-    if rt.device_properties:
-        dp = rt.device_properties[0]
-        if isinstance(dp, dict):
-            device_name = dp.get("name")
+    device_name, device_mem, gpus = _device(rt)
+    opt = next((n.split("#", 1)[1].split(".")[0] for n in rt.names if n.startswith("Optimizer.step#")), None)
     pg_config = rt.distributed_info.get("pg_config") if isinstance(rt.distributed_info.get("pg_config"), list) else []
     return RankFacts(
         rank=int(rank),
@@ -59,7 +56,25 @@ def analyze_rank_trace(rt: RankTrace, order_index: int = 0) -> RankFacts:
         fsdp=fsdp,
         pg_config=[x for x in pg_config if isinstance(x, dict)],
         notes=notes,
+        optimizer=opt,
+        gpus_per_node=gpus,
+        device_memory_bytes=device_mem,
     )
+
+
+def _device(rt: RankTrace) -> tuple[str | None, int | None, int | None]:
+    """(name, memory bytes, devices on the host) of the GPU this rank's kernels ran on."""
+    props = [p for p in rt.device_properties if isinstance(p, dict)]
+    if not props:
+        return None, None, None
+    kern = np.flatnonzero(rt.mask_cat("kernel"))
+    dev = None
+    if kern.size:
+        pid = rt.threads[int(rt.thread[kern[0]])][0]
+        dev = pid if isinstance(pid, int) else None
+    prop = next((p for p in props if p.get("id") == dev), props[0])
+    mem = prop.get("totalGlobalMem")
+    return prop.get("name"), int(mem) if isinstance(mem, (int, float)) else None, len(props)
 
 
 def _collective_facts(c: Collective) -> CollectiveFacts:

@@ -92,7 +92,12 @@ def fold(ranks: list[RankFacts]) -> RunFacts:
     # overlap
     per_rank = {str(r.rank): r.overlap_pct for r in ranks}
     vals = [v for v in per_rank.values() if v is not None]
-    rf.overlap = OverlapSummary(pct=_mean(vals), per_rank=per_rank)
+    steps_per_rank = {}
+    for r in ranks:
+        comm = sum(s.comm_ms for s in r.steps)
+        steps_per_rank[str(r.rank)] = 100.0 * sum(s.overlap_ms for s in r.steps) / comm if comm > 0 else None
+    svals = [v for v in steps_per_rank.values() if v is not None]
+    rf.overlap = OverlapSummary(pct=_mean(vals), per_rank=per_rank, steps_pct=_mean(svals), steps_per_rank=steps_per_rank)
     # exposed comm and the timeline, only for ranks with GPU activity
     gpu_ranks = [r for r in ranks if r.gpu_present and r.steps]
     if gpu_ranks:
@@ -121,6 +126,7 @@ def fold(ranks: list[RankFacts]) -> RunFacts:
             exposed_comm_ms=m("exposed_comm_ms"),
             memcpy_ms=m("memcpy_ms"),
             idle_ms=m("idle_ms"),
+            outside_window_ms=m("outside_window_ms"),
         )
     rf.collectives = _fold_collectives(ranks)
     # FSDP structure: the rank whose detection says most (normally all agree)

@@ -115,6 +115,12 @@ def step_timeline(rt: RankTrace, steps: list[StepWindow], colls: list[Collective
             sf.overlap_ms = sf.comm_ms - sf.exposed_comm_ms
             sf.memcpy_ms = (iv.total(mem) - iv.intersect_len(mem, busy_cc)) / 1e3
             sf.idle_ms = max(window / 1e3 - sf.compute_ms - sf.exposed_comm_ms - sf.memcpy_ms, 0.0)
+            sf.outside_window_ms = max(sf.step_ms - sf.gpu_window_ms, 0.0)
+            ph = phase_idx[in_step]
+            for k_ph, name in enumerate(PHASES):
+                sel = cp & (ph == k_ph)
+                if sel.any():
+                    sf.compute_by_phase[name] = iv.total(iv.merge(s[sel], e[sel])) / 1e3
             # share exposed time among the collectives whose kernels cover it
             comm_rows = g.rows[in_step][cm]
             labels = np.array([kernel_to_coll.get(int(r), -1) for r in comm_rows], dtype=object)

@@ -191,6 +191,25 @@ def ranks_table(f: RunFacts) -> Table | None:
     return Table("Per rank", ["rank", "step", "overlap", "exposed comm", "rank from"], rows)
 
 
+def strategy_tables(f: RunFacts) -> list[Table]:
+    st = f.strategy
+    if st is None:
+        return []
+    rows = []
+    for c in st.candidates:
+        mark = " ← current" if c.name == st.current else ""
+        mark += " ← recommended" if c.name == st.recommended else ""
+        rows.append([c.name + mark, mib(c.memory_bytes), "yes" if c.fits else "no", ms(c.comm_ms), ms(c.exposed_ms), ms(c.step_ms)])
+    return [
+        Table(
+            "Sharding strategy (estimates per GPU and step)",
+            ["strategy", "memory", "fits", "comm", "exposed", "step"],
+            rows,
+            st.reasoning,
+        )
+    ]
+
+
 def all_tables(f: RunFacts) -> list[Table]:
     tables = [breakdown_table(f), phase_table(f), collectives_table(f), units_table(f), ranks_table(f)]
-    return [t for t in tables if t] + memory_tables(f)
+    return [t for t in tables if t] + memory_tables(f) + strategy_tables(f)

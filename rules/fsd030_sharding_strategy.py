@@ -1,0 +1,53 @@
+"""What it detects
+    Another sharding strategy is estimated to be clearly faster than the one the run uses, and
+    it fits in GPU memory.
+
+Why it hurts
+    FULL_SHARD all-gathers every parameter twice per step; with memory to spare SHARD_GRAD_OP
+    skips the backward all-gathers, and across nodes on a slow link HYBRID_SHARD keeps the
+    all-gathers inside a node.
+
+How it shows in a trace
+    Exposed all-gathers in backward (SHARD_GRAD_OP helps) or collectives whose measured bus
+    bandwidth is that of the inter-node link (HYBRID_SHARD helps), with memory left on the GPU.
+
+Fix
+    Switch to the recommended strategy (the code is in the finding and the strategy table).
+"""
+
+from fsdpdoctor.fmt import mib, ms, pct
+
+from ._util import finding, is_fsdp
+
+CODE = "FSD030"
+SLUG = "sharding-strategy"
+TITLE = "A different sharding strategy is estimated to be faster"
+SEVERITY = "warning"
+THRESHOLDS = ("strategy_min_saving_pct",)
+
+
+def check(facts, cfg):
+    st = facts.strategy
+    if st is None or not is_fsdp(facts) or st.recommended in (None, st.current, "NO_SHARD"):
+        return []
+    cur, best = st.candidate(st.current), st.candidate(st.recommended)
+    if cur is None or best is None:
+        return []
+    saving = cur.step_ms - best.step_ms
+    if saving <= 0 or 100 * saving / cur.step_ms < cfg["strategy_min_saving_pct"]:
+        return []
+    return [
+        finding(
+            __name__,
+            f"{best.name} is estimated {ms(saving)} per step faster than {cur.name} ({pct(100 * saving / cur.step_ms)}) and fits in memory.",
+            evidence=[
+                f"{cur.name}: {mib(cur.memory_bytes)} per GPU, comm {ms(cur.comm_ms)}, exposed {ms(cur.exposed_ms)}, step {ms(cur.step_ms)}",
+                f"{best.name}: {mib(best.memory_bytes)} per GPU, comm {ms(best.comm_ms)}, exposed {ms(best.exposed_ms)}, step {ms(best.step_ms)}",
+                st.reasoning,
+            ],
+            cause="the sharding strategy does not match this model size, memory budget and network",
+            fix=dict(st.fix),
+            confidence=0.6,
+            est_saving_ms=saving,
+        )
+    ]

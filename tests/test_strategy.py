@@ -1,0 +1,122 @@
+"""Sharding-strategy advisor: known arithmetic, generated multi-node scenarios, the plan CLI."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import subprocess
+import sys
+
+import pytest
+
+import fsdpdoctor
+from fsdpdoctor.analysis.strategy import PlanInputs, advise, estimate, inputs_from_facts
+
+GiB = 2**30
+
+
+def _plan(params, gpus, per_node, mem=80 * GiB, **kw):
+    inp = PlanInputs(params=params, world_size=gpus, gpus_per_node=per_node, gpu_memory_bytes=mem)
+    for k, v in kw.items():
+        setattr(inp, k, v)
+    return inp
+
+
+def test_zero_arithmetic_7b_adam_bf16_with_fp32_master():
+    inp = _plan(7e9, 8, 8)
+    assert inp.bytes_per_param == 16  # bf16 param 2 + bf16 grad 2 + fp32 master 4 + Adam 8
+    c = {x.name: x for x in estimate(inp)}
+    assert c["NO_SHARD"].memory_bytes == pytest.approx(7e9 * 16 + 50 * 2**20)
+    assert not c["NO_SHARD"].fits  # 112 GB replicated does not fit in 80 GiB
+    # FULL_SHARD: 16 B/param / 8 ranks + two unsharded units (P/32 each, bf16)
+    assert c["FULL_SHARD"].memory_bytes == pytest.approx(7e9 * 16 / 8 + 2 * 7e9 / 32 * 2)
+    assert c["FULL_SHARD"].fits
+    # SHARD_GRAD_OP holds the whole bf16 model unsharded from forward to backward
+    assert c["SHARD_GRAD_OP"].memory_bytes == pytest.approx(7e9 * 16 / 8 + 7e9 * 2)
+
+
+def test_70b_on_8x80gb_does_not_fit_replicated_or_sharded():
+    st = advise(_plan(70e9, 8, 8))
+    c = {x.name: x for x in st.candidates}
+    assert not c["NO_SHARD"].fits and not c["FULL_SHARD"].fits
+    assert st.recommended is None and "No strategy fits" in st.reasoning
+
+
+def test_communication_follows_nccl_tests_convention():
+    inp = _plan(1e9, 8, 8, intra_busbw_gbps=100.0)
+    c = {x.name: x for x in estimate(inp)}
+    ag = 1e9 * 2 * 7 / 8 / 100e9 * 1e3  # ms: size·(n−1)/n / busbw
+    assert c["FULL_SHARD"].comm_ms == pytest.approx(3 * ag)  # AG fwd + AG bwd + RS (same size)
+    assert c["SHARD_GRAD_OP"].comm_ms == pytest.approx(2 * ag)
+    assert c["NO_SHARD"].comm_ms == pytest.approx(1e9 * 2 * 2 * 7 / 8 / 100e9 * 1e3)
+    assert "HYBRID_SHARD" not in c  # one node: nothing to replicate across
+
+
+gen = pytest.importorskip("fixtures.scenarios.generator")
+
+
+@pytest.fixture(scope="module")
+def scenario(tmp_path_factory):
+    def make(preset, **knobs):
+        out = tmp_path_factory.mktemp(preset)
+        gen.generate(dataclasses.replace(gen.PRESETS[preset], **knobs), out)
+        return fsdpdoctor.analyze(out)
+
+    return make
+
+
+def test_hybrid_shard_wins_across_nodes_on_a_slow_link(scenario):
+    rep = scenario("healthy-fsdp2", world_size=16, link_bandwidth_gbps=8.0)
+    inp = inputs_from_facts(rep.facts)
+    assert inp.gpus_per_node == 8 and inp.world_size == 16  # deviceProperties lists 8 GPUs per host
+    assert inp.sources["inter_busbw_gbps"].startswith("measured")
+    assert inp.inter_busbw_gbps < 10  # the collectives crossed the 8 GB/s link
+    st = rep.facts.strategy
+    assert st.current == "FULL_SHARD" and st.recommended == "HYBRID_SHARD"
+    assert "sharding-strategy" in {f.slug for f in rep.findings}
+    # the estimate for the current strategy is close to what was measured
+    cur = st.candidate("FULL_SHARD")
+    assert cur.step_ms == pytest.approx(rep.facts.timeline.gpu_window_ms, rel=0.2)
+
+
+def test_shard_grad_op_wins_with_memory_to_spare_and_exposed_backward_allgathers(scenario):
+    rep = scenario("healthy-fsdp2", link_bandwidth_gbps=10.0)
+    st = rep.facts.strategy
+    assert st.recommended == "SHARD_GRAD_OP"
+    assert rep.facts.exposed_comm.by_phase_kind["backward"]["all_gather"] > 1.0
+    f = next(f for f in rep.findings if f.slug == "sharding-strategy")
+    assert "reshard_after_forward=False" in f.fix["fsdp2"] and f.est_saving_ms > 10
+
+
+def test_healthy_run_keeps_its_strategy(scenario):
+    rep = scenario("healthy-fsdp2")
+    st = rep.facts.strategy
+    assert st.current == "FULL_SHARD"
+    assert not {"sharding-strategy", "ddp-would-be-faster"} & {f.slug for f in rep.findings}
+    cur = st.candidate("FULL_SHARD")
+    assert cur.step_ms == pytest.approx(rep.facts.timeline.gpu_window_ms, rel=0.05)
+    assert rep.to_dict()["strategy"]["recommended"] in ("FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD")
+
+
+def test_cpu_runs_get_no_strategy_estimate():
+    from pathlib import Path
+
+    rep = fsdpdoctor.analyze(Path(__file__).resolve().parents[1] / "fixtures" / "recorded" / "per-block")
+    assert rep.facts.strategy is None
+
+
+def test_plan_cli_prints_table_and_assumptions():
+    out = subprocess.run(
+        [sys.executable, "-m", "fsdpdoctor", "plan", "--params", "7e9", "--gpus", "16", "--nodes", "2",
+         "--gpu-mem", "80GiB", "--seq", "4096", "--batch", "1", "--layers", "32", "--hidden", "4096", "--format", "json"],
+        capture_output=True, text=True,
+    )
+    assert out.returncode == 0, out.stderr
+    st = json.loads(out.stdout)
+    names = [c["name"] for c in st["candidates"]]
+    assert names == ["FULL_SHARD", "SHARD_GRAD_OP", "HYBRID_SHARD", "NO_SHARD"]
+    assert any(a.startswith("inter_busbw_gbps") for a in st["assumptions"])
+    assert st["recommended"] in names
+    bad = subprocess.run([sys.executable, "-m", "fsdpdoctor", "plan", "--params", "7e9", "--gpus", "10", "--nodes", "3"],
+                         capture_output=True, text=True)
+    assert bad.returncode == 2 and "multiple of nodes" in bad.stderr and "Traceback" not in bad.stderr
