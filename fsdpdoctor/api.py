@@ -14,7 +14,7 @@ from .analysis.ranks import analyze_ranks, fold
 from .engine import Finding, run_rules
 from .facts import RunFacts
 from .analysis.sidecar import apply_sidecar
-from .analysis.strategy import advise, inputs_from_facts
+from .analysis.strategy import advise, expected_memory, inputs_from_facts
 from .ingest.discover import discover
 from .ingest.sidecar import find_sidecar, load_sidecar
 
@@ -61,6 +61,7 @@ class Report:
             "timeline": msgspec.to_builtins(f.timeline),
             "collectives": msgspec.to_builtins(f.collectives),
             "memory": f.memory.to_dict() if f.memory is not None else None,
+            "memory_expected": f.memory_expected or None,
             "strategy": msgspec.to_builtins(f.strategy) if f.strategy is not None else None,
             "sidecar": f.sidecar,
             "notes": f.notes,
@@ -152,6 +153,8 @@ def analyze(
     plan_inputs = inputs_from_facts(facts)
     if plan_inputs is not None:
         facts.strategy = advise(plan_inputs)
+        if facts.memory is not None:
+            facts.memory_expected = expected_memory(plan_inputs, plan_inputs.current)
     report = Report(facts=facts, findings=run_rules(facts, config))
     if timeline_step is not None:
         from .analysis.timeline_extract import extract_for_facts

@@ -325,6 +325,7 @@ class RunFacts:
     memory: MemoryFacts | None = None  # the snapshot with the highest peak, when given
     strategy: StrategyFacts | None = None  # the sharding-strategy estimate (GPU runs)
     memory_per_input: dict[str, int] = field(default_factory=dict)  # snapshot path → peak allocated bytes
+    memory_expected: dict[str, float] = field(default_factory=dict)  # ZeRO arithmetic, per rank, by category
     notes: list[str] = field(default_factory=list)
     rank_facts: list[RankFacts] = field(default_factory=list)
 

@@ -120,3 +120,16 @@ def test_plan_cli_prints_table_and_assumptions():
     bad = subprocess.run([sys.executable, "-m", "fsdpdoctor", "plan", "--params", "7e9", "--gpus", "10", "--nodes", "3"],
                          capture_output=True, text=True)
     assert bad.returncode == 2 and "multiple of nodes" in bad.stderr and "Traceback" not in bad.stderr
+
+
+def test_zero_expected_memory_per_category():
+    from fsdpdoctor.analysis.strategy import expected_memory
+
+    inp = _plan(8e9, 8, 8)  # bf16 params + fp32 master, Adam
+    e = expected_memory(inp, "FULL_SHARD")
+    assert e["parameters_sharded"] == pytest.approx(8e9 * (2 + 4) / 8)
+    assert e["gradients"] == pytest.approx(8e9 * 2 / 8)
+    assert e["optimizer_state"] == pytest.approx(8e9 * 8 / 8)
+    assert expected_memory(inp, "NO_SHARD")["optimizer_state"] == pytest.approx(8e9 * 8)
+    inp.gpus_per_node, inp.world_size = 4, 16
+    assert expected_memory(inp, "HYBRID_SHARD")["gradients"] == pytest.approx(8e9 * 2 / 4)

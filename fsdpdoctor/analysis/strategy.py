@@ -282,3 +282,15 @@ def inputs_from_facts(facts: RunFacts, gpus_per_node: int | None = None) -> Plan
     inp.measured_step_ms = facts.timeline.gpu_window_ms or facts.steps.mean_ms
     inp.sources = src
     return inp
+
+
+def expected_memory(inp: PlanInputs, strategy: str | None) -> dict[str, float]:
+    """Per-rank persistent state the ZeRO arithmetic predicts for ``strategy``, by category name."""
+    shard = {"FULL_SHARD": inp.world_size, "SHARD_GRAD_OP": inp.world_size,
+             "HYBRID_SHARD": min(inp.gpus_per_node, inp.world_size), "NO_SHARD": 1}.get(strategy or "FULL_SHARD", inp.world_size)
+    P = inp.params
+    return {
+        "parameters_sharded": P * (inp.param_bytes + inp.master_bytes) / shard,
+        "gradients": P * inp.grad_bytes / shard,
+        "optimizer_state": P * inp.optimizer_bytes / shard,
+    }

@@ -79,12 +79,19 @@ def memory_tables(f: RunFacts) -> list[Table]:
         return []
     total = m.peak_allocated_bytes or 1
     rows = []
+    exp = f.memory_expected
     for k, v in sorted(m.categories.items(), key=lambda kv: -kv[1]):
-        if not v:
+        if not v and k not in exp:
             continue
-        bar = "█" * max(1, round(BAR_WIDTH * v / total))
-        rows.append([k, mib(v), pct(100 * v / total), bar])
-    out = [Table(f"Memory at the peak ({m.source}: {m.path or ''})", ["category", "bytes", "share", ""], rows)]
+        bar = "█" * max(1, round(BAR_WIDTH * v / total)) if v else ""
+        row = [k, mib(v), pct(100 * v / total), bar]
+        if exp:
+            row.insert(2, mib(exp[k]) if k in exp else "")
+        rows.append(row)
+    headers = ["category", "bytes", "share", ""]
+    if exp:
+        headers.insert(2, "expected (ZeRO)")
+    out = [Table(f"Memory at the peak ({m.source}: {m.path or ''})", headers, rows)]
     frag = [["peak allocated", mib(m.peak_allocated_bytes)]]
     if m.reserved_at_peak_bytes is not None:
         frag.append(["reserved at peak", mib(m.reserved_at_peak_bytes)])

@@ -1,0 +1,76 @@
+"""Memory through the whole pipeline: --memory on analyze, the memory command, report sections."""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import fsdpdoctor
+from fsdpdoctor.analysis.memory import analyze_memory
+from fsdpdoctor.facts import MEMORY_CATEGORIES
+
+REPO = Path(__file__).resolve().parents[1]
+gen = pytest.importorskip("fixtures.snapshots.gen_snapshot")
+
+
+@pytest.fixture(scope="module")
+def snap(tmp_path_factory):
+    out = tmp_path_factory.mktemp("snap")
+    path, truth = gen.write("fsdp2", out)
+    return path, json.loads(Path(truth).read_text()) if isinstance(truth, (str, Path)) else truth
+
+
+def test_analyze_with_memory_reports_the_json_contract(snap):
+    path, _ = snap
+    rep = fsdpdoctor.analyze(REPO / "fixtures" / "recorded" / "per-block", memory=[path])
+    d = json.loads(rep.to_json())
+    want = analyze_memory(path)
+    assert d["memory"]["peak_allocated_bytes"] == want.peak_allocated_bytes > 0
+    assert d["memory"]["reserved_at_peak_bytes"] == want.reserved_at_peak_bytes
+    assert set(d["memory"]["categories"]) == set(MEMORY_CATEGORIES)
+    assert sum(d["memory"]["categories"].values()) == want.peak_allocated_bytes
+    assert "peak_time_us" in d["memory"]
+    md = rep.to_markdown()
+    assert "Memory at the peak" in md and "Reserved memory at the peak" in md
+
+
+def test_memory_directory_picks_the_highest_peak(snap, tmp_path):
+    path, _ = snap
+    other, _ = gen.write("fsdp1", tmp_path)
+    rep = fsdpdoctor.api.analyze_memory_only([path.parent, tmp_path])
+    peaks = rep.facts.memory_per_input
+    assert len(peaks) == 2
+    assert rep.facts.memory.peak_allocated_bytes == max(peaks.values())
+
+
+class _Evil:
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (os.system, (f"touch {self.marker}",))
+
+
+def test_memory_command_rejects_a_malicious_pickle_and_runs_nothing(tmp_path):
+    marker = tmp_path / "pwned"
+    bad = tmp_path / "evil.pickle"
+    bad.write_bytes(pickle.dumps(_Evil(marker)))
+    out = subprocess.run([sys.executable, "-m", "fsdpdoctor", "memory", str(bad)], capture_output=True, text=True)
+    assert out.returncode == 2 and "Traceback" not in out.stderr
+    assert str(bad) in out.stderr and len(out.stderr.strip().splitlines()) == 1
+    assert not marker.exists()
+
+
+def test_memory_command_on_generated_oom(tmp_path):
+    path, _ = gen.write("fsdp2_oom", tmp_path)
+    out = subprocess.run([sys.executable, "-m", "fsdpdoctor", "memory", str(path), "--format", "json"], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    d = json.loads(out.stdout)
+    slugs = [f["slug"] for f in d["findings"]]
+    assert "oom" in slugs and d["memory"]["oom"]["requested_bytes"] > 0
