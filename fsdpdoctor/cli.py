@@ -66,8 +66,10 @@ def _write(text: str, output: Path | None) -> None:
 
 @main.command()
 @click.argument("paths", nargs=-1, required=True)
-@click.option("--format", "fmt", type=click.Choice(["terminal", "markdown", "json"]), default="terminal", show_default=True)
+@click.option("--format", "fmt", type=click.Choice(["terminal", "markdown", "json", "html"]), default="terminal", show_default=True)
 @click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path), help="Write the report to FILE.")
+@click.option("--timeline-rank", type=click.IntRange(0), default=None, metavar="N", help="HTML: rank whose step timeline is drawn (default: rank 0).")
+@click.option("--timeline-step", type=click.IntRange(0), default=None, metavar="K", help="HTML: step index (0-based, trace order) to draw (default: the median-length step).")
 @click.option("-j", "--jobs", type=click.IntRange(1, 256), default=None, help="Worker processes for several ranks (default: cores).")
 @click.option("--memory", "memory", multiple=True, type=click.Path(path_type=Path), help="CUDA memory snapshot(s).")
 @click.option("--set", "settings", multiple=True, metavar="KEY=VALUE", help="Override a rule threshold (see 'fsdpdoctor rules --thresholds').")
@@ -77,14 +79,14 @@ def _write(text: str, output: Path | None) -> None:
 def analyze(
     paths: tuple[str, ...], fmt: str, output: Path | None, jobs: int | None, memory: tuple[Path, ...],
     settings: tuple[str, ...], disable: tuple[str, ...], save_baseline: Path | None,
+    timeline_rank: int | None, timeline_step: int | None,
 ) -> None:
     """Analyse trace files, directories of rank traces, or globs."""
     from .api import analyze as run
-    from .config import load_config
 
-    cfg = load_config(list(settings))
-    cfg["disable"] = list(cfg.get("disable", [])) + list(disable)
-    report = run(list(paths), memory=list(memory) or None, jobs=jobs, config=cfg)
+    cfg = rule_config(settings, disable)
+    tl_step = (timeline_rank, timeline_step) if fmt == "html" else None
+    report = run(list(paths), memory=list(memory) or None, jobs=jobs, config=cfg, timeline_step=tl_step)
     if save_baseline is not None:
         _write(report.to_json(), save_baseline)
     _emit(report, fmt, output)
@@ -98,9 +100,28 @@ def analyze(
 def memory(paths: tuple[str, ...], fmt: str, output: Path | None) -> None:
     """Analyse CUDA memory snapshots (or profiler memory timelines) alone."""
     from .api import analyze_memory_only
+
+    _emit(analyze_memory_only(list(paths), config=rule_config()), fmt, output)
+
+
+def rule_config(settings: tuple[str, ...] = (), disable: tuple[str, ...] = ()) -> dict:
+    """Thresholds from pyproject plus ``--set``, and the rules named by ``--disable``."""
     from .config import load_config
 
-    _emit(analyze_memory_only(list(paths), config=load_config()), fmt, output)
+    cfg = load_config(list(settings))
+    cfg["disable"] = list(cfg.get("disable", [])) + list(disable)
+    return cfg
+
+
+def render_console(render, output: Path | None, width: int = 110) -> None:
+    """Run ``render(console)`` to the terminal, or record it as plain text into ``output``."""
+    if output is None:
+        render(Console(highlight=False))
+        return
+    with open(os.devnull, "w") as sink:
+        console = Console(record=True, width=width, file=sink, highlight=False)
+        render(console)
+        _write(console.export_text(), output)
 
 
 def _emit(report, fmt: str, output: Path | None) -> None:
@@ -116,12 +137,7 @@ def _emit(report, fmt: str, output: Path | None) -> None:
     else:
         from .report.terminal import render
 
-        if output is None:
-            render(report, Console(highlight=False))
-        else:
-            console = Console(record=True, width=110, file=open(os.devnull, "w"), highlight=False)
-            render(report, console)
-            _write(console.export_text(), output)
+        render_console(lambda con: render(report, con), output)
 
 
 @main.command("rules")

@@ -79,7 +79,6 @@ def analyze_fsdp(rt: RankTrace, colls: list[Collective], steps, n_steps: int) ->
     f.sources["version"] = "trace"
     f.cpu_offload = _offload(rt, n_steps)
     ag = [c for c in colls if c.kind == "all_gather"]
-    rs = [c for c in colls if c.kind == "reduce_scatter"]
     dtypes: dict[str, list[str]] = {}
     for c in colls:
         if c.dtype:

@@ -34,10 +34,9 @@ parameter storage); ``parameters_unsharded`` is reserved for FSDP's transient al
 from __future__ import annotations
 
 import bisect
-import dataclasses
 import re
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 from typing import Any

@@ -1,0 +1,431 @@
+"""``check``: CI gates over a run's RunFacts, alone or against a saved baseline.
+
+Every gate reads RunFacts (and findings) only. A gate passes, fails, or is skipped (not set,
+no baseline, or the figure is not measured in one of the runs, e.g. overlap on a CPU-only
+trace or peak memory without a snapshot). ``check`` fails (exit 1) when any gate fails.
+
+Thresholds, in increasing precedence: the defaults in :data:`CHECK_SETTINGS`, the table
+``[tool.fsdpdoctor.check]`` of the nearest ``pyproject.toml``, the command line. A numeric
+threshold set to ``"off"`` (or ``false`` in TOML) switches its gate off.
+
+```toml
+[tool.fsdpdoctor.check]
+min_overlap = 80                      # % (absolute; no baseline needed)
+max_exposed_comm_ms = 5.0             # ms per step (absolute)
+max_step_regression_pct = 5           # vs baseline
+max_overlap_drop_pts = 5              # percentage points vs baseline
+max_exposed_comm_regression_pct = 10  # vs baseline
+max_memory_regression_pct = 5         # peak allocated bytes vs baseline
+fail_on_new = "critical"              # critical | warning | never
+```
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+import xml.etree.ElementTree as ET
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import msgspec
+
+from .engine import SEVERITIES, Finding
+from .errors import InputError
+from .facts import RunFacts
+from .fmt import mib, ms, pct
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+    from .compare import Comparison, LoadedRun
+
+# name → (default, documentation); None = gate off unless set
+CHECK_SETTINGS: dict[str, tuple[Any, str]] = {
+    "min_overlap": (None, "fail when overlap (% of communication hidden behind compute) is below this; absolute"),
+    "max_exposed_comm_ms": (None, "fail when exposed communication per step (ms) is above this; absolute"),
+    "max_step_regression_pct": (5.0, "fail when the step time rose more than this % over the baseline"),
+    "max_overlap_drop_pts": (5.0, "fail when overlap dropped more than this many percentage points below the baseline"),
+    "max_exposed_comm_regression_pct": (10.0, "fail when exposed communication per step rose more than this % over the baseline"),
+    "exposed_comm_noise_ms": (0.05, "… but only when it also rose by more than this many ms per step"),
+    "max_memory_regression_pct": (5.0, "fail when peak allocated memory rose more than this % over the baseline"),
+    "fail_on_new": ("critical", "fail when a finding of this severity or worse appears that the baseline did not have (critical | warning | never); without a baseline every finding counts as new"),
+}
+FAIL_ON_NEW = ("critical", "warning", "never")
+
+
+def check_defaults() -> dict[str, Any]:
+    return {k: v for k, (v, _) in CHECK_SETTINGS.items()}
+
+
+def _coerce(key: str, value: Any, origin: str) -> Any:
+    if key not in CHECK_SETTINGS:
+        raise InputError(origin, f"unknown check setting '{key}' (known: {', '.join(CHECK_SETTINGS)})")
+    if key == "fail_on_new":
+        v = str(value).strip().lower()
+        if v not in FAIL_ON_NEW:
+            raise InputError(origin, f"'fail_on_new' must be one of {', '.join(FAIL_ON_NEW)}, got {value!r}")
+        return v
+    if value is None or value is False or (isinstance(value, str) and value.strip().lower() in ("off", "none", "")):
+        return None
+    if isinstance(value, bool):
+        raise InputError(origin, f"setting '{key}' needs a number or \"off\", got {value!r}")
+    try:
+        v = float(value)
+    except (TypeError, ValueError):
+        raise InputError(origin, f"setting '{key}' needs a number or \"off\", got {value!r}") from None
+    if not math.isfinite(v) or v < 0:
+        raise InputError(origin, f"setting '{key}' must be a non-negative number, got {value!r}")
+    if key == "min_overlap" and v > 100:
+        raise InputError(origin, f"'min_overlap' is a percentage (0-100), got {value!r}")
+    return v
+
+
+def load_check_config(cli: dict[str, Any] | None = None, pyproject: Path | None = None) -> dict[str, Any]:
+    """Defaults, then ``[tool.fsdpdoctor.check]``, then command-line values (None = not given)."""
+    from .config import find_pyproject
+
+    cfg = check_defaults()
+    path = pyproject if pyproject is not None else find_pyproject()
+    if path is not None:
+        try:
+            doc = tomllib.loads(path.read_text())
+        except (OSError, tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+            raise InputError(path, f"cannot read settings ({exc})") from None
+        table = doc.get("tool", {}).get("fsdpdoctor", {}).get("check", {})
+        if not isinstance(table, dict):
+            raise InputError(path, "[tool.fsdpdoctor.check] must be a table")
+        for k, v in table.items():
+            key = k.replace("-", "_")
+            cfg[key] = _coerce(key, v, f"{path} [tool.fsdpdoctor.check]")
+    for k, v in (cli or {}).items():
+        if v is not None:
+            cfg[k] = _coerce(k, v, f"--{k.replace('_', '-')}")
+    return cfg
+
+
+# ------------------------------------------------------------------------------------------
+# gates
+# ------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Gate:
+    name: str  # stable id, the JUnit test case name
+    title: str
+    status: str  # pass / fail / skip
+    baseline: str  # the baseline's figure, human
+    current: str  # this run's figure, human
+    threshold: str
+    detail: str
+    value: float | None = None  # the compared figure (a delta for baseline gates)
+    limit: float | None = None
+
+
+@dataclass
+class CheckResult:
+    current_label: str
+    baseline_label: str | None
+    gates: list[Gate]
+    settings: dict[str, Any]
+    comparison: Comparison | None = None
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def passed(self) -> bool:
+        return not any(g.status == "fail" for g in self.gates)
+
+    @property
+    def failed(self) -> list[Gate]:
+        return [g for g in self.gates if g.status == "fail"]
+
+    @property
+    def exit_code(self) -> int:
+        return 0 if self.passed else 1
+
+    def verdict_line(self) -> str:
+        n = {s: sum(g.status == s for g in self.gates) for s in ("pass", "fail", "skip")}
+        if self.passed:
+            return f"fsdpdoctor check: PASSED ({n['pass']} passed, {n['skip']} skipped)"
+        return f"fsdpdoctor check: FAILED ({n['fail']} of {len(self.gates)} gates: {', '.join(g.name for g in self.failed)})"
+
+    # -- outputs -------------------------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        d: dict[str, Any] = {
+            "passed": self.passed,
+            "exit_code": self.exit_code,
+            "current": self.current_label,
+            "baseline": self.baseline_label,
+            "gates": [msgspec.to_builtins(g) for g in self.gates],
+            "settings": self.settings,
+            "notes": self.notes,
+        }
+        if self.comparison is not None:
+            c = self.comparison
+            d["comparison"] = {
+                "step_time_delta_ms": c.step_time_delta_ms,
+                "step_time_delta_pct": c.step_time_delta_pct,
+                "primary_cause": c.primary_cause,
+                "causes": [{"slug": k.slug, "delta_ms": k.delta_ms} for k in c.causes[:5]],
+            }
+        return d
+
+    def to_json(self, indent: int = 2) -> str:
+        return msgspec.json.format(msgspec.json.encode(self.to_dict()), indent=indent).decode()
+
+    def to_markdown(self) -> str:
+        mark = "✅ passed" if self.passed else "❌ failed"
+        lines = [f"## fsdpdoctor check: {mark}", ""]
+        lines.append(f"Run `{self.current_label}`" + (f" against baseline `{self.baseline_label}`." if self.baseline_label else " (no baseline: absolute gates only)."))
+        lines.append("")
+        lines.append("| gate | baseline | current | threshold | verdict |")
+        lines.append("|---|---|---|---|---|")
+        icon = {"pass": "✅ pass", "fail": "❌ **fail**", "skip": "➖ skip"}
+        for g in self.gates:
+            lines.append(f"| {g.title} | {g.baseline} | {g.current} | {g.threshold} | {icon[g.status]} |")
+        failed = self.failed
+        if failed:
+            lines.append("")
+            lines += [f"- **{g.name}**: {g.detail}" for g in failed]
+        c = self.comparison
+        if c is not None and c.primary is not None and not self.passed:
+            from .report.comparison import headline, primary_sentence
+
+            lines += ["", "### Why", "", headline(c) + ".", "", primary_sentence(c)]
+            from .report.comparison import preferred_fix
+
+            for flavour, code in preferred_fix(c, c.primary):
+                lines += ["", f"<details><summary>Fix ({flavour})</summary>", "", "```python", code.rstrip(), "```", "", "</details>"]
+        lines += ["", "_" + self.verdict_line() + "_", ""]
+        return "\n".join(lines)
+
+    def to_junit(self) -> str:
+        """JUnit XML: one test suite, one test case per gate (failure / skipped)."""
+        suites = ET.Element("testsuites", name="fsdpdoctor")
+        suite = ET.SubElement(
+            suites,
+            "testsuite",
+            name="fsdpdoctor check",
+            tests=str(len(self.gates)),
+            failures=str(sum(g.status == "fail" for g in self.gates)),
+            errors="0",
+            skipped=str(sum(g.status == "skip" for g in self.gates)),
+            time="0",
+        )
+        props = ET.SubElement(suite, "properties")
+        ET.SubElement(props, "property", name="current", value=self.current_label)
+        ET.SubElement(props, "property", name="baseline", value=self.baseline_label or "")
+        for g in self.gates:
+            tc = ET.SubElement(suite, "testcase", classname="fsdpdoctor.check", name=g.name, time="0")
+            if g.status == "fail":
+                el = ET.SubElement(tc, "failure", message=g.detail, type="regression")
+                el.text = f"{g.title}: baseline {g.baseline}, current {g.current}, threshold {g.threshold}"
+            elif g.status == "skip":
+                ET.SubElement(tc, "skipped", message=g.detail)
+            out = ET.SubElement(tc, "system-out")
+            out.text = f"{g.title}: baseline {g.baseline}, current {g.current}, threshold {g.threshold} — {g.detail}"
+        ET.indent(suites)
+        return '<?xml version="1.0" encoding="UTF-8"?>\n' + ET.tostring(suites, encoding="unicode") + "\n"
+
+    def render_terminal(self, console: Console) -> None:
+        from rich import box
+        from rich.table import Table as RichTable
+        from rich.text import Text
+
+        title = f"fsdpdoctor check: {self.current_label}" + (f" vs baseline {self.baseline_label}" if self.baseline_label else "")
+        t = RichTable(title=Text(title), title_justify="left", box=box.ASCII2, pad_edge=False)
+        for h in ("gate", "baseline", "current", "threshold", "verdict"):
+            t.add_column(h, justify="right" if h in ("baseline", "current", "threshold") else "left")
+        style = {"pass": "green", "fail": "bold red", "skip": "dim"}
+        for g in self.gates:
+            t.add_row(Text(g.title), Text(g.baseline), Text(g.current), Text(g.threshold), Text(g.status.upper(), style=style[g.status]))
+        console.print(t)
+        for g in self.gates:
+            if g.status == "fail":
+                console.print(Text(f"FAIL {g.name}: {g.detail}"))
+        c = self.comparison
+        if c is not None and not self.passed and c.primary_cause:
+            from .report.comparison import headline
+
+            console.print(Text(f"{headline(c)}; primary cause: {c.primary_cause} (run 'fsdpdoctor compare BASELINE RUN' for details)"))
+        console.print(Text(self.verdict_line(), style="bold green" if self.passed else "bold red"))
+
+
+def _peak_memory(f: RunFacts) -> float | None:
+    mem = getattr(f, "memory", None)
+    if mem is None:
+        return None
+    v = mem.get("peak_allocated_bytes") if isinstance(mem, dict) else getattr(mem, "peak_allocated_bytes", None)
+    return float(v) if v else None
+
+
+def _num(v: float | None, unit: str) -> str:
+    if v is None:
+        return "not measured"
+    if unit == "ms":
+        return ms(v)
+    if unit == "%":
+        return pct(v)
+    if unit == "B":
+        return mib(v)
+    return f"{v:g}"
+
+
+def _sev_at_least(sev: str, level: str) -> bool:
+    order = {s: i for i, s in enumerate(SEVERITIES)}
+    return order.get(sev, 9) <= order.get(level, -1)
+
+
+def run_check(current: LoadedRun, baseline: LoadedRun | None, settings: dict[str, Any]) -> CheckResult:
+    """Evaluate every gate; gates that are not set or cannot be measured are skipped."""
+    from .compare import compare, step_time_ms
+
+    cur, base = current.facts, baseline.facts if baseline else None
+    s = settings
+    gates: list[Gate] = []
+    no_base = "no baseline given"
+
+    # absolute: overlap
+    ov = cur.overlap.pct if cur.gpu_present else None
+    lim = s.get("min_overlap")
+    g = Gate("min-overlap", "overlap", "skip", "–", _num(ov, "%"), "–" if lim is None else f"≥ {lim:g}%", "", ov, lim)
+    if lim is None:
+        g.detail = "not set (--min-overlap)"
+    elif ov is None:
+        g.detail = "overlap not measured (no GPU communication in the trace)"
+    else:
+        g.status = "pass" if ov >= lim else "fail"
+        g.detail = f"overlap {pct(ov)} {'≥' if ov >= lim else '<'} {lim:g}%"
+    gates.append(g)
+
+    # absolute: exposed comm
+    ex = cur.exposed_comm.mean_ms_per_step if cur.gpu_present else None
+    lim = s.get("max_exposed_comm_ms")
+    g = Gate("max-exposed-comm", "exposed comm per step", "skip", "–", _num(ex, "ms"), "–" if lim is None else f"≤ {lim:g} ms", "", ex, lim)
+    if lim is None:
+        g.detail = "not set (--max-exposed-comm-ms)"
+    elif ex is None:
+        g.detail = "exposed communication not measured (no GPU timeline)"
+    else:
+        g.status = "pass" if ex <= lim else "fail"
+        g.detail = f"exposed comm {ms(ex)} per step {'≤' if ex <= lim else '>'} {lim:g} ms"
+    gates.append(g)
+
+    # baseline: step time
+    a = step_time_ms(cur)
+    b = step_time_ms(base) if base else None
+    lim = s.get("max_step_regression_pct")
+    g = Gate("step-time-regression", "step time", "skip", _num(b, "ms"), _num(a, "ms"), "–" if lim is None else f"≤ +{lim:g}%", "", None, lim)
+    if lim is None:
+        g.detail = "not set (--max-step-regression-pct)"
+    elif base is None:
+        g.detail = no_base
+    elif a is None or not b:
+        g.detail = "step time not measured in one of the runs (no steps found)"
+    else:
+        d = 100 * (a - b) / b
+        g.value = d
+        g.current += f" ({'+' if d >= 0 else '−'}{abs(d):.1f}%)"
+        g.status = "pass" if d <= lim else "fail"
+        g.detail = f"step time {ms(b)} → {ms(a)} ({'+' if d >= 0 else '−'}{abs(d):.1f}%; limit +{lim:g}%)"
+    gates.append(g)
+
+    # baseline: overlap drop
+    ob = base.overlap.pct if base is not None and base.gpu_present else None
+    lim = s.get("max_overlap_drop_pts")
+    g = Gate("overlap-drop", "overlap drop", "skip", _num(ob, "%"), _num(ov, "%"), "–" if lim is None else f"≤ {lim:g} pts", "", None, lim)
+    if lim is None:
+        g.detail = "not set (--max-overlap-drop-pts)"
+    elif base is None:
+        g.detail = no_base
+    elif ob is None or ov is None:
+        g.detail = "overlap not measured in " + ("either run" if ob is None and ov is None else "one of the runs")
+    else:
+        drop = ob - ov
+        g.value = drop
+        g.status = "pass" if drop <= lim else "fail"
+        g.detail = f"overlap {pct(ob)} → {pct(ov)} ({'dropped' if drop > 0 else 'rose'} {abs(drop):.1f} pts; limit {lim:g} pts)"
+    gates.append(g)
+
+    # baseline: exposed comm regression
+    eb = base.exposed_comm.mean_ms_per_step if base is not None and base.gpu_present else None
+    lim = s.get("max_exposed_comm_regression_pct")
+    noise = s.get("exposed_comm_noise_ms") or 0.0
+    g = Gate("exposed-comm-regression", "exposed comm rise", "skip", _num(eb, "ms"), _num(ex, "ms"), "–" if lim is None else f"≤ +{lim:g}%", "", None, lim)
+    if lim is None:
+        g.detail = "not set (--max-exposed-comm-regression-pct)"
+    elif base is None:
+        g.detail = no_base
+    elif eb is None or ex is None:
+        g.detail = "exposed communication not measured in " + ("either run" if eb is None and ex is None else "one of the runs")
+    else:
+        delta = ex - eb
+        d = 100 * delta / eb if eb > 0 else (math.inf if delta > 0 else 0.0)
+        g.value = d if math.isfinite(d) else None
+        g.current += f" ({'+' if delta >= 0 else '−'}{abs(delta):.2f} ms)"
+        bad = d > lim and delta > noise
+        g.status = "fail" if bad else "pass"
+        rel = f"{'+' if d >= 0 else '−'}{abs(d):.1f}%" if math.isfinite(d) else "from 0"
+        g.detail = f"exposed comm {ms(eb)} → {ms(ex)} per step ({rel}; limit +{lim:g}% and > {noise:g} ms)"
+    gates.append(g)
+
+    # baseline: peak memory
+    ma, mb = _peak_memory(cur), (_peak_memory(base) if base is not None else None)
+    lim = s.get("max_memory_regression_pct")
+    g = Gate("memory-regression", "peak memory", "skip", _num(mb, "B"), _num(ma, "B"), "–" if lim is None else f"≤ +{lim:g}%", "", None, lim)
+    if lim is None:
+        g.detail = "not set (--max-memory-regression-pct)"
+    elif base is None:
+        g.detail = no_base
+    elif ma is None or mb is None:
+        g.detail = "peak memory not measured in " + ("either run" if ma is None and mb is None else "one of the runs") + " (no memory snapshot)"
+    else:
+        d = 100 * (ma - mb) / mb
+        g.value = d
+        g.current += f" ({'+' if d >= 0 else '−'}{abs(d):.1f}%)"
+        g.status = "pass" if d <= lim else "fail"
+        g.detail = f"peak allocated {mib(mb)} → {mib(ma)} ({'+' if d >= 0 else '−'}{abs(d):.1f}%; limit +{lim:g}%)"
+    gates.append(g)
+
+    # findings
+    level = s.get("fail_on_new") or "critical"
+    bf: list[Finding] = baseline.findings if baseline else []
+    had = {f.slug for f in bf if _sev_at_least(f.severity, level)} if level != "never" else set()
+    new = [f for f in current.findings if level != "never" and _sev_at_least(f.severity, level) and f.slug not in had]
+    n_base = sum(_sev_at_least(f.severity, level) for f in bf) if level != "never" else 0
+    n_cur = sum(_sev_at_least(f.severity, level) for f in current.findings) if level != "never" else 0
+    g = Gate(
+        "new-findings",
+        f"new {level} findings" if level != "never" else "new findings",
+        "skip",
+        str(n_base) if baseline else "–",
+        str(n_cur) if level != "never" else "–",
+        "none" if level != "never" else "–",
+        "",
+        float(len(new)),
+        0.0,
+    )
+    if level == "never":
+        g.detail = "off (--fail-on-new never)"
+    else:
+        g.status = "fail" if new else "pass"
+        scope = "not in the baseline" if baseline else "(no baseline: every finding counts as new)"
+        g.detail = (
+            f"{len(new)} {level}-or-worse finding(s) {scope}: " + ", ".join(f"{f.slug} ({f.severity})" for f in new)
+            if new
+            else f"no {level}-or-worse finding {scope}"
+        )
+    gates.append(g)
+
+    comparison = None
+    notes: list[str] = []
+    if baseline is not None:
+        comparison = compare(base, cur, baseline.findings, current.findings, before_label=baseline.label, after_label=current.label)
+        notes += comparison.notes
+    return CheckResult(current.label, baseline.label if baseline else None, gates, dict(s), comparison, notes)

@@ -1,0 +1,924 @@
+"""``compare``: explain the step-time change between two runs from their RunFacts.
+
+Plain functions over :class:`~fsdpdoctor.facts.RunFacts` (and the findings drawn from them); no
+trace is ever re-read. :func:`compare` aligns the two runs (ranks, steps, FSDP units by FQN,
+collectives by unit, phase and kind), splits the step-time delta into parts that add up to it
+exactly, lists what changed in structure and configuration and which findings appeared or
+disappeared, and ranks the causes.
+
+Step time and its parts (the *basis*; :data:`GPU_BASIS` / :data:`CPU_BASIS` state it in every
+output):
+
+* **step time** = the CPU ``ProfilerStep#N`` span (``StepFacts.step_ms``) — the figure throughput
+  is measured on — averaged over a rank's steps, then over ranks (ranks with a GPU timeline
+  when both runs have one).
+* **GPU runs** (both runs have GPU activity): per step,
+  ``step_ms = compute + exposed all-gather + exposed reduce-scatter + other exposed comm +
+  memcpy + host-bound idle + other idle`` where compute, exposed comm and memcpy are the
+  analysis' merged-interval figures (``StepFacts``), exposed comm is split by kind and phase with
+  each collective's ``exposed_us`` (pieces not covered by a known collective count as other
+  exposed comm), and
+
+  - *host-bound idle* = ``StepFacts.idle_ms``, gaps *inside* the step's GPU window in which
+    nothing ran. A collective waiting for a slower rank is a running NCCL kernel, so waiting for
+    other ranks shows as exposed comm, never here: an empty GPU queue mid-step means the host
+    had not launched the next work yet (launch/Python/FSDP-hook overhead, the FSDP1 rate
+    limiter, blocking syncs).
+  - *other idle* = ``step_ms - gpu_window_ms``, the part of the CPU step with none of the step's
+    GPU work running: before the first and after the last kernel (data loading, a CPU
+    optimizer step, host synchronisation). It is negative when a step's GPU work outlasts its
+    CPU span (the CPU ran ahead), which keeps the sum exact.
+
+  Exposed comm is resolved by phase (forward / backward / optimizer / other, from the CPU time
+  each collective was issued); compute, memcpy and idle are per step only (``phase == "all"``),
+  because RunFacts holds no per-phase GPU compute or idle.
+* **CPU-only runs** (gloo, no GPU timeline): ``step_ms = forward + backward + optimizer + other``
+  from ``StepFacts.phase_ms`` (CPU phase durations); the GPU split is unavailable.
+
+Causes: every finding that appeared takes the parts of the step it explains (:data:`CLAIMS`, in
+:data:`CLAIM_ORDER` when several could) that grew, every finding that went away those that
+shrank, and the rest stays with the parts themselves, so the causes also add up to the delta. A
+configuration finding whose configuration did not change (:data:`CORROBORATED_BY`: it only
+crossed a threshold) takes nothing. On GPU runs the causes are ranked by the
+delta they carry (in the direction of the total change) and the top one is the primary cause.
+On CPU-only runs the step time says little about FSDP's overlap, so findings that appeared (then
+disappeared) rank first, by severity.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+from .engine import SEVERITIES, Finding
+from .facts import RankFacts, RunFacts
+
+PHASES = ("forward", "backward", "optimizer", "other")
+ALL = "all"  # a part that RunFacts does not resolve by phase
+
+GPU_COMPONENTS = (
+    "compute",
+    "exposed_all_gather",
+    "exposed_reduce_scatter",
+    "exposed_other_comm",
+    "memcpy",
+    "host_bound_idle",
+    "other_idle",
+)
+CPU_COMPONENTS = ("cpu_forward", "cpu_backward", "cpu_optimizer", "cpu_other")
+EXPOSED = ("exposed_all_gather", "exposed_reduce_scatter", "exposed_other_comm")
+
+LABELS = {
+    "compute": "compute",
+    "exposed_all_gather": "exposed all-gather",
+    "exposed_reduce_scatter": "exposed reduce-scatter",
+    "exposed_other_comm": "other exposed comm",
+    "memcpy": "exposed memcpy/memset",
+    "host_bound_idle": "host-bound idle (gaps inside the GPU window)",
+    "other_idle": "other idle (step time outside the GPU window)",
+    "cpu_forward": "forward (CPU)",
+    "cpu_backward": "backward (CPU)",
+    "cpu_optimizer": "optimizer (CPU)",
+    "cpu_other": "rest of the step (CPU)",
+}
+
+# What to look at when a part of the step itself is the largest cause (no finding explains it).
+HINTS = {
+    "compute": "Compute per step changed: compare the model, batch/sequence size, compute dtype, "
+    "activation checkpointing and GPU clocks of the two runs.",
+    "exposed_all_gather": "More all-gather time is exposed: check prefetching (backward_prefetch, "
+    "forward prefetch), the wrap policy and all-gather bytes/bandwidth.",
+    "exposed_reduce_scatter": "More reduce-scatter time is exposed: check reduce dtype, bytes per "
+    "reduce-scatter and whether the last unit's gradients overlap with anything.",
+    "exposed_other_comm": "Other collectives (all-reduce, broadcast, …) are more exposed: look for "
+    "new collectives (grad-norm clipping, metrics, DDP buckets).",
+    "memcpy": "Host/device copies are exposed: CPU offload, pageable memory, or .item()/.cpu() in "
+    "the step.",
+    "host_bound_idle": "The GPU waits for the host inside the step: launch, Python or FSDP hook "
+    "overhead (torch.compile, fewer units, larger batches).",
+    "other_idle": "Time without GPU work at the step's edges: data loading, CPU-side optimizer, "
+    "synchronisation.",
+    "cpu_forward": "The forward pass takes longer on the CPU.",
+    "cpu_backward": "The backward pass takes longer on the CPU.",
+    "cpu_optimizer": "The optimizer step takes longer on the CPU.",
+    "cpu_other": "Time in the step outside forward, backward and optimizer (data loading, logging).",
+}
+
+GPU_BASIS = (
+    "step time = CPU ProfilerStep span, mean over each rank's steps then over ranks; "
+    "split per step as compute + exposed all-gather + exposed reduce-scatter + other exposed comm + "
+    "exposed memcpy + host-bound idle (GPU idle inside the step's GPU window) + other idle "
+    "(step span minus GPU window), which add up exactly; exposed comm is split by phase"
+)
+CPU_BASIS = (
+    "step time = CPU ProfilerStep span, mean over each rank's steps then over ranks; no GPU "
+    "timeline, so it is split into CPU phases (forward + backward + optimizer + rest), which add up "
+    "exactly; the GPU split (compute / exposed comm / idle) is unavailable"
+)
+
+# finding slug → parts (component, phase or None for every phase) it explains, GPU and CPU basis
+_COMM_ALL = [(c, None) for c in EXPOSED]
+CLAIMS: dict[str, dict[str, list[tuple[str, str | None]]]] = {
+    "fsdp-not-detected": {"gpu": list(_COMM_ALL), "cpu": [("cpu_forward", None), ("cpu_backward", None)]},
+    "straggler-rank": {"gpu": [("compute", None), *_COMM_ALL], "cpu": []},
+    "cpu-offload-stall": {
+        "gpu": [("memcpy", None), ("host_bound_idle", None), ("other_idle", None)],
+        "cpu": [("cpu_optimizer", None)],
+    },
+    "pageable-memcpy": {"gpu": [("memcpy", None), ("host_bound_idle", None), ("other_idle", None)], "cpu": []},
+    "missing-backward-prefetch": {"gpu": [(c, "backward") for c in EXPOSED], "cpu": [("cpu_backward", None)]},
+    "auto-wrap-too-coarse": {
+        "gpu": [("exposed_all_gather", None), ("exposed_reduce_scatter", None)],
+        "cpu": [("cpu_forward", None), ("cpu_backward", None)],
+    },
+    "auto-wrap-too-fine": {
+        "gpu": [("exposed_all_gather", None), ("exposed_reduce_scatter", None), ("host_bound_idle", None)],
+        "cpu": [("cpu_forward", None), ("cpu_backward", None)],
+    },
+    # FSDP's param_dtype is also the compute dtype: when the collective dtype changed between the
+    # runs, compute is claimed as well (see _claims_for)
+    "no-mixed-precision-collectives": {"gpu": list(_COMM_ALL), "cpu": [("cpu_forward", None), ("cpu_backward", None)]},
+    "rate-limiter-stall": {"gpu": [("host_bound_idle", None), ("other_idle", None)], "cpu": [("cpu_forward", None)]},
+    "host-bound": {"gpu": [("host_bound_idle", None), ("other_idle", None)], "cpu": []},
+    "exposed-reduce-scatter": {"gpu": [("exposed_reduce_scatter", None)], "cpu": []},
+    # estimates: the strategy no longer suits the network / memory, seen as exposed communication
+    "sharding-strategy": {"gpu": [("exposed_all_gather", None), ("exposed_reduce_scatter", None)], "cpu": []},
+    "ddp-would-be-faster": {"gpu": list(_COMM_ALL), "cpu": []},
+    "low-overlap": {"gpu": list(_COMM_ALL), "cpu": []},
+    # memory findings explain memory, not step time (the check command gates peak memory)
+    **{slug: {"gpu": [], "cpu": []} for slug in (
+        "activation-memory-dominates", "unsharded-params-held", "allocator-fragmentation",
+        "optimizer-state-dominates", "oom", "memory-history-missing",
+    )},
+}
+CLAIM_ORDER = list(CLAIMS)  # specific rules before the general ones that they explain
+
+
+# ------------------------------------------------------------------------------------------
+# result classes
+# ------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Component:
+    """One part of the step time (``phase`` "all" when RunFacts does not split it by phase)."""
+
+    name: str
+    phase: str
+    before_ms: float
+    after_ms: float
+
+    @property
+    def delta_ms(self) -> float:
+        return self.after_ms - self.before_ms
+
+
+@dataclass
+class PhaseRow:
+    phase: str
+    cpu_before_ms: float | None
+    cpu_after_ms: float | None
+    exposed_delta_ms: dict[str, float] = field(default_factory=dict)  # component → Δ (GPU runs)
+
+
+@dataclass
+class Change:
+    key: str
+    label: str
+    before: str
+    after: str
+
+    @property
+    def changed(self) -> bool:
+        return self.before != self.after
+
+
+@dataclass
+class FindingChange:
+    slug: str
+    code: str
+    severity: str
+    status: str  # appeared / disappeared / persisting
+    summary: str
+    est_saving_before_ms: float | None
+    est_saving_after_ms: float | None
+    fix: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass
+class Cause:
+    slug: str  # a finding slug or a component name
+    kind: str  # "finding" or "component"
+    delta_ms: float
+    summary: str
+    status: str | None = None  # for findings: appeared / disappeared
+    severity: str | None = None
+    est_saving_ms: float | None = None
+    parts: list[str] = field(default_factory=list)  # "component@phase" it covers
+    fix: dict[str, str] = field(default_factory=dict)
+    hint: str = ""
+    corroborated: bool = True  # False: a configuration finding whose configuration did not change
+    note: str = ""
+
+
+@dataclass
+class RankRow:
+    rank: int
+    step_before_ms: float | None
+    step_after_ms: float | None
+    compute_before_ms: float | None = None
+    compute_after_ms: float | None = None
+    exposed_before_ms: float | None = None
+    exposed_after_ms: float | None = None
+
+
+@dataclass
+class UnitRow:
+    fqn: str
+    status: str  # both / added / removed
+    ag_per_step: tuple[float | None, float | None]
+    ag_bytes: tuple[float | None, float | None]
+    rs_bytes: tuple[float | None, float | None]
+    exposed_ms: tuple[float | None, float | None]
+
+
+@dataclass
+class CollectiveRow:
+    unit: str
+    phase: str
+    kind: str
+    count: tuple[float, float]
+    bytes: tuple[float | None, float | None]
+    exposed_ms: tuple[float, float]
+
+
+@dataclass
+class Comparison:
+    before_label: str
+    after_label: str
+    basis: str  # "gpu" or "cpu"
+    basis_text: str
+    step_before_ms: float
+    step_after_ms: float
+    components: list[Component]
+    phases: list[PhaseRow]
+    structure: list[Change]
+    findings: list[FindingChange]
+    causes: list[Cause]
+    primary_cause: str | None
+    ranks: list[RankRow]
+    units: list[UnitRow]
+    collectives: list[CollectiveRow]
+    alignment: dict[str, Any]
+    notes: list[str] = field(default_factory=list)
+    fsdp_versions: tuple[int | None, int | None] = (None, None)
+
+    # -- headline numbers ------------------------------------------------------------------
+    @property
+    def step_time_delta_ms(self) -> float:
+        return self.step_after_ms - self.step_before_ms
+
+    @property
+    def step_time_delta_pct(self) -> float | None:
+        return 100.0 * self.step_time_delta_ms / self.step_before_ms if self.step_before_ms else None
+
+    @property
+    def components_sum_ms(self) -> float:
+        return sum(c.delta_ms for c in self.components)
+
+    def component_totals(self) -> dict[str, tuple[float, float]]:
+        """component → (before, after) summed over phases, in display order."""
+        names = GPU_COMPONENTS if self.basis == "gpu" else CPU_COMPONENTS
+        out = {n: (0.0, 0.0) for n in names}
+        for c in self.components:
+            b, a = out.get(c.name, (0.0, 0.0))
+            out[c.name] = (b + c.before_ms, a + c.after_ms)
+        return out
+
+    @property
+    def primary(self) -> Cause | None:
+        return next((c for c in self.causes if c.slug == self.primary_cause), None)
+
+    # -- output ----------------------------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        totals = self.component_totals()
+        prim = self.primary
+        return {
+            "before": self.before_label,
+            "after": self.after_label,
+            "basis": self.basis,
+            "basis_definition": self.basis_text,
+            "step_time_before_ms": self.step_before_ms,
+            "step_time_after_ms": self.step_after_ms,
+            "step_time_delta_ms": self.step_time_delta_ms,
+            "step_time_delta_pct": self.step_time_delta_pct,
+            "components_sum_delta_ms": self.components_sum_ms,
+            "primary_cause": self.primary_cause,
+            "primary_fix": prim.fix if prim else {},
+            "causes": [
+                {
+                    "slug": c.slug,
+                    "kind": c.kind,
+                    "delta_ms": c.delta_ms,
+                    "share_pct": (100.0 * c.delta_ms / self.step_time_delta_ms) if self.step_time_delta_ms else None,
+                    "summary": c.summary,
+                    "status": c.status,
+                    "severity": c.severity,
+                    "est_saving_ms": c.est_saving_ms,
+                    "parts": c.parts,
+                    "fix": c.fix,
+                    "hint": c.hint,
+                    "corroborated": c.corroborated,
+                    "note": c.note,
+                }
+                for c in self.causes
+            ],
+            "components": {
+                n: {"before_ms": b, "after_ms": a, "delta_ms": a - b} for n, (b, a) in totals.items()
+            },
+            "components_by_phase": [
+                {"component": c.name, "phase": c.phase, "before_ms": c.before_ms, "after_ms": c.after_ms, "delta_ms": c.delta_ms}
+                for c in self.components
+            ],
+            "phases": [msgspec.to_builtins(p) for p in self.phases],
+            "structure": [
+                {"key": s.key, "label": s.label, "before": s.before, "after": s.after, "changed": s.changed}
+                for s in self.structure
+            ],
+            "findings": {
+                st: [msgspec.to_builtins(f) for f in self.findings if f.status == st]
+                for st in ("appeared", "disappeared", "persisting")
+            },
+            "ranks": [msgspec.to_builtins(r) for r in self.ranks],
+            "units": [msgspec.to_builtins(u) for u in self.units],
+            "collectives": [msgspec.to_builtins(c) for c in self.collectives],
+            "alignment": self.alignment,
+            "notes": self.notes,
+        }
+
+    def to_json(self, indent: int = 2) -> str:
+        return msgspec.json.format(msgspec.json.encode(self.to_dict()), indent=indent).decode()
+
+    def to_markdown(self) -> str:
+        from .report.comparison import render_markdown
+
+        return render_markdown(self)
+
+
+# ------------------------------------------------------------------------------------------
+# step-time breakdown of one run
+# ------------------------------------------------------------------------------------------
+
+
+def _mean(xs: list[float]) -> float:
+    return sum(xs) / len(xs) if xs else 0.0
+
+
+def _comm_component(kind: str) -> str:
+    if kind == "all_gather":
+        return "exposed_all_gather"
+    if kind == "reduce_scatter":
+        return "exposed_reduce_scatter"
+    return "exposed_other_comm"
+
+
+def _rank_cells(r: RankFacts, basis: str) -> dict[tuple[str, str], float]:
+    """Mean per step of each (component, phase) of one rank; they add up to its mean step_ms."""
+    n = len(r.steps)
+    cells: dict[tuple[str, str], float] = {}
+
+    def add(key: tuple[str, str], v: float) -> None:
+        cells[key] = cells.get(key, 0.0) + v / n
+
+    if basis == "cpu":
+        for s in r.steps:
+            known = 0.0
+            for p in ("forward", "backward", "optimizer"):
+                v = s.phase_ms.get(p, 0.0)
+                add((f"cpu_{p}", ALL), v)
+                known += v
+            add(("cpu_other", ALL), s.step_ms - known)
+        return cells
+    exposed_total = 0.0
+    exposed_phase = {p: 0.0 for p in PHASES}
+    for s in r.steps:
+        add(("compute", ALL), s.compute_ms)
+        add(("memcpy", ALL), s.memcpy_ms)
+        add(("host_bound_idle", ALL), s.idle_ms)
+        add(("other_idle", ALL), s.step_ms - s.gpu_window_ms)
+        exposed_total += s.exposed_comm_ms
+        for p, v in s.exposed_by_phase.items():
+            exposed_phase[p if p in exposed_phase else "other"] += v
+    # exposed comm by kind and phase from the collectives; the uncovered rest is "other" comm
+    covered = 0.0
+    covered_phase = {p: 0.0 for p in PHASES}
+    for c in r.collectives:
+        if 0 <= c.step < n and c.exposed_us:
+            ph = c.phase if c.phase in covered_phase else "other"
+            add((_comm_component(c.kind), ph), c.exposed_us / 1e3)
+            covered += c.exposed_us / 1e3
+            covered_phase[ph] += c.exposed_us / 1e3
+    rest = exposed_total - covered
+    if abs(rest) > 1e-12:
+        share = {p: max(exposed_phase[p] - covered_phase[p], 0.0) for p in PHASES}
+        tot = sum(share.values())
+        if tot > 0:
+            for p, v in share.items():
+                if v:
+                    add(("exposed_other_comm", p), rest * v / tot)
+        else:
+            add(("exposed_other_comm", "other"), rest)
+    return cells
+
+
+def _ranks_for(f: RunFacts, basis: str) -> list[RankFacts]:
+    rs = [r for r in f.rank_facts if r.steps]
+    if basis == "gpu":
+        rs = [r for r in rs if r.gpu_present] or rs
+    return rs
+
+
+def breakdown(f: RunFacts, basis: str) -> tuple[float, dict[tuple[str, str], float]]:
+    """(mean step time, cells) of a run on ``basis`` ("gpu" or "cpu"); cells sum to the step time."""
+    ranks = _ranks_for(f, basis)
+    if not ranks:
+        return 0.0, {}
+    per = [_rank_cells(r, basis) for r in ranks]
+    keys = sorted({k for c in per for k in c})
+    cells = {k: _mean([c.get(k, 0.0) for c in per]) for k in keys}
+    step = _mean([_mean([s.step_ms for s in r.steps]) for r in ranks])
+    return step, cells
+
+
+def step_time_ms(f: RunFacts) -> float | None:
+    """The step time compare and check use: mean over ranks of each rank's mean ProfilerStep span."""
+    basis = "gpu" if f.gpu_present else "cpu"
+    ranks = _ranks_for(f, basis)
+    if not ranks:
+        return None
+    return _mean([_mean([s.step_ms for s in r.steps]) for r in ranks])
+
+
+# ------------------------------------------------------------------------------------------
+# structure, findings, alignment
+# ------------------------------------------------------------------------------------------
+
+
+def _fmt_bytes(v: float | None) -> str:
+    from .fmt import mib
+
+    return mib(v)
+
+
+def _yn(v: bool | None) -> str:
+    return "unknown" if v is None else ("yes" if v else "no")
+
+
+def structure_diff(b: RunFacts, a: RunFacts) -> list[Change]:
+    """Structure and configuration of both runs, one row per fact (``changed`` marks differences)."""
+    rows: list[Change] = []
+
+    def row(key: str, label: str, fn) -> None:
+        rows.append(Change(key, label, str(fn(b)), str(fn(a))))
+
+    def dev(f: RunFacts) -> str:
+        return next((r.device_name for r in f.rank_facts if r.device_name), None) or ("GPU" if f.gpu_present else "no GPU")
+
+    row("world_size", "world size", lambda f: f.world_size if f.world_size is not None else "unknown")
+    row("ranks", "ranks analysed", lambda f: len(f.ranks))
+    row("device", "device", dev)
+    row("fsdp_version", "FSDP version", lambda f: f"FSDP{f.fsdp.version}" if f.fsdp.version else (f.fsdp.other_parallelism or "not detected"))
+    row("sharding_strategy", "sharding strategy", lambda f: f.fsdp.sharding_strategy or "unknown")
+    row("unit_count", "FSDP units", lambda f: f.fsdp.unit_count)
+    row("backward_prefetch", "backward prefetch", lambda f: f.fsdp.backward_prefetch or "unknown")
+    row("forward_prefetch", "forward prefetch", lambda f: _yn(f.fsdp.forward_prefetch))
+    row("reshard_after_forward", "reshard after forward", lambda f: _yn(f.fsdp.reshard_after_forward))
+    row("cpu_offload", "CPU offload", lambda f: "yes" if f.fsdp.cpu_offload.detected else "no")
+    row("mixed_precision", "low-precision all-gathers", lambda f: _yn(f.fsdp.mixed_precision))
+    kinds = sorted({c.kind for f in (b, a) for c in f.collectives} | {k for f in (b, a) for k in f.fsdp.collective_dtypes})
+    for k in kinds:
+        row(f"dtype.{k}", f"{k.replace('_', '-')} dtype", lambda f, k=k: ", ".join(sorted(f.fsdp.collective_dtypes.get(k, []))) or _dtypes_of(f, k))
+    for k in kinds:
+        row(f"count.{k}", f"{k.replace('_', '-')} per step", lambda f, k=k: _coll_count(f, k))
+        row(f"bytes.{k}", f"bytes per {k.replace('_', '-')}", lambda f, k=k: _coll_bytes(f, k))
+    row("step_method", "steps found by", lambda f: f.steps.method or "–")
+    return rows
+
+
+def _stats(f: RunFacts, kind: str):
+    return next((c for c in f.collectives if c.kind == kind), None)
+
+
+def _dtypes_of(f: RunFacts, kind: str) -> str:
+    c = _stats(f, kind)
+    return ", ".join(sorted(c.dtypes)) if c and c.dtypes else "–"
+
+
+def _coll_count(f: RunFacts, kind: str) -> str:
+    c = _stats(f, kind)
+    return "0" if c is None else f"{c.count_per_step:.1f}"
+
+
+def _coll_bytes(f: RunFacts, kind: str) -> str:
+    c = _stats(f, kind)
+    if c is None or c.bytes_per_step is None or not c.count_per_step:
+        return "–"
+    return _fmt_bytes(c.bytes_per_step / c.count_per_step)
+
+
+def findings_diff(before: list[Finding], after: list[Finding]) -> list[FindingChange]:
+    """Findings by slug: appeared (only after), disappeared (only before), persisting."""
+    bmap = {f.slug: f for f in before}
+    amap = {f.slug: f for f in after}
+    out = []
+    for f in after:
+        st = "persisting" if f.slug in bmap else "appeared"
+        sb = bmap[f.slug].est_saving_ms if f.slug in bmap else None
+        out.append(FindingChange(f.slug, f.code, f.severity, st, f.summary, sb, f.est_saving_ms, dict(f.fix)))
+    for f in before:
+        if f.slug not in amap:
+            out.append(FindingChange(f.slug, f.code, f.severity, "disappeared", f.summary, f.est_saving_ms, None, dict(f.fix)))
+    return out
+
+
+def _rank_rows(b: RunFacts, a: RunFacts, basis: str) -> list[RankRow]:
+    bm = {r.rank: r for r in b.rank_facts}
+    am = {r.rank: r for r in a.rank_facts}
+
+    def m(r: RankFacts | None, attr: str) -> float | None:
+        if r is None or not r.steps:
+            return None
+        return _mean([getattr(s, attr) for s in r.steps])
+
+    rows = []
+    for k in sorted(set(bm) | set(am)):
+        rb, ra = bm.get(k), am.get(k)
+        row = RankRow(k, m(rb, "step_ms"), m(ra, "step_ms"))
+        if basis == "gpu":
+            row.compute_before_ms, row.compute_after_ms = m(rb, "compute_ms"), m(ra, "compute_ms")
+            row.exposed_before_ms, row.exposed_after_ms = m(rb, "exposed_comm_ms"), m(ra, "exposed_comm_ms")
+        rows.append(row)
+    return rows
+
+
+def _unit_rows(b: RunFacts, a: RunFacts) -> list[UnitRow]:
+    bu = {u.fqn: u for u in b.fsdp.units}
+    au = {u.fqn: u for u in a.fsdp.units}
+    order = [u.fqn for u in a.fsdp.units] + [u.fqn for u in b.fsdp.units if u.fqn not in au]
+    rows = []
+    for fqn in order:
+        ub, ua = bu.get(fqn), au.get(fqn)
+        status = "both" if ub and ua else ("added" if ua else "removed")
+
+        def g(u, fn):
+            return None if u is None else fn(u)
+
+        rows.append(
+            UnitRow(
+                fqn,
+                status,
+                (g(ub, lambda u: u.forward_all_gathers + u.backward_all_gathers), g(ua, lambda u: u.forward_all_gathers + u.backward_all_gathers)),
+                (g(ub, lambda u: u.all_gather_bytes), g(ua, lambda u: u.all_gather_bytes)),
+                (g(ub, lambda u: u.reduce_scatter_bytes), g(ua, lambda u: u.reduce_scatter_bytes)),
+                (
+                    g(ub, lambda u: u.all_gather_exposed_ms + u.reduce_scatter_exposed_ms),
+                    g(ua, lambda u: u.all_gather_exposed_ms + u.reduce_scatter_exposed_ms),
+                ),
+            )
+        )
+    return rows
+
+
+def _collective_groups(f: RunFacts) -> dict[tuple[str, str, str], tuple[float, float | None, float]]:
+    """(unit, phase, kind) → (count, bytes, exposed ms) per step, mean over ranks."""
+    per_rank: list[dict[tuple[str, str, str], list[float]]] = []
+    for r in f.rank_facts:
+        n = len(r.steps)
+        if not n:
+            continue
+        d: dict[tuple[str, str, str], list[float]] = {}
+        for c in r.collectives:
+            if not 0 <= c.step < n:
+                continue
+            key = (c.unit if c.unit is not None else "?", c.phase, c.kind)
+            acc = d.setdefault(key, [0.0, 0.0, 0.0, 0.0])  # count, bytes, exposed ms, known-bytes count
+            acc[0] += 1 / n
+            if c.bytes is not None:
+                acc[1] += c.bytes / n
+                acc[3] += 1
+            acc[2] += c.exposed_us / 1e3 / n
+        per_rank.append(d)
+    keys = {k for d in per_rank for k in d}
+    out = {}
+    for k in keys:
+        vals = [d.get(k, [0.0, 0.0, 0.0, 0.0]) for d in per_rank]
+        known = any(v[3] for v in vals)
+        out[k] = (_mean([v[0] for v in vals]), _mean([v[1] for v in vals]) if known else None, _mean([v[2] for v in vals]))
+    return out
+
+
+def _collective_rows(b: RunFacts, a: RunFacts) -> list[CollectiveRow]:
+    gb, ga = _collective_groups(b), _collective_groups(a)
+    phase_order = {p: i for i, p in enumerate(PHASES)}
+    rows = []
+    for k in sorted(set(gb) | set(ga), key=lambda k: (phase_order.get(k[1], 9), k[2], k[0])):
+        vb, va = gb.get(k, (0.0, None, 0.0)), ga.get(k, (0.0, None, 0.0))
+        rows.append(CollectiveRow(k[0], k[1], k[2], (vb[0], va[0]), (vb[1], va[1]), (vb[2], va[2])))
+    return rows
+
+
+def _alignment(b: RunFacts, a: RunFacts) -> dict[str, Any]:
+    rb, ra = set(b.ranks), set(a.ranks)
+    ub, ua = {u.fqn for u in b.fsdp.units}, {u.fqn for u in a.fsdp.units}
+
+    def steps(f: RunFacts) -> dict[str, list[int]]:
+        return {str(r.rank): [s.number for s in r.steps] for r in f.rank_facts}
+
+    return {
+        "ranks": {"common": sorted(rb & ra), "only_before": sorted(rb - ra), "only_after": sorted(ra - rb)},
+        "steps": {"before": steps(b), "after": steps(a), "note": "steps are averaged per rank, then over ranks; step numbers need not match"},
+        "units": {"common": sorted(ub & ua), "only_before": sorted(ub - ua), "only_after": sorted(ua - ub)},
+    }
+
+
+# ------------------------------------------------------------------------------------------
+# causes
+# ------------------------------------------------------------------------------------------
+
+
+def _dtype_changed(b: RunFacts, a: RunFacts) -> bool:
+    if b.fsdp.mixed_precision is not None and a.fsdp.mixed_precision is not None and b.fsdp.mixed_precision != a.fsdp.mixed_precision:
+        return True
+    kinds = set(b.fsdp.collective_dtypes) & set(a.fsdp.collective_dtypes)
+    return any(sorted(b.fsdp.collective_dtypes[k]) != sorted(a.fsdp.collective_dtypes[k]) for k in kinds)
+
+
+def _claims_for(slug: str, basis: str, b: RunFacts, a: RunFacts) -> list[tuple[str, str | None]]:
+    claims = list(CLAIMS.get(slug, {}).get(basis, []))
+    if slug == "no-mixed-precision-collectives" and basis == "gpu" and _dtype_changed(b, a):
+        claims.append(("compute", None))
+    return claims
+
+
+# a finding about a configuration explains a change only when that configuration changed;
+# otherwise it appeared or disappeared by crossing a threshold (structure_diff keys)
+CORROBORATED_BY: dict[str, tuple[str, ...]] = {
+    "missing-backward-prefetch": ("backward_prefetch", "fsdp_version"),
+    "auto-wrap-too-coarse": ("unit_count",),
+    "auto-wrap-too-fine": ("unit_count",),
+    "no-mixed-precision-collectives": ("mixed_precision", "dtype."),
+    "cpu-offload-stall": ("cpu_offload",),
+    "fsdp-not-detected": ("fsdp_version",),
+}
+
+
+def _corroborated(slug: str, structure: list[Change]) -> bool:
+    keys = CORROBORATED_BY.get(slug)
+    if keys is None:
+        return True  # a measured finding: its appearance is the evidence
+    return any(
+        s.changed and _known(s.before) and _known(s.after) and any(s.key == k or (k.endswith(".") and s.key.startswith(k)) for k in keys)
+        for s in structure
+    )
+
+
+def _known(v: str) -> bool:
+    return v not in ("", "–", "unknown", "None")
+
+
+def _rank_causes(
+    cells: dict[tuple[str, str], tuple[float, float]],
+    changes: list[FindingChange],
+    basis: str,
+    b: RunFacts,
+    a: RunFacts,
+    total_delta: float,
+    structure: list[Change],
+) -> list[Cause]:
+    remaining = dict(cells)
+    taken_by: dict[tuple[str, str], str] = {}
+    candidates = [fc for fc in changes if fc.status in ("appeared", "disappeared")]
+    order = {s: i for i, s in enumerate(CLAIM_ORDER)}
+    candidates.sort(key=lambda fc: (order.get(fc.slug, len(order)), fc.status != "appeared"))
+    causes: list[Cause] = []
+    for fc in candidates:
+        claims = _claims_for(fc.slug, basis, b, a)
+        corroborated = _corroborated(fc.slug, structure)
+        mine = [k for k in cells if any(k[0] == comp and (ph is None or k[1] == ph) for comp, ph in claims)]
+        # a finding that appeared explains parts that grew; one that went away, parts that shrank
+        want = 1.0 if fc.status == "appeared" else -1.0
+        taken = [k for k in mine if k in remaining and want * (cells[k][1] - cells[k][0]) > 0] if corroborated else []
+        delta = sum(remaining[k][1] - remaining[k][0] for k in taken)
+        for k in taken:
+            del remaining[k]
+            taken_by[k] = fc.slug
+        note = ""
+        if not corroborated:
+            note = f"{fc.status} without a change in the configuration it is about (a threshold was crossed): no share of the delta given to it"
+        elif not claims:
+            note = "no part of the step time is attributed to this finding"
+        elif fc.slug == "no-mixed-precision-collectives" and any(k[0] == "compute" for k in taken):
+            note = "includes compute: FSDP's param_dtype is also the dtype the layers compute in, and it changed between the runs"
+        elif mine and not taken:
+            others = sorted({taken_by[k] for k in mine if k in taken_by})
+            if others:
+                note = "its parts of the step time are already counted under " + ", ".join(others)
+            else:
+                note = "the parts of the step time it explains did not " + ("grow" if want > 0 else "shrink")
+        causes.append(
+            Cause(
+                slug=fc.slug,
+                kind="finding",
+                delta_ms=delta,
+                summary=fc.summary,
+                status=fc.status,
+                severity=fc.severity,
+                est_saving_ms=fc.est_saving_after_ms if fc.status == "appeared" else fc.est_saving_before_ms,
+                parts=[f"{c}@{p}" for c, p in sorted(taken)],
+                fix=fc.fix if fc.status == "appeared" else {},
+                corroborated=corroborated,
+                note=note,
+            )
+        )
+    by_comp: dict[str, list[tuple[str, str]]] = {}
+    for k in remaining:
+        by_comp.setdefault(k[0], []).append(k)
+    for comp, keys in by_comp.items():
+        delta = sum(remaining[k][1] - remaining[k][0] for k in keys)
+        causes.append(
+            Cause(
+                slug=comp,
+                kind="component",
+                delta_ms=delta,
+                summary=f"{LABELS.get(comp, comp)} {'+' if delta >= 0 else '−'}{abs(delta):.2f} ms per step",
+                parts=[f"{c}@{p}" for c, p in sorted(keys)],
+                hint=HINTS.get(comp, ""),
+            )
+        )
+    sign = 1.0 if total_delta >= 0 else -1.0
+    sev = {s: i for i, s in enumerate(SEVERITIES)}
+    if basis == "gpu":
+        causes.sort(key=lambda c: -sign * c.delta_ms)
+    else:
+        # CPU-only: a corroborated finding that appeared (then one that disappeared) outranks
+        # the phase times, which do not show FSDP's overlap; findings about a configuration
+        # that changed come first
+        def key(c: Cause):
+            if c.kind == "finding" and c.corroborated:
+                about_config = 0 if c.slug in CORROBORATED_BY else 1
+                return (0 if c.status == "appeared" else 1, about_config, sev.get(c.severity or "", 9), -sign * c.delta_ms)
+            return (2, 0, 0, -sign * c.delta_ms)
+
+        causes.sort(key=key)
+    return causes
+
+
+# ------------------------------------------------------------------------------------------
+# entry point
+# ------------------------------------------------------------------------------------------
+
+
+def compare(
+    before: RunFacts,
+    after: RunFacts,
+    before_findings: list[Finding] | None = None,
+    after_findings: list[Finding] | None = None,
+    *,
+    before_label: str = "before",
+    after_label: str = "after",
+) -> Comparison:
+    """Compare two runs. Findings default to running the rules on each RunFacts."""
+    if before_findings is None or after_findings is None:
+        from .engine import run_rules
+
+        before_findings = run_rules(before) if before_findings is None else before_findings
+        after_findings = run_rules(after) if after_findings is None else after_findings
+    notes: list[str] = []
+    basis = "gpu" if before.gpu_present and after.gpu_present else "cpu"
+    if basis == "cpu" and (before.gpu_present or after.gpu_present):
+        notes.append("only one run has a GPU timeline: both are compared on CPU phase times")
+    sb, cb = breakdown(before, basis)
+    sa, ca = breakdown(after, basis)
+    if not before.rank_facts or not any(r.steps for r in before.rank_facts):
+        notes.append(f"{before_label}: no steps found, step time taken as 0")
+    if not after.rank_facts or not any(r.steps for r in after.rank_facts):
+        notes.append(f"{after_label}: no steps found, step time taken as 0")
+    names = GPU_COMPONENTS if basis == "gpu" else CPU_COMPONENTS
+    phase_order = {p: i for i, p in enumerate((*PHASES, ALL))}
+    keys = sorted(set(cb) | set(ca), key=lambda k: (names.index(k[0]) if k[0] in names else 99, phase_order.get(k[1], 99)))
+    components = [Component(k[0], k[1], cb.get(k, 0.0), ca.get(k, 0.0)) for k in keys]
+    cells = {k: (cb.get(k, 0.0), ca.get(k, 0.0)) for k in keys}
+
+    # per-phase view: CPU phase durations and, on GPU runs, exposed comm by kind
+    def phase_ms(f: RunFacts, p: str) -> float | None:
+        ranks = _ranks_for(f, basis)
+
+        def one(s) -> float:
+            if p == "other":  # the rest of the step outside forward, backward and optimizer
+                return s.step_ms - sum(s.phase_ms.get(q, 0.0) for q in ("forward", "backward", "optimizer"))
+            return s.phase_ms.get(p, 0.0)
+
+        vals = [_mean([one(s) for s in r.steps]) for r in ranks]
+        return _mean(vals) if vals else None
+
+    phases = []
+    for p in PHASES:
+        pr = PhaseRow(p, phase_ms(before, p), phase_ms(after, p))
+        if basis == "gpu":
+            pr.exposed_delta_ms = {c: cells.get((c, p), (0.0, 0.0))[1] - cells.get((c, p), (0.0, 0.0))[0] for c in EXPOSED}
+        phases.append(pr)
+    if basis == "gpu":
+        notes.append("compute, memcpy and idle are per step only: RunFacts does not split GPU compute or idle by phase")
+    else:
+        notes.append("no GPU timeline in " + ("either run" if not (before.gpu_present or after.gpu_present) else "one run") + ": the GPU split (compute / exposed comm / idle) is unavailable")
+
+    fchanges = findings_diff(before_findings, after_findings)
+    structure = structure_diff(before, after)
+    causes = _rank_causes(cells, fchanges, basis, before, after, sa - sb, structure)
+    delta = sa - sb
+    any_finding_change = any(fc.status != "persisting" for fc in fchanges)
+    primary = None
+    if causes and (any_finding_change or (sb and abs(delta) / sb >= 0.01) or (not sb and abs(delta) > 0)):
+        primary = causes[0].slug
+    return Comparison(
+        before_label=before_label,
+        after_label=after_label,
+        basis=basis,
+        basis_text=GPU_BASIS if basis == "gpu" else CPU_BASIS,
+        step_before_ms=sb,
+        step_after_ms=sa,
+        components=components,
+        phases=phases,
+        structure=structure,
+        findings=fchanges,
+        causes=causes,
+        primary_cause=primary,
+        ranks=_rank_rows(before, after, basis),
+        units=_unit_rows(before, after),
+        collectives=_collective_rows(before, after),
+        alignment=_alignment(before, after),
+        notes=notes,
+        fsdp_versions=(before.fsdp.version, after.fsdp.version),
+    )
+
+
+# ------------------------------------------------------------------------------------------
+# loading inputs (shared with check)
+# ------------------------------------------------------------------------------------------
+
+
+@dataclass
+class LoadedRun:
+    facts: RunFacts
+    findings: list[Finding]
+    label: str
+    source: str  # "traces" or "saved facts"
+
+
+def is_saved_facts(path: str) -> bool:
+    """True for a ``.json`` file holding fsdpdoctor facts/report JSON (not a Kineto trace)."""
+
+    p = Path(path)
+    if p.suffix.lower() != ".json" or not p.is_file():
+        return False
+    try:
+        with open(p, "rb") as fh:
+            head = fh.read(65536)
+    except OSError:
+        return False
+    return b'"schema_version"' in head or b'"rank_facts"' in head
+
+
+def load_run(
+    paths: str | list[str], config: dict[str, Any] | None = None, jobs: int | None = None, memory: list | None = None
+) -> LoadedRun:
+    """Anything ``analyze`` accepts, or one saved facts/report JSON (``analyze --save-baseline``).
+
+    Saved files bring their own findings (the report JSON's top-level ``findings``); a bare
+    RunFacts JSON has none, so the rules run on its facts. Raises InputError for bad input.
+    """
+    from .errors import InputError
+
+    items = [paths] if isinstance(paths, str) else [str(p) for p in paths]
+    label = " ".join(items)
+    if len(items) == 1 and is_saved_facts(items[0]):
+        path = items[0]
+        facts = RunFacts.load(path)
+        raw = msgspec.json.decode(Path(path).read_bytes())
+        if isinstance(raw, dict) and isinstance(raw.get("findings"), list):
+            try:
+                findings = msgspec.convert(raw["findings"], list[Finding])
+            except msgspec.ValidationError as exc:
+                raise InputError(path, f"its findings do not match the schema ({exc})") from None
+        else:
+            from .engine import run_rules
+
+            findings = run_rules(facts, config)
+        return LoadedRun(facts, findings, label, "saved facts")
+    from .api import analyze
+
+    report = analyze(items, memory=memory or None, config=config, jobs=jobs)
+    return LoadedRun(report.facts, report.findings, label, "traces")

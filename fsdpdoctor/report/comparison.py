@@ -1,0 +1,300 @@
+"""Renderers for ``compare`` (Markdown, terminal). Content is built once as format-neutral
+tables (:class:`~fsdpdoctor.report.sections.Table`); each renderer only decides how to draw it."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from ..fmt import mib, ms
+from .sections import Table
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+    from ..compare import Cause, Comparison
+
+
+def dms(v: float | None, digits: int = 2) -> str:
+    """A signed duration: +1.23 ms / −0.40 ms."""
+    if v is None:
+        return "–"
+    if abs(v) < 0.5 * 10**-digits:
+        return f"{0:.{digits}f} ms"
+    return f"{'+' if v > 0 else '−'}{abs(v):.{digits}f} ms"
+
+
+def dpct(v: float | None) -> str:
+    if v is None:
+        return "–"
+    return f"{'+' if v > 0 else '−' if v < 0 else ''}{abs(v):.1f}%"
+
+
+def _share(c: Comparison, v: float) -> str:
+    d = c.step_time_delta_ms
+    if abs(d) <= 1e-9:
+        return "–"
+    x = 100 * v / d
+    return f"{'−' if x < -0.05 else ''}{abs(x):.1f}%"
+
+
+def headline(c: Comparison) -> str:
+    return (
+        f"Step time {ms(c.step_before_ms)} → {ms(c.step_after_ms)} "
+        f"({dms(c.step_time_delta_ms)}, {dpct(c.step_time_delta_pct)})"
+    )
+
+
+def primary_sentence(c: Comparison) -> str:
+    p = c.primary
+    if p is None:
+        return (
+            f"No significant change: the step time moved by less than 1% ({dms(c.step_time_delta_ms)}) and no finding "
+            "appeared or disappeared; how its parts moved is shown below."
+        )
+    share = _share(c, p.delta_ms)
+    if p.kind == "finding":
+        verb = "appeared" if p.status == "appeared" else "went away"
+        s = f"Primary cause: `{p.slug}` ({p.severity}, {verb}) — {p.summary}"
+        if abs(c.step_time_delta_ms) > 1e-9:
+            s += f" It accounts for {dms(p.delta_ms)} of the {dms(c.step_time_delta_ms)} change ({share})."
+        if p.est_saving_ms:
+            s += f" The rule estimates {ms(p.est_saving_ms)} per step for it."
+        if c.basis == "cpu":
+            s += (
+                " (CPU-only traces: the primary cause is the configuration finding that changed, because a CPU "
+                "step time does not show how much communication the GPU would hide.)"
+            )
+        return s
+    from ..compare import LABELS
+
+    return (
+        f"Primary cause: `{p.slug}` — {LABELS.get(p.slug, p.slug)} changed by {dms(p.delta_ms)} per step ({share} of the change); "
+        "no finding that appeared or went away explains it. " + p.hint
+    )
+
+
+def causes_table(c: Comparison, compact: bool = False) -> Table:
+    from ..compare import LABELS
+
+    rows = []
+    for k in c.causes:
+        if k.kind == "component" and abs(k.delta_ms) < 0.005 and k.slug != c.primary_cause:
+            continue
+        if compact:
+            what = f"finding {k.status}" if k.kind == "finding" else LABELS.get(k.slug, k.slug)
+            if k.kind == "finding" and not k.corroborated:
+                what += " (threshold crossed, configuration unchanged)"
+            elif k.kind == "finding" and k.note.startswith("its parts"):
+                what += " (" + k.note.replace("its parts of the step time are already counted under", "counted under") + ")"
+        else:
+            what = k.summary if k.kind == "component" else f"{k.status}: {k.summary}"
+            if k.note:
+                what += f" ({k.note})"
+        rows.append([str(len(rows) + 1), k.slug, dms(k.delta_ms), _share(c, k.delta_ms), what])
+    return Table(
+        "Causes, largest first",
+        ["#", "cause", "Δ per step", "share of Δ", "what"],
+        rows,
+        "findings take the parts of the step they explain; the rest stays with the parts. The causes add up to the total change.",
+    )
+
+
+def parts_table(c: Comparison) -> Table:
+    from ..compare import LABELS
+
+    rows = []
+    for name, (b, a) in c.component_totals().items():
+        rows.append([LABELS.get(name, name), ms(b), ms(a), dms(a - b), _share(c, a - b)])
+    rows.append(["step time", ms(c.step_before_ms), ms(c.step_after_ms), dms(c.step_time_delta_ms), "100%" if c.step_time_delta_ms else "–"])
+    rows.append(["sum of the parts", "", "", dms(c.components_sum_ms, 3), ""])
+    title = "Where the step time went (mean per step)" + (" — GPU split" if c.basis == "gpu" else " — CPU phases, no GPU timeline")
+    return Table(title, ["part", "before", "after", "Δ", "share of Δ"], rows)
+
+
+def phase_table(c: Comparison) -> Table | None:
+    if c.basis != "gpu":
+        return None  # the parts table already is the split by phase
+    rows = []
+    for p in c.phases:
+        cpu = "–" if p.cpu_before_ms is None else f"{ms(p.cpu_before_ms)} → {ms(p.cpu_after_ms)}"
+        row = [p.phase if p.phase != "other" else "other (rest of the step)", cpu]
+        if c.basis == "gpu":
+            row += [dms(p.exposed_delta_ms.get(k, 0.0)) for k in ("exposed_all_gather", "exposed_reduce_scatter", "exposed_other_comm")]
+        rows.append(row)
+    headers = ["phase", "CPU time (launch side)"]
+    if c.basis == "gpu":
+        headers += ["Δ exposed AG", "Δ exposed RS", "Δ other comm"]
+    note = "compute, memcpy and idle are not split by phase in RunFacts" if c.basis == "gpu" else ""
+    return Table("By phase (per step)", headers, rows, note)
+
+
+def structure_table(c: Comparison) -> Table:
+    rows = [[s.label, s.before, s.after] for s in c.structure if s.changed]
+    added = [u.fqn or "(root)" for u in c.units if u.status == "added"]
+    removed = [u.fqn or "(root)" for u in c.units if u.status == "removed"]
+    if added:
+        rows.append(["units only after", "", _names(added)])
+    if removed:
+        rows.append(["units only before", _names(removed), ""])
+    return Table("What changed in structure and configuration", ["", "before", "after"], rows, "" if rows else "nothing: same structure and configuration")
+
+
+def _names(xs: list[str], limit: int = 6) -> str:
+    return ", ".join(xs[:limit]) + (f" … (+{len(xs) - limit})" if len(xs) > limit else "")
+
+
+def findings_table(c: Comparison) -> Table:
+    order = {"appeared": 0, "disappeared": 1, "persisting": 2}
+    rows = []
+    for f in sorted(c.findings, key=lambda f: order[f.status]):
+        rows.append([f.status, f"{f.code} {f.slug}", f.severity, f"{ms(f.est_saving_before_ms)} → {ms(f.est_saving_after_ms)}"])
+    return Table("Findings", ["", "finding", "severity", "est. saving/step before → after"], rows, "" if rows else "no findings in either run")
+
+
+def ranks_table(c: Comparison) -> Table | None:
+    if len(c.ranks) < 2:
+        return None
+    rows = []
+    for r in c.ranks:
+        d = None if r.step_before_ms is None or r.step_after_ms is None else r.step_after_ms - r.step_before_ms
+        row = [str(r.rank), ms(r.step_before_ms), ms(r.step_after_ms), dms(d)]
+        if c.basis == "gpu":
+            dc = None if r.compute_before_ms is None or r.compute_after_ms is None else r.compute_after_ms - r.compute_before_ms
+            de = None if r.exposed_before_ms is None or r.exposed_after_ms is None else r.exposed_after_ms - r.exposed_before_ms
+            row += [dms(dc), dms(de)]
+        rows.append(row)
+    headers = ["rank", "step before", "step after", "Δ step"] + (["Δ compute", "Δ exposed comm"] if c.basis == "gpu" else [])
+    return Table("Per rank", headers, rows)
+
+
+def collectives_table(c: Comparison, limit: int = 16) -> Table | None:
+    def changed(r) -> bool:
+        return abs(r.count[0] - r.count[1]) > 1e-6 or r.bytes[0] != r.bytes[1] or abs(r.exposed_ms[0] - r.exposed_ms[1]) >= 0.005
+
+    rows_src = [r for r in c.collectives if changed(r)]
+    if not rows_src:
+        return None
+    rows_src.sort(key=lambda r: -abs(r.exposed_ms[1] - r.exposed_ms[0]))
+    rows = []
+    for r in rows_src[:limit]:
+        rows.append(
+            [
+                r.unit or "(root)",
+                r.phase,
+                r.kind.replace("_", "-"),
+                f"{r.count[0]:.1f} → {r.count[1]:.1f}",
+                f"{mib(r.bytes[0])} → {mib(r.bytes[1])}",
+                f"{ms(r.exposed_ms[0])} → {ms(r.exposed_ms[1])}" if c.basis == "gpu" else "–",
+            ]
+        )
+    note = f"… and {len(rows_src) - limit} more changed groups" if len(rows_src) > limit else ""
+    return Table("Collectives that changed (by unit, phase and kind; per step, mean over ranks)", ["unit", "phase", "kind", "count", "bytes", "exposed"], rows, note)
+
+
+def all_tables(c: Comparison, compact: bool = False) -> list[Table]:
+    ts = [
+        causes_table(c, compact),
+        parts_table(c),
+        phase_table(c),
+        structure_table(c),
+        findings_table(c),
+        ranks_table(c) if not compact or len(c.ranks) <= 8 else None,
+        collectives_table(c, 8 if compact else 16),
+    ]
+    return [t for t in ts if t is not None]
+
+
+# ------------------------------------------------------------------------------------------
+# Markdown
+# ------------------------------------------------------------------------------------------
+
+
+def _md_table(t: Table, level: str = "###") -> str:
+    def esc(s: str) -> str:
+        return s.replace("|", "\\|").replace("\n", " ")
+
+    out = [f"{level} {t.title}", ""]
+    if t.rows:
+        out += ["| " + " | ".join(t.headers) + " |", "|" + "---|" * len(t.headers)]
+        out += ["| " + " | ".join(esc(x) for x in row) + " |" for row in t.rows]
+    if t.note:
+        out += ["", f"_{t.note}_"]
+    return "\n".join(out)
+
+
+def preferred_fix(c: Comparison, p: Cause) -> list[tuple[str, str]]:
+    """The fix flavours of a cause, the one for the run's FSDP version first."""
+    v = c.fsdp_versions[1] if p.status == "appeared" else c.fsdp_versions[0]
+    first = f"fsdp{v}" if v else None
+    items = list(p.fix.items())
+    items.sort(key=lambda kv: 0 if kv[0] == first else (1 if kv[0] == "any" else 2))
+    return items
+
+
+def _md_fix(c: Comparison, p: Cause) -> list[str]:
+    out = []
+    for flavour, code in preferred_fix(c, p):
+        out += ["", f"**Fix ({flavour}):**", "", "```python", code.rstrip(), "```"]
+    return out
+
+
+def render_markdown(c: Comparison) -> str:
+    lines = [f"# {headline(c)}", ""]
+    lines.append(f"Compared **before** `{c.before_label}` with **after** `{c.after_label}`.")
+    lines.append("")
+    lines.append(primary_sentence(c))
+    p = c.primary
+    if p is not None and p.fix:
+        lines += _md_fix(c, p)
+    lines.append("")
+    for t in all_tables(c):
+        lines.append(_md_table(t, "##"))
+        lines.append("")
+    lines.append("## How these numbers are defined")
+    lines.append("")
+    lines.append(c.basis_text[0].upper() + c.basis_text[1:] + ".")
+    lines += [f"- {n}" for n in c.notes]
+    lines.append("")
+    return "\n".join(lines)
+
+
+# ------------------------------------------------------------------------------------------
+# terminal
+# ------------------------------------------------------------------------------------------
+
+
+def render_terminal(c: Comparison, console: Console) -> None:
+    from rich import box
+    from rich.panel import Panel
+    from rich.table import Table as RichTable
+    from rich.text import Text
+
+    head = RichTable.grid(padding=(0, 2))
+    head.add_column(style="bold")
+    head.add_column()
+    head.add_row("Before", Text(c.before_label))
+    head.add_row("After", Text(c.after_label))
+    d = c.step_time_delta_ms
+    style = "bold red" if d > 0 and (c.step_time_delta_pct or 0) >= 1 else ("bold green" if d < 0 else "")
+    head.add_row("Step time", Text(f"{ms(c.step_before_ms)} → {ms(c.step_after_ms)}  ({dms(d)}, {dpct(c.step_time_delta_pct)})", style=style))
+    head.add_row("Primary cause", Text(c.primary_cause or "none (no significant change)", style="bold"))
+    console.print(Panel(head, title="fsdpdoctor compare", title_align="left"))
+    console.print(Text(primary_sentence(c)))
+    p = c.primary
+    if p is not None and p.fix:
+        flavour, code = preferred_fix(c, p)[0]
+        console.print(Text(f"Fix ({flavour}):", style="bold"))
+        console.print(Text(code.rstrip(), style="cyan"))
+    for t in all_tables(c, compact=True):
+        if not t.rows:
+            console.print(Text(f"{t.title}: {t.note}"))
+            continue
+        rt = RichTable(title=t.title, title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False, caption=t.note or None)
+        for i, h in enumerate(t.headers):
+            rt.add_column(h, justify="right" if h.startswith(("Δ", "share", "before", "after", "step")) else "left", overflow="fold")
+        for row in t.rows:
+            rt.add_row(*[Text(x) for x in row])
+        console.print(rt)
+    console.print(Text(f"basis: {c.basis_text}", style="dim"))
+    for n in c.notes:
+        console.print(Text(f"note: {n}", style="dim"))

@@ -1,0 +1,841 @@
+"""HTML: one self-contained page (plotly.js inlined once, no network) with the ticket and charts.
+
+Sections: the headline and findings (as in the terminal, with evidence and fixes), the per-step
+GPU time breakdown of every rank, a zoomable GPU timeline of one step of one rank (from
+:mod:`fsdpdoctor.analysis.timeline_extract`), per-unit collective bytes and exposed time, memory
+at the peak (when a snapshot was given), the detail tables of :mod:`.sections`, and the notes.
+:func:`render_comparison` draws ``compare``'s step-time delta as a waterfall.
+
+Every string that comes from a trace (module names, kernel names, paths) is escaped: with
+:func:`html.escape` in the page, and by plotly's JSON encoder (``<`` as ``\\u003c``) in figures.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import math
+import re
+from typing import TYPE_CHECKING, Any, Iterable
+
+import plotly.graph_objects as go
+import plotly.io as pio
+from plotly.offline import get_plotlyjs
+from plotly.subplots import make_subplots
+
+from .. import __version__
+from ..fmt import mib, ms
+from .sections import Table, all_tables, headline
+
+if TYPE_CHECKING:
+    from ..analysis.timeline_extract import StepTimeline
+    from ..api import Report
+
+__all__ = ["render", "render_comparison", "TITLES"]
+
+# One colour per meaning, shared by every chart (and the legend of each).
+COLORS = {
+    "compute": "#4C78A8",
+    "all_gather": "#54A24B",
+    "reduce_scatter": "#F58518",
+    "all_reduce": "#B279A2",
+    "all_to_all": "#72B7B2",
+    "send_recv": "#EECA3B",
+    "broadcast": "#FF9DA6",
+    "barrier": "#9D755D",
+    "other_comm": "#9D755D",
+    "memcpy": "#79706E",
+    "other": "#BAB0AC",
+    "idle": "#E3E3E3",
+    "exposed": "#E45756",
+    "cpu_step": "#333333",
+    "forward": "#A0CBE8",
+    "backward": "#FFBE7D",
+    "optimizer": "#D4A6C8",
+    "other_phase": "#EEEEEE",
+    "allocated": "#3D5A80",
+    "reserved": "#E45756",
+}
+MEMORY_COLORS = {
+    "parameters_sharded": "#4C78A8",
+    "parameters_unsharded": "#A0CBE8",
+    "gradients": "#F58518",
+    "optimizer_state": "#B279A2",
+    "activations": "#54A24B",
+    "temporary": "#8CD17D",
+    "allgather_buffers": "#72B7B2",
+    "reduce_scatter_buffers": "#FFBE7D",
+    "other": "#BAB0AC",
+}
+SEVERITY_COLORS = {"critical": "#C62828", "warning": "#E08A00", "info": "#1565C0"}
+
+#: Section and chart titles (tests and users look for these).
+TITLES = {
+    "findings": "Findings",
+    "steps": "Where each step's GPU time goes, per rank",
+    "timeline": "GPU timeline of one step",
+    "units": "FSDP units: all-gather / reduce-scatter bytes and exposed time",
+    "memory": "Memory",
+    "memory_stack": "Memory at the peak by category",
+    "memory_curve": "Allocated and reserved memory over time",
+    "details": "Details",
+    "notes": "Notes",
+    "compare": "Step-time change from before to after",
+}
+
+PLOT_CONFIG = {"displaylogo": False, "responsive": True, "scrollZoom": False}
+MAX_UNIT_LINES = 400  # vertical unit-boundary lines on the timeline (shapes are slow beyond that)
+
+CSS = """
+:root { --fg:#1f2328; --muted:#59636e; --line:#d1d9e0; --bg:#ffffff; --code:#f6f8fa; }
+* { box-sizing: border-box; }
+body { font: 14px/1.5 -apple-system, "Segoe UI", Helvetica, Arial, sans-serif; color: var(--fg);
+       background: var(--bg); margin: 0; }
+main { max-width: 1360px; margin: 0 auto; padding: 24px 28px 64px; }
+h1 { font-size: 26px; margin: 0 0 4px; }
+h2 { font-size: 20px; margin: 36px 0 8px; padding-bottom: 4px; border-bottom: 1px solid var(--line); }
+h3 { font-size: 16px; margin: 18px 0 6px; }
+.sub { color: var(--muted); margin: 0 0 16px; }
+table { border-collapse: collapse; margin: 6px 0 14px; }
+th, td { padding: 4px 10px; border-bottom: 1px solid var(--line); text-align: right; vertical-align: top; }
+th:first-child, td:first-child, th:nth-child(2), td:nth-child(2) { text-align: left; }
+th { background: #f6f8fa; font-weight: 600; }
+th.text, td.text { text-align: left; }
+table.headline th { background: none; text-align: left; padding-right: 18px; white-space: nowrap; }
+table.headline td { text-align: left; }
+.finding { border: 1px solid var(--line); border-left: 6px solid var(--sev); border-radius: 6px;
+           padding: 10px 16px; margin: 12px 0; }
+.finding h3 { margin: 2px 0 6px; }
+.sev { display: inline-block; color: #fff; background: var(--sev); border-radius: 4px; padding: 0 7px;
+       font-size: 12px; font-weight: 600; text-transform: uppercase; vertical-align: 2px; }
+.saving { color: var(--muted); font-weight: normal; }
+.finding h4 { margin: 10px 0 2px; font-size: 13px; }
+pre { background: var(--code); border: 1px solid var(--line); border-radius: 6px; padding: 10px 12px;
+      overflow-x: auto; font: 12.5px/1.45 ui-monospace, SFMono-Regular, Menlo, Consolas, monospace; }
+code { font: 12.5px ui-monospace, SFMono-Regular, Menlo, Consolas, monospace; }
+.note { color: var(--muted); }
+.missing { background: #fff8e1; border: 1px solid #f0d48a; border-radius: 6px; padding: 8px 12px; }
+.chart { width: 100%; }
+.ok { color: #2e7d32; font-weight: 600; }
+footer { color: var(--muted); margin-top: 40px; font-size: 12px; }
+"""
+
+
+def _script_safe(js: str) -> str:
+    """JSON that cannot close or confuse the <script> element it is written into: ``<``, ``>``
+    and ``&`` only occur inside JSON strings, where their \\u escapes mean the same."""
+    return (js.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
+            .replace("\u2028", "\\u2028").replace("\u2029", "\\u2029"))
+
+
+def _e(v: Any) -> str:
+    return html.escape("" if v is None else str(v), quote=True)
+
+
+def _get(obj: Any, key: str, default: Any = None) -> Any:
+    """Attribute or key access, so dataclasses and their dict forms (saved JSON) both work."""
+    if obj is None:
+        return default
+    if isinstance(obj, dict):
+        return obj.get(key, default)
+    return getattr(obj, key, default)
+
+
+def _byte_scale(max_bytes: float) -> tuple[float, str]:
+    for div, unit in ((2**30, "GiB"), (2**20, "MiB"), (2**10, "KiB")):
+        if max_bytes >= div:
+            return float(div), unit
+    return 1.0, "B"
+
+
+def _label(kind: str) -> str:
+    return kind.replace("_", "-")
+
+
+COMM_KINDS = ("all_gather", "reduce_scatter", "all_reduce", "all_to_all", "send_recv", "broadcast", "barrier")
+
+
+def _comm_color(kind: str | None) -> str:
+    return COLORS[kind] if kind in COMM_KINDS else COLORS["other_comm"]
+
+
+# ---------------------------------------------------------------------------------------------
+# page assembly
+# ---------------------------------------------------------------------------------------------
+
+
+class _Page:
+    """Collects body HTML and figures; plotly.js goes into the head once, if any figure is drawn."""
+
+    def __init__(self) -> None:
+        self.parts: list[str] = []
+        self.figures = 0
+
+    def add(self, text: str) -> None:
+        self.parts.append(text)
+
+    def figure(self, fig: go.Figure, div_id: str) -> None:
+        """The figure as a div and a script; the JSON is made safe to sit inside <script> here
+        (not every plotly version escapes ``</script>`` in trace-derived strings)."""
+        self.figures += 1
+        fig.update_layout(template="plotly_white", font=dict(size=12))
+        data = _script_safe(pio.to_json(fig, validate=False, pretty=False))
+        config = _script_safe(json.dumps(PLOT_CONFIG))
+        height = int(fig.layout.height or 450)
+        self.parts.append(
+            f'<div class="chart"><div id="{_e(div_id)}" class="plotly-graph-div" style="height:{height}px; width:100%;">'
+            f'</div>\n<script type="text/javascript">\n(function () {{ var fig = {data};\n'
+            f'Plotly.newPlot({json.dumps(div_id)}, fig.data, fig.layout, {config}); }})();\n</script></div>'
+        )
+
+    def html(self, title: str) -> str:
+        head = [
+            "<!DOCTYPE html>",
+            '<html lang="en">',
+            "<head>",
+            '<meta charset="utf-8">',
+            '<meta name="viewport" content="width=device-width, initial-scale=1">',
+            f'<meta name="generator" content="fsdpdoctor {_e(__version__)}">',
+            f"<title>{_e(title)}</title>",
+            f"<style>{CSS}</style>",
+        ]
+        if self.figures:
+            # plotly.js, inlined once: the page must open offline (no CDN, no network)
+            head.append('<script type="text/javascript">window.PlotlyConfig = {MathJaxConfig: "local"};</script>')
+            head.append(f'<script type="text/javascript">{get_plotlyjs()}</script>')
+        head.append("</head>")
+        foot = f"<footer>fsdpdoctor {_e(__version__)} · charts: drag to zoom, double-click to reset</footer>"
+        return "\n".join(head + ["<body>", "<main>", *self.parts, foot, "</main>", "</body>", "</html>", ""])
+
+
+_NUMERIC = re.compile(r"^\s*([+\-−–]|\d|\.\d|$)")
+
+
+def _table_html(t: Table) -> str:
+    # the first two columns are labels; after them a column is numbers (right-aligned) unless
+    # some cell in it is text
+    text_col = [i < 2 or any(not _NUMERIC.match(str(r[i])) for r in t.rows if i < len(r)) for i in range(len(t.headers))]
+
+    def cls(i: int) -> str:
+        return ' class="text"' if i >= 2 and i < len(text_col) and text_col[i] else ""
+
+    out = ([f"<h3>{_e(t.title)}</h3>"] if t.title else []) + ["<table>", "<thead><tr>"]
+    out += [f"<th{cls(i)}>{_e(h)}</th>" for i, h in enumerate(t.headers)]
+    out.append("</tr></thead><tbody>")
+    for row in t.rows:
+        out.append("<tr>" + "".join(f"<td{cls(i)}>{_e(c)}</td>" for i, c in enumerate(row)) + "</tr>")
+    out.append("</tbody></table>")
+    if t.note:
+        out.append(f'<p class="note">{_e(t.note)}</p>')
+    return "\n".join(out)
+
+
+def _headline_html(pairs: Iterable[tuple[str, str]]) -> str:
+    rows = "".join(f"<tr><th>{_e(k)}</th><td>{_e(v)}</td></tr>" for k, v in pairs)
+    return f'<table class="headline">{rows}</table>'
+
+
+def _findings_html(findings: list) -> str:
+    out = [f'<h2 id="findings">{_e(TITLES["findings"])}</h2>']
+    if not findings:
+        out.append('<p class="ok">No findings.</p>')
+        return "\n".join(out)
+    for i, fd in enumerate(findings, 1):
+        color = SEVERITY_COLORS.get(fd.severity, "#555")
+        saving = f' <span class="saving">— est. saving {_e(ms(fd.est_saving_ms))}/step</span>' if fd.est_saving_ms else ""
+        out.append(f'<article class="finding" style="--sev:{color}">')
+        out.append(
+            f'<h3>{i}. <span class="sev">{_e(fd.severity)}</span> {_e(fd.code)} <code>{_e(fd.slug)}</code>{saving}</h3>'
+        )
+        out.append(f"<p>{_e(fd.summary)}</p>")
+        if fd.evidence:
+            out.append("<h4>Evidence</h4><ul>" + "".join(f"<li>{_e(ev)}</li>" for ev in fd.evidence) + "</ul>")
+        if fd.cause:
+            out.append(f"<p><b>Likely cause:</b> {_e(fd.cause)}</p>")
+        for flavour, code in fd.fix.items():
+            out.append(f"<h4>Fix ({_e(flavour)})</h4><pre><code>{_e(code.rstrip())}</code></pre>")
+        meta = [f"confidence {fd.confidence:.0%}"]
+        if fd.where:
+            meta.append("where: " + ", ".join(f"{k}={v}" for k, v in fd.where.items()))
+        out.append(f'<p class="note">{_e(" · ".join(meta))}</p>')
+        out.append("</article>")
+    return "\n".join(out)
+
+
+# ---------------------------------------------------------------------------------------------
+# charts
+# ---------------------------------------------------------------------------------------------
+
+
+def _steps_figure(f) -> tuple[go.Figure | None, str]:
+    """Stacked bars per (rank, step): compute, exposed comm by kind, exposed memcpy, idle."""
+    ranks = sorted(f.rank_facts, key=lambda r: r.rank)
+    if not any(r.steps for r in ranks):
+        return None, "No steps found."
+    multi = len(ranks) > 1
+    xr: list[str] = []
+    xs: list[str] = []
+    for r in ranks:
+        for k, s in enumerate(r.steps):
+            xr.append(f"rank {r.rank}")
+            xs.append(f"{k} (#{s.number})")
+    x = [xr, xs] if multi else xs
+    steps = [s for r in ranks for s in r.steps]
+    fig = go.Figure()
+    cpu_hover = "%{x}<br>CPU step span %{y:.3f} ms<extra></extra>"
+    if not f.gpu_present:
+        fig.add_bar(x=x, y=[s.step_ms for s in steps], name="step time (CPU ProfilerStep span)",
+                    marker_color=COLORS["cpu_step"], hovertemplate=cpu_hover)
+        note = "No GPU kernels in these traces (CPU-only run): only the CPU step time is shown."
+        fig.update_layout(yaxis_title="ms")
+    else:
+        kinds = sorted({k for s in steps for k in s.exposed_by_kind}, key=lambda k: (k == "other", k))
+        series: list[tuple[str, list[float], str]] = [("compute", [s.compute_ms for s in steps], COLORS["compute"])]
+        for kind in kinds:
+            series.append((f"exposed {_label(kind)}", [s.exposed_by_kind.get(kind, 0.0) for s in steps], _comm_color(kind)))
+        series.append(("exposed memcpy/memset", [s.memcpy_ms for s in steps], COLORS["memcpy"]))
+        series.append(("idle", [s.idle_ms for s in steps], COLORS["idle"]))
+        for name, ys, color in series:
+            fig.add_bar(x=x, y=ys, name=name, marker_color=color,
+                        hovertemplate=f"{_e(name)}: %{{y:.3f}} ms<extra></extra>")
+        fig.add_scatter(x=x, y=[s.step_ms for s in steps], name="step time (CPU span)", mode="markers",
+                        marker=dict(symbol="diamond", size=7, color=COLORS["cpu_step"]),
+                        hovertemplate=cpu_hover)
+        note = ("Per step, on the GPU activity the CPU launched in that step: compute + exposed communication "
+                "(by collective) + exposed memcpy/memset + idle = the step's GPU window. Diamonds: the CPU "
+                "ProfilerStep span.")
+        fig.update_layout(yaxis_title="ms", barmode="stack", hovermode="x unified")
+    n = len(steps)
+    fig.update_layout(height=420, margin=dict(l=60, r=20, t=30, b=60 if multi else 50),
+                      legend=dict(orientation="h", y=1.08, x=0), bargap=0.15 if n > 3 else 0.4,
+                      xaxis_title="step index (ProfilerStep number)" if not multi else None)
+    return fig, note
+
+
+def _timeline_figure(tl: "StepTimeline") -> go.Figure:
+    rows: list[str] = []
+    row_phase, row_hooks, row_units, row_exposed = "CPU phases", "CPU FSDP hooks", "FSDP unit starts (GPU)", "exposed comm"
+    if tl.phases:
+        rows.append(row_phase)
+    if tl.units:
+        rows.append(row_hooks)
+        if any(u.gpu_us is not None for u in tl.units):
+            rows.append(row_units)
+    stream_row = {}
+    for st in tl.streams:
+        stream_row[st] = f"stream {st} · {tl.stream_roles.get(st, '')}"
+    if tl.kernels:
+        rows.append(row_exposed)
+        rows += [stream_row[s] for s in tl.streams]
+    fig = go.Figure()
+    # CPU phases
+    if tl.phases:
+        for name, (a, b) in tl.phases.items():
+            fig.add_bar(y=[row_phase], base=[a / 1e3], x=[(b - a) / 1e3], orientation="h", name=f"CPU {name}",
+                        marker_color=COLORS.get(name, COLORS["other_phase"]), legendgroup="cpu", showlegend=False,
+                        text=[name], textposition="inside", insidetextanchor="middle",
+                        hovertemplate=f"CPU {name}: %{{base:.3f}} – %{{customdata:.3f}} ms<extra></extra>",
+                        customdata=[b / 1e3])
+    # FSDP hooks (CPU ranges) and where each unit's GPU work starts
+    if tl.units:
+        for pass_ in ("forward", "backward"):
+            us = [u for u in tl.units if u.pass_ == pass_]
+            if not us:
+                continue
+            fig.add_bar(
+                y=[row_hooks] * len(us), base=[u.cpu_start_us / 1e3 for u in us],
+                x=[max(u.cpu_end_us - u.cpu_start_us, 0.0) / 1e3 for u in us], orientation="h",
+                name=f"FSDP pre-{pass_} hook (CPU)", marker_color=COLORS[pass_],
+                marker_line=dict(color="#555", width=0.5), legendgroup="hooks",
+                customdata=[[u.label, u.unit, (u.cpu_end_us - u.cpu_start_us)] for u in us],
+                hovertemplate="%{customdata[0]}<br>unit %{customdata[1]}<br>CPU %{base:.3f} ms, "
+                              "%{customdata[2]:.1f} µs<extra></extra>",
+            )
+            marked = [u for u in us if u.gpu_us is not None]
+            if marked:
+                fig.add_scatter(
+                    x=[u.gpu_us / 1e3 for u in marked], y=[row_units] * len(marked), mode="markers+text",
+                    name=f"{pass_} unit start (GPU)",
+                    marker=dict(symbol="triangle-right" if pass_ == "forward" else "triangle-left", size=10,
+                                color=COLORS[pass_], line=dict(color="#333", width=1)),
+                    text=[u.unit for u in marked],
+                    textposition=["top center" if i % 2 == 0 else "bottom center" for i in range(len(marked))],
+                    textfont=dict(size=10), legendgroup="units",
+                    customdata=[[u.label, u.unit, u.gpu_kernel or "", u.cpu_start_us / 1e3] for u in marked],
+                    hovertemplate="%{customdata[1]} (" + pass_ + ")<br>GPU work starts %{x:.3f} ms with "
+                                  "%{customdata[2]}<br>hook %{customdata[0]} began on the CPU at "
+                                  "%{customdata[3]:.3f} ms<extra></extra>",
+                )
+        lines = [u for u in tl.units if u.gpu_us is not None][:MAX_UNIT_LINES]
+        fig.update_layout(shapes=[
+            dict(type="line", xref="x", yref="paper", x0=u.gpu_us / 1e3, x1=u.gpu_us / 1e3, y0=0, y1=1,
+                 line=dict(color="#888" if u.pass_ == "forward" else "#C08040", width=0.8, dash="dot"), layer="below")
+            for u in lines
+        ])
+    # kernels, one trace per legend entry
+    groups: dict[str, list] = {}
+    for sp in tl.kernels:
+        key = f"comm:{sp.kind or 'other'}" if sp.category == "comm" else sp.category
+        groups.setdefault(key, []).append(sp)
+    order = ["compute"] + sorted(k for k in groups if k.startswith("comm:")) + ["memcpy", "other"]
+    for key in order:
+        spans = groups.get(key)
+        if not spans:
+            continue
+        if key.startswith("comm:"):
+            kind = key[5:]
+            name, color = _label(kind), _comm_color(kind)
+        elif key == "memcpy":
+            name, color = "memcpy/memset", COLORS["memcpy"]
+        elif key == "other":
+            name, color = "other GPU activity (sync/wait)", COLORS["other"]
+        else:
+            name, color = "compute", COLORS["compute"]
+        fig.add_bar(
+            y=[stream_row[sp.stream] for sp in spans], base=[sp.start_us / 1e3 for sp in spans],
+            x=[(sp.end_us - sp.start_us) / 1e3 for sp in spans], orientation="h", name=name,
+            marker=dict(color=color, line=dict(width=0)), width=0.7,
+            customdata=[[sp.name, sp.end_us - sp.start_us, sp.unit or "", mib(sp.bytes) if sp.bytes else ""]
+                        for sp in spans],
+            hovertemplate="%{customdata[0]}<br>start %{base:.3f} ms, %{customdata[1]:.1f} µs"
+                          + ("<br>unit %{customdata[2]} %{customdata[3]}" if key.startswith("comm:") else "")
+                          + "<extra>" + _e(name) + "</extra>",
+        )
+    # exposed communication: the merged set on its own row, and hatched over each comm kernel
+    if tl.exposed:
+        fig.add_bar(y=[row_exposed] * len(tl.exposed), base=[a / 1e3 for a, _ in tl.exposed],
+                    x=[(b - a) / 1e3 for a, b in tl.exposed], orientation="h", width=0.7,
+                    name="exposed comm (not overlapped by compute)", marker=dict(color=COLORS["exposed"], line=dict(width=0)),
+                    legendgroup="exposed",
+                    hovertemplate="exposed %{base:.3f} ms, %{x:.3f} ms long<extra></extra>")
+    if tl.exposed_spans:
+        sp = tl.exposed_spans
+        fig.add_bar(y=[stream_row[e.stream] for e in sp], base=[e.start_us / 1e3 for e in sp],
+                    x=[(e.end_us - e.start_us) / 1e3 for e in sp], orientation="h", width=0.7,
+                    name="exposed part of a collective", legendgroup="exposed", showlegend=False,
+                    marker=dict(color="rgba(228,87,86,0.55)", line=dict(width=0),
+                                pattern=dict(shape="/", fgcolor="#8B0000", solidity=0.35)),
+                    customdata=[_label(e.kind) for e in sp],
+                    hovertemplate="exposed %{customdata}: %{base:.3f} ms, %{x:.3f} ms<extra></extra>")
+    fig.update_layout(
+        barmode="overlay", height=max(320, 110 + 34 * len(rows)), margin=dict(l=170, r=20, t=40, b=50),
+        legend=dict(orientation="h", y=1.02, yanchor="bottom", x=0),
+        xaxis=dict(title=f"ms since the start of ProfilerStep#{tl.step_number} (CPU and GPU share the clock)",
+                   zeroline=False),
+        yaxis=dict(type="category", categoryorder="array", categoryarray=rows, autorange="reversed",
+                   fixedrange=True),
+        hoverlabel=dict(namelength=-1), dragmode="zoom",
+    )
+    return fig
+
+
+def _units_figure(f) -> tuple[go.Figure | None, str]:
+    units = f.fsdp.units
+    if not units:
+        return None, ""
+    names = [u.fqn if u.fqn else "(root)" for u in units]
+    ag = [u.all_gather_bytes for u in units]
+    rs = [u.reduce_scatter_bytes for u in units]
+    top = max([b for b in ag + rs if b] or [1.0])
+    div, unit = _byte_scale(top)
+    rows = 2 if f.gpu_present else 1
+    fig = make_subplots(rows=rows, cols=1, shared_xaxes=True, vertical_spacing=0.08,
+                        subplot_titles=(f"bytes per step ({unit})",) + (("exposed time per step (ms)",) if rows == 2 else ()))
+    hover_b = "%{x}<br>%{customdata}<extra>%{fullData.name}</extra>"
+    fig.add_bar(x=names, y=[(b or 0) / div for b in ag], name="all-gather bytes", marker_color=COLORS["all_gather"],
+                customdata=[mib(b) if b is not None else "unknown dtype" for b in ag], hovertemplate=hover_b,
+                row=1, col=1)
+    fig.add_bar(x=names, y=[(b or 0) / div for b in rs], name="reduce-scatter bytes",
+                marker_color=COLORS["reduce_scatter"],
+                customdata=[mib(b) if b is not None else "unknown dtype" for b in rs], hovertemplate=hover_b,
+                row=1, col=1)
+    if rows == 2:
+        fig.add_bar(x=names, y=[u.all_gather_exposed_ms for u in units], name="all-gather exposed",
+                    marker=dict(color=COLORS["all_gather"], pattern=dict(shape="/")),
+                    hovertemplate="%{x}<br>%{y:.3f} ms<extra>all-gather exposed</extra>", row=2, col=1)
+        fig.add_bar(x=names, y=[u.reduce_scatter_exposed_ms for u in units], name="reduce-scatter exposed",
+                    marker=dict(color=COLORS["reduce_scatter"], pattern=dict(shape="/")),
+                    hovertemplate="%{x}<br>%{y:.3f} ms<extra>reduce-scatter exposed</extra>", row=2, col=1)
+    fig.update_layout(barmode="group", height=260 + 200 * rows, margin=dict(l=60, r=20, t=40, b=80),
+                      legend=dict(orientation="h", y=1.1, x=0))
+    parts = [f"Units: {f.fsdp.unit_source}. Per step, mean over the analysed steps."]
+    if any(b is None for b in ag + rs):
+        parts.append("Some sizes are unknown (the trace does not record the collective's dtype).")
+    if not f.gpu_present:
+        parts.append("No GPU kernels: exposed time cannot be measured.")
+    return fig, " ".join(parts)
+
+
+def _memory_figures(m) -> list[tuple[str, go.Figure, str]]:
+    out: list[tuple[str, go.Figure, str]] = []
+    cats = dict(_get(m, "categories", {}) or {})
+    peak = _get(m, "peak_allocated_bytes", 0) or 0
+    reserved = _get(m, "reserved_at_peak_bytes")
+    top = max(peak, reserved or 0, 1)
+    div, unit = _byte_scale(top)
+    fig = go.Figure()
+    row_alloc, row_res = "allocated at peak", "reserved at peak"
+    for name, v in sorted(cats.items(), key=lambda kv: -kv[1]):
+        if not v:
+            continue
+        share = 100.0 * v / peak if peak else 0.0
+        fig.add_bar(y=[row_alloc], x=[v / div], orientation="h", name=name.replace("_", " "),
+                    marker_color=MEMORY_COLORS.get(name, COLORS["other"]),
+                    customdata=[[mib(v), share]],
+                    hovertemplate=f"{_e(name)}: %{{customdata[0]}} (%{{customdata[1]:.1f}}% of allocated)<extra></extra>")
+    if reserved is not None:
+        pending = _get(m, "pending_free_at_peak_bytes") or 0
+        external = _get(m, "external_fragmentation_bytes")
+        parts = [("allocated", peak, COLORS["allocated"])]
+        if pending:
+            parts.append(("freed on another stream (pending)", pending, "#FFBE7D"))
+        if external is not None:
+            parts.append(("cached free blocks (external fragmentation)", external, "#E3E3E3"))
+        else:
+            parts.append(("reserved, not allocated", max(reserved - peak - pending, 0), "#E3E3E3"))
+        for name, v, color in parts:
+            fig.add_bar(y=[row_res], x=[v / div], orientation="h", name=name, marker_color=color,
+                        marker_line=dict(color="#999", width=0.5), customdata=[mib(v)],
+                        hovertemplate=f"{_e(name)}: %{{customdata}}<extra></extra>")
+    fig.update_layout(barmode="stack", height=300, margin=dict(l=130, r=20, t=30, b=50),
+                      xaxis_title=unit, legend=dict(orientation="h", y=-0.35, x=0, traceorder="normal"),
+                      yaxis=dict(categoryorder="array", categoryarray=[row_res, row_alloc]))
+    phase = _get(m, "peak_phase")
+    note = f"Peak {mib(peak)} allocated" + (f" during {phase}" if phase else "")
+    if reserved is not None:
+        note += f", {mib(reserved)} reserved at that moment"
+    note += f" ({_get(m, 'source', '')}: {_get(m, 'path', '') or ''})."
+    out.append((TITLES["memory_stack"], fig, note))
+
+    curve = _get(m, "curve") or {}
+    xs = list(curve.get("x") or [])
+    alloc = list(curve.get("allocated") or [])
+    if xs and alloc:
+        res = list(curve.get("reserved") or [None] * len(xs))
+        x_unit = curve.get("x_unit", "event_index")
+        if x_unit == "time_us":
+            x0 = xs[0]
+            xv = [(v - x0) / 1e3 for v in xs]
+            x_title = "ms since the first recorded allocator event"
+        else:
+            xv = xs
+            x_title = "allocator event index"
+        ctop = max([v for v in alloc + res if v is not None] or [1])
+        cdiv, cunit = _byte_scale(ctop)
+        fig2 = go.Figure()
+        fig2.add_scatter(x=xv, y=[v / cdiv for v in alloc], name="allocated", mode="lines",
+                         line=dict(color=COLORS["allocated"], width=1.5, shape="hv"))
+        if any(v is not None for v in res):
+            fig2.add_scatter(x=xv, y=[None if v is None else v / cdiv for v in res], name="reserved", mode="lines",
+                             line=dict(color=COLORS["reserved"], width=1.5, shape="hv"))
+        k = max(range(len(alloc)), key=lambda i: alloc[i])
+        fig2.add_scatter(x=[xv[k]], y=[alloc[k] / cdiv], name="peak", mode="markers",
+                         marker=dict(symbol="star", size=12, color="#C62828"))
+        fig2.update_layout(height=340, margin=dict(l=60, r=20, t=30, b=50), xaxis_title=x_title,
+                           yaxis_title=cunit, hovermode="x unified", legend=dict(orientation="h", y=1.1, x=0))
+        out.append((TITLES["memory_curve"], fig2, "Downsampled: each point keeps the highest allocation of its bucket."))
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# public
+# ---------------------------------------------------------------------------------------------
+
+
+def _timeline_section(page: _Page, tl: "StepTimeline | None", f) -> None:
+    page.add(f'<h2 id="timeline">{_e(TITLES["timeline"])}</h2>')
+    if tl is None:
+        if f.rank_facts:
+            page.add('<p class="missing">No step timeline in this report (the CLI draws one with '
+                     "<code>--format html</code>; the API with <code>analyze(..., timeline_step=(rank, step))</code>).</p>")
+        else:
+            page.add('<p class="missing">No traces given: no GPU timeline.</p>')
+        return
+    where = f"rank {tl.rank if tl.rank is not None else '?'}, step index {tl.step_index} (ProfilerStep#{tl.step_number})"
+    if not tl.kernels:
+        why = ("the trace has no GPU kernels (CPU-only run)" if not tl.gpu_present
+               else "no GPU activity was launched in this step")
+        page.add(f'<p class="missing">No GPU timeline for {_e(where)}: {_e(why)}.'
+                 + (" The CPU side of the step is shown instead." if (tl.phases or tl.units) else "") + "</p>")
+        if tl.phases or tl.units:
+            page.figure(_timeline_figure(tl), "fig-timeline")
+        return
+    text = (
+        f"{where}: step span {ms(tl.step_ms)}, GPU window {ms(tl.gpu_window_ms)}, compute {ms(tl.compute_ms)}, "
+        f"communication {ms(tl.comm_ms)}, of which exposed {ms(tl.exposed_comm_ms)} (red; hatched over the "
+        f"collective it belongs to). {tl.kernel_count} GPU activities launched in this step."
+    )
+    if any(u.gpu_us is not None for u in tl.units):
+        text += (" Triangles: where each FSDP unit's GPU work starts (the first compute kernel launched after its "
+                 "pre-forward / pre-backward hook began); the CPU rows show the phases and the hook ranges themselves.")
+    page.add(f'<p class="sub">{_e(text)}</p>')
+    page.figure(_timeline_figure(tl), "fig-timeline")
+    for n in tl.notes:
+        page.add(f'<p class="note">{_e(n)}</p>')
+
+
+def render(report: "Report", timeline: "StepTimeline | None" = None) -> str:
+    """The report as one self-contained HTML page."""
+    f = report.facts
+    tl = timeline if timeline is not None else getattr(report, "timeline", None)
+    page = _Page()
+    page.add("<h1>fsdpdoctor report</h1>")
+    inputs = ", ".join(sorted({i.path for i in f.inputs})) if f.inputs else ""
+    if inputs:
+        page.add(f'<p class="sub">{_e(inputs if len(inputs) < 300 else inputs[:297] + "…")}</p>')
+    page.add(_headline_html(headline(f)))
+    page.add(_findings_html(report.findings))
+
+    if f.rank_facts:
+        page.add(f'<h2 id="steps">{_e(TITLES["steps"])}</h2>')
+        fig, note = _steps_figure(f)
+        if note:
+            page.add(f'<p class="sub">{_e(note)}</p>')
+        if fig is not None:
+            page.figure(fig, "fig-steps")
+    _timeline_section(page, tl, f)
+
+    if f.rank_facts:
+        page.add(f'<h2 id="units">{_e(TITLES["units"])}</h2>')
+        fig, note = _units_figure(f)
+        if fig is None:
+            page.add('<p class="missing">No FSDP units found in the traces.</p>')
+        else:
+            page.add(f'<p class="sub">{_e(note)}</p>')
+            page.figure(fig, "fig-units")
+
+    page.add(f'<h2 id="memory">{_e(TITLES["memory"])}</h2>')
+    m = getattr(f, "memory", None)
+    if m is None:
+        page.add('<p class="missing">No memory snapshot given (use <code>--memory</code>).</p>')
+    else:
+        for i, (title, fig, note) in enumerate(_memory_figures(m)):
+            page.add(f"<h3>{_e(title)}</h3>")
+            if note:
+                page.add(f'<p class="sub">{_e(note)}</p>')
+            page.figure(fig, f"fig-memory-{i}")
+        for n in _get(m, "notes", []) or []:
+            page.add(f'<p class="note">{_e(n)}</p>')
+
+    tables = all_tables(f)
+    if tables:
+        page.add(f'<h2 id="details">{_e(TITLES["details"])}</h2>')
+        page.add("\n".join(_table_html(t) for t in tables))
+    if f.notes:
+        page.add(f'<h2 id="notes">{_e(TITLES["notes"])}</h2>')
+        page.add("<ul>" + "".join(f"<li>{_e(n)}</li>" for n in f.notes) + "</ul>")
+    return page.html("fsdpdoctor report")
+
+
+# ---------------------------------------------------------------------------------------------
+# compare
+# ---------------------------------------------------------------------------------------------
+
+_TOTAL_KEYS = ("step_time_delta_ms", "delta_ms", "step_delta_ms", "total_delta_ms")
+_BEFORE_KEYS = ("step_time_before_ms", "before_ms", "before_step_ms", "step_ms_before", "baseline_ms", "before")
+_AFTER_KEYS = ("step_time_after_ms", "after_ms", "after_step_ms", "step_ms_after", "current_ms", "after")
+_COMPONENT_KEYS = ("components", "breakdown", "causes", "parts", "contributions")
+_NAME_KEYS = ("name", "component", "cause", "label", "part", "kind")
+_VALUE_KEYS = ("delta_ms", "ms", "value", "delta", "change_ms")
+
+
+def _as_dict(obj: Any) -> dict:
+    if isinstance(obj, dict):
+        return obj
+    for attr in ("to_dict", "as_dict"):
+        fn = getattr(obj, attr, None)
+        if callable(fn):
+            d = fn()
+            if isinstance(d, dict):
+                return d
+    import dataclasses
+
+    if dataclasses.is_dataclass(obj):
+        return dataclasses.asdict(obj)
+    return dict(vars(obj))
+
+
+def _number(v: Any) -> float | None:
+    if isinstance(v, bool) or v is None:
+        return None
+    if isinstance(v, (int, float)):
+        return float(v) if math.isfinite(float(v)) else None
+    if isinstance(v, dict):  # {"mean_ms": ...} / {"ms": ...}
+        for k in ("ms", "mean_ms", "median_ms", "step_ms", "value"):
+            if k in v:
+                return _number(v[k])
+    return None
+
+
+def _first(d: dict, keys: Iterable[str]) -> float | None:
+    for k in keys:
+        if k in d:
+            v = _number(d[k])
+            if v is not None:
+                return v
+    return None
+
+
+def comparison_parts(comparison: Any) -> tuple[float | None, list[tuple[str, float]], float | None, float | None]:
+    """(before ms, [(component, delta ms)], after ms, total delta ms) from a comparison, tolerantly.
+
+    Accepts a dict (or an object with ``to_dict()`` / a dataclass) with the total under
+    ``step_time_delta_ms`` (or ``delta_ms``), the parts under ``components`` as ``{name: ms}`` or a
+    list of ``{"name"|"component"|"cause": ..., "delta_ms"|"ms": ...}`` records, and optionally
+    ``before_ms`` / ``after_ms`` (also found inside a ``step_time`` sub-dict).
+    """
+    d = _as_dict(comparison)
+    nested = d.get("step_time") if isinstance(d.get("step_time"), dict) else {}
+    before = _first(d, _BEFORE_KEYS) if _first(d, _BEFORE_KEYS) is not None else _first(nested, _BEFORE_KEYS)
+    after = _first(d, _AFTER_KEYS) if _first(d, _AFTER_KEYS) is not None else _first(nested, _AFTER_KEYS)
+    total = _first(d, _TOTAL_KEYS)
+    if total is None:
+        total = _first(nested, _TOTAL_KEYS)
+    raw = next((d[k] for k in _COMPONENT_KEYS if k in d and d[k] is not None), None)
+    comps: list[tuple[str, float]] = []
+    if isinstance(raw, dict):
+        for name, v in raw.items():  # {name: ms} or {name: {"before_ms", "after_ms", "delta_ms"}}
+            val = _first(v, _VALUE_KEYS) if isinstance(v, dict) else _number(v)
+            if val is not None:
+                comps.append((str(name), val))
+    elif isinstance(raw, (list, tuple)):
+        for item in raw:
+            if isinstance(item, (list, tuple)) and len(item) >= 2:
+                val = _number(item[1])
+                if val is not None:
+                    comps.append((str(item[0]), val))
+                continue
+            item_d = item if isinstance(item, dict) else _as_dict(item)
+            name = next((str(item_d[k]) for k in _NAME_KEYS if item_d.get(k) is not None), None)
+            val = _first(item_d, _VALUE_KEYS)
+            if name is not None and val is not None:
+                comps.append((name, val))
+    if total is None:
+        if before is not None and after is not None:
+            total = after - before
+        elif comps:
+            total = sum(v for _, v in comps)
+    if after is None and before is not None and total is not None:
+        after = before + total
+    if before is None and after is not None and total is not None:
+        before = after - total
+    return before, comps, after, total
+
+
+def _component_labels() -> dict[str, str]:
+    try:  # compare's display names, when that module is present
+        from ..compare import LABELS
+
+        return dict(LABELS)
+    except Exception:  # noqa: BLE001 - optional: fall back to the raw names
+        return {}
+
+
+def _waterfall(before: float | None, comps: list[tuple[str, float]], after: float | None,
+               total: float | None, labels: dict[str, str]) -> go.Figure:
+    x: list[str] = []
+    y: list[float] = []
+    text: list[str] = []
+    measure: list[str] = []
+    if before is not None:
+        x.append("before")
+        y.append(before)
+        text.append(f"{before:.2f} ms")
+        measure.append("absolute")
+    explained = sum(v for _, v in comps)
+    for name, v in comps:
+        if abs(v) < 5e-4:  # below the 0.001 ms the labels show: left to the table
+            continue
+        x.append(labels.get(name, name.replace("_", " ")))
+        y.append(v)
+        text.append(f"{v:+.2f}")
+        measure.append("relative")
+    if total is not None and abs(total - explained) > 1e-6 * max(1.0, abs(total)):
+        x.append("unexplained")
+        y.append(total - explained)
+        text.append(f"{total - explained:+.2f}")
+        measure.append("relative")
+    x.append("after" if before is not None else "total change")
+    y.append(0.0)
+    end = (before or 0.0) + (total if total is not None else explained)
+    text.append(f"{end:.2f} ms" if before is not None else f"{end:+.2f} ms")
+    measure.append("total")
+    fig = go.Figure(go.Waterfall(
+        x=x, y=y, measure=measure, orientation="v", text=text,
+        increasing=dict(marker=dict(color="#E45756")),  # slower
+        decreasing=dict(marker=dict(color="#54A24B")),  # faster
+        totals=dict(marker=dict(color="#4C78A8")),
+        connector=dict(line=dict(color="#999", width=1, dash="dot")),
+        texttemplate="%{text}", textposition="outside",
+        hovertemplate="%{x}: %{delta:+.3f} ms (running %{y:.3f} ms)<extra></extra>",
+    ))
+    fig.update_layout(height=480, margin=dict(l=60, r=20, t=30, b=140), yaxis_title="step time (ms)",
+                      showlegend=False, xaxis=dict(tickangle=-30))
+    return fig
+
+
+def render_comparison(comparison: Any, title: str = "fsdpdoctor compare") -> str:
+    """A self-contained page with the before → after step-time waterfall.
+
+    ``comparison`` is :class:`fsdpdoctor.compare.Comparison` (anything with ``to_dict()``) or a
+    dict; see :func:`comparison_parts` for the keys read. Components are drawn largest first; a
+    part of the total that they do not add up to is drawn as "unexplained".
+    """
+    d = _as_dict(comparison)
+    before, comps, after, total = comparison_parts(d)
+    comps = sorted(comps, key=lambda kv: -abs(kv[1]))
+    labels = _component_labels()
+    page = _Page()
+    page.add(f"<h1>{_e(title)}</h1>")
+    pairs = []
+    for label, key in (("Before", "before"), ("After", "after")):
+        src = next((d[k] for k in (f"{key}_label", f"{key}_path", f"{key}_paths", key) if isinstance(d.get(k), (str, list, tuple))), None)
+        if src:
+            pairs.append((label, ", ".join(map(str, src)) if isinstance(src, (list, tuple)) else str(src)))
+    if before is not None:
+        pairs.append(("Step time before", ms(before)))
+    if after is not None:
+        pairs.append(("Step time after", ms(after)))
+    if total is not None:
+        rel = f" ({100 * total / before:+.1f}%)" if before else ""
+        pairs.append(("Change", f"{total:+.2f} ms{rel}"))
+    if isinstance(d.get("primary_cause"), str):
+        pairs.append(("Primary cause", d["primary_cause"]))
+    if pairs:
+        page.add(_headline_html(pairs))
+    page.add(f'<h2 id="compare">{_e(TITLES["compare"])}</h2>')
+    if not comps and total is None:
+        page.add('<p class="missing">The comparison holds no step-time delta to draw.</p>')
+    else:
+        basis = d.get("basis_definition")
+        page.add('<p class="sub">Components sorted by size; red makes the step slower, green faster. '
+                 "An <i>unexplained</i> bar, when present, is the part of the change no component accounts for."
+                 + (f" Basis: {_e(basis)}." if isinstance(basis, str) else "") + "</p>")
+        page.figure(_waterfall(before, comps, after, total, labels), "fig-compare")
+        rows = [[labels.get(n, n.replace("_", " ")), f"{v:+.3f} ms"] for n, v in comps]
+        if rows:
+            page.add(_table_html(Table("Components", ["component", "delta"], rows)))
+    causes = d.get("causes")
+    if isinstance(causes, list) and causes and all(isinstance(c, dict) for c in causes):
+        rows = [[str(c.get("slug", "")), f"{c['delta_ms']:+.3f} ms" if _number(c.get("delta_ms")) is not None else "–",
+                 str(c.get("summary", ""))] for c in causes]
+        page.add(f'<h2 id="causes">Causes, ranked</h2>{_table_html(Table("", ["cause", "delta", "summary"], rows))}')
+        prim = next((c for c in causes if c.get("slug") == d.get("primary_cause")), None)
+        for flavour, code in ((prim or {}).get("fix") or {}).items():
+            page.add(f"<h4>Fix for the primary cause ({_e(flavour)})</h4><pre><code>{_e(str(code).rstrip())}</code></pre>")
+    findings = d.get("findings") or d.get("new_findings")
+    if isinstance(findings, dict):  # compare: {"appeared": [...], "disappeared": [...], "persisting": [...]}
+        findings = [dict(f, status=st) for st, lst in findings.items() if isinstance(lst, list)
+                    for f in lst if isinstance(f, dict)]
+    if isinstance(findings, list) and findings:
+        items = []
+        for fd in findings:
+            fdd = fd if isinstance(fd, dict) else _as_dict(fd)
+            status = f"[{fdd['status']}] " if fdd.get("status") else ""
+            items.append(f"<li>{_e(status)}<b>{_e(fdd.get('code', ''))}</b> <code>{_e(fdd.get('slug', ''))}</code> "
+                         f"{_e(fdd.get('summary', ''))}</li>")
+        page.add(f"<h2>Findings</h2><ul>{''.join(items)}</ul>")
+    notes = d.get("notes")
+    if isinstance(notes, list) and notes:
+        page.add(f'<h2 id="notes">{_e(TITLES["notes"])}</h2><ul>' + "".join(f"<li>{_e(n)}</li>" for n in notes) + "</ul>")
+    return page.html(title)

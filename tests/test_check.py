@@ -1,0 +1,292 @@
+"""``check``: CI gates, their thresholds, exit codes, Markdown and JUnit output."""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import json
+import subprocess
+import sys
+import xml.etree.ElementTree as ET
+from types import SimpleNamespace
+
+import pytest
+
+import fsdpdoctor
+from fsdpdoctor.check import (
+    CHECK_SETTINGS,
+    check_defaults,
+    load_check_config,
+    run_check,
+)
+from fsdpdoctor.compare import LoadedRun, load_run
+from fsdpdoctor.errors import InputError
+
+REGRESSIONS = {
+    "prefetch-lost": {"backward_prefetch": None},
+    "wrap-changed": {"wrap": "root_only"},
+    "offload-on": {"cpu_offload": True},
+    "slow-rank": {"slow_rank": 2, "slow_factor": 1.35},
+    "fp32-collectives": {"collective_dtype": "fp32"},
+}
+GATES = ["min-overlap", "max-exposed-comm", "step-time-regression", "overlap-drop", "exposed-comm-regression", "memory-regression", "new-findings"]
+
+
+def cli(*args, cwd=None):
+    return subprocess.run([sys.executable, "-m", "fsdpdoctor", *map(str, args)], check=False, capture_output=True, text=True, cwd=cwd)
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """name → (trace dir, saved baseline JSON) for the healthy run and each regression."""
+    gen = pytest.importorskip("fixtures.scenarios.generator")
+    base = gen.PRESETS["healthy-fsdp2"]
+    root = tmp_path_factory.mktemp("check")
+    out = {}
+    for name, cfg in [("healthy", base)] + [(n, dataclasses.replace(base, **kw)) for n, kw in REGRESSIONS.items()]:
+        d = gen.generate(cfg, root / name)
+        saved = root / f"{name}.json"
+        saved.write_text(fsdpdoctor.analyze(d).to_json())
+        out[name] = (d, saved)
+    return out
+
+
+@pytest.fixture
+def iso(tmp_path):
+    """A working directory with no pyproject.toml above it that sets check thresholds."""
+    (tmp_path / "pyproject.toml").write_text("[project]\nname = 'x'\n")
+    return tmp_path
+
+
+# ------------------------------------------------------------------------------------------
+# exit codes on real pairs
+# ------------------------------------------------------------------------------------------
+
+
+def test_run_against_itself_passes(runs, iso):
+    d, saved = runs["healthy"]
+    for cur in (d, saved):
+        r = cli("check", cur, "--baseline", saved, cwd=iso)
+        assert r.returncode == 0, r.stdout + r.stderr
+        assert "PASSED" in r.stdout
+
+
+@pytest.mark.parametrize("name", list(REGRESSIONS))
+def test_each_regression_fails(runs, iso, name):
+    d, _ = runs[name]
+    r = cli("check", d, "--baseline", runs["healthy"][1], "--format", "json", cwd=iso)
+    assert r.returncode == 1, r.stdout + r.stderr
+    res = json.loads(r.stdout)
+    assert res["passed"] is False and res["exit_code"] == 1
+    status = {g["name"]: g["status"] for g in res["gates"]}
+    assert status["step-time-regression"] == "fail"
+    assert res["comparison"]["primary_cause"] in {
+        "missing-backward-prefetch", "auto-wrap-too-coarse", "cpu-offload-stall", "straggler-rank", "no-mixed-precision-collectives",
+    }
+
+
+def test_improvement_passes(runs, iso):
+    """The healthy run checked against a regressed baseline: everything got better."""
+    r = cli("check", runs["healthy"][0], "--baseline", runs["prefetch-lost"][1], cwd=iso)
+    assert r.returncode == 0, r.stdout + r.stderr
+
+
+@pytest.mark.parametrize(
+    "content",
+    [None, "garbage", '{"a": 1}', '{"schema_version": 1, "foo": 2}', '{"schema_version": 1, "rank_facts": 5}', '{"schema_version": 99, "rank_facts": []}'],
+)
+def test_bad_baseline_exits_2(runs, iso, content):
+    bad = iso / "baseline.json"
+    if content is not None:
+        bad.write_text(content)
+    r = cli("check", runs["healthy"][0], "--baseline", bad, cwd=iso)
+    assert r.returncode == 2
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("fsdpdoctor: error:") and "baseline.json" in lines[0]
+    assert "Traceback" not in r.stderr
+
+
+def test_bad_findings_in_baseline_exit_2(runs, iso):
+    doc = json.loads(runs["healthy"][1].read_text())
+    doc["findings"] = [{"nope": 1}]
+    bad = iso / "b.json"
+    bad.write_text(json.dumps(doc))
+    r = cli("check", runs["healthy"][0], "--baseline", bad, cwd=iso)
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr
+
+
+@pytest.mark.parametrize(
+    "args",
+    [["--max-step-regression-pct", "abc"], ["--min-overlap", "150"], ["--min-overlap", "-1"], ["--fail-on-new", "bogus"], []],
+)
+def test_bad_usage_exits_2(runs, iso, args):
+    r = cli("check", *(args or [iso / "missing-dir"]), *([runs["healthy"][0]] if args else []), cwd=iso)
+    assert r.returncode == 2
+    assert "Traceback" not in r.stderr
+
+
+# ------------------------------------------------------------------------------------------
+# absolute gates (no baseline)
+# ------------------------------------------------------------------------------------------
+
+
+def test_absolute_gates(runs, iso):
+    healthy, lost = runs["healthy"][0], runs["prefetch-lost"][0]
+    assert cli("check", healthy, "--min-overlap", 80, cwd=iso).returncode == 0  # 87.7%
+    r = cli("check", lost, "--min-overlap", 80, "--format", "json", cwd=iso)  # 34.1%
+    assert r.returncode == 1
+    g = {x["name"]: x for x in json.loads(r.stdout)["gates"]}
+    assert g["min-overlap"]["status"] == "fail"
+    assert g["min-overlap"]["value"] == pytest.approx(34.1, abs=0.1)
+    assert g["step-time-regression"]["status"] == "skip"  # no baseline
+    assert cli("check", healthy, "--max-exposed-comm-ms", 5, cwd=iso).returncode == 0  # 2.58 ms
+    assert cli("check", lost, "--max-exposed-comm-ms", 5, cwd=iso).returncode == 1  # 13.4 ms
+
+
+def test_cpu_only_overlap_is_not_measured(recorded_run, iso):
+    d = recorded_run("per-block")
+    r = cli("check", d, "--min-overlap", 80, "--max-exposed-comm-ms", 1, "--format", "json", cwd=iso)
+    assert r.returncode == 0, r.stdout + r.stderr
+    g = {x["name"]: x for x in json.loads(r.stdout)["gates"]}
+    assert g["min-overlap"]["status"] == "skip" and "not measured" in g["min-overlap"]["detail"]
+    assert g["max-exposed-comm"]["status"] == "skip"
+
+
+def test_recorded_pair_new_finding_gate(recorded_run, iso):
+    """On CPU, losing backward prefetch is a warning: it fails with --fail-on-new warning."""
+    before, after = recorded_run("per-block"), recorded_run("no-backward-prefetch")
+    base = iso / "base.json"
+    assert cli("analyze", before, "--save-baseline", base, "-o", iso / "r.txt", cwd=iso).returncode == 0
+    assert cli("check", before, "--baseline", base, cwd=iso).returncode == 0
+    # CPU step times of these tiny runs are noise: gate the configuration change only
+    r = cli("check", after, "--baseline", base, "--fail-on-new", "warning", "--max-step-regression-pct", "off", "--format", "json", cwd=iso)
+    assert r.returncode == 1, r.stdout + r.stderr
+    res = json.loads(r.stdout)
+    g = {x["name"]: x for x in res["gates"]}
+    assert g["new-findings"]["status"] == "fail" and "missing-backward-prefetch" in g["new-findings"]["detail"]
+    assert res["comparison"]["primary_cause"] == "missing-backward-prefetch"
+    r = cli("check", after, "--baseline", base, "--fail-on-new", "never", "--max-step-regression-pct", "off", cwd=iso)
+    assert r.returncode == 0
+
+
+# ------------------------------------------------------------------------------------------
+# thresholds from pyproject.toml
+# ------------------------------------------------------------------------------------------
+
+
+def test_pyproject_thresholds_and_cli_precedence(runs, tmp_path):
+    (tmp_path / "pyproject.toml").write_text(
+        "[tool.fsdpdoctor.check]\n"
+        "max_step_regression_pct = 50\n"
+        "max-overlap-drop-pts = 60\n"
+        'max_exposed_comm_regression_pct = "off"\n'
+        'fail_on_new = "never"\n'
+    )
+    lost, base = runs["prefetch-lost"][0], runs["healthy"][1]
+    r = cli("check", lost, "--baseline", base, "--format", "json", cwd=tmp_path)
+    assert r.returncode == 0, r.stdout
+    res = json.loads(r.stdout)
+    assert res["settings"]["max_step_regression_pct"] == 50
+    assert res["settings"]["max_exposed_comm_regression_pct"] is None
+    # the command line wins over pyproject
+    assert cli("check", lost, "--baseline", base, "--max-step-regression-pct", 10, cwd=tmp_path).returncode == 1
+
+
+def test_pyproject_bad_setting_exits_2(runs, tmp_path):
+    (tmp_path / "pyproject.toml").write_text("[tool.fsdpdoctor.check]\nmax_step_regresion_pct = 5\n")
+    r = cli("check", runs["healthy"][0], cwd=tmp_path)
+    assert r.returncode == 2 and "max_step_regresion_pct" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_load_check_config(tmp_path):
+    p = tmp_path / "pyproject.toml"
+    p.write_text("[tool.fsdpdoctor]\nmin_overlap_pct = 50\n[tool.fsdpdoctor.check]\nmin_overlap = 80\nmax_memory_regression_pct = false\n")
+    cfg = load_check_config({"max_exposed_comm_ms": "3.5", "fail_on_new": None}, pyproject=p)
+    assert cfg["min_overlap"] == 80 and cfg["max_exposed_comm_ms"] == 3.5
+    assert cfg["max_memory_regression_pct"] is None
+    assert cfg["fail_on_new"] == "critical"
+    assert set(cfg) == set(CHECK_SETTINGS)
+    with pytest.raises(InputError):
+        load_check_config({"fail_on_new": "sometimes"}, pyproject=p)
+
+
+# ------------------------------------------------------------------------------------------
+# outputs
+# ------------------------------------------------------------------------------------------
+
+
+def test_junit_and_markdown(runs, iso):
+    junit, md = iso / "out.xml", iso / "out.md"
+    r = cli("check", runs["prefetch-lost"][0], "--baseline", runs["healthy"][1], "--junit", junit, "--markdown", md, cwd=iso)
+    assert r.returncode == 1
+    root = ET.parse(junit).getroot()
+    suite = root.find("testsuite")
+    cases = suite.findall("testcase")
+    assert [c.get("name") for c in cases] == GATES  # one test case per gate
+    failed = {c.get("name") for c in cases if c.find("failure") is not None}
+    skipped = {c.get("name") for c in cases if c.find("skipped") is not None}
+    assert {"step-time-regression", "overlap-drop", "exposed-comm-regression"} <= failed
+    assert {"min-overlap", "max-exposed-comm", "memory-regression"} <= skipped  # not set / not measured
+    assert int(suite.get("tests")) == len(GATES)
+    assert int(suite.get("failures")) == len(failed) and int(suite.get("skipped")) == len(skipped)
+    text = md.read_text()
+    assert text.startswith("## fsdpdoctor check: ❌ failed")
+    assert "| step time | 76.65 ms | 87.82 ms (+14.6%) | ≤ +5% | ❌ **fail** |" in text
+    assert "missing-backward-prefetch" in text  # the why, from compare
+    # terminal verdict table for CI logs
+    assert "FAILED" in r.stdout and "step-time-regression" in r.stdout
+    # a passing run writes a passing JUnit file
+    r = cli("check", runs["healthy"][0], "--baseline", runs["healthy"][1], "--junit", junit, cwd=iso)
+    assert r.returncode == 0
+    assert ET.parse(junit).getroot().find("testsuite").get("failures") == "0"
+
+
+# ------------------------------------------------------------------------------------------
+# gates as functions (memory, findings)
+# ------------------------------------------------------------------------------------------
+
+
+def _with_memory(run: LoadedRun, peak: int | None) -> LoadedRun:
+    facts = copy.copy(run.facts)
+    facts.memory = None if peak is None else SimpleNamespace(peak_allocated_bytes=peak)
+    return LoadedRun(facts, run.findings, run.label, run.source)
+
+
+def test_memory_gate(runs):
+    base = load_run(str(runs["healthy"][1]))
+    s = check_defaults()
+    res = run_check(_with_memory(base, 10 * 2**30), _with_memory(base, 9 * 2**30), s)
+    g = {x.name: x for x in res.gates}["memory-regression"]
+    assert g.status == "fail" and g.value == pytest.approx(100 / 9 * 1, rel=1e-6)
+    res = run_check(_with_memory(base, 9 * 2**30), _with_memory(base, 9 * 2**30), s)
+    assert {x.name: x for x in res.gates}["memory-regression"].status == "pass"
+    res = run_check(_with_memory(base, None), _with_memory(base, 9 * 2**30), s)
+    g = {x.name: x for x in res.gates}["memory-regression"]
+    assert g.status == "skip" and "not measured" in g.detail
+
+
+def test_new_critical_finding_gate(runs):
+    from fsdpdoctor.engine import Finding
+
+    base = load_run(str(runs["healthy"][1]))
+    crit = Finding(slug="cpu-offload-stall", code="FSD005", severity="critical", summary="x")
+    cur = LoadedRun(base.facts, [crit], "cur", "traces")
+    s = check_defaults()
+    assert not run_check(cur, base, s).passed
+    # present in the baseline already → not new
+    assert run_check(cur, LoadedRun(base.facts, [crit], "b", "traces"), s).passed
+    # a warning does not trip the default (critical) level, but does with fail_on_new=warning
+    warn = dataclasses.replace(crit, severity="warning")
+    cur = LoadedRun(base.facts, [warn], "cur", "traces")
+    assert run_check(cur, base, s).passed
+    assert not run_check(cur, base, s | {"fail_on_new": "warning"}).passed
+    # without a baseline every finding counts as new
+    assert not run_check(LoadedRun(base.facts, [crit], "cur", "traces"), None, s).passed
+
+
+def test_exposed_comm_noise_floor(runs):
+    base = load_run(str(runs["healthy"][1]))
+    facts = copy.deepcopy(base.facts)
+    facts.exposed_comm.mean_ms_per_step = base.facts.exposed_comm.mean_ms_per_step + 0.01  # +0.4%, tiny
+    res = run_check(LoadedRun(facts, base.findings, "c", "t"), base, check_defaults() | {"max_exposed_comm_regression_pct": 0.1})
+    assert {x.name: x for x in res.gates}["exposed-comm-regression"].status == "pass"
