@@ -10,7 +10,7 @@ from rich.panel import Panel
 from rich.table import Table as RichTable
 from rich.text import Text
 
-from ..fmt import ms
+from ..fmt import mib, ms
 from .sections import Table, all_tables, headline
 
 if TYPE_CHECKING:
@@ -37,15 +37,18 @@ def render(report: "Report", console: Console) -> None:
         head.add_row(k, v)
     console.print(Panel(head, title="fsdpdoctor", title_align="left"))
     if report.findings:
-        ft = RichTable(title="Findings (ranked by estimated saving)", title_justify="left", box=box.SIMPLE_HEAD)
-        for col in ("sev", "code", "finding", "saving/step"):
-            ft.add_column(col)
+        ft = RichTable(title="Findings (ranked by estimated saving)", title_justify="left", box=box.SIMPLE_HEAD, expand=True)
+        ft.add_column("sev", no_wrap=True)
+        ft.add_column("rule", no_wrap=True)
+        ft.add_column("finding", ratio=1)
+        ft.add_column("saving/step", justify="right", no_wrap=True)
         for fd in report.findings[:8]:
+            saving = ms(fd.est_saving_ms) if fd.est_saving_ms else (mib(fd.est_saving_bytes) if fd.est_saving_bytes else "–")
             ft.add_row(
                 Text(fd.severity, style=SEVERITY_STYLE.get(fd.severity, "")),
-                f"{fd.code} {fd.slug}",
-                fd.summary,
-                ms(fd.est_saving_ms) if fd.est_saving_ms else "–",
+                fd.code,
+                Text.assemble((fd.slug, "bold"), "  ", fd.summary),
+                saving,
             )
         console.print(ft)
     else:
