@@ -79,6 +79,9 @@ def test_structure_matches_truth(name, case):
     else:
         assert fs.backward_prefetch is None
     assert bool(fs.cpu_offload.detected) == bool(model["cpu_offload"])
+    if not model["cpu_offload"]:
+        # every preset copies its input batch H2D each step: not offload, not counted
+        assert fs.cpu_offload.h2d_count == 0 and fs.cpu_offload.d2h_count == 0
     want_mp = model["collective_dtype"] in ("BFloat16", "Half")
     assert fs.mixed_precision is want_mp
     # collectives per step and bytes, rank 0, first step

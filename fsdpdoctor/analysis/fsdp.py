@@ -289,15 +289,31 @@ def _prefetch(f: FsdpFacts, colls: list[Collective], version: int) -> None:
 
 
 def _offload(rt: RankTrace, n_steps: int) -> OffloadFacts:
-    """Host↔device copies. Offload is reported when both directions recur every step."""
+    """Host↔device copies made by FSDP: launched (same correlation id) inside an FSDP hook range.
+
+    Input batches and ``loss.item()`` copy every step too, so only copies under FSDP labels
+    count as offload (H2D before all-gathers, D2H after reduce-scatters); pageable copies are
+    counted wherever they are.
+    """
+    from .comms import launch_rows
+    from .labels import enclosing
+
     o = OffloadFacts()
     rows = np.flatnonzero(rt.mask_cat("gpu_memcpy"))
     if rows.size == 0:
         return o
-    for r in rows:
+    launches = launch_rows(rt, rows)
+    fsdp_labels = cpu_label_rows(rt, lambda n: n.startswith((FSDP2_PREFIX, FSDP1_PREFIX)))
+    chains = enclosing(rt, fsdp_labels, launches[launches >= 0]) if fsdp_labels.size else {}
+    for r, lr in zip(rows, launches):
         name = rt.row_name(int(r))
         a = rt.args.get(int(r))
         nbytes = int(a.nbytes) if a is not None and isinstance(a.nbytes, int) else 0
+        if "Pageable" in name:
+            o.pageable_count += 1
+            o.pageable_ms += float(rt.dur[r]) / 1e3
+        if lr < 0 or not chains.get(int(lr)):
+            continue  # not launched by an FSDP hook
         if "HtoD" in name:
             o.h2d_count += 1
             o.h2d_bytes += nbytes
@@ -306,17 +322,11 @@ def _offload(rt: RankTrace, n_steps: int) -> OffloadFacts:
             o.d2h_bytes += nbytes
         else:
             continue
-        if "Pageable" in name:
-            o.pageable_count += 1
-            o.pageable_ms += float(rt.dur[r]) / 1e3
         o.memcpy_gpu_ms += float(rt.dur[r]) / 1e3
     steps = max(n_steps, 1)
-    o.detected = o.h2d_count >= steps and o.d2h_count >= steps and rt.names and any(
-        n.startswith((FSDP2_PREFIX, FSDP1_PREFIX)) for n in rt.names
-    )
-    o.detected = bool(o.detected)
+    o.detected = o.h2d_count >= steps and o.d2h_count >= steps
     o.evidence = (
         f"{o.h2d_count} H2D ({o.h2d_bytes / 2**20:.1f} MiB) and {o.d2h_count} D2H ({o.d2h_bytes / 2**20:.1f} MiB) "
-        f"copies, {o.pageable_count} from/to pageable memory"
+        f"copies launched inside FSDP hooks; {o.pageable_count} copies from/to pageable memory"
     )
     return o
