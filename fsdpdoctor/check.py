@@ -282,116 +282,95 @@ def _sev_at_least(sev: str, level: str) -> bool:
     return order.get(sev, 9) <= order.get(level, -1)
 
 
+def _signed(v: float, digits: int = 1) -> str:
+    return f"{'+' if v >= 0 else '−'}{abs(v):.{digits}f}"
+
+
+def _gate(name, title, limit, threshold, before, after, unit, option, baseline_given, missing, judge, value=None) -> Gate:
+    """One gate: skipped when its limit is not set, the baseline it needs is absent or a figure is
+    not measured; otherwise ``judge(before, after, limit)`` returns (failed, detail, suffix for
+    the current figure[, compared value]). ``baseline_given`` is None for absolute gates."""
+    relative = baseline_given is not None
+    g = Gate(name, title, "skip", _num(before, unit) if relative else "–", _num(after, unit),
+             "–" if limit is None else threshold.format(limit), "", value, limit)
+    if limit is None:
+        g.detail = f"not set ({option})"
+    elif relative and not baseline_given:
+        g.detail = "no baseline given"
+    elif after is None or (relative and before is None):
+        g.detail = missing(before, after, relative)
+    else:
+        failed, g.detail, suffix, *compared = judge(before, after, limit)
+        if compared:
+            g.value = compared[0]
+        g.current += suffix
+        g.status = "fail" if failed else "pass"
+    return g
+
+
 def run_check(current: LoadedRun, baseline: LoadedRun | None, settings: dict[str, Any]) -> CheckResult:
     """Evaluate every gate; gates that are not set or cannot be measured are skipped."""
     from .compare import compare, step_time_ms
 
     cur, base = current.facts, baseline.facts if baseline else None
     s = settings
-    gates: list[Gate] = []
-    no_base = "no baseline given"
 
-    # absolute: overlap
+    def missing(what: str, note: str = ""):
+        def text(before, after, relative: bool) -> str:
+            if not relative:
+                return f"{what} not measured{note}"
+            which = "either run" if before is None and after is None else "one of the runs"
+            return f"{what} not measured in {which}{note}"
+
+        return text
+
     ov = cur.overlap.pct if cur.gpu_present else None
-    lim = s.get("min_overlap")
-    g = Gate("min-overlap", "overlap", "skip", "–", _num(ov, "%"), "–" if lim is None else f"≥ {lim:g}%", "", ov, lim)
-    if lim is None:
-        g.detail = "not set (--min-overlap)"
-    elif ov is None:
-        g.detail = "overlap not measured (no GPU communication in the trace)"
-    else:
-        g.status = "pass" if ov >= lim else "fail"
-        g.detail = f"overlap {pct(ov)} {'≥' if ov >= lim else '<'} {lim:g}%"
-    gates.append(g)
-
-    # absolute: exposed comm
     ex = cur.exposed_comm.mean_ms_per_step if cur.gpu_present else None
-    lim = s.get("max_exposed_comm_ms")
-    g = Gate("max-exposed-comm", "exposed comm per step", "skip", "–", _num(ex, "ms"), "–" if lim is None else f"≤ {lim:g} ms", "", ex, lim)
-    if lim is None:
-        g.detail = "not set (--max-exposed-comm-ms)"
-    elif ex is None:
-        g.detail = "exposed communication not measured (no GPU timeline)"
-    else:
-        g.status = "pass" if ex <= lim else "fail"
-        g.detail = f"exposed comm {ms(ex)} per step {'≤' if ex <= lim else '>'} {lim:g} ms"
-    gates.append(g)
-
-    # baseline: step time
-    a = step_time_ms(cur)
-    b = step_time_ms(base) if base else None
-    lim = s.get("max_step_regression_pct")
-    g = Gate("step-time-regression", "step time", "skip", _num(b, "ms"), _num(a, "ms"), "–" if lim is None else f"≤ +{lim:g}%", "", None, lim)
-    if lim is None:
-        g.detail = "not set (--max-step-regression-pct)"
-    elif base is None:
-        g.detail = no_base
-    elif a is None or not b:
-        g.detail = "step time not measured in one of the runs (no steps found)"
-    else:
-        d = 100 * (a - b) / b
-        g.value = d
-        g.current += f" ({'+' if d >= 0 else '−'}{abs(d):.1f}%)"
-        g.status = "pass" if d <= lim else "fail"
-        g.detail = f"step time {ms(b)} → {ms(a)} ({'+' if d >= 0 else '−'}{abs(d):.1f}%; limit +{lim:g}%)"
-    gates.append(g)
-
-    # baseline: overlap drop
-    ob = base.overlap.pct if base is not None and base.gpu_present else None
-    lim = s.get("max_overlap_drop_pts")
-    g = Gate("overlap-drop", "overlap drop", "skip", _num(ob, "%"), _num(ov, "%"), "–" if lim is None else f"≤ {lim:g} pts", "", None, lim)
-    if lim is None:
-        g.detail = "not set (--max-overlap-drop-pts)"
-    elif base is None:
-        g.detail = no_base
-    elif ob is None or ov is None:
-        g.detail = "overlap not measured in " + ("either run" if ob is None and ov is None else "one of the runs")
-    else:
-        drop = ob - ov
-        g.value = drop
-        g.status = "pass" if drop <= lim else "fail"
-        g.detail = f"overlap {pct(ob)} → {pct(ov)} ({'dropped' if drop > 0 else 'rose'} {abs(drop):.1f} pts; limit {lim:g} pts)"
-    gates.append(g)
-
-    # baseline: exposed comm regression
-    eb = base.exposed_comm.mean_ms_per_step if base is not None and base.gpu_present else None
-    lim = s.get("max_exposed_comm_regression_pct")
+    gpu_base = base is not None and base.gpu_present
     noise = s.get("exposed_comm_noise_ms") or 0.0
-    g = Gate("exposed-comm-regression", "exposed comm rise", "skip", _num(eb, "ms"), _num(ex, "ms"), "–" if lim is None else f"≤ +{lim:g}%", "", None, lim)
-    if lim is None:
-        g.detail = "not set (--max-exposed-comm-regression-pct)"
-    elif base is None:
-        g.detail = no_base
-    elif eb is None or ex is None:
-        g.detail = "exposed communication not measured in " + ("either run" if eb is None and ex is None else "one of the runs")
-    else:
-        delta = ex - eb
-        d = 100 * delta / eb if eb > 0 else (math.inf if delta > 0 else 0.0)
-        g.value = d if math.isfinite(d) else None
-        g.current += f" ({'+' if delta >= 0 else '−'}{abs(delta):.2f} ms)"
-        bad = d > lim and delta > noise
-        g.status = "fail" if bad else "pass"
-        rel = f"{'+' if d >= 0 else '−'}{abs(d):.1f}%" if math.isfinite(d) else "from 0"
-        g.detail = f"exposed comm {ms(eb)} → {ms(ex)} per step ({rel}; limit +{lim:g}% and > {noise:g} ms)"
-    gates.append(g)
 
-    # baseline: peak memory
-    ma, mb = _peak_memory(cur), (_peak_memory(base) if base is not None else None)
-    lim = s.get("max_memory_regression_pct")
-    g = Gate("memory-regression", "peak memory", "skip", _num(mb, "B"), _num(ma, "B"), "–" if lim is None else f"≤ +{lim:g}%", "", None, lim)
-    if lim is None:
-        g.detail = "not set (--max-memory-regression-pct)"
-    elif base is None:
-        g.detail = no_base
-    elif ma is None or mb is None:
-        g.detail = "peak memory not measured in " + ("either run" if ma is None and mb is None else "one of the runs") + " (no memory snapshot)"
-    else:
-        d = 100 * (ma - mb) / mb
-        g.value = d
-        g.current += f" ({'+' if d >= 0 else '−'}{abs(d):.1f}%)"
-        g.status = "pass" if d <= lim else "fail"
-        g.detail = f"peak allocated {mib(mb)} → {mib(ma)} ({'+' if d >= 0 else '−'}{abs(d):.1f}%; limit +{lim:g}%)"
-    gates.append(g)
+    def at_least(b, a, lim):
+        return a < lim, f"overlap {pct(a)} {'≥' if a >= lim else '<'} {lim:g}%", ""
+
+    def at_most_ms(b, a, lim):
+        return a > lim, f"exposed comm {ms(a)} per step {'≤' if a <= lim else '>'} {lim:g} ms", ""
+
+    def rise(fmt, what):
+        def judge(b, a, lim):
+            d = 100 * (a - b) / b
+            return d > lim, f"{what} {fmt(b)} → {fmt(a)} ({_signed(d)}%; limit +{lim:g}%)", f" ({_signed(d)}%)", d
+        return judge
+
+    def overlap_drop(b, a, lim):
+        drop = b - a
+        return drop > lim, f"overlap {pct(b)} → {pct(a)} ({'dropped' if drop > 0 else 'rose'} {abs(drop):.1f} pts; limit {lim:g} pts)", "", drop
+
+    def exposed_rise(b, a, lim):
+        delta = a - b
+        d = 100 * delta / b if b > 0 else (math.inf if delta > 0 else 0.0)
+        rel = f"{_signed(d)}%" if math.isfinite(d) else "from 0"
+        detail = f"exposed comm {ms(b)} → {ms(a)} per step ({rel}; limit +{lim:g}% and > {noise:g} ms)"
+        return d > lim and delta > noise, detail, f" ({_signed(delta, 2)} ms)", d if math.isfinite(d) else None
+
+    step_a = step_time_ms(cur)
+    step_b = step_time_ms(base) if base else None
+    gates: list[Gate] = [
+        _gate("min-overlap", "overlap", s.get("min_overlap"), "≥ {:g}%", None, ov, "%", "--min-overlap", None,
+              missing("overlap", " (no GPU communication in the trace)"), at_least, value=ov),
+        _gate("max-exposed-comm", "exposed comm per step", s.get("max_exposed_comm_ms"), "≤ {:g} ms", None, ex, "ms",
+              "--max-exposed-comm-ms", None, missing("exposed communication", " (no GPU timeline)"), at_most_ms, value=ex),
+        _gate("step-time-regression", "step time", s.get("max_step_regression_pct"), "≤ +{:g}%", step_b or None, step_a, "ms",
+              "--max-step-regression-pct", base is not None, missing("step time", " (no steps found)"), rise(ms, "step time")),
+        _gate("overlap-drop", "overlap drop", s.get("max_overlap_drop_pts"), "≤ {:g} pts",
+              base.overlap.pct if gpu_base else None, ov, "%", "--max-overlap-drop-pts", base is not None,
+              missing("overlap"), overlap_drop),
+        _gate("exposed-comm-regression", "exposed comm rise", s.get("max_exposed_comm_regression_pct"), "≤ +{:g}%",
+              base.exposed_comm.mean_ms_per_step if gpu_base else None, ex, "ms", "--max-exposed-comm-regression-pct",
+              base is not None, missing("exposed communication"), exposed_rise),
+        _gate("memory-regression", "peak memory", s.get("max_memory_regression_pct"), "≤ +{:g}%",
+              _peak_memory(base) if base is not None else None, _peak_memory(cur), "B", "--max-memory-regression-pct",
+              base is not None, missing("peak memory", " (no memory snapshot)"), rise(mib, "peak allocated")),
+    ]
 
     # findings
     level = s.get("fail_on_new") or "critical"
