@@ -83,10 +83,12 @@ def analyze(
 ) -> None:
     """Analyse trace files, directories of rank traces, or globs."""
     from .api import analyze as run
+    from .progress import load_progress
 
     cfg = rule_config(settings, disable)
     tl_step = (timeline_rank, timeline_step) if fmt == "html" else None
-    report = run(list(paths), memory=list(memory) or None, jobs=jobs, config=cfg, timeline_step=tl_step)
+    with load_progress() as progress:
+        report = run(list(paths), memory=list(memory) or None, jobs=jobs, config=cfg, timeline_step=tl_step, progress=progress)
     if save_baseline is not None:
         _write(report.to_json(), save_baseline)
     _emit(report, fmt, output)

@@ -118,16 +118,20 @@ def attribute(target: Intervals, starts: np.ndarray, ends: np.ndarray, labels: n
     mid = (seg_s + seg_e) / 2
     in_target = (measure_below(target, seg_e) - measure_below(target, seg_s)) > 0
     seg_len = np.where(in_target, seg_e - seg_s, 0.0)
-    cover = np.zeros((len(uniq), seg_s.size), dtype=bool)
-    for j, lab in enumerate(uniq):
-        m = labels == lab
-        iv = merge(starts[m], ends[m])
-        k = np.searchsorted(iv[0], mid, side="right") - 1
-        cover[j] = (k >= 0) & (mid < iv[1][np.maximum(k, 0)])
-    n_cover = cover.sum(axis=0)
+    # segments each interval covers (mid in [start, end)), as (label, segment) pairs, once each
+    lab_idx = {lab: j for j, lab in enumerate(uniq)}
+    lab_of = np.array([lab_idx[x] for x in labels.tolist()], dtype=np.int64)
+    lo = np.searchsorted(mid, starts, side="left")
+    hi = np.searchsorted(mid, ends, side="left")
+    cnt = np.maximum(hi - lo, 0)
+    seg = np.repeat(lo, cnt) + (np.arange(cnt.sum()) - np.repeat(np.cumsum(cnt) - cnt, cnt))
+    pairs = np.unique(np.repeat(lab_of, cnt) * seg_s.size + seg)  # sorted by label, then segment
+    p_lab, p_seg = pairs // seg_s.size, pairs % seg_s.size
+    n_cover = np.bincount(p_seg, minlength=seg_s.size)
     share = np.where(n_cover > 0, seg_len / np.maximum(n_cover, 1), 0.0)
+    cuts = np.searchsorted(p_lab, np.arange(len(uniq) + 1), side="left")
     for j, lab in enumerate(uniq):
-        v = float(np.sum(share[cover[j]]))
+        v = float(np.sum(share[p_seg[cuts[j] : cuts[j + 1]]]))
         if v:
             out[lab] = v
     rest = float(np.sum(seg_len[n_cover == 0]))

@@ -36,7 +36,7 @@ def enclosing(rt: RankTrace, labels: np.ndarray, queries: np.ndarray) -> dict[in
     thread nest, so a sweep in start order with a stack of open labels finds every chain in
     O((labels + queries) log) time.
     """
-    out: dict[int, list[int]] = {int(q): [] for q in queries}
+    out: dict[int, list[int]] = {q: [] for q in queries.tolist()}
     if labels.size == 0 or queries.size == 0:
         return out
     ts, end, thr = rt.ts, rt.ts + rt.dur, rt.thread
@@ -46,19 +46,22 @@ def enclosing(rt: RankTrace, labels: np.ndarray, queries: np.ndarray) -> dict[in
     # of the same extent so that the label contains it
     order = np.lexsort((is_query, -end[rows], ts[rows], thr[rows]))
     eps = 1e-6
+    r_o = rows[order]
     stack: list[int] = []
+    stack_end: list[float] = []
     cur_thread = -1
-    for k in order:
-        r = int(rows[k])
-        if thr[r] != cur_thread:
-            stack = []
-            cur_thread = thr[r]
-        e = end[r]
+    # plain Python values: indexing numpy arrays element by element is several times slower
+    for r, th, e, q in zip(r_o.tolist(), thr[r_o].tolist(), end[r_o].tolist(), is_query[order].tolist()):
+        if th != cur_thread:
+            stack, stack_end = [], []
+            cur_thread = th
         # whatever on the stack ends before this row ends cannot contain it (or anything later)
-        while stack and end[stack[-1]] < e - eps:
+        while stack_end and stack_end[-1] < e - eps:
             stack.pop()
-        if is_query[k]:
+            stack_end.pop()
+        if q:
             out[r] = [x for x in stack if x != r]  # a row can be both label and query
         else:
             stack.append(r)
+            stack_end.append(e)
     return out

@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
+import multiprocessing
 import os
 import statistics
 from collections import Counter
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from pathlib import Path
 from typing import Callable
 
 from .. import __version__
 from ..errors import InputError
+from ..ingest.kineto import parallel_decode, progress_hook
 from ..facts import (
     CollectiveStats,
     ExposedSummary,
@@ -25,38 +27,103 @@ from .rank import analyze_rank
 from .steps import PHASES
 
 
+_slots = None  # in a worker process: shared per-file counters of bytes read (progress)
+
+
+def _init_worker(slots) -> None:
+    global _slots
+    _slots = slots
+
+
 def _worker(args: tuple[str, int]) -> RankFacts | InputError:
     path, idx = args
+    hook = None
+    if _slots is not None:
+        slots = _slots
+
+        def hook(done: int, total: int) -> None:
+            slots[idx] = done
+
     try:
-        return analyze_rank(path, idx)
+        with progress_hook(hook):
+            return analyze_rank(path, idx)
     except InputError as exc:  # returned, not raised, so the parent reports the first bad file
         return exc
+
+
+def _cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # pragma: no cover - not Linux
+        return os.cpu_count() or 1
+
+
+def _size(path: str) -> int:
+    try:
+        return os.path.getsize(path)
+    except OSError:
+        return 0
 
 
 def analyze_ranks(
     paths: list[Path], jobs: int | None = None, progress: Callable[[int, int], None] | None = None
 ) -> list[RankFacts]:
-    """RankFacts for each file; several files are analysed in parallel worker processes."""
+    """RankFacts for each file, using up to ``jobs`` processes (default: one per core).
+
+    With at least as many files as processes, each worker process analyses whole files. With
+    fewer (one big trace on a multi-core machine), files are analysed one by one here and each
+    file's JSON blocks are decoded by ``jobs`` worker processes instead. Either way the result is
+    the same as ``jobs=1``.
+
+    ``progress(done, total)`` is called from this (the calling) thread in bytes of the input files
+    on disk, several times a second while files are read and once as each file completes.
+    """
     items = [(str(p), i) for i, p in enumerate(paths)]
-    jobs = jobs or min(len(items), os.cpu_count() or 1)
-    results: list[RankFacts | InputError]
-    if len(items) == 1 or jobs <= 1:
-        results = []
+    want = jobs or _cores()
+    sizes = [_size(p) for p, _ in items]
+    total = sum(sizes)
+    results: list[RankFacts | InputError | None] = [None] * len(items)
+    if want <= 1 or len(items) < want:
+        block_workers = want if want > 1 else 0
+        base = 0
         for k, it in enumerate(items):
-            results.append(_worker(it))
-            if progress:
-                progress(k + 1, len(items))
+            hook = None
+            if progress is not None:
+
+                def hook(done: int, _total: int, base: int = base) -> None:
+                    progress(base + done, total)
+
+            try:
+                with progress_hook(hook), parallel_decode(block_workers):
+                    results[k] = analyze_rank(*it)
+            except InputError as exc:
+                results[k] = exc
+                break  # the first bad file (in order) is the one reported
+            base += sizes[k]
+            if progress is not None:
+                progress(base, total)
     else:
-        results = [None] * len(items)  # type: ignore[list-item]
-        with ProcessPoolExecutor(max_workers=jobs) as pool:
-            for k, res in enumerate(pool.map(_worker, items)):
-                results[k] = res
-                if progress:
-                    progress(k + 1, len(items))
+        slots = multiprocessing.Array("q", len(items), lock=False) if progress is not None else None
+        finished = [False] * len(items)
+        with ProcessPoolExecutor(max_workers=want, initializer=_init_worker, initargs=(slots,)) as pool:
+            futures = {pool.submit(_worker, it): k for k, it in enumerate(items)}
+            pending = set(futures)
+            while pending:
+                done, pending = wait(pending, timeout=0.1 if progress is not None else None, return_when=FIRST_COMPLETED)
+                for f in done:
+                    k = futures[f]
+                    results[k] = f.result()
+                    finished[k] = True
+                    if isinstance(results[k], InputError):  # later files cannot change the outcome
+                        for g in list(pending):
+                            if futures[g] > k and g.cancel():
+                                pending.discard(g)
+                if progress is not None and slots is not None:
+                    progress(sum(s if finished[k] else min(slots[k], s) for k, s in enumerate(sizes)), total)
     for r in results:
         if isinstance(r, InputError):
             raise r
-    ranks: list[RankFacts] = results  # type: ignore[assignment]
+    ranks: list[RankFacts] = results  # type: ignore[assignment]  # no None left without an error before it
     seen: dict[int, str] = {}
     for rf in ranks:
         if rf.rank in seen:

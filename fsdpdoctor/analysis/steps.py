@@ -128,6 +128,30 @@ def locate(steps: list[StepWindow], t: np.ndarray) -> tuple[np.ndarray, np.ndarr
     t = np.asarray(t, dtype=np.float64)
     step_idx = np.full(t.shape, -1, dtype=np.int64)
     phase_idx = np.full(t.shape, PHASES.index("other"), dtype=np.int64)
+    if not steps:
+        return step_idx, phase_idx
+    starts = np.array([st.start for st in steps], dtype=np.float64)
+    ends = np.array([st.end for st in steps], dtype=np.float64)
+    if np.any(starts[1:] < starts[:-1]) or np.any(ends[:-1] > starts[1:]):
+        return _locate_loop(steps, t)  # overlapping or unsorted windows: the last one wins
+    k = np.searchsorted(starts, t, side="right") - 1
+    kc = np.maximum(k, 0)
+    inside = (k >= 0) & (t < ends[kc])
+    step_idx[inside] = k[inside]
+    # phases in the order _assign_phases inserts them (a later one wins where they overlap)
+    for name in ("optimizer", "forward", "backward", *[p for p in PHASES if p not in ("optimizer", "forward", "backward")]):
+        a = np.array([st.phases[name][0] if name in st.phases else np.nan for st in steps])
+        b = np.array([st.phases[name][1] if name in st.phases else np.nan for st in steps])
+        if np.all(np.isnan(a)):
+            continue
+        pm = inside & (t >= a[kc]) & (t < b[kc])
+        phase_idx[pm] = PHASES.index(name)
+    return step_idx, phase_idx
+
+
+def _locate_loop(steps: list[StepWindow], t: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    step_idx = np.full(t.shape, -1, dtype=np.int64)
+    phase_idx = np.full(t.shape, PHASES.index("other"), dtype=np.int64)
     for k, st in enumerate(steps):
         m = (t >= st.start) & (t < st.end)
         step_idx[m] = k

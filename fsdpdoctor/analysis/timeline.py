@@ -95,11 +95,14 @@ def step_timeline(rt: RankTrace, steps: list[StepWindow], colls: list[Collective
     s_all = rt.ts[g.rows]
     e_all = s_all + rt.dur[g.rows]
     out: list[StepFacts] = []
+    # rows of each step in one stable sort instead of one full-length comparison per step
+    by_step = np.argsort(step_idx, kind="stable")
+    bounds = np.searchsorted(step_idx[by_step], np.arange(len(steps) + 1), side="left")
     for k, st in enumerate(steps):
-        in_step = step_idx == k
+        in_step = by_step[bounds[k] : bounds[k + 1]]
         sf = StepFacts(number=st.number, start_us=st.start, step_ms=st.dur / 1e3)
         sf.phase_ms = {name: (b - a) / 1e3 for name, (a, b) in st.phases.items()}
-        if in_step.any():
+        if in_step.size:
             s, e = s_all[in_step], e_all[in_step]
             cm, cp, mm = g.comm[in_step], g.compute[in_step], g.memory[in_step]
             comp = iv.merge(s[cp], e[cp])
