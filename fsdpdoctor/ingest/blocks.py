@@ -36,10 +36,8 @@ converted event by event, as the whole-file lenient path does.
 from __future__ import annotations
 
 import gc
-import gzip
 import os
 import re
-import zlib
 from collections import deque
 from collections.abc import Callable
 from itertools import repeat
@@ -53,12 +51,8 @@ import numpy as np
 from ..errors import InputError
 from . import kineto as K
 
-try:
-    from isal import igzip as _gzip
-    from isal.isal_zlib import error as _IsalError
-except ImportError:  # pragma: no cover - exercised only without isal
-    _gzip = gzip  # type: ignore[assignment]
-    _IsalError = zlib.error  # type: ignore[assignment,misc]
+from ._io import GZIP_ERRORS as _GZIP_ERRORS
+from ._io import gzip_impl as _gzip
 
 Progress = Callable[[int, int], None]
 
@@ -66,7 +60,6 @@ CHUNK_BYTES = 2 << 20  # decompressed bytes per read; one block is about this si
 HEAD_LIMIT = 64 << 20  # give up looking for the event array after this many bytes
 PARALLEL_AFTER = 32 << 20  # worker processes only for files larger than this (decompressed)
 
-_GZIP_ERRORS = (EOFError, OSError, zlib.error, gzip.BadGzipFile, _IsalError)
 _SEP = re.compile(rb"\}\s*,\s*\{")
 _EVENTS_KEY = re.compile(rb'"traceEvents"\s*:\s*\[')
 _BYTE_POS = re.compile(r"\(byte (\d+)\)")

@@ -18,9 +18,7 @@ lenient per-event conversion instead of failing.
 from __future__ import annotations
 
 import gc
-import gzip
 import re
-import zlib
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,10 +29,9 @@ import numpy as np
 
 from ..errors import InputError
 
-try:  # isal's gzip is ~6x faster than zlib's; fall back when the wheel is unavailable
-    from isal import igzip as _gzip
-except ImportError:  # pragma: no cover - exercised only without isal
-    _gzip = gzip
+from ._io import GZIP_ERRORS as _GZIP_ERRORS
+from ._io import gzip_impl as _gzip
+from ._io import short as _short
 
 # --------------------------------------------------------------------------------------------
 # Typed schema: the fields we read, nothing else. Unknown fields are skipped by the decoder.
@@ -218,7 +215,7 @@ def read_bytes(path: Path) -> bytes:
                 try:
                     with _gzip.open(fh, "rb") as gz:
                         data = gz.read()
-                except (EOFError, OSError, zlib.error, gzip.BadGzipFile) as exc:
+                except _GZIP_ERRORS as exc:
                     raise InputError(path, f"truncated or corrupt gzip data ({_short(exc)})") from None
             else:
                 data = fh.read()
@@ -231,11 +228,6 @@ def read_bytes(path: Path) -> bytes:
     if not data.strip():
         raise InputError(path, "empty file")
     return data
-
-
-def _short(exc: BaseException) -> str:
-    msg = str(exc).strip() or type(exc).__name__
-    return msg.splitlines()[0][:120]
 
 
 def _json_error(path: Path, exc: msgspec.DecodeError) -> InputError:

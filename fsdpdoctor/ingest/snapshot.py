@@ -20,11 +20,9 @@ from __future__ import annotations
 
 import copyreg
 import gc
-import gzip
 import io
 import pickle
 import pickletools
-import zlib
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -35,14 +33,9 @@ import numpy as np
 
 from ..errors import InputError
 
-try:  # isal's gzip is several times faster than zlib's; same API, its own exception class
-    from isal import igzip as _gzip
-    from isal import isal_zlib
-
-    _GZIP_ERRORS: tuple[type[BaseException], ...] = (EOFError, OSError, zlib.error, isal_zlib.error)
-except ImportError:  # pragma: no cover - only without the isal wheel
-    _gzip = gzip
-    _GZIP_ERRORS = (EOFError, OSError, zlib.error)
+from ._io import GZIP_ERRORS as _GZIP_ERRORS
+from ._io import gzip_impl as _gzip
+from ._io import short as _short
 
 __all__ = [
     "SnapshotError",
@@ -194,9 +187,6 @@ def _read(path: Path) -> bytes:
     return data
 
 
-def _short(exc: BaseException) -> str:
-    msg = str(exc).strip() or type(exc).__name__
-    return msg.splitlines()[0][:120]
 
 
 def _looks_like_json(data: bytes) -> bool:
