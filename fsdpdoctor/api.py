@@ -150,6 +150,10 @@ def analyze(
             facts.notes.append(problem)
     if memory:
         attach_memory(facts, memory)
+    else:  # no snapshot: the allocator totals the trace recorded, if it did (profile_memory=True)
+        traced = [r.memory_trace for r in facts.rank_facts if r.memory_trace is not None]
+        if traced:
+            facts.memory = max(traced, key=lambda m: m.peak_allocated_bytes)
     plan_inputs = inputs_from_facts(facts)
     if plan_inputs is not None:
         facts.strategy = advise(plan_inputs)

@@ -222,6 +222,7 @@ class RankFacts:
     optimizer: str | None = None  # from Optimizer.step#<Name>.step
     gpus_per_node: int | None = None  # deviceProperties entries (the devices on this host)
     device_memory_bytes: int | None = None  # totalGlobalMem of this rank's GPU
+    memory_trace: MemoryFacts | None = None  # from the trace's [memory] events (profile_memory)
 
     @property
     def step_ms(self) -> list[float]:

@@ -74,3 +74,27 @@ def test_memory_command_on_generated_oom(tmp_path):
     d = json.loads(out.stdout)
     slugs = [f["slug"] for f in d["findings"]]
     assert "oom" in slugs and d["memory"]["oom"]["requested_bytes"] > 0
+
+
+def test_trace_memory_events_give_the_curve_without_a_snapshot(snap):
+    """A real trace recorded with profile_memory=True: peak and reserved from its [memory]
+    events, checked against an independent read of the JSON."""
+    import gzip
+
+    from conftest import PUBLIC_TRACES
+
+    trace = PUBLIC_TRACES / "hta-df-index-v100" / "rank-1.json.gz"
+    if not trace.exists():
+        pytest.skip("../shared/traces/public is absent")
+    events = [e["args"] for e in json.load(gzip.open(trace))["traceEvents"]
+              if e.get("name") == "[memory]" and e["args"].get("Device Type") == 1]
+    peak = max(a["Total Allocated"] for a in events)
+    at_peak = next(a for a in events if a["Total Allocated"] == peak)
+    m = fsdpdoctor.analyze(trace).facts.memory
+    assert m.source == "trace [memory] events"
+    assert m.peak_allocated_bytes == peak == 6629508096
+    assert m.reserved_at_peak_bytes == at_peak["Total Reserved"]
+    assert m.n_events == len(events) and len(m.curve["x"]) <= 501
+    # a snapshot, when given, is the better source and wins
+    path, _ = snap
+    assert fsdpdoctor.analyze(trace, memory=[path]).facts.memory.source == "snapshot"

@@ -9,6 +9,7 @@ from ..ingest.kineto import RankTrace, load_trace
 from .comms import Collective, find_collectives, issue_rows
 from .fsdp import analyze_fsdp
 from .labels import enclosing, label_rows
+from .memory_events import memory_from_events
 from .steps import find_steps
 from .timeline import hta_overlap, step_timeline
 
@@ -59,6 +60,7 @@ def analyze_rank_trace(rt: RankTrace, order_index: int = 0) -> RankFacts:
         optimizer=opt,
         gpus_per_node=gpus,
         device_memory_bytes=device_mem,
+        memory_trace=memory_from_events(rt.path, rt.memory_events),
     )
 
 

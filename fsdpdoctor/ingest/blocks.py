@@ -124,9 +124,24 @@ class _M(msgspec.Struct, gc=False, tag_field="ph", tag="M"):
     args: _MArgs | None = None
 
 
-OTHER_PHASES = "BEiICbneSTpFstfPONDVvRc()"
+class _MemA(msgspec.Struct, gc=False):
+    total_allocated: int | None = msgspec.field(name="Total Allocated", default=None)
+    total_reserved: int | None = msgspec.field(name="Total Reserved", default=None)
+    device_type: int | None = msgspec.field(name="Device Type", default=None)
+    device_id: int | None = msgspec.field(name="Device Id", default=None)
+
+
+class _I(msgspec.Struct, gc=False, tag_field="ph", tag="i"):
+    """Instant events: only ``[memory]`` ones are kept (allocator totals)."""
+
+    name: str = ""
+    ts: float = 0.0
+    args: _MemA | None = None
+
+
+OTHER_PHASES = "BEICbneSTpFstfPONDVvRc()"
 _Others = tuple(msgspec.defstruct(f"_Ph{ord(c)}", [], tag_field="ph", tag=c, gc=False) for c in OTHER_PHASES)
-_Event = Union[(_X, _M, *_Others)]  # type: ignore[valid-type]
+_Event = Union[(_X, _M, _I, *_Others)]  # type: ignore[valid-type]
 _OTHER = _Others[0]()  # stands for any event that is neither X nor M (lenient path)
 
 
@@ -294,6 +309,7 @@ class Part(msgspec.Struct, gc=False):
     corr: np.ndarray
     stream: np.ndarray
     keep: dict  # row in the block -> kineto.Args
+    mem: np.ndarray  # [memory] events, kineto.MEMORY_COLUMNS
 
     def __len__(self) -> int:
         return len(self.ts)
@@ -303,10 +319,12 @@ def extract(evs: list, table: KeyTable, counted: int | None = None) -> Part:
     """Columns of one decoded block."""
     thread_names: dict[tuple[Any, Any], str] = {}
     xs = [e for e in evs if e.__class__ is _X]
+    mem_rows = []
     if len(xs) != len(evs):
         for e in [e for e in evs if e.__class__ is _M]:
             if e.name == "thread_name" and e.args is not None and e.args.name:
                 thread_names[(e.pid, e.tid)] = e.args.name
+        mem_rows = [r for r in map(K.memory_row, (e for e in evs if e.__class__ is _I)) if r is not None]
     count = len(evs) if counted is None else counted
     key = table.codes(list(map(_KEY, xs)))
     if table.dropped:
@@ -338,7 +356,7 @@ def extract(evs: list, table: KeyTable, counted: int | None = None) -> Part:
             cand.append(np.array([i for i in rows if args[i].input_dims is not None], dtype=np.intp))
         if cand:
             keep = {i: _public_args(args[i]) for i in np.unique(np.concatenate(cand)).tolist()}
-    return Part(table.token, table.unsent(), count, thread_names, key, ts, dur, ext, corr, stream, keep)
+    return Part(table.token, table.unsent(), count, thread_names, key, ts, dur, ext, corr, stream, keep, K.memory_array(mem_rows))
 
 
 class _Interner:
@@ -375,10 +393,13 @@ class Columns:
         self.keep: dict[int, K.Args] = {}
         self.rows = 0
         self.event_count = 0
+        self.mem: list[np.ndarray] = []
 
     def append(self, part: Part) -> None:
         self.event_count += part.event_count
         self.thread_names.update(part.thread_names)
+        if len(part.mem):
+            self.mem.append(part.mem)
         m = self.maps.setdefault(part.table, [])
         for k in part.new_keys:
             if k[0] in K.DROPPED_CATEGORIES:
@@ -403,6 +424,9 @@ class Columns:
         for i, a in part.keep.items():
             self.keep[base + i] = a
         self.rows += n
+
+    def memory_events(self) -> np.ndarray:
+        return np.concatenate(self.mem) if self.mem else K.memory_array([])
 
     def column(self, key: str, dtype) -> np.ndarray:
         if key in ("cat", "name", "thread"):
@@ -445,6 +469,10 @@ def _internal(e: K.Event):
     if e.ph == "M":
         ma = None if e.args is None else _MArgs(name=e.args.name)
         return _M(name=e.name, pid=e.pid, tid=e.tid, args=ma)
+    if e.ph == "i":
+        a = e.args
+        mem = None if a is None else _MemA(a.total_allocated, a.total_reserved, a.device_type, a.device_id)
+        return _I(name=e.name, ts=e.ts, args=mem)
     if e.ph != "X":
         return _OTHER
     a = e.args

@@ -60,6 +60,31 @@ class Args(msgspec.Struct, gc=False, omit_defaults=True):
     # msgspec cannot decode ``Raw | None`` (it accepts only null): plain Raw, None when absent
     input_dims: msgspec.Raw = msgspec.field(name="Input Dims", default=None)  # type: ignore[assignment]
     input_type: msgspec.Raw = msgspec.field(name="Input type", default=None)  # type: ignore[assignment]
+    # ``[memory]`` instant events (profile_memory=True): allocator totals after each event
+    total_allocated: int | None = msgspec.field(name="Total Allocated", default=None)
+    total_reserved: int | None = msgspec.field(name="Total Reserved", default=None)
+    device_type: int | None = msgspec.field(name="Device Type", default=None)
+    device_id: int | None = msgspec.field(name="Device Id", default=None)
+
+
+MEMORY_EVENT = "[memory]"
+MEMORY_COLUMNS = ("ts", "device_type", "device_id", "allocated", "reserved")
+
+
+def memory_row(e) -> tuple | None:
+    """(ts, device type, device id, total allocated, total reserved) of a ``[memory]`` event."""
+    a = e.args
+    if e.name != MEMORY_EVENT or a is None or a.total_allocated is None:
+        return None
+    return (e.ts, _or(a.device_type, -1), _or(a.device_id, -1), a.total_allocated, _or(a.total_reserved, 0))
+
+
+def _or(v, default):
+    return default if v is None else v
+
+
+def memory_array(rows: list) -> np.ndarray:
+    return np.array(rows, dtype=np.float64).reshape(-1, len(MEMORY_COLUMNS))
 
 
 class Event(msgspec.Struct, gc=False):
@@ -128,6 +153,8 @@ class RankTrace:
     thread_names: dict[tuple[Any, Any], str] = field(default_factory=dict)
     event_count: int = 0  # all events in the file, every phase
     decode_mode: str = "typed"
+    # one row per ``[memory]`` instant event, columns MEMORY_COLUMNS (empty without profile_memory)
+    memory_events: np.ndarray = field(default_factory=lambda: memory_array([]))
     _masks: dict = field(default_factory=dict, repr=False, compare=False)  # mask_cat cache
 
     @property
@@ -324,6 +351,10 @@ def _coerce_event(d: Any) -> Event | None:
             name=_str_or_none(a.get("name")),
             input_dims=_raw(a.get("Input Dims")),
             input_type=_raw(a.get("Input type")),
+            total_allocated=_to_int(a.get("Total Allocated")),
+            total_reserved=_to_int(a.get("Total Reserved")),
+            device_type=_to_int(a.get("Device Type")),
+            device_id=_to_int(a.get("Device Id")),
         )
     pid, tid = d.get("pid", 0), d.get("tid", 0)
     return Event(
@@ -405,9 +436,12 @@ def _build(path: Path, events: list[Event], meta: dict, mode: str) -> RankTrace:
     n_all = len(events)
     xs = [e for e in events if e.ph == "X" and e.cat not in DROPPED_CATEGORIES]
     thread_names: dict[tuple[Any, Any], str] = {}
+    mem_rows = []
     for e in events:
         if e.ph == "M" and e.name == "thread_name" and e.args is not None and e.args.name:
             thread_names[(e.pid, e.tid)] = e.args.name
+        elif e.ph == "i" and (row := memory_row(e)) is not None:
+            mem_rows.append(row)
     n = len(xs)
     cat_codes, cats = _factorize([e.cat for e in xs])
     name_codes, names = _factorize([e.name for e in xs])
@@ -445,7 +479,7 @@ def _build(path: Path, events: list[Event], meta: dict, mode: str) -> RankTrace:
             keep[i] = a
     return _make_trace(
         path, meta, mode, cat_codes, name_codes, thr_codes, ts, dur, ext, corr, stream,
-        [str(c) for c in cats], [str(x) for x in names], threads, keep, thread_names, n_all,
+        [str(c) for c in cats], [str(x) for x in names], threads, keep, thread_names, n_all, memory_array(mem_rows),
     )
 
 
@@ -453,7 +487,7 @@ def _make_trace(
     path: Path, meta: dict, mode: str, cat: np.ndarray, name: np.ndarray, thread: np.ndarray,
     ts: np.ndarray, dur: np.ndarray, ext: np.ndarray, corr: np.ndarray, stream: np.ndarray,
     cats: list[str], names: list[str], threads: list[tuple[Any, Any]], keep: dict[int, Args],
-    thread_names: dict[tuple[Any, Any], str], event_count: int,
+    thread_names: dict[tuple[Any, Any], str], event_count: int, memory_events: np.ndarray | None = None,
 ) -> RankTrace:
     np.maximum(dur, 0.0, out=dur)
     dinfo = distributed_info(meta.get("distributedInfo"))
@@ -490,6 +524,7 @@ def _make_trace(
         thread_names=thread_names,
         event_count=event_count,
         decode_mode=mode,
+        memory_events=memory_array([]) if memory_events is None else memory_events,
     )
 
 
@@ -552,7 +587,7 @@ def load_trace(
             cols.column("ts", np.float64), cols.column("dur", np.float64), cols.column("ext", np.int64),
             cols.column("corr", np.int64), cols.column("stream", np.int64),
             [str(c) for c in cols.cats.values], [str(x) for x in cols.names.values], list(cols.threads.values),
-            cols.keep, cols.thread_names, cols.event_count,
+            cols.keep, cols.thread_names, cols.event_count, cols.memory_events(),
         )
     if len(rt) == 0:
         raise InputError(path, "trace has no complete ('X') events to analyse")
