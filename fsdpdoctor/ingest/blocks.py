@@ -439,29 +439,21 @@ class Columns:
         return out.astype(dtype, copy=False)
 
 
+_ID_FIELDS = ("external_id", "correlation", "stream")  # NA in _A, None in kineto.Args
+
+
 def _public_args(a: _A) -> K.Args:
-    nbytes = a.nbytes
-    if isinstance(nbytes, str):
-        nbytes = K._to_int(nbytes)
-    return K.Args(
-        external_id=None if a.external_id == NA else a.external_id,
-        correlation=None if a.correlation == NA else a.correlation,
-        stream=None if a.stream == NA else a.stream,
-        device=a.device,
-        collective=a.collective,
-        in_nelems=a.in_nelems,
-        out_nelems=a.out_nelems,
-        group_size=a.group_size,
-        dtype=a.dtype,
-        pg_name=a.pg_name,
-        pg_desc=a.pg_desc,
-        pg_ranks=a.pg_ranks,
-        nbytes=nbytes,
-        name=a.name,
-        # a Raw points into the block's buffer; keep private copies of the few we retain
-        input_dims=a.input_dims.copy() if a.input_dims is not None else None,
-        input_type=a.input_type.copy() if a.input_type is not None else None,
-    )
+    kw = {f: getattr(a, f) for f in _A.__struct_fields__}
+    for f in _ID_FIELDS:
+        if kw[f] == NA:
+            kw[f] = None
+    if isinstance(kw["nbytes"], str):
+        kw["nbytes"] = K._to_int(kw["nbytes"])
+    # a Raw points into the block's buffer; keep private copies of the few we retain
+    for f in ("input_dims", "input_type"):
+        if kw[f] is not None:
+            kw[f] = kw[f].copy()
+    return K.Args(**kw)
 
 
 def _internal(e: K.Event):
@@ -478,24 +470,11 @@ def _internal(e: K.Event):
     a = e.args
     ia = None
     if a is not None:
-        ia = _A(
-            external_id=NA if a.external_id is None else a.external_id,
-            correlation=NA if a.correlation is None else a.correlation,
-            stream=NA if a.stream is None else a.stream,
-            device=a.device,
-            collective=a.collective,
-            in_nelems=a.in_nelems,
-            out_nelems=a.out_nelems,
-            group_size=a.group_size,
-            dtype=a.dtype,
-            pg_name=a.pg_name,
-            pg_desc=a.pg_desc,
-            pg_ranks=a.pg_ranks,
-            nbytes=a.nbytes,
-            name=a.name,
-            input_dims=a.input_dims,
-            input_type=a.input_type,
-        )
+        kw = {f: getattr(a, f) for f in _A.__struct_fields__}
+        for f in _ID_FIELDS:
+            if kw[f] is None:
+                kw[f] = NA
+        ia = _A(**kw)
     return _X(cat=e.cat, name=e.name, pid=e.pid, tid=e.tid, ts=e.ts, dur=e.dur, args=ia)
 
 
