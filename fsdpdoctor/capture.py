@@ -521,26 +521,17 @@ def describe_model(model: Any, wrap_policy: str | None = None) -> dict[str, Any]
         }
         inner = model.module
 
-    units: list[dict[str, Any]] = []
-    try:
-        units = _fsdp2_units(inner)
-    except ImportError:  # pragma: no cover
-        units = []
-    if units:
-        desc.update(_fsdp2_summary(units))
-        desc["fsdp_version"] = 2
-        desc["parallelism"] = "fsdp2" if desc["parallelism"] is None else "ddp+fsdp2"
-        desc["units"] = units
-        return desc
-    try:
-        units = _fsdp1_units(inner)
-    except ImportError:  # pragma: no cover
-        units = []
-    if units:
-        desc.update(_fsdp1_summary(units))
-        desc["fsdp_version"] = 1
-        desc["parallelism"] = "fsdp1" if desc["parallelism"] is None else "ddp+fsdp1"
-        desc["units"] = units
+    for version, find_units, summarize in ((2, _fsdp2_units, _fsdp2_summary), (1, _fsdp1_units, _fsdp1_summary)):
+        try:
+            units = find_units(inner)
+        except ImportError:  # pragma: no cover
+            units = []
+        if units:
+            desc.update(summarize(units))
+            desc["fsdp_version"] = version
+            desc["parallelism"] = f"fsdp{version}" if desc["parallelism"] is None else f"ddp+fsdp{version}"
+            desc["units"] = units
+            break
     return desc
 
 
