@@ -13,6 +13,7 @@ from types import SimpleNamespace
 import pytest
 
 import fsdpdoctor
+from fixtures.scenarios import generator as gen
 from fsdpdoctor.check import (
     CHECK_SETTINGS,
     check_defaults,
@@ -39,7 +40,6 @@ def cli(*args, cwd=None):
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     """name → (trace dir, saved baseline JSON) for the healthy run and each regression."""
-    gen = pytest.importorskip("fixtures.scenarios.generator")
     base = gen.PRESETS["healthy-fsdp2"]
     root = tmp_path_factory.mktemp("check")
     out = {}
@@ -49,6 +49,16 @@ def runs(tmp_path_factory):
         saved.write_text(fsdpdoctor.analyze(d).to_json())
         out[name] = (d, saved)
     return out
+
+
+def _hta_window_overlap(truth: dict) -> float:
+    """The gate's figure from the generator's truth: per rank Σ overlap / Σ comm over every step
+    but the last (Holistic Trace Analysis's window), mean over ranks."""
+    pcts = []
+    for r in truth["ranks"].values():
+        steps = r["steps"][:-1]
+        pcts.append(100.0 * sum(s["overlap_ms"] for s in steps) / sum(s["comm_busy_ms"] for s in steps))
+    return sum(pcts) / len(pcts)
 
 
 @pytest.fixture
@@ -132,15 +142,19 @@ def test_bad_usage_exits_2(runs, iso, args):
 
 def test_absolute_gates(runs, iso):
     healthy, lost = runs["healthy"][0], runs["prefetch-lost"][0]
-    assert cli("check", healthy, "--min-overlap", 80, cwd=iso).returncode == 0  # 87.7%
-    r = cli("check", lost, "--min-overlap", 80, "--format", "json", cwd=iso)  # 34.1%
+    th, tl = gen.read_truth(healthy), gen.read_truth(lost)
+    # the thresholds below sit between the two runs' true figures
+    assert _hta_window_overlap(th) > 80 > _hta_window_overlap(tl)
+    assert th["summary"]["exposed_comm_ms_per_step_mean"] < 5 < tl["summary"]["exposed_comm_ms_per_step_mean"]
+    assert cli("check", healthy, "--min-overlap", 80, cwd=iso).returncode == 0
+    r = cli("check", lost, "--min-overlap", 80, "--format", "json", cwd=iso)
     assert r.returncode == 1
     g = {x["name"]: x for x in json.loads(r.stdout)["gates"]}
     assert g["min-overlap"]["status"] == "fail"
-    assert g["min-overlap"]["value"] == pytest.approx(34.1, abs=0.1)
+    assert g["min-overlap"]["value"] == pytest.approx(_hta_window_overlap(gen.read_truth(lost)), abs=0.1)
     assert g["step-time-regression"]["status"] == "skip"  # no baseline
-    assert cli("check", healthy, "--max-exposed-comm-ms", 5, cwd=iso).returncode == 0  # 2.58 ms
-    assert cli("check", lost, "--max-exposed-comm-ms", 5, cwd=iso).returncode == 1  # 13.4 ms
+    assert cli("check", healthy, "--max-exposed-comm-ms", 5, cwd=iso).returncode == 0
+    assert cli("check", lost, "--max-exposed-comm-ms", 5, cwd=iso).returncode == 1
 
 
 def test_cpu_only_overlap_is_not_measured(recorded_run, iso):

@@ -65,10 +65,8 @@ def gpu_report():
 @pytest.fixture(scope="module")
 def fsdp_gpu_dir(tmp_path_factory) -> Path:
     """A generated 2-rank GPU FSDP2 run without backward prefetch (exposed all-gathers)."""
-    try:
-        from fixtures.scenarios.generator import PRESETS, generate
-    except ImportError:
-        pytest.skip("fixtures/scenarios generator is absent")
+    from fixtures.scenarios.generator import PRESETS, generate
+
     cfg = dataclasses.replace(PRESETS["no-backward-prefetch-fsdp2"], world_size=2, num_layers=4, steps=3)
     return generate(cfg, tmp_path_factory.mktemp("fsdp2-gpu"))
 
@@ -197,12 +195,8 @@ def test_memory_section_from_memory_facts(cpu_report):
 
 @pytest.mark.skipif(not REAL_SNAPSHOT.exists(), reason="../shared snapshots not available")
 def test_memory_section_real_snapshot(tmp_path):
-    try:
-        rep = analyze(PER_BLOCK, memory=[REAL_SNAPSHOT])
-    except TypeError:
-        pytest.skip("memory snapshots are not wired into analyze() yet")
-    if getattr(rep.facts, "memory", None) is None:
-        pytest.skip("memory snapshots are not wired into analyze() yet")
+    rep = analyze(PER_BLOCK, memory=[REAL_SNAPSHOT])
+    assert rep.facts.memory is not None
     page = render(rep)
     assert TITLES["memory_stack"] in page and TITLES["memory_curve"] in page
     assert '"allocated"' in page and '"reserved"' in page
@@ -361,10 +355,8 @@ def test_render_comparison_dict_forms():
 
 
 def _real_comparison(before: Path, after: Path):
-    try:
-        from fsdpdoctor.compare import compare, load_run
-    except ImportError:
-        pytest.skip("fsdpdoctor.compare is absent")
+    from fsdpdoctor.compare import compare, load_run
+
     b, a = load_run(str(before)), load_run(str(after))
     return compare(b.facts, a.facts, b.findings, a.findings, before_label=str(before), after_label=str(after))
 

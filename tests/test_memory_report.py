@@ -15,8 +15,9 @@ import fsdpdoctor
 from fsdpdoctor.analysis.memory import analyze_memory
 from fsdpdoctor.facts import MEMORY_CATEGORIES
 
+from fixtures.snapshots import gen_snapshot as gen
+
 REPO = Path(__file__).resolve().parents[1]
-gen = pytest.importorskip("fixtures.snapshots.gen_snapshot")
 
 
 @pytest.fixture(scope="module")

@@ -93,7 +93,8 @@ def analyzed(recorded_run, tmp_path_factory):
                     pytest.skip("../shared/traces/public is absent")
                 cache[key] = [fsdpdoctor.analyze(f) for f in files]
             elif source == "snapshot":
-                gen = pytest.importorskip("fixtures.snapshots.gen_snapshot")
+                from fixtures.snapshots import gen_snapshot as gen
+
                 out = tmp_path_factory.mktemp(f"snap-{name}")
                 snap, _truth = gen.write(name, out)
                 cache[key] = [fsdpdoctor.api.analyze_memory_only(snap)]
@@ -107,7 +108,8 @@ def analyzed(recorded_run, tmp_path_factory):
             elif source == "scenario":
                 import dataclasses
 
-                gen = pytest.importorskip("fixtures.scenarios.generator")
+                from fixtures.scenarios import generator as gen
+
                 out = tmp_path_factory.mktemp(f"scn-{name}")
                 gen.generate(dataclasses.replace(gen.PRESETS[name], **(knobs or {})), out)
                 cache[key] = [fsdpdoctor.analyze(out)]

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 
 import fsdpdoctor
+from fixtures.scenarios import generator as gen
 
-gen = pytest.importorskip("fixtures.scenarios.generator")
 PRESETS = sorted(gen.PRESETS)
 
 

@@ -10,6 +10,7 @@ import sys
 import pytest
 
 import fsdpdoctor
+from fixtures.scenarios import generator as gen
 from fsdpdoctor.analysis.strategy import PlanInputs, advise, estimate, inputs_from_facts
 
 GiB = 2**30
@@ -51,8 +52,6 @@ def test_communication_follows_nccl_tests_convention():
     assert c["NO_SHARD"].comm_ms == pytest.approx(1e9 * 2 * 2 * 7 / 8 / 100e9 * 1e3)
     assert "HYBRID_SHARD" not in c  # one node: nothing to replicate across
 
-
-gen = pytest.importorskip("fixtures.scenarios.generator")
 
 
 @pytest.fixture(scope="module")
@@ -133,3 +132,24 @@ def test_zero_expected_memory_per_category():
     assert expected_memory(inp, "NO_SHARD")["optimizer_state"] == pytest.approx(8e9 * 8)
     inp.gpus_per_node, inp.world_size = 4, 16
     assert expected_memory(inp, "HYBRID_SHARD")["gradients"] == pytest.approx(8e9 * 2 / 4)
+
+
+@pytest.mark.parametrize(
+    "text, count",
+    [("7B", 7e9), ("70b", 70e9), ("1.5T", 1.5e12), ("125M", 125e6), ("350k", 350e3), ("7e9", 7e9), (".5B", 0.5e9)],
+)
+def test_plan_params_as_model_cards_write_them(text, count):
+    from fsdpdoctor.cli_plan import parse_count
+
+    assert parse_count(text) == pytest.approx(count)
+
+
+def test_plan_params_7b_equals_7e9_and_rejects_bytes():
+    def run(params):
+        return subprocess.run([sys.executable, "-m", "fsdpdoctor", "plan", "--params", params, "--gpus", "8",
+                               "--format", "json"], capture_output=True, text=True)
+
+    a, b = run("7B"), run("7e9")
+    assert a.returncode == 0 and a.stdout == b.stdout
+    bad = run("7GiB")
+    assert bad.returncode == 2 and "7GiB" in bad.stderr and "parameter count" in bad.stderr and "Traceback" not in bad.stderr
