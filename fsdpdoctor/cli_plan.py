@@ -22,10 +22,22 @@ _UNITS = {"": 1, "b": 1, "k": 1e3, "kb": 1e3, "m": 1e6, "mb": 1e6, "g": 1e9, "gb
 DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
 
 
+_COUNT = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:e[0-9]+)?)\s*([kmbgt]?)\s*$", re.I)
+_COUNT_UNITS = {"": 1, "k": 1e3, "m": 1e6, "b": 1e9, "g": 1e9, "t": 1e12}
+
+
+def parse_count(text: str) -> float:
+    """A parameter count as model cards write it: 7B, 70B, 1.5T, 125M, 350k, or plain 7e9."""
+    m = _COUNT.match(text)
+    if not m:
+        raise InputError(text, "not a parameter count (examples: 7B, 70B, 1.5T, 125M, 7e9)")
+    return float(m.group(1)) * _COUNT_UNITS[m.group(2).lower()]
+
+
 def parse_size(text: str) -> float:
     m = _SIZE.match(text)
     if not m:
-        raise InputError(text, "not a size (examples: 80GiB, 7e9, 70B is not accepted: write 70e9)")
+        raise InputError(text, "not a size in bytes (examples: 80GiB, 80GB, 8.6e10)")
     return float(m.group(1)) * _UNITS[(m.group(2) or "").lower()]
 
 
@@ -68,7 +80,7 @@ def plan_inputs(params: float, gpus: int, nodes: int, gpu_mem: float, *, seq: in
 
 
 @main.command()
-@click.option("--params", required=True, help="Parameter count, e.g. 7e9.")
+@click.option("--params", required=True, help="Parameter count: 7B, 70B, 1.5T, 125M or 7e9.")
 @click.option("--gpus", type=int, required=True, help="Total GPUs (world size).")
 @click.option("--nodes", type=int, default=1, show_default=True)
 @click.option("--gpu-mem", default="80GiB", show_default=True, help="Memory per GPU, e.g. 80GiB.")
@@ -88,7 +100,7 @@ def plan_inputs(params: float, gpus: int, nodes: int, gpu_mem: float, *, seq: in
 @guarded
 def plan(params, gpus, nodes, gpu_mem, seq, batch, layers, hidden, optimizer, dtype, intra_bw, inter_bw, tflops, mfu, current, fmt, output):
     """Compare sharding strategies before a run exists (arithmetic + stated assumptions)."""
-    inp = plan_inputs(parse_size(params), gpus, nodes, parse_size(gpu_mem), seq=seq, batch=batch, layers=layers,
+    inp = plan_inputs(parse_count(params), gpus, nodes, parse_size(gpu_mem), seq=seq, batch=batch, layers=layers,
                       hidden=hidden, optimizer=optimizer, dtype=dtype, intra_bw=intra_bw, inter_bw=inter_bw,
                       tflops=tflops, mfu=mfu, current=current)
     st = advise(inp)
