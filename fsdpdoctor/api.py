@@ -4,10 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import TYPE_CHECKING, Any, Callable, Iterable
 
 import msgspec
-import pandas as pd
 
 from . import __version__
 from .analysis.ranks import analyze_ranks, fold
@@ -17,6 +16,9 @@ from .analysis.sidecar import apply_sidecar
 from .analysis.strategy import advise, expected_memory, inputs_from_facts
 from .ingest.discover import discover
 from .ingest.sidecar import find_sidecar, load_sidecar
+
+if TYPE_CHECKING:  # pandas loads only when a DataFrame is asked for
+    import pandas as pd
 
 
 @dataclass
@@ -80,6 +82,8 @@ class Report:
     # -- tables ----------------------------------------------------------------------------
     def steps_df(self) -> pd.DataFrame:
         """One row per (rank, step): step time and the GPU breakdown in ms."""
+        import pandas as pd
+
         rows = []
         for r in self.facts.rank_facts:
             for s in r.steps:
@@ -92,13 +96,19 @@ class Report:
 
     def collectives_df(self) -> pd.DataFrame:
         """One row per collective per rank, with its unit, phase, bytes, timing and exposure."""
+        import pandas as pd
+
         rows = [{"rank": r.rank, **msgspec.to_builtins(c)} for r in self.facts.rank_facts for c in r.collectives]
         return pd.DataFrame(rows)
 
     def units_df(self) -> pd.DataFrame:
+        import pandas as pd
+
         return pd.DataFrame(msgspec.to_builtins(self.facts.fsdp.units))
 
     def ranks_df(self) -> pd.DataFrame:
+        import pandas as pd
+
         rows = []
         for r in self.facts.rank_facts:
             steps = [s.step_ms for s in r.steps]

@@ -183,12 +183,7 @@ def explain(rule: str) -> None:
 
 
 # Commands that live in their own modules register themselves on ``main`` when imported.
-for _mod in ("cli_compare", "cli_plan"):
-    try:
-        __import__(f"{__package__}.{_mod}")
-    except ModuleNotFoundError as _exc:  # a command module not written yet
-        if _exc.name != f"{__package__}.{_mod}":
-            raise
+from . import cli_compare, cli_plan  # noqa: E402,F401
 
 if __name__ == "__main__":  # pragma: no cover
     main()

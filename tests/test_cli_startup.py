@@ -1,0 +1,35 @@
+"""Start-up of commands that analyse nothing: they must not load pandas or the analysis stack.
+
+What is imported is asserted, not how long it takes (timing belongs in benchmarks/).
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+
+def _imported(*args: str) -> set[str]:
+    r = subprocess.run([sys.executable, "-X", "importtime", "-m", "fsdpdoctor", *args], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr[-2000:]
+    return {line.rsplit("|", 1)[-1].strip() for line in r.stderr.splitlines() if line.startswith("import time:")}
+
+
+@pytest.mark.parametrize("args", [("rules",), ("explain", "FSD004"), ("--help",), ("analyze", "--help")])
+def test_light_commands_do_not_load_pandas_or_the_analysis(args):
+    mods = _imported(*args)
+    assert "fsdpdoctor.cli" in mods  # the measurement saw the CLI load
+    assert "pandas" not in mods
+    assert not {m for m in mods if m.startswith("fsdpdoctor.analysis.ranks") or m.startswith("fsdpdoctor.ingest.blocks")}
+
+
+def test_dataframes_still_work():
+    from pathlib import Path
+
+    import fsdpdoctor
+
+    rep = fsdpdoctor.analyze(Path(__file__).resolve().parents[1] / "fixtures" / "recorded" / "per-block")
+    df = rep.steps_df()
+    assert len(df) == sum(len(r.steps) for r in rep.facts.rank_facts) and "step_ms" in df.columns
