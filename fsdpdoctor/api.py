@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterable
@@ -31,45 +32,13 @@ class Report:
 
     # -- machine contract ------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
-        f = self.facts
-        fs = f.fsdp
-        return {
-            "schema_version": f.schema_version,
-            "tool": f.tool,
-            "ranks": f.ranks,
-            "world_size": f.world_size,
-            "gpu_present": f.gpu_present,
-            "inputs": msgspec.to_builtins(f.inputs),
-            "fsdp": {
-                "version": fs.version,
-                "version_evidence": fs.version_evidence,
-                "sharding_strategy": fs.sharding_strategy,
-                "unit_count": fs.unit_count,
-                "unit_source": fs.unit_source,
-                "units": msgspec.to_builtins(fs.units),
-                "backward_prefetch": fs.backward_prefetch,
-                "backward_prefetch_evidence": fs.backward_prefetch_evidence,
-                "forward_prefetch": fs.forward_prefetch,
-                "reshard_after_forward": fs.reshard_after_forward,
-                "cpu_offload": msgspec.to_builtins(fs.cpu_offload),
-                "collective_dtypes": fs.collective_dtypes,
-                "mixed_precision": fs.mixed_precision,
-                "rate_limiter_ms_per_step": fs.rate_limiter_ms_per_step,
-                "sources": fs.sources,
-            },
-            "steps": msgspec.to_builtins(f.steps),
-            "overlap": msgspec.to_builtins(f.overlap),
-            "exposed_comm": msgspec.to_builtins(f.exposed_comm),
-            "timeline": msgspec.to_builtins(f.timeline),
-            "collectives": msgspec.to_builtins(f.collectives),
-            "memory": f.memory.to_dict() if f.memory is not None else None,
-            "memory_expected": f.memory_expected or None,
-            "strategy": msgspec.to_builtins(f.strategy) if f.strategy is not None else None,
-            "sidecar": f.sidecar,
-            "notes": f.notes,
-            "findings": msgspec.to_builtins(self.findings),
-            "facts": f.to_dict(),
-        }
+        """The report as one JSON document: every fact once, then the findings.
+
+        Its JSON Schema is :func:`fsdpdoctor.schema.report_schema` (``fsdpdoctor schema``).
+        """
+        d = self.facts.to_dict()
+        d["findings"] = msgspec.to_builtins(self.findings)
+        return d
 
     def to_json(self, indent: int = 2) -> str:
         return msgspec.json.format(msgspec.json.encode(self.to_dict()), indent=indent).decode()
@@ -126,6 +95,17 @@ class Report:
         return pd.DataFrame(rows)
 
 
+def _checked(report: Report) -> Report:
+    """With ``FSDPDOCTOR_CHECK_SCHEMA=1`` (the test suite sets it), every report is validated
+    against the published JSON Schema before it is returned, so a field that breaks the contract
+    fails the first test that produces it."""
+    if os.environ.get("FSDPDOCTOR_CHECK_SCHEMA") == "1":
+        from .schema import validate
+
+        validate(msgspec.json.decode(report.to_json()))
+    return report
+
+
 def analyze(
     paths: str | Path | Iterable[str | Path],
     memory: Any = None,
@@ -169,7 +149,7 @@ def analyze(
         facts.strategy = advise(plan_inputs)
         if facts.memory is not None:
             facts.memory_expected = expected_memory(plan_inputs, plan_inputs.current)
-    report = Report(facts=facts, findings=run_rules(facts, config))
+    report = _checked(Report(facts=facts, findings=run_rules(facts, config)))
     if timeline_step is not None:
         from .analysis.timeline_extract import extract_for_facts
 
@@ -218,4 +198,4 @@ def analyze_memory_only(memory: str | Path | Iterable[str | Path], config: dict[
     """A report from memory snapshots alone (``fsdpdoctor memory``)."""
     facts = RunFacts(tool=f"fsdpdoctor {__version__}")
     attach_memory(facts, memory)
-    return Report(facts=facts, findings=run_rules(facts, config))
+    return _checked(Report(facts=facts, findings=run_rules(facts, config)))

@@ -160,6 +160,18 @@ def rules_cmd(thresholds: bool) -> None:
         click.echo(f"{mod.CODE}  {mod.SLUG:<34} {getattr(mod, 'SEVERITY', ''):<8} {getattr(mod, 'TITLE', '')}")
 
 
+@main.command("schema")
+@click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path), help="Write the schema to FILE.")
+@guarded
+def schema_cmd(output: Path | None) -> None:
+    """Print the JSON Schema of 'analyze --format json' reports and baselines."""
+    import json
+
+    from .schema import report_schema
+
+    _write(json.dumps(report_schema(), indent=2), output)
+
+
 @main.command()
 @click.argument("rule")
 @guarded

@@ -16,7 +16,9 @@ from typing import Any
 
 import msgspec
 
-SCHEMA_VERSION = 1
+#: 2: the report is one document (every RunFacts field once, at the top level, plus ``findings``);
+#: 1 wrote the summaries at the top level and all facts again under ``facts``. Both load.
+SCHEMA_VERSION = 2
 
 
 MEMORY_CATEGORIES = (
@@ -334,6 +336,8 @@ class RunFacts:
     def to_dict(self) -> dict[str, Any]:
         d = msgspec.to_builtins(self)
         d["fsdp"]["unit_count"] = self.fsdp.unit_count
+        for rd, r in zip(d["rank_facts"], self.rank_facts):
+            rd["fsdp"]["unit_count"] = r.fsdp.unit_count
         return d
 
     def to_json(self, indent: int = 2) -> str:

@@ -22,6 +22,10 @@ if str(REPO) not in sys.path:  # lets tests import fixtures.* (recorders, genera
 
 pytest_plugins = ["_recording"]
 
+# Every report produced while testing (in this process and in CLI subprocesses, which inherit
+# the environment) is validated against the published JSON Schema (fsdpdoctor.api._checked).
+os.environ["FSDPDOCTOR_CHECK_SCHEMA"] = "1"
+
 
 def public_trace_files() -> list[Path]:
     if not PUBLIC_TRACES.is_dir():

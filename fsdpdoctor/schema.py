@@ -1,0 +1,63 @@
+"""The JSON contract of ``fsdpdoctor analyze --format json`` (and of ``--save-baseline`` files).
+
+One document, each fact once: every :class:`~fsdpdoctor.facts.RunFacts` field at the top level,
+``fsdp.unit_count`` (derived, for convenience) and the rule ``findings``. The JSON Schema is built
+from the same dataclasses the analysis fills, so it cannot drift from what is written;
+``fsdpdoctor schema`` prints it. Objects are closed (``additionalProperties: false``): a key that
+is not in the schema is a contract change, made by adding a field to the dataclass.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgspec
+
+from .engine import Finding
+from .facts import SCHEMA_VERSION, RunFacts
+
+SCHEMA_ID = f"urn:fsdpdoctor:report:v{SCHEMA_VERSION}"
+
+
+@dataclass
+class ReportDocument(RunFacts):
+    """An fsdpdoctor report: the facts of a run and the findings the rules drew from them."""
+
+    findings: list[Finding] = field(default_factory=list)
+
+
+def report_schema() -> dict[str, Any]:
+    """The JSON Schema (draft 2020-12) of a report document."""
+    schema = msgspec.json.schema(ReportDocument)
+    defs = schema["$defs"]
+    fsdp = defs["FsdpFacts"]
+    fsdp["properties"]["unit_count"] = {"type": "integer", "minimum": 0, "description": "len(units)"}
+    for d in defs.values():
+        if d.get("type") == "object" and "properties" in d:
+            d["additionalProperties"] = False
+            # every field is always written (msgspec writes defaults too): all are required
+            d["required"] = sorted(d["properties"])
+    root = defs["ReportDocument"]
+    root["properties"]["schema_version"] = {"const": SCHEMA_VERSION}
+    return {
+        "$schema": "https://json-schema.org/draft/2020-12/schema",
+        "$id": SCHEMA_ID,
+        "title": "fsdpdoctor report",
+        "description": (ReportDocument.__doc__ or "").strip(),
+        **{k: v for k, v in schema.items() if k != "$defs"},
+        "$defs": defs,
+    }
+
+
+@functools.lru_cache(maxsize=1)
+def _validator():
+    import jsonschema  # the test extra installs it; only validate() needs it
+
+    return jsonschema.Draft202012Validator(report_schema())
+
+
+def validate(document: dict[str, Any]) -> None:
+    """Raise ``jsonschema.ValidationError`` when ``document`` (decoded JSON) breaks the contract."""
+    _validator().validate(document)

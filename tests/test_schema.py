@@ -1,0 +1,85 @@
+"""The JSON contract: one document, each fact once, valid against the published JSON Schema.
+
+(Every report the suite produces is also validated as it is made: conftest sets
+FSDPDOCTOR_CHECK_SCHEMA=1, see fsdpdoctor.api._checked.)
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import jsonschema
+import pytest
+
+import fsdpdoctor
+from fsdpdoctor.facts import SCHEMA_VERSION, RunFacts
+from fsdpdoctor.schema import report_schema, validate
+
+REPO = Path(__file__).resolve().parents[1]
+PER_BLOCK = REPO / "fixtures" / "recorded" / "per-block"
+
+
+def _cli(*args):
+    return subprocess.run([sys.executable, "-m", "fsdpdoctor", *map(str, args)], capture_output=True, text=True)
+
+
+def test_schema_command_prints_the_schema():
+    r = _cli("schema")
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout) == json.loads(json.dumps(report_schema()))
+    jsonschema.Draft202012Validator.check_schema(report_schema())
+
+
+def test_cli_json_is_one_document_valid_against_the_schema():
+    r = _cli("analyze", PER_BLOCK, "--format", "json")
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    validate(doc)
+    assert doc["schema_version"] == SCHEMA_VERSION == 2
+    assert "facts" not in doc  # no second copy
+    # each summary once: the per-rank facts are under rank_facts only
+    assert doc["fsdp"]["unit_count"] == len(doc["fsdp"]["units"])
+    assert [r["rank"] for r in doc["rank_facts"]] == doc["ranks"]
+
+
+def test_schema_is_closed_a_stray_key_is_refused():
+    doc = json.loads(fsdpdoctor.analyze(PER_BLOCK).to_json())
+    doc["fsdp"]["made_up"] = 1
+    with pytest.raises(jsonschema.ValidationError, match="made_up"):
+        validate(doc)
+    doc = json.loads(fsdpdoctor.analyze(PER_BLOCK).to_json())
+    doc["steps"]["count"] = "3"
+    with pytest.raises(jsonschema.ValidationError):
+        validate(doc)
+
+
+def test_report_round_trips_as_a_baseline(tmp_path):
+    rep = fsdpdoctor.analyze(PER_BLOCK)
+    p = tmp_path / "baseline.json"
+    p.write_text(rep.to_json())
+    back = RunFacts.load(p)
+    assert back.to_dict() == rep.facts.to_dict()
+
+
+def test_version_1_reports_still_load(tmp_path):
+    """A version-1 report (summaries at the top level, all facts again under 'facts') loads as a baseline."""
+    rep = fsdpdoctor.analyze(PER_BLOCK)
+    facts = rep.facts.to_dict()
+    facts["schema_version"] = 1
+    v1 = {"schema_version": 1, "tool": facts["tool"], "fsdp": facts["fsdp"], "steps": facts["steps"], "facts": facts}
+    p = tmp_path / "v1.json"
+    p.write_text(json.dumps(v1))
+    back = RunFacts.load(p)
+    assert back.steps.mean_ms == rep.facts.steps.mean_ms and back.fsdp.unit_count == rep.facts.fsdp.unit_count
+
+
+def test_readme_key_table_matches_the_schema():
+    text = (REPO / "README.md").read_text()
+    section = text.split("## JSON report (the contract)", 1)[1].split("\n## ", 1)[0]
+    keys = re.findall(r"^\| `([a-z_]+)` \|", section, flags=re.M)
+    root = report_schema()["$defs"]["ReportDocument"]["properties"]
+    assert keys == list(root)
