@@ -184,11 +184,12 @@ class CheckResult:
         lines = [f"## fsdpdoctor check: {mark}", ""]
         lines.append(f"Run `{self.current_label}`" + (f" against baseline `{self.baseline_label}`." if self.baseline_label else " (no baseline: absolute gates only)."))
         lines.append("")
-        lines.append("| gate | baseline | current | threshold | verdict |")
-        lines.append("|---|---|---|---|---|")
+        from .report.markdown import table as md_table
+        from .report.sections import Table
+
         icon = {"pass": "✅ pass", "fail": "❌ **fail**", "skip": "➖ skip"}
-        for g in self.gates:
-            lines.append(f"| {g.title} | {g.baseline} | {g.current} | {g.threshold} | {icon[g.status]} |")
+        rows = [[g.title, g.baseline, g.current, g.threshold, icon[g.status]] for g in self.gates]
+        lines.append(md_table(Table("", ["gate", "baseline", "current", "threshold", "verdict"], rows)))
         failed = self.failed
         if failed:
             lines.append("")

@@ -6,7 +6,9 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from ..fmt import mib, ms
+from .markdown import table as md_table
 from .sections import Table
+from .terminal import rich_table
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -209,19 +211,6 @@ def all_tables(c: Comparison, compact: bool = False) -> list[Table]:
 # ------------------------------------------------------------------------------------------
 
 
-def _md_table(t: Table, level: str = "###") -> str:
-    def esc(s: str) -> str:
-        return s.replace("|", "\\|").replace("\n", " ")
-
-    out = [f"{level} {t.title}", ""]
-    if t.rows:
-        out += ["| " + " | ".join(t.headers) + " |", "|" + "---|" * len(t.headers)]
-        out += ["| " + " | ".join(esc(x) for x in row) + " |" for row in t.rows]
-    if t.note:
-        out += ["", f"_{t.note}_"]
-    return "\n".join(out)
-
-
 def preferred_fix(c: Comparison, p: Cause) -> list[tuple[str, str]]:
     """The fix flavours of a cause, the one for the run's FSDP version first."""
     v = c.fsdp_versions[1] if p.status == "appeared" else c.fsdp_versions[0]
@@ -248,7 +237,7 @@ def render_markdown(c: Comparison) -> str:
         lines += _md_fix(c, p)
     lines.append("")
     for t in all_tables(c):
-        lines.append(_md_table(t, "##"))
+        lines.append(md_table(t, "##"))
         lines.append("")
     lines.append("## How these numbers are defined")
     lines.append("")
@@ -264,7 +253,6 @@ def render_markdown(c: Comparison) -> str:
 
 
 def render_terminal(c: Comparison, console: Console) -> None:
-    from rich import box
     from rich.panel import Panel
     from rich.table import Table as RichTable
     from rich.text import Text
@@ -289,12 +277,7 @@ def render_terminal(c: Comparison, console: Console) -> None:
         if not t.rows:
             console.print(Text(f"{t.title}: {t.note}"))
             continue
-        rt = RichTable(title=t.title, title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False, caption=t.note or None)
-        for i, h in enumerate(t.headers):
-            rt.add_column(h, justify="right" if h.startswith(("Δ", "share", "before", "after", "step")) else "left", overflow="fold")
-        for row in t.rows:
-            rt.add_row(*[Text(x) for x in row])
-        console.print(rt)
+        console.print(rich_table(t, right=lambda _i, h: h.startswith(("Δ", "share", "before", "after", "step"))))
     console.print(Text(f"basis: {c.basis_text}", style="dim"))
     for n in c.notes:
         console.print(Text(f"note: {n}", style="dim"))

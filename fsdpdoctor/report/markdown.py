@@ -11,14 +11,22 @@ if TYPE_CHECKING:
     from ..api import Report
 
 
-def _table(t: Table) -> str:
-    def esc(s: str) -> str:
-        return s.replace("|", "\\|")
+def table(t: Table, level: str = "###") -> str:
+    """The one Markdown table renderer (analyze, compare and check reports use it).
 
-    out = [f"### {t.title}", "", "| " + " | ".join(t.headers) + " |", "|" + "---|" * len(t.headers)]
-    out += ["| " + " | ".join(esc(c) for c in row) + " |" for row in t.rows]
+    Cells are escaped (``|`` and line breaks would break the row); a table without a title gets no
+    heading, one without rows shows only its note.
+    """
+
+    def esc(s: str) -> str:
+        return s.replace("|", "\\|").replace("\r", " ").replace("\n", " ")
+
+    out = [f"{level} {t.title}", ""] if t.title else []
+    if t.rows:
+        out += ["| " + " | ".join(esc(h) for h in t.headers) + " |", "|" + "---|" * len(t.headers)]
+        out += ["| " + " | ".join(esc(c) for c in row) + " |" for row in t.rows]
     if t.note:
-        out += ["", f"_{t.note}_"]
+        out += ([""] if out and out[-1] else []) + [f"_{t.note}_"]
     return "\n".join(out)
 
 
@@ -48,7 +56,7 @@ def render(report: "Report") -> str:
     lines.append("## Details")
     lines.append("")
     for t in all_tables(f):
-        lines.append(_table(t))
+        lines.append(table(t))
         lines.append("")
     if f.notes:
         lines.append("## Notes")

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable
 
 from rich import box
 from rich.console import Console, Group
@@ -19,12 +19,14 @@ if TYPE_CHECKING:
 SEVERITY_STYLE = {"critical": "bold red", "warning": "yellow", "info": "cyan"}
 
 
-def _rich(t: Table) -> RichTable:
+def rich_table(t: Table, right: Callable[[int, str], bool] = lambda i, _h: i >= 2) -> RichTable:
+    """The one rich table renderer (analyze, compare); ``right(index, header)`` picks the
+    right-aligned columns. Cells are plain Text, so strings from a trace are never read as markup."""
     rt = RichTable(title=t.title, title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False, caption=t.note or None)
     for i, h in enumerate(t.headers):
-        rt.add_column(h, justify="left" if i < 2 else "right")
+        rt.add_column(h, justify="right" if right(i, h) else "left", overflow="fold")
     for row in t.rows:
-        rt.add_row(*row)
+        rt.add_row(*[Text(x) for x in row])
     return rt
 
 
@@ -53,6 +55,6 @@ def render(report: "Report", console: Console) -> None:
         console.print(ft)
     else:
         console.print(Text("No findings.", style="green"))
-    console.print(Group(*[_rich(t) for t in all_tables(f)]))
+    console.print(Group(*[rich_table(t) for t in all_tables(f)]))
     for n in f.notes:
         console.print(Text(f"note: {n}", style="dim"))
