@@ -66,7 +66,7 @@ def _write(text: str, output: Path | None) -> None:
 
 @main.command()
 @click.argument("paths", nargs=-1, required=True)
-@click.option("--format", "fmt", type=click.Choice(["terminal", "markdown", "json", "html"]), default="terminal", show_default=True)
+@click.option("--format", "fmt", type=click.Choice(["terminal", "markdown", "json", "html"]), default="terminal", show_default=True, help="Report format (json: see 'fsdpdoctor schema').")
 @click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path), help="Write the report to FILE.")
 @click.option("--timeline-rank", type=click.IntRange(0), default=None, metavar="N", help="HTML: rank whose step timeline is drawn (default: rank 0).")
 @click.option("--timeline-step", type=click.IntRange(0), default=None, metavar="K", help="HTML: step index (0-based, trace order) to draw (default: the median-length step).")
@@ -96,7 +96,7 @@ def analyze(
 
 @main.command()
 @click.argument("paths", nargs=-1, required=True)
-@click.option("--format", "fmt", type=click.Choice(["terminal", "markdown", "json"]), default="terminal", show_default=True)
+@click.option("--format", "fmt", type=click.Choice(["terminal", "markdown", "json"]), default="terminal", show_default=True, help="Report format.")
 @click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path), help="Write the report to FILE.")
 @guarded
 def memory(paths: tuple[str, ...], fmt: str, output: Path | None) -> None:

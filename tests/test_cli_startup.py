@@ -33,3 +33,25 @@ def test_dataframes_still_work():
     rep = fsdpdoctor.analyze(Path(__file__).resolve().parents[1] / "fixtures" / "recorded" / "per-block")
     df = rep.steps_df()
     assert len(df) == sum(len(r.steps) for r in rep.facts.rank_facts) and "step_ms" in df.columns
+
+
+def test_readme_cli_reference_is_current():
+    """Every command and flag is documented: the README's block is what the click commands render."""
+    from pathlib import Path
+
+    from fsdpdoctor.cli_reference import BEGIN, END, render
+
+    text = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    block = BEGIN + text.split(BEGIN, 1)[1].split(END, 1)[0] + END
+    assert block == render(), "README CLI reference is stale: python -m fsdpdoctor.cli_reference --write README.md"
+
+
+def test_every_option_has_help():
+    import click
+
+    from fsdpdoctor.cli import main
+
+    ctx = click.Context(main)
+    missing = [(n, p.opts) for n in main.list_commands(ctx) for p in main.get_command(ctx, n).params
+               if isinstance(p, click.Option) and not p.help]
+    assert missing == []
