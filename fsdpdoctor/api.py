@@ -12,6 +12,7 @@ import msgspec
 from . import __version__
 from .analysis.ranks import analyze_ranks, fold
 from .engine import Finding, run_rules
+from .errors import InputError
 from .facts import RunFacts
 from .analysis.sidecar import apply_sidecar
 from .analysis.strategy import advise, expected_memory, inputs_from_facts
@@ -162,8 +163,6 @@ MEMORY_SUFFIXES = (".pickle", ".pkl", ".pickle.gz", ".pkl.gz", ".raw.json.gz", "
 
 def memory_files(paths: str | Path | Iterable[str | Path]) -> list[Path]:
     """Snapshot / memory-timeline files named by ``paths`` (files, or directories of them)."""
-    from .errors import InputError
-
     if isinstance(paths, (str, Path)):
         paths = [paths]
     out: list[Path] = []
@@ -199,3 +198,58 @@ def analyze_memory_only(memory: str | Path | Iterable[str | Path], config: dict[
     facts = RunFacts(tool=f"fsdpdoctor {__version__}")
     attach_memory(facts, memory)
     return _checked(Report(facts=facts, findings=run_rules(facts, config)))
+
+
+# ------------------------------------------------------------------------------------------
+# loading a run for compare and check: traces, or a saved report / baseline
+# ------------------------------------------------------------------------------------------
+
+
+@dataclass
+class LoadedRun:
+    facts: RunFacts
+    findings: list[Finding]
+    label: str
+    source: str  # "traces" or "saved facts"
+
+
+def is_saved_facts(path: str) -> bool:
+    """True for a ``.json`` file holding fsdpdoctor facts/report JSON (not a Kineto trace)."""
+
+    p = Path(path)
+    if p.suffix.lower() != ".json" or not p.is_file():
+        return False
+    try:
+        with open(p, "rb") as fh:
+            head = fh.read(65536)
+    except OSError:
+        return False
+    return b'"schema_version"' in head or b'"rank_facts"' in head
+
+
+def load_run(
+    paths: str | list[str], config: dict[str, Any] | None = None, jobs: int | None = None, memory: list | None = None
+) -> LoadedRun:
+    """Anything ``analyze`` accepts, or one saved facts/report JSON (``analyze --save-baseline``).
+
+    Saved files bring their own findings (the report JSON's top-level ``findings``); a bare
+    RunFacts JSON has none, so the rules run on its facts. Raises InputError for bad input.
+    """
+    items = [paths] if isinstance(paths, str) else [str(p) for p in paths]
+    label = " ".join(items)
+    if len(items) == 1 and is_saved_facts(items[0]):
+        path = items[0]
+        facts = RunFacts.load(path)
+        raw = msgspec.json.decode(Path(path).read_bytes())
+        if isinstance(raw, dict) and isinstance(raw.get("findings"), list):
+            try:
+                findings = msgspec.convert(raw["findings"], list[Finding])
+            except msgspec.ValidationError as exc:
+                raise InputError(path, f"its findings do not match the schema ({exc})") from None
+        else:
+            from ..engine import run_rules
+
+            findings = run_rules(facts, config)
+        return LoadedRun(facts, findings, label, "saved facts")
+    report = analyze(items, memory=memory or None, config=config, jobs=jobs)
+    return LoadedRun(report.facts, report.findings, label, "traces")

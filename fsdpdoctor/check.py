@@ -44,7 +44,8 @@ else:  # pragma: no cover
 if TYPE_CHECKING:
     from rich.console import Console
 
-    from .compare import Comparison, LoadedRun
+    from .analysis.compare import Comparison
+    from .api import LoadedRun
 
 # name → (default, documentation); None = gate off unless set
 CHECK_SETTINGS: dict[str, tuple[Any, str]] = {
@@ -311,7 +312,7 @@ def _gate(name, title, limit, threshold, before, after, unit, option, baseline_g
 
 def run_check(current: LoadedRun, baseline: LoadedRun | None, settings: dict[str, Any]) -> CheckResult:
     """Evaluate every gate; gates that are not set or cannot be measured are skipped."""
-    from .compare import compare, step_time_ms
+    from .analysis.compare import compare, step_time_ms
 
     cur, base = current.facts, baseline.facts if baseline else None
     s = settings

@@ -34,17 +34,18 @@ def compare(before: str, after: str, fmt: str, output: Path | None, jobs: int | 
     exposed reduce-scatter, other exposed comm, memcpy, host-bound idle and other idle (CPU
     phases for CPU-only traces), and the causes are ranked.
     """
-    from .compare import compare as run_compare
-    from .compare import load_run
+    from .analysis.compare import compare as run_compare
+    from .api import load_run
+    from .report.comparison import render_markdown, to_json
 
     cfg = rule_config(settings, disable)
     b = load_run(before, cfg, jobs)
     a = load_run(after, cfg, jobs)
     cmp = run_compare(b.facts, a.facts, b.findings, a.findings, before_label=before, after_label=after)
     if fmt == "json":
-        _write(cmp.to_json(), output)
+        _write(to_json(cmp), output)
     elif fmt == "markdown":
-        _write(cmp.to_markdown(), output)
+        _write(render_markdown(cmp), output)
     elif fmt == "html":
         from .report.html import render_comparison
 
@@ -86,7 +87,7 @@ def check(
     --max-exposed-comm-ms) and the findings gate apply.
     """
     from .check import load_check_config, run_check
-    from .compare import load_run
+    from .api import load_run
 
     settings_ = load_check_config(
         {

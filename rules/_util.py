@@ -6,8 +6,12 @@ import sys
 from types import ModuleType
 from typing import Any
 
+from fsdpdoctor.analysis.compare import EXPOSED
 from fsdpdoctor.engine import Finding
 from fsdpdoctor.facts import CollectiveFacts, RunFacts
+
+#: For a rule's ``EXPLAINS`` (see fsdpdoctor.analysis.compare): every exposed-communication part, any phase.
+ALL_COMM = [(c, None) for c in EXPOSED]
 
 
 def finding(module_name: str, summary: str, **kw: Any) -> Finding:

@@ -18,13 +18,19 @@ Fix
 
 from fsdpdoctor.fmt import pct
 
-from ._util import finding
+from ._util import ALL_COMM, finding
 
 CODE = "FSD001"
 SLUG = "fsdp-not-detected"
 TITLE = "No FSDP in these traces"
 SEVERITY = "info"
 THRESHOLDS = ()
+
+# compare: the parts of the step time this finding explains when it appears or goes away
+EXPLAINS = {"gpu": ALL_COMM, "cpu": [("cpu_forward", None), ("cpu_backward", None)]}
+CONFIG_KEYS = ("fsdp_version",)  # a configuration finding: it explains a change only when these changed
+CLAIM_PRIORITY = 10  # specific findings claim before the general ones that they explain
+
 
 
 def check(facts, cfg):

@@ -27,6 +27,12 @@ TITLE = "FSDP wrapping too fine: many small, latency-bound all-gathers"
 SEVERITY = "warning"
 THRESHOLDS = ("fine_min_units", "fine_max_median_ag_mib", "hook_overhead_pct")
 
+# compare: the parts of the step time this finding explains when it appears or goes away
+EXPLAINS = {"gpu": [("exposed_all_gather", None), ("exposed_reduce_scatter", None), ("host_bound_idle", None)], "cpu": [("cpu_forward", None), ("cpu_backward", None)]}
+CONFIG_KEYS = ("unit_count",)  # a configuration finding: it explains a change only when these changed
+CLAIM_PRIORITY = 70  # specific findings claim before the general ones that they explain
+
+
 FIX_FSDP2 = """from torch.distributed.fsdp import fully_shard
 
 # one unit per transformer block, not per nn.Linear

@@ -21,13 +21,19 @@ Fix
 
 from fsdpdoctor.fmt import ms, pct
 
-from ._util import exposed_ms, finding, is_fsdp, step_ms
+from ._util import ALL_COMM, exposed_ms, finding, is_fsdp, step_ms
 
 CODE = "FSD004"
 SLUG = "missing-backward-prefetch"
 TITLE = "Backward all-gathers are not prefetched"
 SEVERITY = "warning"
 THRESHOLDS = ("prefetch_min_exposed_ms",)  # below it the finding is info only
+
+# compare: the parts of the step time this finding explains when it appears or goes away
+EXPLAINS = {"gpu": [(c, "backward") for c, _ in ALL_COMM], "cpu": [("cpu_backward", None)]}
+CONFIG_KEYS = ("backward_prefetch", "fsdp_version")  # a configuration finding: it explains a change only when these changed
+CLAIM_PRIORITY = 50  # specific findings claim before the general ones that they explain
+
 
 FIX_FSDP1 = """from torch.distributed.fsdp import BackwardPrefetch, FullyShardedDataParallel as FSDP
 

@@ -27,6 +27,12 @@ TITLE = "CPU offload stalls the GPU"
 SEVERITY = "warning"
 THRESHOLDS = ("offload_min_ms",)
 
+# compare: the parts of the step time this finding explains when it appears or goes away
+EXPLAINS = {"gpu": [("memcpy", None), ("host_bound_idle", None), ("other_idle", None)], "cpu": [("cpu_optimizer", None)]}
+CONFIG_KEYS = ("cpu_offload",)  # a configuration finding: it explains a change only when these changed
+CLAIM_PRIORITY = 30  # specific findings claim before the general ones that they explain
+
+
 FIX_FSDP2 = """from torch.distributed.fsdp import fully_shard
 
 # drop offload_policy=CPUOffloadPolicy() when parameters + optimizer state fit on the GPU

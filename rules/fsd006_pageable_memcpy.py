@@ -24,6 +24,11 @@ TITLE = "Host copies use pageable memory"
 SEVERITY = "warning"
 THRESHOLDS = ("pageable_min_count",)
 
+# compare: the parts of the step time this finding explains when it appears or goes away
+EXPLAINS = {"gpu": [("memcpy", None), ("host_bound_idle", None), ("other_idle", None)], "cpu": []}
+CLAIM_PRIORITY = 40  # specific findings claim before the general ones that they explain
+
+
 FIX = """from torch.distributed.fsdp import CPUOffloadPolicy, fully_shard
 
 fully_shard(module, offload_policy=CPUOffloadPolicy(pin_memory=True))

@@ -24,6 +24,11 @@ TITLE = "Reduce-scatters not hidden behind compute"
 SEVERITY = "warning"
 THRESHOLDS = ("exposed_rs_min_ms", "exposed_rs_min_pct")
 
+# compare: the parts of the step time this finding explains when it appears or goes away
+EXPLAINS = {"gpu": [("exposed_reduce_scatter", None)], "cpu": []}
+CLAIM_PRIORITY = 110  # specific findings claim before the general ones that they explain
+
+
 FIX_FSDP2 = """from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
 mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.bfloat16)

@@ -17,13 +17,18 @@ Fix
 
 from fsdpdoctor.fmt import ms, pct
 
-from ._util import finding, step_ms
+from ._util import ALL_COMM, finding, step_ms
 
 CODE = "FSD008"
 SLUG = "low-overlap"
 TITLE = "Communication is not overlapped with compute"
 SEVERITY = "warning"
 THRESHOLDS = ("min_overlap_pct", "low_overlap_min_pct_of_step")
+
+# compare: the parts of the step time this finding explains when it appears or goes away
+EXPLAINS = {"gpu": ALL_COMM, "cpu": []}
+CLAIM_PRIORITY = 140  # specific findings claim before the general ones that they explain
+
 SUPERSEDED_BY = (
     "auto-wrap-too-coarse",
     "auto-wrap-too-fine",

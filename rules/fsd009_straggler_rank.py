@@ -20,13 +20,18 @@ import statistics
 
 from fsdpdoctor.fmt import ms, pct
 
-from ._util import finding
+from ._util import ALL_COMM, finding
 
 CODE = "FSD009"
 SLUG = "straggler-rank"
 TITLE = "One rank is slower than the rest"
 SEVERITY = "warning"
 THRESHOLDS = ("straggler_pct",)
+
+# compare: the parts of the step time this finding explains when it appears or goes away
+EXPLAINS = {"gpu": [("compute", None), *ALL_COMM], "cpu": []}
+CLAIM_PRIORITY = 20  # specific findings claim before the general ones that they explain
+
 
 
 def _mean(xs):

@@ -23,6 +23,11 @@ SLUG = "host-bound"
 TITLE = "GPU waits for the CPU"
 SEVERITY = "warning"
 THRESHOLDS = ("host_bound_idle_pct",)
+
+# compare: the parts of the step time this finding explains when it appears or goes away
+EXPLAINS = {"gpu": [("host_bound_idle", None), ("other_idle", None)], "cpu": []}
+CLAIM_PRIORITY = 100  # specific findings claim before the general ones that they explain
+
 SUPERSEDED_BY = ("cpu-offload-stall", "straggler-rank")
 
 FIX = """model = torch.compile(model)            # fewer, larger kernels; less Python per step

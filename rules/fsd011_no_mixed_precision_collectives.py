@@ -16,13 +16,26 @@ Fix
 
 from fsdpdoctor.fmt import mib, ms
 
-from ._util import exposed_ms, finding, is_fsdp
+from ._util import ALL_COMM, exposed_ms, finding, is_fsdp
 
 CODE = "FSD011"
 SLUG = "no-mixed-precision-collectives"
 TITLE = "fp32 all-gathers where bf16 would halve the traffic"
 SEVERITY = "info"
 THRESHOLDS = ("mp_min_ag_mib",)
+
+# compare: the parts of the step time this finding explains when it appears or goes away
+EXPLAINS = {"gpu": ALL_COMM, "cpu": [("cpu_forward", None), ("cpu_backward", None)]}
+# param_dtype is also the dtype the layers compute in: when the collective dtype changed, so did compute
+EXPLAINS_IF_CHANGED = {
+    "dtype.": {
+        "gpu": [("compute", None)],
+        "note": "includes compute: FSDP's param_dtype is also the dtype the layers compute in, and it changed between the runs",
+    },
+}
+CONFIG_KEYS = ("mixed_precision", "dtype.")  # a configuration finding: it explains a change only when these changed
+CLAIM_PRIORITY = 80  # specific findings claim before the general ones that they explain
+
 
 FIX_FSDP2 = """from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 

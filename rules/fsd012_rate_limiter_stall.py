@@ -24,6 +24,11 @@ TITLE = "FSDP1 rate limiter blocks the CPU"
 SEVERITY = "warning"
 THRESHOLDS = ("rate_limiter_min_ms", "rate_limiter_min_pct")
 
+# compare: the parts of the step time this finding explains when it appears or goes away
+EXPLAINS = {"gpu": [("host_bound_idle", None), ("other_idle", None)], "cpu": [("cpu_forward", None)]}
+CLAIM_PRIORITY = 90  # specific findings claim before the general ones that they explain
+
+
 
 def check(facts, cfg):
     fs = facts.fsdp

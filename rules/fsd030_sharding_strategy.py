@@ -25,6 +25,11 @@ TITLE = "A different sharding strategy is estimated to be faster"
 SEVERITY = "warning"
 THRESHOLDS = ("strategy_min_saving_pct",)
 
+# compare: the parts of the step time this finding explains when it appears or goes away
+EXPLAINS = {"gpu": [("exposed_all_gather", None), ("exposed_reduce_scatter", None)], "cpu": []}
+CLAIM_PRIORITY = 120  # specific findings claim before the general ones that they explain
+
+
 
 def check(facts, cfg):
     st = facts.strategy

@@ -16,13 +16,18 @@ Fix
 
 from fsdpdoctor.fmt import mib, ms, pct
 
-from ._util import finding, is_fsdp
+from ._util import ALL_COMM, finding, is_fsdp
 
 CODE = "FSD031"
 SLUG = "ddp-would-be-faster"
 TITLE = "The model fits replicated: DDP is estimated to be faster"
 SEVERITY = "info"
 THRESHOLDS = ("strategy_min_saving_pct",)
+
+# compare: the parts of the step time this finding explains when it appears or goes away
+EXPLAINS = {"gpu": ALL_COMM, "cpu": []}
+CLAIM_PRIORITY = 130  # specific findings claim before the general ones that they explain
+
 
 
 def check(facts, cfg):

@@ -20,7 +20,7 @@ from fsdpdoctor.check import (
     load_check_config,
     run_check,
 )
-from fsdpdoctor.compare import LoadedRun, load_run
+from fsdpdoctor.api import LoadedRun, load_run
 from fsdpdoctor.errors import InputError
 
 REGRESSIONS = {

@@ -16,7 +16,9 @@ import sys
 import pytest
 
 import fsdpdoctor
-from fsdpdoctor.compare import CPU_COMPONENTS, GPU_COMPONENTS, compare, load_run
+from fsdpdoctor.analysis.compare import CPU_COMPONENTS, GPU_COMPONENTS, compare
+from fsdpdoctor.api import load_run
+from fsdpdoctor.report.comparison import render_markdown, to_json
 
 # name → (knob changed from the healthy preset, finding slug it must be blamed on)
 PAIRS = {
@@ -161,7 +163,7 @@ def test_run_against_itself_has_no_cause(generated):
 
 def test_outputs(generated):
     c = _cmp(generated, "healthy", "prefetch-lost")
-    d = json.loads(c.to_json())
+    d = json.loads(to_json(c))
     assert d["step_time_delta_ms"] == pytest.approx(c.step_time_delta_ms)
     assert d["step_time_delta_pct"] == pytest.approx(c.step_time_delta_pct)
     assert d["primary_cause"] == "missing-backward-prefetch"
@@ -170,7 +172,7 @@ def test_outputs(generated):
     assert sum(x["delta_ms"] for x in d["causes"]) == pytest.approx(d["step_time_delta_ms"], abs=1e-6)
     assert sum(v["delta_ms"] for v in d["components"].values()) == pytest.approx(d["step_time_delta_ms"], abs=1e-6)
     assert "ProfilerStep" in d["basis_definition"]
-    md = c.to_markdown()
+    md = render_markdown(c)
     assert md.startswith("# Step time 76.")
     assert "Primary cause: `missing-backward-prefetch`" in md
     assert "set_modules_to_backward_prefetch" in md  # the FSDP2 fix

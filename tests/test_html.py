@@ -16,7 +16,6 @@ import re
 import shutil
 import struct
 import subprocess
-import types
 import zlib
 from pathlib import Path
 
@@ -31,6 +30,7 @@ from fsdpdoctor.api import analyze
 from fsdpdoctor.cli import main
 from fsdpdoctor.engine import Finding
 from fsdpdoctor.ingest.kineto import load_trace
+from fsdpdoctor.report.comparison import to_dict as comparison_dict
 from fsdpdoctor.report.html import TITLES, comparison_parts, render, render_comparison
 
 REPO = Path(__file__).resolve().parents[1]
@@ -326,36 +326,32 @@ def test_short_names():
 # ------------------------------------------------------------------------------------------
 
 
-def test_render_comparison_dict_forms():
-    base = {"before_ms": 100.0, "after_ms": 120.0, "step_time_delta_ms": 20.0}
-    for comps in (
-        {"exposed_comm": 15.0, "compute": 3.0, "idle": 2.5, "memcpy": -0.5},
-        [{"name": "exposed_comm", "delta_ms": 15.0}, {"component": "compute", "ms": 3.0},
-         {"cause": "idle", "delta_ms": 2.5}, ("memcpy", -0.5)],
-    ):
-        before, parts, after, total = comparison_parts({**base, "components": comps})
-        assert (before, after, total) == (100.0, 120.0, 20.0)
-        assert dict(parts) == {"exposed_comm": 15.0, "compute": 3.0, "idle": 2.5, "memcpy": -0.5}
-        page = render_comparison({**base, "components": comps, "before_label": "run <a>", "after_label": "run b"})
-        assert_self_contained(page, n_figures=1)
-        assert TITLES["compare"] in page and '"waterfall"' in page
-        assert '"exposed comm"' in page and '"unexplained"' not in page
-        assert "run &lt;a&gt;" in page and "+20.00 ms (+20.0%)" in page
-    # parts that do not add up: the rest shows as "unexplained"; totals derived when missing
-    before, parts, after, total = comparison_parts({"before_ms": 50.0, "after_ms": 40.0, "components": {"a": -4.0}})
-    assert total == -10.0
-    page = render_comparison({"before_ms": 50.0, "after_ms": 40.0, "components": {"a": -4.0}})
+def _cmp_dict(before, after, comps):
+    return {"step_time_before_ms": before, "step_time_after_ms": after, "step_time_delta_ms": after - before,
+            "components": {n: {"before_ms": 0.0, "after_ms": v, "delta_ms": v} for n, v in comps.items()}}
+
+
+def test_render_comparison_from_its_json():
+    comps = {"exposed_all_gather": 15.0, "compute": 3.0, "host_bound_idle": 2.5, "memcpy": -0.5}
+    d = _cmp_dict(100.0, 120.0, comps) | {"before": "run <a>", "after": "run b"}
+    before, parts, after, total = comparison_parts(d)
+    assert (before, after, total) == (100.0, 120.0, 20.0)
+    assert dict(parts) == comps
+    page = render_comparison(d)
+    assert_self_contained(page, n_figures=1)
+    assert TITLES["compare"] in page and '"waterfall"' in page
+    assert '"exposed all-gather"' in page and '"unexplained"' not in page  # compare's labels
+    assert "run &lt;a&gt;" in page and "+20.00 ms (+20.0%)" in page
+    # parts that do not add up: the rest shows as "unexplained"
+    page = render_comparison(_cmp_dict(50.0, 40.0, {"compute": -4.0}))
     assert '"unexplained"' in page
-    # nested step_time and an object with to_dict()
-    obj = types.SimpleNamespace(to_dict=lambda: {"step_time": {"before_ms": 10.0, "after_ms": 12.0},
-                                                 "components": {"x": 2.0}})
-    assert comparison_parts(obj)[0::2] == (10.0, 12.0)
     empty = render_comparison({})
     assert "holds no step-time delta" in empty and "Plotly.newPlot(" not in empty
 
 
 def _real_comparison(before: Path, after: Path):
-    from fsdpdoctor.compare import compare, load_run
+    from fsdpdoctor.analysis.compare import compare
+    from fsdpdoctor.api import load_run
 
     b, a = load_run(str(before)), load_run(str(after))
     return compare(b.facts, a.facts, b.findings, a.findings, before_label=str(before), after_label=str(after))
@@ -364,7 +360,7 @@ def _real_comparison(before: Path, after: Path):
 def _check_real_comparison(cmp) -> str:
     page = render_comparison(cmp)
     assert_self_contained(page, n_figures=1)
-    d = cmp.to_dict()
+    d = comparison_dict(cmp)
     before, parts, after, total = comparison_parts(cmp)
     assert before == pytest.approx(d["step_time_before_ms"]) and after == pytest.approx(d["step_time_after_ms"])
     assert total == pytest.approx(d["step_time_delta_ms"])
@@ -388,7 +384,7 @@ def test_render_real_comparison_gpu(fsdp_gpu_dir, tmp_path_factory):
                        tmp_path_factory.mktemp("healthy"))
     cmp = _real_comparison(healthy, fsdp_gpu_dir)
     page = _check_real_comparison(cmp)
-    assert cmp.to_dict()["step_time_delta_ms"] > 0
+    assert comparison_dict(cmp)["step_time_delta_ms"] > 0
     assert '"exposed all-gather"' in page and "missing-backward-prefetch" in page
 
 
@@ -601,8 +597,8 @@ def test_browser_public_gpu_trace(gpu_report, tmp_path):
 
 @needs_browser
 def test_browser_comparison(tmp_path):
-    page = render_comparison({"before_ms": 100.0, "after_ms": 118.0, "step_time_delta_ms": 18.0,
-                              "components": {"exposed all-gather": 12.0, "compute": 4.0, "idle": 3.0, "memcpy": -1.0}})
+    page = render_comparison(_cmp_dict(100.0, 118.0, {"exposed_all_gather": 12.0, "compute": 4.0, "host_bound_idle": 3.0,
+                                                      "memcpy": -1.0}))
     path = _write(tmp_path, "compare.html", page)
     probe = _probe(path, tmp_path)
     assert probe == {"plots": 1, "errors": []}

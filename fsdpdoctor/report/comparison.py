@@ -1,9 +1,14 @@
-"""Renderers for ``compare`` (Markdown, terminal). Content is built once as format-neutral
-tables (:class:`~fsdpdoctor.report.sections.Table`); each renderer only decides how to draw it."""
+"""Reporters for ``compare`` (JSON, Markdown, terminal) and the wording of its parts.
+
+The comparison itself (data and arithmetic) is :mod:`fsdpdoctor.analysis.compare`; what each
+finding explains lives in its rule module. Content is built once as format-neutral tables
+(:class:`~fsdpdoctor.report.sections.Table`); each renderer only decides how to draw it."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
+
+import msgspec
 
 from ..fmt import mib, ms
 from .markdown import table as md_table
@@ -13,7 +18,118 @@ from .terminal import rich_table
 if TYPE_CHECKING:
     from rich.console import Console
 
-    from ..compare import Cause, Comparison
+    from ..analysis.compare import Cause, Comparison
+
+LABELS = {
+    "compute": "compute",
+    "exposed_all_gather": "exposed all-gather",
+    "exposed_reduce_scatter": "exposed reduce-scatter",
+    "exposed_other_comm": "other exposed comm",
+    "memcpy": "exposed memcpy/memset",
+    "host_bound_idle": "host-bound idle (gaps inside the GPU window)",
+    "other_idle": "other idle (step time outside the GPU window)",
+    "cpu_forward": "forward (CPU)",
+    "cpu_backward": "backward (CPU)",
+    "cpu_optimizer": "optimizer (CPU)",
+    "cpu_other": "rest of the step (CPU)",
+}
+
+# What to look at when a part of the step itself is the largest cause (no finding explains it).
+HINTS = {
+    "compute": "Compute per step changed: compare the model, batch/sequence size, compute dtype, "
+    "activation checkpointing and GPU clocks of the two runs.",
+    "exposed_all_gather": "More all-gather time is exposed: check prefetching (backward_prefetch, "
+    "forward prefetch), the wrap policy and all-gather bytes/bandwidth.",
+    "exposed_reduce_scatter": "More reduce-scatter time is exposed: check reduce dtype, bytes per "
+    "reduce-scatter and whether the last unit's gradients overlap with anything.",
+    "exposed_other_comm": "Other collectives (all-reduce, broadcast, …) are more exposed: look for "
+    "new collectives (grad-norm clipping, metrics, DDP buckets).",
+    "memcpy": "Host/device copies are exposed: CPU offload, pageable memory, or .item()/.cpu() in "
+    "the step.",
+    "host_bound_idle": "The GPU waits for the host inside the step: launch, Python or FSDP hook "
+    "overhead (torch.compile, fewer units, larger batches).",
+    "other_idle": "Time without GPU work at the step's edges: data loading, CPU-side optimizer, "
+    "synchronisation.",
+    "cpu_forward": "The forward pass takes longer on the CPU.",
+    "cpu_backward": "The backward pass takes longer on the CPU.",
+    "cpu_optimizer": "The optimizer step takes longer on the CPU.",
+    "cpu_other": "Time in the step outside forward, backward and optimizer (data loading, logging).",
+}
+
+
+def cause_summary(k: Cause) -> str:
+    """A finding's own summary; for a part of the step, its name and how it moved."""
+    if k.kind == "finding":
+        return k.summary
+    return f"{LABELS.get(k.slug, k.slug)} {'+' if k.delta_ms >= 0 else '−'}{abs(k.delta_ms):.2f} ms per step"
+
+
+def cause_hint(k: Cause) -> str:
+    return HINTS.get(k.slug, "") if k.kind == "component" else ""
+
+
+# ------------------------------------------------------------------------------------------
+# JSON
+# ------------------------------------------------------------------------------------------
+
+
+def to_dict(c: Comparison) -> dict[str, Any]:
+    """The comparison as JSON (``compare --format json``)."""
+    totals = c.component_totals()
+    prim = c.primary
+    return {
+        "before": c.before_label,
+        "after": c.after_label,
+        "basis": c.basis,
+        "basis_definition": c.basis_text,
+        "step_time_before_ms": c.step_before_ms,
+        "step_time_after_ms": c.step_after_ms,
+        "step_time_delta_ms": c.step_time_delta_ms,
+        "step_time_delta_pct": c.step_time_delta_pct,
+        "components_sum_delta_ms": c.components_sum_ms,
+        "primary_cause": c.primary_cause,
+        "primary_fix": prim.fix if prim else {},
+        "causes": [
+            {
+                "slug": k.slug,
+                "kind": k.kind,
+                "delta_ms": k.delta_ms,
+                "share_pct": (100.0 * k.delta_ms / c.step_time_delta_ms) if c.step_time_delta_ms else None,
+                "summary": cause_summary(k),
+                "status": k.status,
+                "severity": k.severity,
+                "est_saving_ms": k.est_saving_ms,
+                "parts": k.parts,
+                "fix": k.fix,
+                "hint": cause_hint(k),
+                "corroborated": k.corroborated,
+                "note": k.note,
+            }
+            for k in c.causes
+        ],
+        "components": {n: {"before_ms": b, "after_ms": a, "delta_ms": a - b} for n, (b, a) in totals.items()},
+        "components_by_phase": [
+            {"component": x.name, "phase": x.phase, "before_ms": x.before_ms, "after_ms": x.after_ms, "delta_ms": x.delta_ms}
+            for x in c.components
+        ],
+        "phases": [msgspec.to_builtins(p) for p in c.phases],
+        "structure": [
+            {"key": s.key, "label": s.label, "before": s.before, "after": s.after, "changed": s.changed}
+            for s in c.structure
+        ],
+        "findings": {
+            st: [msgspec.to_builtins(f) for f in c.findings if f.status == st] for st in ("appeared", "disappeared", "persisting")
+        },
+        "ranks": [msgspec.to_builtins(r) for r in c.ranks],
+        "units": [msgspec.to_builtins(u) for u in c.units],
+        "collectives": [msgspec.to_builtins(x) for x in c.collectives],
+        "alignment": c.alignment,
+        "notes": c.notes,
+    }
+
+
+def to_json(c: Comparison, indent: int = 2) -> str:
+    return msgspec.json.format(msgspec.json.encode(to_dict(c)), indent=indent).decode()
 
 
 def dms(v: float | None, digits: int = 2) -> str:
@@ -67,17 +183,13 @@ def primary_sentence(c: Comparison) -> str:
                 "step time does not show how much communication the GPU would hide.)"
             )
         return s
-    from ..compare import LABELS
-
     return (
         f"Primary cause: `{p.slug}` — {LABELS.get(p.slug, p.slug)} changed by {dms(p.delta_ms)} per step ({share} of the change); "
-        "no finding that appeared or went away explains it. " + p.hint
+        "no finding that appeared or went away explains it. " + cause_hint(p)
     )
 
 
 def causes_table(c: Comparison, compact: bool = False) -> Table:
-    from ..compare import LABELS
-
     rows = []
     for k in c.causes:
         if k.kind == "component" and abs(k.delta_ms) < 0.005 and k.slug != c.primary_cause:
@@ -89,7 +201,7 @@ def causes_table(c: Comparison, compact: bool = False) -> Table:
             elif k.kind == "finding" and k.note.startswith("its parts"):
                 what += " (" + k.note.replace("its parts of the step time are already counted under", "counted under") + ")"
         else:
-            what = k.summary if k.kind == "component" else f"{k.status}: {k.summary}"
+            what = cause_summary(k) if k.kind == "component" else f"{k.status}: {k.summary}"
             if k.note:
                 what += f" ({k.note})"
         rows.append([str(len(rows) + 1), k.slug, dms(k.delta_ms), _share(c, k.delta_ms), what])
@@ -102,8 +214,6 @@ def causes_table(c: Comparison, compact: bool = False) -> Table:
 
 
 def parts_table(c: Comparison) -> Table:
-    from ..compare import LABELS
-
     rows = []
     for name, (b, a) in c.component_totals().items():
         rows.append([LABELS.get(name, name), ms(b), ms(a), dms(a - b), _share(c, a - b)])

@@ -631,104 +631,41 @@ def render(report: "Report", timeline: "StepTimeline | None" = None) -> str:
 # compare
 # ---------------------------------------------------------------------------------------------
 
-_TOTAL_KEYS = ("step_time_delta_ms", "delta_ms", "step_delta_ms", "total_delta_ms")
-_BEFORE_KEYS = ("step_time_before_ms", "before_ms", "before_step_ms", "step_ms_before", "baseline_ms", "before")
-_AFTER_KEYS = ("step_time_after_ms", "after_ms", "after_step_ms", "step_ms_after", "current_ms", "after")
-_COMPONENT_KEYS = ("components", "breakdown", "causes", "parts", "contributions")
-_NAME_KEYS = ("name", "component", "cause", "label", "part", "kind")
-_VALUE_KEYS = ("delta_ms", "ms", "value", "delta", "change_ms")
-
-
 def _as_dict(obj: Any) -> dict:
+    """A comparison's JSON dict (a :class:`~fsdpdoctor.analysis.compare.Comparison` is converted)."""
     if isinstance(obj, dict):
         return obj
-    for attr in ("to_dict", "as_dict"):
-        fn = getattr(obj, attr, None)
-        if callable(fn):
-            d = fn()
-            if isinstance(d, dict):
-                return d
-    import dataclasses
+    from .comparison import to_dict
 
-    if dataclasses.is_dataclass(obj):
-        return dataclasses.asdict(obj)
-    return dict(vars(obj))
+    return to_dict(obj)
 
 
 def _number(v: Any) -> float | None:
-    if isinstance(v, bool) or v is None:
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
         return None
-    if isinstance(v, (int, float)):
-        return float(v) if math.isfinite(float(v)) else None
-    if isinstance(v, dict):  # {"mean_ms": ...} / {"ms": ...}
-        for k in ("ms", "mean_ms", "median_ms", "step_ms", "value"):
-            if k in v:
-                return _number(v[k])
-    return None
-
-
-def _first(d: dict, keys: Iterable[str]) -> float | None:
-    for k in keys:
-        if k in d:
-            v = _number(d[k])
-            if v is not None:
-                return v
-    return None
+    return float(v) if math.isfinite(float(v)) else None
 
 
 def comparison_parts(comparison: Any) -> tuple[float | None, list[tuple[str, float]], float | None, float | None]:
-    """(before ms, [(component, delta ms)], after ms, total delta ms) from a comparison, tolerantly.
+    """(before ms, [(component, delta ms)], after ms, total delta ms) of a comparison.
 
-    Accepts a dict (or an object with ``to_dict()`` / a dataclass) with the total under
-    ``step_time_delta_ms`` (or ``delta_ms``), the parts under ``components`` as ``{name: ms}`` or a
-    list of ``{"name"|"component"|"cause": ..., "delta_ms"|"ms": ...}`` records, and optionally
-    ``before_ms`` / ``after_ms`` (also found inside a ``step_time`` sub-dict).
+    Reads the keys :func:`fsdpdoctor.report.comparison.to_dict` writes: ``step_time_before_ms``,
+    ``step_time_after_ms``, ``step_time_delta_ms`` and ``components`` (name → ``delta_ms``).
     """
     d = _as_dict(comparison)
-    nested = d.get("step_time") if isinstance(d.get("step_time"), dict) else {}
-    before = _first(d, _BEFORE_KEYS) if _first(d, _BEFORE_KEYS) is not None else _first(nested, _BEFORE_KEYS)
-    after = _first(d, _AFTER_KEYS) if _first(d, _AFTER_KEYS) is not None else _first(nested, _AFTER_KEYS)
-    total = _first(d, _TOTAL_KEYS)
-    if total is None:
-        total = _first(nested, _TOTAL_KEYS)
-    raw = next((d[k] for k in _COMPONENT_KEYS if k in d and d[k] is not None), None)
-    comps: list[tuple[str, float]] = []
-    if isinstance(raw, dict):
-        for name, v in raw.items():  # {name: ms} or {name: {"before_ms", "after_ms", "delta_ms"}}
-            val = _first(v, _VALUE_KEYS) if isinstance(v, dict) else _number(v)
-            if val is not None:
-                comps.append((str(name), val))
-    elif isinstance(raw, (list, tuple)):
-        for item in raw:
-            if isinstance(item, (list, tuple)) and len(item) >= 2:
-                val = _number(item[1])
-                if val is not None:
-                    comps.append((str(item[0]), val))
-                continue
-            item_d = item if isinstance(item, dict) else _as_dict(item)
-            name = next((str(item_d[k]) for k in _NAME_KEYS if item_d.get(k) is not None), None)
-            val = _first(item_d, _VALUE_KEYS)
-            if name is not None and val is not None:
-                comps.append((name, val))
-    if total is None:
-        if before is not None and after is not None:
-            total = after - before
-        elif comps:
-            total = sum(v for _, v in comps)
-    if after is None and before is not None and total is not None:
-        after = before + total
-    if before is None and after is not None and total is not None:
-        before = after - total
+    before, after = _number(d.get("step_time_before_ms")), _number(d.get("step_time_after_ms"))
+    total = _number(d.get("step_time_delta_ms"))
+    comps = [(str(n), v) for n, c in (d.get("components") or {}).items()
+             if isinstance(c, dict) and (v := _number(c.get("delta_ms"))) is not None]
+    if total is None and before is not None and after is not None:
+        total = after - before
     return before, comps, after, total
 
 
 def _component_labels() -> dict[str, str]:
-    try:  # compare's display names, when that module is present
-        from ..compare import LABELS
+    from .comparison import LABELS
 
-        return dict(LABELS)
-    except Exception:  # noqa: BLE001 - optional: fall back to the raw names
-        return {}
+    return dict(LABELS)
 
 
 def _waterfall(before: float | None, comps: list[tuple[str, float]], after: float | None,
@@ -777,9 +714,9 @@ def _waterfall(before: float | None, comps: list[tuple[str, float]], after: floa
 def render_comparison(comparison: Any, title: str = "fsdpdoctor compare") -> str:
     """A self-contained page with the before → after step-time waterfall.
 
-    ``comparison`` is :class:`fsdpdoctor.compare.Comparison` (anything with ``to_dict()``) or a
-    dict; see :func:`comparison_parts` for the keys read. Components are drawn largest first; a
-    part of the total that they do not add up to is drawn as "unexplained".
+    ``comparison`` is :class:`fsdpdoctor.analysis.compare.Comparison` or its JSON dict
+    (:func:`fsdpdoctor.report.comparison.to_dict`). Components are drawn largest first; a part of
+    the total that they do not add up to is drawn as "unexplained".
     """
     d = _as_dict(comparison)
     before, comps, after, total = comparison_parts(d)
@@ -789,9 +726,8 @@ def render_comparison(comparison: Any, title: str = "fsdpdoctor compare") -> str
     page.add(f"<h1>{_e(title)}</h1>")
     pairs = []
     for label, key in (("Before", "before"), ("After", "after")):
-        src = next((d[k] for k in (f"{key}_label", f"{key}_path", f"{key}_paths", key) if isinstance(d.get(k), (str, list, tuple))), None)
-        if src:
-            pairs.append((label, ", ".join(map(str, src)) if isinstance(src, (list, tuple)) else str(src)))
+        if isinstance(d.get(key), str) and d[key]:
+            pairs.append((label, d[key]))
     if before is not None:
         pairs.append(("Step time before", ms(before)))
     if after is not None:
@@ -823,14 +759,11 @@ def render_comparison(comparison: Any, title: str = "fsdpdoctor compare") -> str
         prim = next((c for c in causes if c.get("slug") == d.get("primary_cause")), None)
         for flavour, code in ((prim or {}).get("fix") or {}).items():
             page.add(f"<h4>Fix for the primary cause ({_e(flavour)})</h4><pre><code>{_e(str(code).rstrip())}</code></pre>")
-    findings = d.get("findings") or d.get("new_findings")
-    if isinstance(findings, dict):  # compare: {"appeared": [...], "disappeared": [...], "persisting": [...]}
-        findings = [dict(f, status=st) for st, lst in findings.items() if isinstance(lst, list)
-                    for f in lst if isinstance(f, dict)]
-    if isinstance(findings, list) and findings:
+    findings = d.get("findings") or {}  # {"appeared": [...], "disappeared": [...], "persisting": [...]}
+    findings = [dict(f, status=st) for st, lst in findings.items() for f in lst]
+    if findings:
         items = []
-        for fd in findings:
-            fdd = fd if isinstance(fd, dict) else _as_dict(fd)
+        for fdd in findings:
             status = f"[{fdd['status']}] " if fdd.get("status") else ""
             items.append(f"<li>{_e(status)}<b>{_e(fdd.get('code', ''))}</b> <code>{_e(fdd.get('slug', ''))}</code> "
                          f"{_e(fdd.get('summary', ''))}</li>")

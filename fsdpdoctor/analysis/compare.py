@@ -35,10 +35,10 @@ output):
 * **CPU-only runs** (gloo, no GPU timeline): ``step_ms = forward + backward + optimizer + other``
   from ``StepFacts.phase_ms`` (CPU phase durations); the GPU split is unavailable.
 
-Causes: every finding that appeared takes the parts of the step it explains (:data:`CLAIMS`, in
-:data:`CLAIM_ORDER` when several could) that grew, every finding that went away those that
+Causes: every finding that appeared takes the parts of the step it explains (its rule module's
+``EXPLAINS``, in ``CLAIM_PRIORITY`` order when several could) that grew, every finding that went away those that
 shrank, and the rest stays with the parts themselves, so the causes also add up to the delta. A
-configuration finding whose configuration did not change (:data:`CORROBORATED_BY`: it only
+configuration finding whose configuration did not change (its rule's ``CONFIG_KEYS``: it only
 crossed a threshold) takes nothing. On GPU runs the causes are ranked by the
 delta they carry (in the direction of the total change) and the top one is the primary cause.
 On CPU-only runs the step time says little about FSDP's overlap, so findings that appeared (then
@@ -47,14 +47,12 @@ disappeared) rank first, by severity.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
-import msgspec
-
-from .engine import SEVERITIES, Finding
-from .facts import RankFacts, RunFacts
+from ..engine import SEVERITIES, Finding, load_rules
+from ..facts import RankFacts, RunFacts
 
 PHASES = ("forward", "backward", "optimizer", "other")
 ALL = "all"  # a part that RunFacts does not resolve by phase
@@ -71,42 +69,6 @@ GPU_COMPONENTS = (
 CPU_COMPONENTS = ("cpu_forward", "cpu_backward", "cpu_optimizer", "cpu_other")
 EXPOSED = ("exposed_all_gather", "exposed_reduce_scatter", "exposed_other_comm")
 
-LABELS = {
-    "compute": "compute",
-    "exposed_all_gather": "exposed all-gather",
-    "exposed_reduce_scatter": "exposed reduce-scatter",
-    "exposed_other_comm": "other exposed comm",
-    "memcpy": "exposed memcpy/memset",
-    "host_bound_idle": "host-bound idle (gaps inside the GPU window)",
-    "other_idle": "other idle (step time outside the GPU window)",
-    "cpu_forward": "forward (CPU)",
-    "cpu_backward": "backward (CPU)",
-    "cpu_optimizer": "optimizer (CPU)",
-    "cpu_other": "rest of the step (CPU)",
-}
-
-# What to look at when a part of the step itself is the largest cause (no finding explains it).
-HINTS = {
-    "compute": "Compute per step changed: compare the model, batch/sequence size, compute dtype, "
-    "activation checkpointing and GPU clocks of the two runs.",
-    "exposed_all_gather": "More all-gather time is exposed: check prefetching (backward_prefetch, "
-    "forward prefetch), the wrap policy and all-gather bytes/bandwidth.",
-    "exposed_reduce_scatter": "More reduce-scatter time is exposed: check reduce dtype, bytes per "
-    "reduce-scatter and whether the last unit's gradients overlap with anything.",
-    "exposed_other_comm": "Other collectives (all-reduce, broadcast, …) are more exposed: look for "
-    "new collectives (grad-norm clipping, metrics, DDP buckets).",
-    "memcpy": "Host/device copies are exposed: CPU offload, pageable memory, or .item()/.cpu() in "
-    "the step.",
-    "host_bound_idle": "The GPU waits for the host inside the step: launch, Python or FSDP hook "
-    "overhead (torch.compile, fewer units, larger batches).",
-    "other_idle": "Time without GPU work at the step's edges: data loading, CPU-side optimizer, "
-    "synchronisation.",
-    "cpu_forward": "The forward pass takes longer on the CPU.",
-    "cpu_backward": "The backward pass takes longer on the CPU.",
-    "cpu_optimizer": "The optimizer step takes longer on the CPU.",
-    "cpu_other": "Time in the step outside forward, backward and optimizer (data loading, logging).",
-}
-
 GPU_BASIS = (
     "step time = CPU ProfilerStep span, mean over each rank's steps then over ranks; "
     "split per step as compute + exposed all-gather + exposed reduce-scatter + other exposed comm + "
@@ -118,44 +80,6 @@ CPU_BASIS = (
     "timeline, so it is split into CPU phases (forward + backward + optimizer + rest), which add up "
     "exactly; the GPU split (compute / exposed comm / idle) is unavailable"
 )
-
-# finding slug → parts (component, phase or None for every phase) it explains, GPU and CPU basis
-_COMM_ALL = [(c, None) for c in EXPOSED]
-CLAIMS: dict[str, dict[str, list[tuple[str, str | None]]]] = {
-    "fsdp-not-detected": {"gpu": list(_COMM_ALL), "cpu": [("cpu_forward", None), ("cpu_backward", None)]},
-    "straggler-rank": {"gpu": [("compute", None), *_COMM_ALL], "cpu": []},
-    "cpu-offload-stall": {
-        "gpu": [("memcpy", None), ("host_bound_idle", None), ("other_idle", None)],
-        "cpu": [("cpu_optimizer", None)],
-    },
-    "pageable-memcpy": {"gpu": [("memcpy", None), ("host_bound_idle", None), ("other_idle", None)], "cpu": []},
-    "missing-backward-prefetch": {"gpu": [(c, "backward") for c in EXPOSED], "cpu": [("cpu_backward", None)]},
-    "auto-wrap-too-coarse": {
-        "gpu": [("exposed_all_gather", None), ("exposed_reduce_scatter", None)],
-        "cpu": [("cpu_forward", None), ("cpu_backward", None)],
-    },
-    "auto-wrap-too-fine": {
-        "gpu": [("exposed_all_gather", None), ("exposed_reduce_scatter", None), ("host_bound_idle", None)],
-        "cpu": [("cpu_forward", None), ("cpu_backward", None)],
-    },
-    # FSDP's param_dtype is also the compute dtype: when the collective dtype changed between the
-    # runs, compute is claimed as well (see _claims_for)
-    "no-mixed-precision-collectives": {"gpu": list(_COMM_ALL), "cpu": [("cpu_forward", None), ("cpu_backward", None)]},
-    "rate-limiter-stall": {"gpu": [("host_bound_idle", None), ("other_idle", None)], "cpu": [("cpu_forward", None)]},
-    "host-bound": {"gpu": [("host_bound_idle", None), ("other_idle", None)], "cpu": []},
-    "exposed-reduce-scatter": {"gpu": [("exposed_reduce_scatter", None)], "cpu": []},
-    # estimates: the strategy no longer suits the network / memory, seen as exposed communication
-    "sharding-strategy": {"gpu": [("exposed_all_gather", None), ("exposed_reduce_scatter", None)], "cpu": []},
-    "ddp-would-be-faster": {"gpu": list(_COMM_ALL), "cpu": []},
-    "low-overlap": {"gpu": list(_COMM_ALL), "cpu": []},
-    # memory findings explain memory, not step time (the check command gates peak memory)
-    **{slug: {"gpu": [], "cpu": []} for slug in (
-        "activation-memory-dominates", "unsharded-params-held", "allocator-fragmentation",
-        "optimizer-state-dominates", "oom", "memory-history-missing",
-    )},
-}
-CLAIM_ORDER = list(CLAIMS)  # specific rules before the general ones that they explain
-
 
 # ------------------------------------------------------------------------------------------
 # result classes
@@ -219,7 +143,6 @@ class Cause:
     est_saving_ms: float | None = None
     parts: list[str] = field(default_factory=list)  # "component@phase" it covers
     fix: dict[str, str] = field(default_factory=dict)
-    hint: str = ""
     corroborated: bool = True  # False: a configuration finding whose configuration did not change
     note: str = ""
 
@@ -301,71 +224,6 @@ class Comparison:
     @property
     def primary(self) -> Cause | None:
         return next((c for c in self.causes if c.slug == self.primary_cause), None)
-
-    # -- output ----------------------------------------------------------------------------
-    def to_dict(self) -> dict[str, Any]:
-        totals = self.component_totals()
-        prim = self.primary
-        return {
-            "before": self.before_label,
-            "after": self.after_label,
-            "basis": self.basis,
-            "basis_definition": self.basis_text,
-            "step_time_before_ms": self.step_before_ms,
-            "step_time_after_ms": self.step_after_ms,
-            "step_time_delta_ms": self.step_time_delta_ms,
-            "step_time_delta_pct": self.step_time_delta_pct,
-            "components_sum_delta_ms": self.components_sum_ms,
-            "primary_cause": self.primary_cause,
-            "primary_fix": prim.fix if prim else {},
-            "causes": [
-                {
-                    "slug": c.slug,
-                    "kind": c.kind,
-                    "delta_ms": c.delta_ms,
-                    "share_pct": (100.0 * c.delta_ms / self.step_time_delta_ms) if self.step_time_delta_ms else None,
-                    "summary": c.summary,
-                    "status": c.status,
-                    "severity": c.severity,
-                    "est_saving_ms": c.est_saving_ms,
-                    "parts": c.parts,
-                    "fix": c.fix,
-                    "hint": c.hint,
-                    "corroborated": c.corroborated,
-                    "note": c.note,
-                }
-                for c in self.causes
-            ],
-            "components": {
-                n: {"before_ms": b, "after_ms": a, "delta_ms": a - b} for n, (b, a) in totals.items()
-            },
-            "components_by_phase": [
-                {"component": c.name, "phase": c.phase, "before_ms": c.before_ms, "after_ms": c.after_ms, "delta_ms": c.delta_ms}
-                for c in self.components
-            ],
-            "phases": [msgspec.to_builtins(p) for p in self.phases],
-            "structure": [
-                {"key": s.key, "label": s.label, "before": s.before, "after": s.after, "changed": s.changed}
-                for s in self.structure
-            ],
-            "findings": {
-                st: [msgspec.to_builtins(f) for f in self.findings if f.status == st]
-                for st in ("appeared", "disappeared", "persisting")
-            },
-            "ranks": [msgspec.to_builtins(r) for r in self.ranks],
-            "units": [msgspec.to_builtins(u) for u in self.units],
-            "collectives": [msgspec.to_builtins(c) for c in self.collectives],
-            "alignment": self.alignment,
-            "notes": self.notes,
-        }
-
-    def to_json(self, indent: int = 2) -> str:
-        return msgspec.json.format(msgspec.json.encode(self.to_dict()), indent=indent).decode()
-
-    def to_markdown(self) -> str:
-        from .report.comparison import render_markdown
-
-        return render_markdown(self)
 
 
 # ------------------------------------------------------------------------------------------
@@ -468,7 +326,7 @@ def step_time_ms(f: RunFacts) -> float | None:
 
 
 def _fmt_bytes(v: float | None) -> str:
-    from .fmt import mib
+    from ..fmt import mib
 
     return mib(v)
 
@@ -649,40 +507,44 @@ def _alignment(b: RunFacts, a: RunFacts) -> dict[str, Any]:
 # ------------------------------------------------------------------------------------------
 
 
-def _dtype_changed(b: RunFacts, a: RunFacts) -> bool:
-    if b.fsdp.mixed_precision is not None and a.fsdp.mixed_precision is not None and b.fsdp.mixed_precision != a.fsdp.mixed_precision:
-        return True
-    kinds = set(b.fsdp.collective_dtypes) & set(a.fsdp.collective_dtypes)
-    return any(sorted(b.fsdp.collective_dtypes[k]) != sorted(a.fsdp.collective_dtypes[k]) for k in kinds)
+@functools.lru_cache(maxsize=1)
+def _rules_by_slug() -> dict[str, Any]:
+    return {m.SLUG: m for m in load_rules()}
 
 
-def _claims_for(slug: str, basis: str, b: RunFacts, a: RunFacts) -> list[tuple[str, str | None]]:
-    claims = list(CLAIMS.get(slug, {}).get(basis, []))
-    if slug == "no-mixed-precision-collectives" and basis == "gpu" and _dtype_changed(b, a):
-        claims.append(("compute", None))
-    return claims
+def _rule(slug: str) -> Any:
+    return _rules_by_slug().get(slug)
 
 
-# a finding about a configuration explains a change only when that configuration changed;
-# otherwise it appeared or disappeared by crossing a threshold (structure_diff keys)
-CORROBORATED_BY: dict[str, tuple[str, ...]] = {
-    "missing-backward-prefetch": ("backward_prefetch", "fsdp_version"),
-    "auto-wrap-too-coarse": ("unit_count",),
-    "auto-wrap-too-fine": ("unit_count",),
-    "no-mixed-precision-collectives": ("mixed_precision", "dtype."),
-    "cpu-offload-stall": ("cpu_offload",),
-    "fsdp-not-detected": ("fsdp_version",),
-}
+def _changed(structure: list[Change], key: str) -> bool:
+    """A structure row matching ``key`` (or starting with it, when it ends with '.') changed
+    between two known values."""
+    return any(
+        s.changed and _known(s.before) and _known(s.after) and (s.key == key or (key.endswith(".") and s.key.startswith(key)))
+        for s in structure
+    )
+
+
+def _claims_for(slug: str, basis: str, structure: list[Change]) -> tuple[list[tuple[str, str | None]], str]:
+    """The parts of the step a finding explains (its rule's ``EXPLAINS``, plus ``EXPLAINS_IF_CHANGED``
+    entries whose structure key changed) and the note those extra parts carry."""
+    mod = _rule(slug)
+    claims = list(getattr(mod, "EXPLAINS", {}).get(basis, []))
+    note = ""
+    for key, extra in getattr(mod, "EXPLAINS_IF_CHANGED", {}).items():
+        if extra.get(basis) and _changed(structure, key):
+            claims += extra[basis]
+            note = extra.get("note", "")
+    return claims, note
 
 
 def _corroborated(slug: str, structure: list[Change]) -> bool:
-    keys = CORROBORATED_BY.get(slug)
+    """A finding about a configuration (its rule's ``CONFIG_KEYS``) explains a change only when that
+    configuration changed; otherwise it appeared or disappeared by crossing a threshold."""
+    keys = getattr(_rule(slug), "CONFIG_KEYS", None)
     if keys is None:
         return True  # a measured finding: its appearance is the evidence
-    return any(
-        s.changed and _known(s.before) and _known(s.after) and any(s.key == k or (k.endswith(".") and s.key.startswith(k)) for k in keys)
-        for s in structure
-    )
+    return any(_changed(structure, k) for k in keys)
 
 
 def _known(v: str) -> bool:
@@ -701,11 +563,10 @@ def _rank_causes(
     remaining = dict(cells)
     taken_by: dict[tuple[str, str], str] = {}
     candidates = [fc for fc in changes if fc.status in ("appeared", "disappeared")]
-    order = {s: i for i, s in enumerate(CLAIM_ORDER)}
-    candidates.sort(key=lambda fc: (order.get(fc.slug, len(order)), fc.status != "appeared"))
+    candidates.sort(key=lambda fc: (getattr(_rule(fc.slug), "CLAIM_PRIORITY", 1000), fc.status != "appeared"))
     causes: list[Cause] = []
     for fc in candidates:
-        claims = _claims_for(fc.slug, basis, b, a)
+        claims, extra_note = _claims_for(fc.slug, basis, structure)
         corroborated = _corroborated(fc.slug, structure)
         mine = [k for k in cells if any(k[0] == comp and (ph is None or k[1] == ph) for comp, ph in claims)]
         # a finding that appeared explains parts that grew; one that went away, parts that shrank
@@ -720,8 +581,8 @@ def _rank_causes(
             note = f"{fc.status} without a change in the configuration it is about (a threshold was crossed): no share of the delta given to it"
         elif not claims:
             note = "no part of the step time is attributed to this finding"
-        elif fc.slug == "no-mixed-precision-collectives" and any(k[0] == "compute" for k in taken):
-            note = "includes compute: FSDP's param_dtype is also the dtype the layers compute in, and it changed between the runs"
+        elif extra_note and taken:
+            note = extra_note
         elif mine and not taken:
             others = sorted({taken_by[k] for k in mine if k in taken_by})
             if others:
@@ -753,9 +614,8 @@ def _rank_causes(
                 slug=comp,
                 kind="component",
                 delta_ms=delta,
-                summary=f"{LABELS.get(comp, comp)} {'+' if delta >= 0 else '−'}{abs(delta):.2f} ms per step",
+                summary="",  # worded by the reporters (fsdpdoctor.report.comparison)
                 parts=[f"{c}@{p}" for c, p in sorted(keys)],
-                hint=HINTS.get(comp, ""),
             )
         )
     sign = 1.0 if total_delta >= 0 else -1.0
@@ -768,7 +628,7 @@ def _rank_causes(
         # that changed come first
         def key(c: Cause):
             if c.kind == "finding" and c.corroborated:
-                about_config = 0 if c.slug in CORROBORATED_BY else 1
+                about_config = 0 if hasattr(_rule(c.slug), "CONFIG_KEYS") else 1
                 return (0 if c.status == "appeared" else 1, about_config, sev.get(c.severity or "", 9), -sign * c.delta_ms)
             return (2, 0, 0, -sign * c.delta_ms)
 
@@ -792,7 +652,7 @@ def compare(
 ) -> Comparison:
     """Compare two runs. Findings default to running the rules on each RunFacts."""
     if before_findings is None or after_findings is None:
-        from .engine import run_rules
+        from ..engine import run_rules
 
         before_findings = run_rules(before) if before_findings is None else before_findings
         after_findings = run_rules(after) if after_findings is None else after_findings
@@ -863,62 +723,3 @@ def compare(
         notes=notes,
         fsdp_versions=(before.fsdp.version, after.fsdp.version),
     )
-
-
-# ------------------------------------------------------------------------------------------
-# loading inputs (shared with check)
-# ------------------------------------------------------------------------------------------
-
-
-@dataclass
-class LoadedRun:
-    facts: RunFacts
-    findings: list[Finding]
-    label: str
-    source: str  # "traces" or "saved facts"
-
-
-def is_saved_facts(path: str) -> bool:
-    """True for a ``.json`` file holding fsdpdoctor facts/report JSON (not a Kineto trace)."""
-
-    p = Path(path)
-    if p.suffix.lower() != ".json" or not p.is_file():
-        return False
-    try:
-        with open(p, "rb") as fh:
-            head = fh.read(65536)
-    except OSError:
-        return False
-    return b'"schema_version"' in head or b'"rank_facts"' in head
-
-
-def load_run(
-    paths: str | list[str], config: dict[str, Any] | None = None, jobs: int | None = None, memory: list | None = None
-) -> LoadedRun:
-    """Anything ``analyze`` accepts, or one saved facts/report JSON (``analyze --save-baseline``).
-
-    Saved files bring their own findings (the report JSON's top-level ``findings``); a bare
-    RunFacts JSON has none, so the rules run on its facts. Raises InputError for bad input.
-    """
-    from .errors import InputError
-
-    items = [paths] if isinstance(paths, str) else [str(p) for p in paths]
-    label = " ".join(items)
-    if len(items) == 1 and is_saved_facts(items[0]):
-        path = items[0]
-        facts = RunFacts.load(path)
-        raw = msgspec.json.decode(Path(path).read_bytes())
-        if isinstance(raw, dict) and isinstance(raw.get("findings"), list):
-            try:
-                findings = msgspec.convert(raw["findings"], list[Finding])
-            except msgspec.ValidationError as exc:
-                raise InputError(path, f"its findings do not match the schema ({exc})") from None
-        else:
-            from .engine import run_rules
-
-            findings = run_rules(facts, config)
-        return LoadedRun(facts, findings, label, "saved facts")
-    from .api import analyze
-
-    report = analyze(items, memory=memory or None, config=config, jobs=jobs)
-    return LoadedRun(report.facts, report.findings, label, "traces")
