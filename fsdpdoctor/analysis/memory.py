@@ -20,7 +20,18 @@ Method (see ``notes/memory-categorization.md``):
    activation checkpointing), then by lifetime relative to the forward / backward / optimizer
    phase they were allocated in: phases come from stack markers (and ``external_annotations``),
    frameless events inherit the phase before them (backward allocations on the autograd thread
-   have no Python frames).
+   have no Python frames). Checkpoint recomputation (``checkpoint.py`` ``unpack_hook`` /
+   ``recompute_fn``) is backward, and the frameless events after it too; ``zero_grad`` starts an
+   idle phase (the next step's inputs are not optimizer memory), and so do main-thread frames
+   without a marker after backward (the next micro-batch). When the recording stops inside
+   forward (OOM, dump), a forward block alive at a later FSDP unit boundary is an activation;
+   blocks allocated since the last boundary take the fate of the block at the same position and
+   size in the previous unit. FSDP1's per-parameter gradients are recognised by their
+   concatenation into the flat gradient; an unsharded-size backward block that autograd frees
+   before FSDP's next event is a gradient-accumulation temporary.
+6. Two peaks: the allocated peak (``max_memory_allocated``: a block counts until
+   ``free_requested``) names the instant of ``categories``; memory_viz's active peak (until
+   ``free_completed``) has its own categories. The README's memory section has the semantics.
 5. Blocks allocated before recording are reported as pre-existing and attributed by size where the
    trace shows parameter-shaped sizes (optimizer state created in the trace, FSDP unsharded sizes
    divided by the world size recovered from reduce-scatter input/output pairs, or long-lived
@@ -730,7 +741,7 @@ def _forward_fates(
     r: _Replay, fwd: np.ndarray, open_ended: np.ndarray, rounded: dict[int, int], boundaries: np.ndarray
 ) -> dict[int, bool]:
     """Activation (True) or temporary (False) for forward blocks the recording cut off (OOM, dump
-    mid-forward), decided by FSDP unit boundaries (see module doc, step 4):
+    mid-forward), decided by FSDP unit boundaries (module doc, step 4):
 
     * a block alive at a later unit boundary (FSDP pre_forward / unshard / reshard) is saved for
       backward: an activation;
