@@ -23,6 +23,7 @@ from fsdpdoctor.analysis.memory import (
     PH_RECOMPUTE,
     CATEGORIES,
     _frame_info,
+    _summarize,
     analyze_memory,
 )
 
@@ -136,3 +137,15 @@ def test_without_history_names_the_snapshot_instant():
     obj, _ = gen.build("fsdp2_no_history")
     facts = analyze_memory(obj)
     assert facts.categories_instant == "snapshot" and facts.peak_active_bytes is None
+
+
+def test_main_thread_stacks_end_a_backward():
+    """The next micro-batch's inputs come from the main thread (the stack reaches the script's
+    `<module>`); a Python gradient hook runs on the autograd thread (no `<module>`)."""
+    user = "/workspace/fsdp-run/train.py"
+    batch = ((user, "to_device", 18), (user, "train_step", 50), (user, "main", 97), (user, "<module>", 121))
+    hook = ((user, "clip_hook", 30),)
+    custom = (("/workspace/fsdp-run/ops.py", "backward", 12), ("/usr/lib/python3/site-packages/torch/autograd/function.py", "apply", 307), (user, "<module>", 121))
+    assert _summarize(batch).main_thread
+    assert not _summarize(hook).main_thread
+    assert not _summarize(custom).main_thread

@@ -236,6 +236,7 @@ class _FrameInfo:
     fsdp: str | None  # "fsdp1" / "fsdp2" when the frame is FSDP code
     optimizer: str | None  # torch.optim file stem
     autograd: bool = False  # torch/autograd/ code (custom Function.backward runs under it)
+    script: bool = False  # a script's top level (`<module>`): the bottom of a main-thread stack
 
 
 def _short_path(path: str) -> str:
@@ -291,7 +292,9 @@ def _frame_info(filename: str, name: str, line: int) -> _FrameInfo:
     elif not python and _CPP_BACKWARD.search(name):
         phase = PH_BACKWARD
     site = f"{name} ({_short_path(path)}:{line})" if python else name
-    return _FrameInfo(label, phase, python, in_torch, site, fsdp, optimizer, python and "torch/autograd/" in path)
+    return _FrameInfo(
+        label, phase, python, in_torch, site, fsdp, optimizer, python and "torch/autograd/" in path, name == "<module>"
+    )
 
 
 @dataclass(frozen=True)
@@ -303,8 +306,9 @@ class _Stack:
     site: str | None = None
     fsdp: str | None = None
     optimizer: str | None = None
-    # Python frames, no phase marker, nothing from torch/autograd: the main thread, which is
-    # blocked in backward while the autograd thread runs it, so such a stack is outside backward
+    # no phase marker, nothing from torch/autograd, and the stack bottoms out at a script's top
+    # level: the main thread, which is blocked in backward while the autograd thread runs it (whose
+    # Python hooks have no `<module>` frame), so such a stack is outside backward
     main_thread: bool = False
 
 
@@ -328,7 +332,9 @@ def _summarize(key: tuple) -> _Stack:
         site=site,
         fsdp=next((i.fsdp for i in infos if i.fsdp), None),
         optimizer=next((i.optimizer for i in infos if i.optimizer), None),
-        main_thread=phase == PH_UNKNOWN and any(i.python for i in infos) and not any(i.autograd for i in infos),
+        main_thread=phase == PH_UNKNOWN
+        and any(i.script for i in infos if i.python)
+        and not any(i.autograd for i in infos),
     )
 
 
@@ -1138,7 +1144,7 @@ def _analyze_without_history(snap: Snapshot, device: int, segs: list[dict], end:
             )
         elif lab == _OPT or ph == PH_OPTIM:
             cat = "optimizer_state"
-        elif ph == PH_FORWARD:
+        elif ph in (PH_FORWARD, PH_RECOMPUTE):  # alive now: saved (or recomputed) for backward
             cat = "activations"
         elif ph == PH_BACKWARD:
             cat = "gradients"
