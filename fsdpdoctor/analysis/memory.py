@@ -850,6 +850,26 @@ def _label_blocks(r: _Replay, stacks: _StackCache, phase: np.ndarray, trace: lis
     # the first FSDP event (hook, collective, reshard) after each allocation
     next_fsdp = np.append(ev_fsdp, NEVER)[np.searchsorted(ev_fsdp, r.alloc_idx[traced], side="right")]
     next_fsdp_of = dict(zip(traced.tolist(), next_fsdp.tolist(), strict=True))
+    bwd_set = set(bwd.tolist())
+    # unsharded-size backward blocks: kept (gradient) or an accumulation addend (temporary); one
+    # the recording cut off takes the fate of the last same-sized one (the previous micro-batch)
+    # (or, when the previous micro-batch kept it, an addend while that gradient is held)
+    unsharded_grad_kept: dict[int, bool] = {}
+    last_fate: dict[int, bool] = {}
+    last_kept: dict[int, int] = {}
+    for b in order.tolist():
+        if b in bwd_set and rounded[b] in unsharded:
+            sz, i = rounded[b], int(r.alloc_idx[b])
+            if open_ended[b]:
+                k = last_kept.get(sz)
+                held = k is not None and r.free_req[k] > i and run_end[r.alloc_idx[k]] != run_end[i]
+                unsharded_grad_kept[b] = last_fate.get(sz, True) and not held
+            else:
+                unsharded_grad_kept[b] = last_fate[sz] = bool(r.free_req[b] >= next_fsdp_of[b])
+                if last_fate[sz]:
+                    last_kept[sz] = b
+    cat_sizes = {rounded[b] for b in cat_grads}
+    rs_input_sizes = {rounded[b] for b in rs_inputs}
 
     def lifetime(b: int, ph: int, default_long: bool) -> bool:
         """Whether block b outlives its phase."""
@@ -865,8 +885,9 @@ def _label_blocks(r: _Replay, stacks: _StackCache, phase: np.ndarray, trace: lis
         lab, ph = st[b].label, int(block_phase[b])
         if lab in CATEGORIES:
             cat = lab
-        elif lab == _RS:
-            cat = "reduce_scatter_buffers" if short_lived[b] or b in rs_inputs else "gradients"
+        elif lab == _RS:  # an input cut off before its output was allocated (OOM) by an earlier input's size
+            is_input = b in rs_inputs or (open_ended[b] and rounded[b] in rs_input_sizes)
+            cat = "reduce_scatter_buffers" if short_lived[b] or is_input else "gradients"
         elif r.entry_category[b] in _PROFILE_ENTRY_CATEGORY:  # pseudo-snapshot: versions, not allocations
             cat = _PROFILE_ENTRY_CATEGORY[r.entry_category[b]]
         elif lab == _OPT or ph == PH_OPTIM:
@@ -882,8 +903,8 @@ def _label_blocks(r: _Replay, stacks: _StackCache, phase: np.ndarray, trace: lis
             # concatenation into FSDP1's flat gradient, or by stack (reduce-scatter output), so an
             # unexplained backward block cut off by the recording is most likely a temporary
             if fsdp is not None and rounded[b] in unsharded:
-                cat = "temporary" if r.free_req[b] < next_fsdp_of[b] else "gradients"
-            elif b in cat_grads:
+                cat = "gradients" if unsharded_grad_kept.get(b, True) else "temporary"
+            elif b in cat_grads or (open_ended[b] and rounded[b] in cat_sizes):  # cut off before the concat
                 cat = "gradients"
             else:
                 cat = "gradients" if lifetime(b, ph, fsdp is None) else "temporary"
