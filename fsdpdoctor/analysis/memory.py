@@ -851,22 +851,23 @@ def _label_blocks(r: _Replay, stacks: _StackCache, phase: np.ndarray, trace: lis
     next_fsdp = np.append(ev_fsdp, NEVER)[np.searchsorted(ev_fsdp, r.alloc_idx[traced], side="right")]
     next_fsdp_of = dict(zip(traced.tolist(), next_fsdp.tolist(), strict=True))
     bwd_set = set(bwd.tolist())
-    # unsharded-size backward blocks: kept (gradient) or an accumulation addend (temporary); one
-    # the recording cut off takes the fate of the last same-sized one (the previous micro-batch)
-    # (or, when the previous micro-batch kept it, an addend while that gradient is held)
+    # unsharded-size backward blocks: kept (gradient) or an accumulation addend (temporary: freed
+    # before FSDP's next event); one the recording cut off is an addend while a same-sized
+    # gradient kept by an earlier forward/backward pass (micro-batch) is still held
     unsharded_grad_kept: dict[int, bool] = {}
-    last_fate: dict[int, bool] = {}
+    is_fwd = phase == PH_FORWARD
+    passes = np.cumsum(is_fwd & ~np.r_[False, is_fwd[:-1]]) if n else is_fwd  # forward passes so far
     last_kept: dict[int, int] = {}
     for b in order.tolist():
         if b in bwd_set and rounded[b] in unsharded:
             sz, i = rounded[b], int(r.alloc_idx[b])
             if open_ended[b]:
                 k = last_kept.get(sz)
-                held = k is not None and r.free_req[k] > i and run_end[r.alloc_idx[k]] != run_end[i]
-                unsharded_grad_kept[b] = last_fate.get(sz, True) and not held
+                held = k is not None and r.free_req[k] > i and passes[r.alloc_idx[k]] != passes[i]
+                unsharded_grad_kept[b] = not held
             else:
-                unsharded_grad_kept[b] = last_fate[sz] = bool(r.free_req[b] >= next_fsdp_of[b])
-                if last_fate[sz]:
+                unsharded_grad_kept[b] = bool(r.free_req[b] >= next_fsdp_of[b])
+                if unsharded_grad_kept[b]:
                     last_kept[sz] = b
     cat_sizes = {rounded[b] for b in cat_grads}
     rs_input_sizes = {rounded[b] for b in rs_inputs}
@@ -915,26 +916,58 @@ def _label_blocks(r: _Replay, stacks: _StackCache, phase: np.ndarray, trace: lis
             site[b] = f"<no Python frames: {_PHASE_NAMES[ph] or 'unknown phase'}>"
     for b in np.flatnonzero(pre):
         site[b] = site[b] or "<allocated before recording>"
-    attributed = _attribute_pre_existing(r, cats, pre, fsdp, world_size, optimizers)
+    attributed = _attribute_pre_existing(r, cats, pre, fsdp, world_size, optimizers, phase)
     return _Labels(cats, site, pre, fsdp, world_size, attributed)
 
 
-def _shard_sizes(unsharded: set[int], pre_sizes: Counter) -> set[int]:
+def _shard_divisor(unsharded: set[int], pre_sizes: Counter) -> int | None:
     """Sharded parameter sizes when the world size is unknown: the divisor d (the world size, or
     half of it when unsharded parameters are bf16 copies of fp32 shards) that maps unsharded
     parameter sizes onto the most bytes of blocks alive since before recording (two blocks at least)."""
-    best: tuple[int, set[int]] = (0, set())
+    best: tuple[int, int | None] = (0, None)
     for d in range(2, 1025):
-        sizes = {u * f // d for u in unsharded for f in (1, 2) if (u * f) % d == 0}
+        sizes = _shards_of(unsharded, d)
         blocks = sum(pre_sizes[s] for s in sizes)
         got = sum(s * pre_sizes[s] for s in sizes)
         if blocks >= 2 and got > best[0]:
-            best = (got, sizes)
+            best = (got, d)
     return best[1]
 
 
+def _shards_of(unsharded, d: int) -> set[int]:
+    return {u * f // d for u in unsharded for f in (1, 2) if (u * f) % d == 0}
+
+
+def _params_per_shard_size(
+    r: _Replay, cats: list[str], phase: np.ndarray, divisor: int, pre_sizes: Counter
+) -> Counter:
+    """How many parameters have each sharded size: FSDP all-gathers every parameter (FSDP1: every
+    flat parameter) once in a forward pass, so count the unsharded allocations of the first
+    complete forward pass."""
+    bwd = np.flatnonzero((phase == PH_BACKWARD) | (phase == PH_RECOMPUTE))
+    if not len(bwd):
+        return Counter()
+    per_u = Counter(
+        int(r.requested[b])
+        for b in range(len(cats))
+        if cats[b] == "parameters_unsharded" and 0 <= r.alloc_idx[b] < bwd[0] and phase[r.alloc_idx[b]] == PH_FORWARD
+    )
+    out: Counter = Counter()
+    for u, k in per_u.items():
+        for s in _shards_of({u}, divisor):
+            if s in pre_sizes:
+                out[s] += k
+    return out
+
+
 def _attribute_pre_existing(
-    r: _Replay, cats: list[str], pre: np.ndarray, fsdp: str | None, world_size: int | None, optimizers: set[str]
+    r: _Replay,
+    cats: list[str],
+    pre: np.ndarray,
+    fsdp: str | None,
+    world_size: int | None,
+    optimizers: set[str],
+    phase: np.ndarray,
 ) -> dict[str, int]:
     """Give pre-existing blocks a category where their size is parameter-shaped (see module doc)."""
     n = r.n
@@ -942,12 +975,18 @@ def _attribute_pre_existing(
     pre_alive = np.flatnonzero(pre & (r.free_req >= n))
     opt_sizes = {int(r.requested[b]) for b in np.flatnonzero(traced) if cats[b] == "optimizer_state"}
     param_sizes: set[int] = set()
+    pre_sizes = Counter(int(r.requested[b]) for b in pre_alive)
+    per_size_params: Counter = Counter()
     if fsdp:
         unsharded = {int(r.requested[b]) for b in np.flatnonzero(traced) if cats[b] == "parameters_unsharded"}
         if world_size:
             param_sizes |= {u // world_size for u in unsharded if u % world_size == 0}
-        elif unsharded:  # no reduce-scatter yet (OOM or dump in the first forward)
-            param_sizes |= _shard_sizes(unsharded, Counter(int(r.requested[b]) for b in pre_alive))
+        # no reduce-scatter yet (OOM or dump in the first forward): the divisor that fits
+        divisor = _shard_divisor(unsharded, pre_sizes) if unsharded else None
+        if divisor and not world_size:
+            param_sizes |= _shards_of(unsharded, divisor)
+        if divisor and not optimizers:  # optimizer state from before the recording, no step in it
+            per_size_params = _params_per_shard_size(r, cats, phase, divisor, pre_sizes)
         # FSDP1's sharded flat parameter has the size of its sharded (reduce-scattered) gradient
         param_sizes |= {
             int(r.requested[b]) for b in np.flatnonzero(traced) if cats[b] == "gradients" and fsdp == "fsdp1"
@@ -971,9 +1010,13 @@ def _attribute_pre_existing(
         if s not in param_sizes:
             continue
         m = len(ids)
-        per_param = next((d for d in (1 + n_states, 2 + n_states, 1) if m % d == 0), 1)
-        n_params = m // per_param
-        n_opt = min(n_states * n_params, m - n_params)
+        k = per_size_params.get(s, 0)
+        if not n_states and k and m % k == 0 and 2 <= m // k <= 4:
+            n_params, n_opt = k, m - k  # the blocks beyond one per parameter: its optimizer state
+        else:
+            per_param = next((d for d in (1 + n_states, 2 + n_states, 1) if m % d == 0), 1)
+            n_params = m // per_param
+            n_opt = min(n_states * n_params, m - n_params)
         for j, b in enumerate(ids):
             cats[b] = (
                 "parameters_sharded" if j < n_params else "optimizer_state" if j < n_params + n_opt else "gradients"
