@@ -29,14 +29,15 @@ Method (see ``notes/memory-categorization.md``):
    size in the previous unit. FSDP1's per-parameter gradients are recognised by their
    concatenation into the flat gradient; an unsharded-size backward block that autograd frees
    before FSDP's next event is a gradient-accumulation temporary.
-6. Two peaks: the allocated peak (``max_memory_allocated``: a block counts until
-   ``free_requested``) names the instant of ``categories``; memory_viz's active peak (until
-   ``free_completed``) has its own categories. The README's memory section has the semantics.
 5. Blocks allocated before recording are reported as pre-existing and attributed by size where the
    trace shows parameter-shaped sizes (optimizer state created in the trace, FSDP unsharded sizes
    divided by the world size recovered from reduce-scatter input/output pairs, or long-lived
    gradients), split between parameters and optimizer state by multiplicity (Adam keeps two
-   states per parameter). The rest goes to ``other``.
+   states per parameter; without an optimizer step in the trace, by the number of parameters
+   per size that the first complete forward pass all-gathers). The rest goes to ``other``.
+6. Two peaks: the allocated peak (``max_memory_allocated``: a block counts until
+   ``free_requested``) names the instant of ``categories``; memory_viz's active peak (until
+   ``free_completed``) has its own categories. The README's memory section has the semantics.
 
 Non-FSDP runs: resident full parameters are counted as ``parameters_sharded`` (the persistent
 parameter storage); ``parameters_unsharded`` is reserved for FSDP's transient all-gathered copies.
@@ -845,8 +846,8 @@ def _label_blocks(r: _Replay, stacks: _StackCache, phase: np.ndarray, trace: lis
     for b, long in fates.items():
         (seen_long if long else seen_short)[PH_FORWARD].add(rounded[b])
     bwd = traced[unlabeled[traced] & (block_phase[traced] == PH_BACKWARD)]
-    cat_grads = _concatenated_grads(r, bwd[np.isin(bwd, np.fromiter(
-        (b for b in bwd.tolist() if rounded[b] in unsharded), dtype=np.int64))]) if fsdp == "fsdp1" else set()
+    flat_grad_like = np.array([b for b in bwd.tolist() if rounded[b] in unsharded], dtype=np.int64)
+    cat_grads = _concatenated_grads(r, flat_grad_like) if fsdp == "fsdp1" else set()
     # the first FSDP event (hook, collective, reshard) after each allocation
     next_fsdp = np.append(ev_fsdp, NEVER)[np.searchsorted(ev_fsdp, r.alloc_idx[traced], side="right")]
     next_fsdp_of = dict(zip(traced.tolist(), next_fsdp.tolist(), strict=True))
@@ -921,9 +922,9 @@ def _label_blocks(r: _Replay, stacks: _StackCache, phase: np.ndarray, trace: lis
 
 
 def _shard_divisor(unsharded: set[int], pre_sizes: Counter) -> int | None:
-    """Sharded parameter sizes when the world size is unknown: the divisor d (the world size, or
-    half of it when unsharded parameters are bf16 copies of fp32 shards) that maps unsharded
-    parameter sizes onto the most bytes of blocks alive since before recording (two blocks at least)."""
+    """The divisor d from unsharded to sharded parameter sizes (the world size, or half of it when
+    unsharded parameters are bf16 copies of fp32 shards): the one that maps unsharded sizes onto
+    the most bytes of blocks alive since before recording (two blocks at least)."""
     best: tuple[int, int | None] = (0, None)
     for d in range(2, 1025):
         sizes = _shards_of(unsharded, d)
