@@ -43,6 +43,13 @@ class MemoryFacts:
     no history). ``categories`` always has every name in :data:`MEMORY_CATEGORIES` and sums to
     ``peak_allocated_bytes``. ``curve`` holds ``x`` (``x_unit`` "time_us" or "event_index"),
     ``allocated`` and ``reserved`` (None entries where unknown), at most 500 points, peak kept.
+
+    Two peaks: ``peak_allocated_bytes`` is ``torch.cuda.max_memory_allocated()`` (a block leaves
+    at ``free_requested``); ``peak_active_bytes`` is memory_viz's active-memory peak (a block
+    leaves at ``free_completed``: freed by Python but still in use on another stream counts).
+    ``categories_instant`` names the instant ``categories`` describe: "peak_allocated" (the
+    allocated peak) or "snapshot" (no history: the state when the snapshot was taken);
+    ``categories_at_active_peak`` holds the categories at the active peak, pending frees included.
     """
 
     source: str
@@ -61,6 +68,11 @@ class MemoryFacts:
     internal_fragmentation_bytes: int | None = None
     external_fragmentation_bytes: int | None = None
     categories: dict[str, int] = field(default_factory=lambda: dict.fromkeys(MEMORY_CATEGORIES, 0))
+    categories_instant: str = "peak_allocated"
+    peak_active_bytes: int | None = None
+    peak_active_event_index: int | None = None
+    peak_active_time_us: float | None = None
+    categories_at_active_peak: dict[str, int] = field(default_factory=dict)
     pre_existing_bytes: int = 0
     pre_existing_attributed: dict[str, int] = field(default_factory=dict)
     top_sites: list[tuple[str, int]] = field(default_factory=list)

@@ -284,7 +284,9 @@ def test_pre_existing_blocks_attributed_by_size(generated):
     assert facts.pre_existing_bytes == truth["end"]["allocated_bytes"]  # nothing else survives a step
     assert facts.pre_existing_attributed["parameters_sharded"] == truth["categories"]["parameters_sharded"]
     assert facts.pre_existing_attributed["optimizer_state"] == truth["categories"]["optimizer_state"]
-    assert facts.pre_existing_attributed["other"] == truth["categories"]["other"]  # a model buffer
+    # a model buffer; the rest of "other" at the peak is the step's input batch, loaded while recording
+    batch = gen.Spec().tokens * gen.Spec().hidden * 2
+    assert facts.pre_existing_attributed["other"] == truth["categories"]["other"] - batch
 
 
 def test_expandable_segments(generated):

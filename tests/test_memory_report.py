@@ -99,3 +99,19 @@ def test_trace_memory_events_give_the_curve_without_a_snapshot(snap):
     # a snapshot, when given, is the better source and wins
     path, _ = snap
     assert fsdpdoctor.analyze(trace, memory=[path]).facts.memory.source == "snapshot"
+
+
+def test_report_names_the_instant_and_both_peaks(tmp_path):
+    """FSDP2 frees its all-gather buffers on the all-gather stream, so memory_viz's active peak
+    (the generator's truth) is above max_memory_allocated; the report shows both and says which
+    instant the category table describes."""
+    path, truth = gen.write("fsdp2", tmp_path)
+    truth = json.loads(Path(truth).read_text())
+    rep = fsdpdoctor.api.analyze_memory_only(path)
+    d = json.loads(rep.to_json())["memory"]
+    assert d["categories_instant"] == "peak_allocated"
+    assert d["peak_active_bytes"] == truth["peak_active_bytes"] > d["peak_allocated_bytes"] == truth["peak_allocated_bytes"]
+    assert sum(d["categories_at_active_peak"].values()) == truth["peak_active_bytes"]
+    md = rep.to_markdown()
+    assert "Active peak" in md and "at active peak" in md
+    assert f"event {truth['peak_event_index']}, during backward" in md

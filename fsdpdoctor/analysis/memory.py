@@ -20,12 +20,24 @@ Method (see ``notes/memory-categorization.md``):
    activation checkpointing), then by lifetime relative to the forward / backward / optimizer
    phase they were allocated in: phases come from stack markers (and ``external_annotations``),
    frameless events inherit the phase before them (backward allocations on the autograd thread
-   have no Python frames).
+   have no Python frames). Checkpoint recomputation (``checkpoint.py`` ``unpack_hook`` /
+   ``recompute_fn``) is backward, and the frameless events after it too; ``zero_grad`` starts an
+   idle phase (the next step's inputs are not optimizer memory), and so do main-thread frames
+   without a marker after backward (the next micro-batch). When the recording stops inside
+   forward (OOM, dump), a forward block alive at a later FSDP unit boundary is an activation;
+   blocks allocated since the last boundary take the fate of the block at the same position and
+   size in the previous unit. FSDP1's per-parameter gradients are recognised by their
+   concatenation into the flat gradient; an unsharded-size backward block that autograd frees
+   before FSDP's next event is a gradient-accumulation temporary.
 5. Blocks allocated before recording are reported as pre-existing and attributed by size where the
    trace shows parameter-shaped sizes (optimizer state created in the trace, FSDP unsharded sizes
    divided by the world size recovered from reduce-scatter input/output pairs, or long-lived
    gradients), split between parameters and optimizer state by multiplicity (Adam keeps two
-   states per parameter). The rest goes to ``other``.
+   states per parameter; without an optimizer step in the trace, by the number of parameters
+   per size that the first complete forward pass all-gathers). The rest goes to ``other``.
+6. Two peaks: the allocated peak (``max_memory_allocated``: a block counts until
+   ``free_requested``) names the instant of ``categories``; memory_viz's active peak (until
+   ``free_completed``) has its own categories. The README's memory section has the semantics.
 
 Non-FSDP runs: resident full parameters are counted as ``parameters_sharded`` (the persistent
 parameter storage); ``parameters_unsharded`` is reserved for FSDP's transient all-gathered copies.
@@ -191,14 +203,28 @@ _FSDP_BACKWARD_FUNCS = {
     "backward",
 }
 _FSDP_FORWARD_FUNCS = {"pre_forward", "post_forward", "_pre_forward", "_post_forward", "_pre_forward_unshard"}
+#: torch/utils/checkpoint.py functions that run the recomputation in backward (non-reentrant:
+#: unpack_hook -> recompute_fn on the autograd thread; reentrant: CheckpointFunction.backward)
+_RECOMPUTE_FUNCS = {"unpack_hook", "recompute_fn", "_recompute", "backward"}
 _CPP_BACKWARD = re.compile(
     r"torch::autograd::(Engine::|generated::\w+Backward|AccumulateGrad)|^<built-in method run_backward "
 )
 # _memory_viz._profile_to_snapshot writes Python frames as {"filename": "none", "line": 0, "name": "path(line): func"}
 _PROFILER_FRAME = re.compile(r"^(?P<path>[^()]+\.py)\((?P<line>\d+)\): (?P<func>.+)$")
 
-PH_UNKNOWN, PH_FORWARD, PH_BACKWARD, PH_OPTIM = 0, 1, 2, 3
-_PHASE_NAMES = {PH_UNKNOWN: None, PH_FORWARD: "forward", PH_BACKWARD: "backward", PH_OPTIM: "optimizer"}
+PH_UNKNOWN, PH_FORWARD, PH_BACKWARD, PH_OPTIM, PH_RECOMPUTE, PH_IDLE = 0, 1, 2, 3, 4, 5
+# PH_RECOMPUTE: checkpoint recomputation (module forwards run inside backward); PH_IDLE: from
+# zero_grad to the next forward (the input batch is loaded there: it is not optimizer memory)
+_PHASE_NAMES = {
+    PH_UNKNOWN: None,
+    PH_FORWARD: "forward",
+    PH_BACKWARD: "backward",
+    PH_OPTIM: "optimizer",
+    PH_RECOMPUTE: "backward",
+    PH_IDLE: None,
+}
+# which marker wins when one stack carries several (recompute runs module forwards in backward)
+_PHASE_PRIORITY = (PH_IDLE, PH_OPTIM, PH_RECOMPUTE, PH_BACKWARD, PH_FORWARD)
 
 
 @dataclass(frozen=True)
@@ -210,6 +236,8 @@ class _FrameInfo:
     site: str
     fsdp: str | None  # "fsdp1" / "fsdp2" when the frame is FSDP code
     optimizer: str | None  # torch.optim file stem
+    autograd: bool = False  # torch/autograd/ code (custom Function.backward runs under it)
+    script: bool = False  # a script's top level (`<module>`): the bottom of a main-thread stack
 
 
 def _short_path(path: str) -> str:
@@ -248,12 +276,16 @@ def _frame_info(filename: str, name: str, line: int) -> _FrameInfo:
                 phase = PH_BACKWARD
             elif name in _FSDP_FORWARD_FUNCS:
                 phase = PH_FORWARD
-        if "torch/optim/" in path or "torch/distributed/optim/" in path:
+        if path.endswith("torch/optim/optimizer.py") and name == "zero_grad":
+            phase = PH_IDLE  # frees gradients; what follows belongs to the next step
+        elif "torch/optim/" in path or "torch/distributed/optim/" in path:
             phase = PH_OPTIM
             optimizer = base[:-3] if "torch/optim/" in path else None
             label = "optimizer_state" if name in _OPTIM_STATE_FUNCS else _OPT
         elif path.endswith("torch/utils/checkpoint.py"):
-            label = "activations"
+            # forward under checkpoint is plain forward (lifetime decides); recomputation is backward
+            if name in _RECOMPUTE_FUNCS:
+                phase = PH_RECOMPUTE
         elif any(path.endswith(p) and name == f for p, f in _BACKWARD_PY):
             phase = PH_BACKWARD
         elif path.endswith("torch/nn/modules/module.py") and name in ("_call_impl", "_wrapped_call_impl"):
@@ -261,7 +293,9 @@ def _frame_info(filename: str, name: str, line: int) -> _FrameInfo:
     elif not python and _CPP_BACKWARD.search(name):
         phase = PH_BACKWARD
     site = f"{name} ({_short_path(path)}:{line})" if python else name
-    return _FrameInfo(label, phase, python, in_torch, site, fsdp, optimizer)
+    return _FrameInfo(
+        label, phase, python, in_torch, site, fsdp, optimizer, python and "torch/autograd/" in path, name == "<module>"
+    )
 
 
 @dataclass(frozen=True)
@@ -273,6 +307,10 @@ class _Stack:
     site: str | None = None
     fsdp: str | None = None
     optimizer: str | None = None
+    # no phase marker, nothing from torch/autograd, and the stack bottoms out at a script's top
+    # level: the main thread, which is blocked in backward while the autograd thread runs it (whose
+    # Python hooks have no `<module>` frame), so such a stack is outside backward
+    main_thread: bool = False
 
 
 _NO_STACK = _Stack()
@@ -281,8 +319,7 @@ _NO_STACK = _Stack()
 def _summarize(key: tuple) -> _Stack:
     infos = [_frame_info(str(f), str(n), int(ln or 0)) for f, n, ln in key]
     phases = {i.phase for i in infos}
-    # optimizer beats backward beats forward (recompute in backward runs module forwards)
-    phase = next((ph for ph in (PH_OPTIM, PH_BACKWARD, PH_FORWARD) if ph in phases), PH_UNKNOWN)
+    phase = next((ph for ph in _PHASE_PRIORITY if ph in phases), PH_UNKNOWN)
     hit = next((i for i in infos if i.label is not None), None)  # innermost matching frame wins
     if hit is not None:
         site = hit.site
@@ -296,6 +333,9 @@ def _summarize(key: tuple) -> _Stack:
         site=site,
         fsdp=next((i.fsdp for i in infos if i.fsdp), None),
         optimizer=next((i.optimizer for i in infos if i.optimizer), None),
+        main_thread=phase == PH_UNKNOWN
+        and any(i.script for i in infos if i.python)
+        and not any(i.autograd for i in infos),
     )
 
 
@@ -611,10 +651,24 @@ def _event_phases(
             seg[seg == PH_UNKNOWN] = ph
     # frameless events (autograd thread, context off) take the phase of the last known event;
     # events before the first marker (model construction, data loading) stay unknown
-    known = phase != PH_UNKNOWN
-    if not known.any():
+    if not (phase != PH_UNKNOWN).any():
         return phase
-    idx = np.where(known, np.arange(n), 0)
+    filled = _fill(phase)
+    # main-thread code after backward (the next micro-batch's inputs) ends the backward phase
+    main = np.fromiter((stacks(e.get("frames")).main_thread for e in trace), dtype=bool, count=n)
+    after_backward = main & (phase == PH_UNKNOWN) & ((filled == PH_BACKWARD) | (filled == PH_RECOMPUTE))
+    if after_backward.any():
+        phase[after_backward] = PH_IDLE
+        filled = _fill(phase)
+    # frameless events after a recomputation are the autograd thread's backward ops, not recompute
+    filled[(phase == PH_UNKNOWN) & (filled == PH_RECOMPUTE)] = PH_BACKWARD
+    return filled
+
+
+def _fill(phase: np.ndarray) -> np.ndarray:
+    """Events without a marker take the phase of the last event with one."""
+    known = phase != PH_UNKNOWN
+    idx = np.where(known, np.arange(len(phase)), 0)
     np.maximum.accumulate(idx, out=idx)
     return phase[idx]
 
@@ -628,7 +682,9 @@ def _annotation_intervals(annotations: list[dict], device: int) -> list[tuple[fl
         name = str(a.get("name", ""))
         low = name.lower()
         ph = (
-            PH_OPTIM
+            PH_IDLE
+            if low.startswith("optimizer.zero_grad")
+            else PH_OPTIM
             if low.startswith("optimizer.")
             else PH_BACKWARD
             if "backward" in low
@@ -688,7 +744,65 @@ class _Labels:
     attributed: dict[str, int]  # pre-existing bytes per category (all pre-existing blocks)
 
 
-def _label_blocks(r: _Replay, stacks: _StackCache, phase: np.ndarray) -> _Labels:
+def _forward_fates(
+    r: _Replay, fwd: np.ndarray, open_ended: np.ndarray, rounded: dict[int, int], boundaries: np.ndarray
+) -> dict[int, bool]:
+    """Activation (True) or temporary (False) for forward blocks the recording cut off (OOM, dump
+    mid-forward), decided by FSDP unit boundaries (module doc, step 4):
+
+    * a block alive at a later unit boundary (FSDP pre_forward / unshard / reshard) is saved for
+      backward: an activation;
+    * blocks allocated since the last boundary take the fate of the block at the same position,
+      with the same size, in the previous unit (transformer blocks repeat), else stay undecided.
+    """
+    if not len(boundaries):
+        return {}
+    alloc = r.alloc_idx[fwd]
+    seg = np.searchsorted(boundaries, alloc, side="right")  # unit segment of each forward block
+    nxt = np.append(boundaries, NEVER)[seg]  # the first boundary after the allocation
+    survived = dict(zip(fwd.tolist(), (r.free_req[fwd] > nxt).tolist(), strict=True))
+    crossed = dict(zip(fwd.tolist(), (nxt < NEVER).tolist(), strict=True))
+    by_seg: dict[int, list[int]] = {}
+    for b, sgm in zip(fwd.tolist(), seg.tolist(), strict=True):
+        by_seg.setdefault(sgm, []).append(b)
+    fates: dict[int, bool] = {}
+    last = len(boundaries)
+    prev = next((by_seg[k] for k in sorted(by_seg, reverse=True) if k < last and by_seg[k]), [])
+    for j, b in enumerate(by_seg.get(last, [])):
+        if open_ended[b] and j < len(prev) and rounded[prev[j]] == rounded[b]:
+            fates[b] = survived[prev[j]]
+    for b in fwd.tolist():
+        if open_ended[b] and crossed[b]:
+            fates[b] = True
+    return fates
+
+
+def _concatenated_grads(r: _Replay, candidates: np.ndarray) -> set[int]:
+    """FSDP1: autograd computes one gradient per original parameter, then the backward of the
+    flat parameter's split concatenates them into the flat gradient and frees them at once. Blocks
+    freed right after a candidate's allocation whose requested sizes add up to its size are those
+    per-parameter gradients."""
+    freed_at = {int(i): int(b) for b, i in enumerate(r.free_req.tolist()) if 0 <= i < r.n}
+    completed = {int(i) for i in r.free_done.tolist() if 0 <= i < r.n}
+    out: set[int] = set()
+    for x in candidates.tolist():
+        want, total, parts = int(r.requested[x]), 0, []
+        j = int(r.alloc_idx[x]) + 1
+        while (j in freed_at or j in completed) and total < want:
+            b = freed_at.get(j)
+            j += 1
+            if b is None:  # free_completed of a free already counted
+                continue
+            if r.alloc_idx[b] >= r.alloc_idx[x]:
+                break
+            total += int(r.requested[b])
+            parts.append(b)
+        if total == want and len(parts) >= 2:
+            out.update(parts)
+    return out
+
+
+def _label_blocks(r: _Replay, stacks: _StackCache, phase: np.ndarray, trace: list[dict]) -> _Labels:
     n = r.n
     run_end = _run_ends(phase) if n else np.zeros(0, dtype=np.int64)
     nb = len(r.addr)
@@ -698,6 +812,12 @@ def _label_blocks(r: _Replay, stacks: _StackCache, phase: np.ndarray) -> _Labels
     fsdp_votes = Counter(x.fsdp for x in seen if x.fsdp)
     fsdp = fsdp_votes.most_common(1)[0][0] if fsdp_votes else None
     optimizers = {x.optimizer for x in seen if x.optimizer}
+    ev = [stacks(e.get("frames")) for e in trace]
+    ev_fsdp = np.flatnonzero(np.fromiter((x.fsdp is not None for x in ev), dtype=bool, count=n))
+    # FSDP unit boundaries in forward: pre_forward / unshard / post_forward reshard events
+    boundaries = np.flatnonzero(
+        np.fromiter((x.fsdp is not None and x.phase == PH_FORWARD for x in ev), dtype=bool, count=n)
+    )
 
     order = np.argsort(r.alloc_idx, kind="stable")
     rs_inputs, world_size = _pair_reduce_scatter(r, [int(b) for b in order if st[b].label == _RS and not pre[b]])
@@ -711,12 +831,47 @@ def _label_blocks(r: _Replay, stacks: _StackCache, phase: np.ndarray) -> _Labels
     open_ended = np.zeros(nb, dtype=bool)  # alive when recording stopped inside its phase (OOM, dump)
     short_lived[traced] = r.free_req[traced] < run_end[r.alloc_idx[traced]]
     open_ended[traced] = (r.free_req[traced] >= n) & (run_end[r.alloc_idx[traced]] == n)
-    # what completed phases teach about sizes, for blocks whose lifetime the recording cut off
-    seen_short: dict[int, set] = {PH_UNKNOWN: set(), PH_FORWARD: set(), PH_BACKWARD: set(), PH_OPTIM: set()}
-    seen_long: dict[int, set] = {k: set() for k in seen_short}
+    block_phase = np.full(nb, PH_UNKNOWN, dtype=np.int8)
+    block_phase[traced] = phase[r.alloc_idx[traced]]
+    unlabeled = np.array([st[b].label is None for b in range(nb)], dtype=bool)
+    fwd = traced[unlabeled[traced] & (block_phase[traced] == PH_FORWARD)]
+    fates = _forward_fates(r, fwd, open_ended, rounded, boundaries) if fsdp else {}
+    # what completed phases (and decided forward fates) teach about sizes, for blocks whose
+    # lifetime the recording cut off
+    seen_short: dict[int, set] = {k: set() for k in _PHASE_NAMES}
+    seen_long: dict[int, set] = {k: set() for k in _PHASE_NAMES}
     for b in traced:
         if st[b].label is None and not open_ended[b]:
-            (seen_short if short_lived[b] else seen_long)[int(phase[r.alloc_idx[b]])].add(rounded[b])
+            (seen_short if short_lived[b] else seen_long)[int(block_phase[b])].add(rounded[b])
+    for b, long in fates.items():
+        (seen_long if long else seen_short)[PH_FORWARD].add(rounded[b])
+    bwd = traced[unlabeled[traced] & (block_phase[traced] == PH_BACKWARD)]
+    flat_grad_like = np.array([b for b in bwd.tolist() if rounded[b] in unsharded], dtype=np.int64)
+    cat_grads = _concatenated_grads(r, flat_grad_like) if fsdp == "fsdp1" else set()
+    # the first FSDP event (hook, collective, reshard) after each allocation
+    next_fsdp = np.append(ev_fsdp, NEVER)[np.searchsorted(ev_fsdp, r.alloc_idx[traced], side="right")]
+    next_fsdp_of = dict(zip(traced.tolist(), next_fsdp.tolist(), strict=True))
+    bwd_set = set(bwd.tolist())
+    # unsharded-size backward blocks: kept (gradient) or an accumulation addend (temporary: freed
+    # before FSDP's next event); one the recording cut off is an addend while a same-sized
+    # gradient kept by an earlier forward/backward pass (micro-batch) is still held
+    unsharded_grad_kept: dict[int, bool] = {}
+    is_fwd = phase == PH_FORWARD
+    passes = np.cumsum(is_fwd & ~np.r_[False, is_fwd[:-1]]) if n else is_fwd  # forward passes so far
+    last_kept: dict[int, int] = {}
+    for b in order.tolist():
+        if b in bwd_set and rounded[b] in unsharded:
+            sz, i = rounded[b], int(r.alloc_idx[b])
+            if open_ended[b]:
+                k = last_kept.get(sz)
+                held = k is not None and r.free_req[k] > i and passes[r.alloc_idx[k]] != passes[i]
+                unsharded_grad_kept[b] = not held
+            else:
+                unsharded_grad_kept[b] = bool(r.free_req[b] >= next_fsdp_of[b])
+                if unsharded_grad_kept[b]:
+                    last_kept[sz] = b
+    cat_sizes = {rounded[b] for b in cat_grads}
+    rs_input_sizes = {rounded[b] for b in rs_inputs}
 
     def lifetime(b: int, ph: int, default_long: bool) -> bool:
         """Whether block b outlives its phase."""
@@ -729,46 +884,110 @@ def _label_blocks(r: _Replay, stacks: _StackCache, phase: np.ndarray) -> _Labels
     cats = ["other"] * nb
     site = [x.site for x in st]
     for b in traced:
-        i = int(r.alloc_idx[b])
-        lab, ph = st[b].label, int(phase[i])
+        lab, ph = st[b].label, int(block_phase[b])
         if lab in CATEGORIES:
             cat = lab
-        elif lab == _RS:
-            cat = "reduce_scatter_buffers" if short_lived[b] or b in rs_inputs else "gradients"
+        elif lab == _RS:  # an input cut off before its output was allocated (OOM) by an earlier input's size
+            is_input = b in rs_inputs or (open_ended[b] and rounded[b] in rs_input_sizes)
+            cat = "reduce_scatter_buffers" if short_lived[b] or is_input else "gradients"
         elif r.entry_category[b] in _PROFILE_ENTRY_CATEGORY:  # pseudo-snapshot: versions, not allocations
             cat = _PROFILE_ENTRY_CATEGORY[r.entry_category[b]]
         elif lab == _OPT or ph == PH_OPTIM:
             cat = "optimizer_state" if lifetime(b, PH_OPTIM, True) else "temporary"
         elif ph == PH_FORWARD:
+            long = fates[b] if b in fates else lifetime(b, ph, True)
+            cat = "activations" if long else "temporary"
+        elif ph == PH_RECOMPUTE:  # recomputed saved tensors live into the backward ops that use them
             cat = "activations" if lifetime(b, ph, True) else "temporary"
         elif ph == PH_BACKWARD:
-            # FSDP: gradients are recognised by size (unsharded) or stack (reduce-scatter output),
-            # so an unexplained backward block cut off by the recording is most likely a temporary
-            unsharded_grad = fsdp is not None and rounded[b] in unsharded
-            cat = "gradients" if unsharded_grad or lifetime(b, ph, fsdp is None) else "temporary"
-        else:
-            cat = "temporary" if r.free_req[b] < n else "other"
+            # FSDP: gradients are recognised by size (unsharded; a same-sized block that autograd
+            # frees before FSDP's next hook is a gradient-accumulation temporary), by the
+            # concatenation into FSDP1's flat gradient, or by stack (reduce-scatter output), so an
+            # unexplained backward block cut off by the recording is most likely a temporary
+            if fsdp is not None and rounded[b] in unsharded:
+                cat = "gradients" if unsharded_grad_kept.get(b, True) else "temporary"
+            elif b in cat_grads or (open_ended[b] and rounded[b] in cat_sizes):  # cut off before the concat
+                cat = "gradients"
+            else:
+                cat = "gradients" if lifetime(b, ph, fsdp is None) else "temporary"
+        else:  # PH_IDLE / unknown: inputs loaded between steps (after zero_grad) or before any marker
+            cat = "temporary" if short_lived[b] else "other"
         cats[b] = cat
         if site[b] is None:
             site[b] = f"<no Python frames: {_PHASE_NAMES[ph] or 'unknown phase'}>"
     for b in np.flatnonzero(pre):
         site[b] = site[b] or "<allocated before recording>"
-    attributed = _attribute_pre_existing(r, cats, pre, fsdp, world_size, optimizers)
+    attributed = _attribute_pre_existing(r, cats, pre, fsdp, world_size, optimizers, phase)
     return _Labels(cats, site, pre, fsdp, world_size, attributed)
 
 
+def _shard_divisor(unsharded: set[int], pre_sizes: Counter) -> int | None:
+    """The divisor d from unsharded to sharded parameter sizes (the world size, or half of it when
+    unsharded parameters are bf16 copies of fp32 shards): the one that maps unsharded sizes onto
+    the most bytes of blocks alive since before recording (two blocks at least)."""
+    best: tuple[int, int | None] = (0, None)
+    for d in range(2, 1025):
+        sizes = _shards_of(unsharded, d)
+        blocks = sum(pre_sizes[s] for s in sizes)
+        got = sum(s * pre_sizes[s] for s in sizes)
+        if blocks >= 2 and got > best[0]:
+            best = (got, d)
+    return best[1]
+
+
+def _shards_of(unsharded, d: int) -> set[int]:
+    return {u * f // d for u in unsharded for f in (1, 2) if (u * f) % d == 0}
+
+
+def _params_per_shard_size(
+    r: _Replay, cats: list[str], phase: np.ndarray, divisor: int, pre_sizes: Counter
+) -> Counter:
+    """How many parameters have each sharded size: FSDP all-gathers every parameter (FSDP1: every
+    flat parameter) once in a forward pass, so count the unsharded allocations of the first
+    complete forward pass."""
+    bwd = np.flatnonzero((phase == PH_BACKWARD) | (phase == PH_RECOMPUTE))
+    if not len(bwd):
+        return Counter()
+    per_u = Counter(
+        int(r.requested[b])
+        for b in range(len(cats))
+        if cats[b] == "parameters_unsharded" and 0 <= r.alloc_idx[b] < bwd[0] and phase[r.alloc_idx[b]] == PH_FORWARD
+    )
+    out: Counter = Counter()
+    for u, k in per_u.items():
+        for s in _shards_of({u}, divisor):
+            if s in pre_sizes:
+                out[s] += k
+    return out
+
+
 def _attribute_pre_existing(
-    r: _Replay, cats: list[str], pre: np.ndarray, fsdp: str | None, world_size: int | None, optimizers: set[str]
+    r: _Replay,
+    cats: list[str],
+    pre: np.ndarray,
+    fsdp: str | None,
+    world_size: int | None,
+    optimizers: set[str],
+    phase: np.ndarray,
 ) -> dict[str, int]:
     """Give pre-existing blocks a category where their size is parameter-shaped (see module doc)."""
     n = r.n
     traced = ~pre
+    pre_alive = np.flatnonzero(pre & (r.free_req >= n))
     opt_sizes = {int(r.requested[b]) for b in np.flatnonzero(traced) if cats[b] == "optimizer_state"}
     param_sizes: set[int] = set()
+    pre_sizes = Counter(int(r.requested[b]) for b in pre_alive)
+    per_size_params: Counter = Counter()
     if fsdp:
+        unsharded = {int(r.requested[b]) for b in np.flatnonzero(traced) if cats[b] == "parameters_unsharded"}
         if world_size:
-            unsharded = {int(r.requested[b]) for b in np.flatnonzero(traced) if cats[b] == "parameters_unsharded"}
             param_sizes |= {u // world_size for u in unsharded if u % world_size == 0}
+        # no reduce-scatter yet (OOM or dump in the first forward): the divisor that fits
+        divisor = _shard_divisor(unsharded, pre_sizes) if unsharded else None
+        if divisor and not world_size:
+            param_sizes |= _shards_of(unsharded, divisor)
+        if divisor and not optimizers:  # optimizer state from before the recording, no step in it
+            per_size_params = _params_per_shard_size(r, cats, phase, divisor, pre_sizes)
         # FSDP1's sharded flat parameter has the size of its sharded (reduce-scattered) gradient
         param_sizes |= {
             int(r.requested[b]) for b in np.flatnonzero(traced) if cats[b] == "gradients" and fsdp == "fsdp1"
@@ -792,9 +1011,13 @@ def _attribute_pre_existing(
         if s not in param_sizes:
             continue
         m = len(ids)
-        per_param = next((d for d in (1 + n_states, 2 + n_states, 1) if m % d == 0), 1)
-        n_params = m // per_param
-        n_opt = min(n_states * n_params, m - n_params)
+        k = per_size_params.get(s, 0)
+        if not n_states and k and m % k == 0 and 2 <= m // k <= 4:
+            n_params, n_opt = k, m - k  # the blocks beyond one per parameter: its optimizer state
+        else:
+            per_param = next((d for d in (1 + n_states, 2 + n_states, 1) if m % d == 0), 1)
+            n_params = m // per_param
+            n_opt = min(n_states * n_params, m - n_params)
         for j, b in enumerate(ids):
             cats[b] = (
                 "parameters_sharded" if j < n_params else "optimizer_state" if j < n_params + n_opt else "gradients"
@@ -866,11 +1089,15 @@ def _analyze_device(snap: Snapshot, device: int) -> MemoryFacts:
     stacks = _StackCache()
     times = _times(trace)
     phase = _event_phases(trace, stacks, times, snap.external_annotations, device)
-    labels = _label_blocks(r, stacks, phase)
+    labels = _label_blocks(r, stacks, phase, trace)
     alloc, pend, seed_alloc, seed_pend = _state_series(r)
     full = np.concatenate([[seed_alloc], alloc])
     p = int(np.argmax(full)) - 1  # -1: before the first event
     peak = int(full[p + 1])
+    # memory_viz's active peak: blocks count until free_completed (pending frees included)
+    active = np.concatenate([[seed_alloc + seed_pend], alloc + pend])
+    pa = int(np.argmax(active)) - 1
+    live_active = (r.alloc_idx <= pa) & (pa < r.free_done)
     live = (r.alloc_idx <= p) & (p < r.free_req)
     pending = int(pend[p]) if p >= 0 else seed_pend
     reserved = int(r.reserved[p]) if p >= 0 else r.reserved_seed
@@ -908,6 +1135,11 @@ def _analyze_device(snap: Snapshot, device: int) -> MemoryFacts:
         internal_fragmentation_bytes=None if r.pseudo else peak - requested,
         external_fragmentation_bytes=None if r.pseudo else max(external, 0),
         categories=_categories(live, r, labels),
+        categories_instant="peak_allocated",
+        peak_active_bytes=int(active[pa + 1]),
+        peak_active_event_index=pa,
+        peak_active_time_us=(float(times[max(pa, 0)]) if times is not None else None),
+        categories_at_active_peak=_categories(live_active, r, labels),
         pre_existing_bytes=pre_bytes,
         pre_existing_attributed=labels.attributed,
         top_sites=_top_sites(live, r, labels),
@@ -977,7 +1209,7 @@ def _analyze_without_history(snap: Snapshot, device: int, segs: list[dict], end:
             )
         elif lab == _OPT or ph == PH_OPTIM:
             cat = "optimizer_state"
-        elif ph == PH_FORWARD:
+        elif ph in (PH_FORWARD, PH_RECOMPUTE):  # alive now: saved (or recomputed) for backward
             cat = "activations"
         elif ph == PH_BACKWARD:
             cat = "gradients"
@@ -997,6 +1229,7 @@ def _analyze_without_history(snap: Snapshot, device: int, segs: list[dict], end:
         internal_fragmentation_bytes=end["internal"],
         external_fragmentation_bytes=end["external"],
         categories=cats,
+        categories_instant="snapshot",
         top_sites=[(s, int(v)) for s, v in sites.most_common(TOP_SITES)],
         end_allocated_bytes=end["allocated"],
         end_reserved_bytes=end["reserved"],

@@ -29,6 +29,8 @@ def memory_headline(f: RunFacts) -> list[tuple[str, str]]:
     if top and m.peak_allocated_bytes:
         peak += "; " + ", ".join(f"{k} {pct(100 * v / m.peak_allocated_bytes)}" for k, v in top)
     lines = [("Memory", peak)]
+    if m.peak_active_bytes and m.peak_active_bytes != m.peak_allocated_bytes:
+        lines.append(("Active peak", f"{mib(m.peak_active_bytes)} (memory_viz: freed blocks still in use on another stream count)"))
     if m.history_missing:
         lines.append(("", "snapshot has no allocation history: categories from segments only"))
     if m.oom:
@@ -73,6 +75,23 @@ def headline(f: RunFacts) -> list[tuple[str, str]]:
 BAR_WIDTH = 24
 
 
+def _instant_note(m) -> str:
+    """Which instant the category breakdown describes."""
+    if m.categories_instant == "snapshot":
+        return "categories: the state when the snapshot was taken (no allocation history)"
+    where = f"event {m.peak_event_index}" if m.peak_event_index is not None else ""
+    if m.peak_phase:
+        where += f"{', ' if where else ''}during {m.peak_phase}"
+    note = "categories at the allocated peak (torch.cuda.max_memory_allocated: a block counts until Python frees it"
+    note += f"; {where})" if where else ")"
+    if m.peak_active_bytes and m.peak_active_bytes != m.peak_allocated_bytes:
+        note += (
+            f"; 'at active peak': memory_viz's peak of {mib(m.peak_active_bytes)} at event {m.peak_active_event_index}, "
+            "where a block counts until its free completes on every stream"
+        )
+    return note
+
+
 def memory_tables(f: RunFacts) -> list[Table]:
     m = f.memory
     if m is None:
@@ -80,18 +99,23 @@ def memory_tables(f: RunFacts) -> list[Table]:
     total = m.peak_allocated_bytes or 1
     rows = []
     exp = f.memory_expected
+    active = m.categories_at_active_peak if m.peak_active_bytes and m.peak_active_bytes != m.peak_allocated_bytes else {}
     for k, v in sorted(m.categories.items(), key=lambda kv: -kv[1]):
-        if not v and k not in exp:
+        if not v and k not in exp and not active.get(k):
             continue
         bar = "█" * max(1, round(BAR_WIDTH * v / total)) if v else ""
         row = [k, mib(v), pct(100 * v / total), bar]
+        if active:
+            row.insert(2, mib(active.get(k, 0)))
         if exp:
             row.insert(2, mib(exp[k]) if k in exp else "")
         rows.append(row)
     headers = ["category", "bytes", "share", ""]
+    if active:
+        headers.insert(2, "at active peak")
     if exp:
         headers.insert(2, "expected (ZeRO)")
-    out = [Table(f"Memory at the peak ({m.source}: {m.path or ''})", headers, rows)]
+    out = [Table(f"Memory at the peak ({m.source}: {m.path or ''})", headers, rows, note=_instant_note(m))]
     frag = [["peak allocated", mib(m.peak_allocated_bytes)]]
     if m.reserved_at_peak_bytes is not None:
         frag.append(["reserved at peak", mib(m.reserved_at_peak_bytes)])
