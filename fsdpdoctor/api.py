@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable
@@ -54,12 +55,16 @@ class Report:
                 "mixed_precision": fs.mixed_precision,
                 "rate_limiter_ms_per_step": fs.rate_limiter_ms_per_step,
                 "sources": fs.sources,
+                "microbatches_per_step": fs.microbatches_per_step,
+                "activation_checkpointing": fs.activation_checkpointing,
+                "compiled": fs.compiled,
             },
+            "parallelism": msgspec.to_builtins(f.parallelism),
             "steps": msgspec.to_builtins(f.steps),
             "overlap": msgspec.to_builtins(f.overlap),
             "exposed_comm": msgspec.to_builtins(f.exposed_comm),
             "timeline": msgspec.to_builtins(f.timeline),
-            "collectives": msgspec.to_builtins(f.collectives),
+            "collectives": _collectives_with_roles(f),
             "memory": f.memory.to_dict() if f.memory is not None else None,
             "memory_expected": f.memory_expected or None,
             "strategy": msgspec.to_builtins(f.strategy) if f.strategy is not None else None,
@@ -209,3 +214,20 @@ def analyze_memory_only(memory: str | Path | Iterable[str | Path], config: dict[
     facts = RunFacts(tool=f"fsdpdoctor {__version__}")
     attach_memory(facts, memory)
     return Report(facts=facts, findings=run_rules(facts, config))
+
+
+def _collectives_with_roles(f: RunFacts) -> list[dict[str, Any]]:
+    """Per-kind collective stats, each with the group size and role of its collectives (the most
+    common; ``roles``: collectives per step and rank of each role)."""
+    out = []
+    n = sum(max(len(r.steps), 1) for r in f.rank_facts) or 1
+    for cs in f.collectives:
+        d = msgspec.to_builtins(cs)
+        mine = [c for r in f.rank_facts for c in r.collectives if c.kind == cs.kind and c.step >= 0]
+        sizes = Counter(c.group_size for c in mine if c.group_size)
+        roles = Counter(c.role for c in mine)
+        d["group_size"] = sizes.most_common(1)[0][0] if sizes else None
+        d["role"] = roles.most_common(1)[0][0] if roles else None
+        d["roles"] = {k: v / n for k, v in sorted(roles.items())}
+        out.append(d)
+    return out

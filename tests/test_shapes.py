@@ -1,0 +1,218 @@
+"""Run shapes real users run, recorded by the suite with torch on CPU (gloo, 2 or 4 ranks):
+gradient accumulation (FSDP2 with and without gradient sync, FSDP1 ``no_sync``), activation
+checkpointing, compiled blocks, per-parameter meshes, HSDP 2x2 and TP + FSDP 2x2.
+
+The shapes are recorded with a plain ``torch.profiler`` (no fsdpdoctor sidecar): everything
+checked here comes from the traces alone. Expected values come from the recorder's model and
+each shape's configuration (``fixtures/record_cpu.py``), never from the tool's output.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+import fsdpdoctor
+from _recording import SHAPES
+
+# findings about the run's configuration: none may fire on these healthy runs
+CONFIG_SLUGS = {
+    "fsdp-not-detected",
+    "auto-wrap-too-coarse",
+    "auto-wrap-too-fine",
+    "missing-backward-prefetch",
+    "sharding-strategy",
+    "ddp-would-be-faster",
+}
+FSDP1_SHAPES = {"ga-fsdp1"}
+
+
+@pytest.fixture(scope="module")
+def shape(recorded_run):
+    cache = {}
+
+    def get(variant):
+        if variant not in cache:
+            cache[variant] = fsdpdoctor.analyze(recorded_run(variant))
+        return cache[variant]
+
+    return get
+
+
+def _world_size(recorder, variant):
+    return recorder.SHAPE_WORLD_SIZE.get(variant, 2)
+
+
+def _mesh(recorder, variant):
+    """(shard, replicate, tp) group sizes of the shape's configuration."""
+    ws = _world_size(recorder, variant)
+    if variant == "hsdp":
+        replicate, shard = recorder.MESH_2D
+        return shard, replicate, None
+    if variant == "tp-fsdp":
+        dp, tp = recorder.MESH_2D
+        return dp, None, tp
+    return ws, None, None
+
+
+def _local_shape(recorder, variant, name, shape):
+    """A parameter's shape on one rank before FSDP: tensor-parallel modules hold a shard."""
+    if variant != "tp-fsdp":
+        return shape
+    tp = recorder.MESH_2D[1]
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
+
+    for prefix, style in recorder.tp_plan().items():
+        module = name.split(".", 2)[-1].rsplit(".", 1)[0]  # layers.<i>.<module>.<param>
+        if module != prefix:
+            continue
+        if isinstance(style, ColwiseParallel):  # out_features split: weight dim 0 and bias
+            return (shape[0] // tp, *shape[1:])
+        if isinstance(style, RowwiseParallel) and len(shape) == 2:  # in_features split
+            return (shape[0], shape[1] // tp)
+    return shape
+
+
+def _expected_units(recorder, variant):
+    """Per unit (execution order): (unsharded all-gather elements, parameter groups)."""
+    model = recorder.build_model()
+    units = recorder.unit_fqns(variant, model)
+    shard, _, _ = _mesh(recorder, variant)
+    numel = {u: 0 for u in units}
+    groups = {u: 1 for u in units}
+    flat = {u: 0 for u in units}
+    for name, p in model.named_parameters():
+        owner = max((u for u in units if u == "" or name.startswith(u + ".")), key=len)
+        shape = _local_shape(recorder, variant, name, tuple(p.shape))
+        # FSDP2 pads dim 0 of each parameter to a multiple of the shard group size
+        numel[owner] += math.ceil(shape[0] / shard) * shard * math.prod(shape[1:])
+        flat[owner] += math.prod(shape)
+    if variant in FSDP1_SHAPES:  # one flat parameter per unit, padded to the world size
+        numel = {u: math.ceil(n / shard) * shard for u, n in flat.items()}
+    if variant == "per-param-mesh":
+        for u in units:
+            if u.startswith("layers."):
+                groups[u] = 2  # the block's own params + its MLP on the second mesh
+    return [(u, numel[u], groups[u]) for u in units]
+
+
+def _reduce_scatters_per_step(recorder, variant):
+    k = recorder.microbatches(variant)
+    return 1 if variant in ("ga-fsdp2", "ga-fsdp1") else k  # no_sync / sync off on all but the last
+
+
+@pytest.mark.parametrize("variant", SHAPES)
+def test_units_and_all_gathers_per_forward_pass(variant, shape, recorder):
+    f = shape(variant).facts
+    fs = f.fsdp
+    k = recorder.microbatches(variant)
+    expected = _expected_units(recorder, variant)
+    assert fs.version == (1 if variant in FSDP1_SHAPES else 2)
+    assert f.ranks == list(range(_world_size(recorder, variant)))
+    assert f.steps.count == recorder.SHAPE_ACTIVE
+    assert fs.microbatches_per_step == k
+    assert fs.unit_count == len(expected)
+    if variant not in FSDP1_SHAPES:  # FSDP1 labels carry no FQN (and these runs have no sidecar)
+        assert [u.fqn for u in fs.units] == [u for u, _, _ in expected]
+    rs = _reduce_scatters_per_step(recorder, variant)
+    for u, (fqn, numel, groups) in zip(fs.units, expected):
+        assert u.unsharded_numel == numel, fqn
+        assert u.param_groups == groups, fqn
+        assert u.forward_all_gathers == k * groups, fqn
+        # the root keeps its parameters after forward (FSDP1 and FSDP2 default): no re-gather
+        assert u.backward_all_gathers == (0 if fqn == "" else k * groups), fqn
+        assert u.reduce_scatters == rs * groups, fqn
+
+
+@pytest.mark.parametrize("variant", SHAPES)
+def test_phase_of_each_collective_from_its_fsdp_hook(variant, shape, recorder):
+    f = shape(variant).facts
+    k = recorder.microbatches(variant)
+    for r in f.rank_facts:
+        assert all(s.microbatches == k for s in r.steps)
+        for c in r.collectives:
+            assert c.step >= 0 and 0 <= c.microbatch < k
+            hooks = " ".join(c.fsdp_labels)
+            if "backward" in hooks:
+                assert c.phase == "backward", (c.kind, c.fsdp_labels)
+            elif "pre_forward" in hooks:
+                assert c.phase == "forward", (c.kind, c.fsdp_labels)
+            if c.role == "fsdp_shard":
+                assert c.unit is not None, c.fsdp_labels
+        if k > 1:
+            for s in r.steps:
+                assert len(s.microbatch_phase_ms) == k
+                assert all(mb["forward"] > 0 and mb["backward"] > 0 for mb in s.microbatch_phase_ms)
+                for phase in ("forward", "backward"):
+                    assert sum(mb[phase] for mb in s.microbatch_phase_ms) == pytest.approx(s.phase_ms[phase])
+
+
+@pytest.mark.parametrize("variant", SHAPES)
+def test_strategy_mesh_and_roles(variant, shape, recorder):
+    rep = shape(variant)
+    f = rep.facts
+    shard, replicate, tp = _mesh(recorder, variant)
+    assert f.fsdp.sharding_strategy == ("HYBRID_SHARD" if variant == "hsdp" else "FULL_SHARD")
+    assert f.fsdp.sources["sharding_strategy"] == "trace"
+    p = f.parallelism
+    assert (p.shard_size, p.replicate_size, p.tp_size) == (shard, replicate, tp)
+    n_units = len(recorder.unit_fqns(variant))
+    for r in f.rank_facts:
+        by_role: dict[str, list] = {}
+        for c in r.collectives:
+            by_role.setdefault(c.role, []).append(c)
+            if c.kind in ("all_gather", "reduce_scatter"):
+                assert c.role == "fsdp_shard" and c.group_size == shard
+        assert set(by_role) <= {"fsdp_shard", "hsdp_replicate", "tensor_parallel"}
+        steps = len(r.steps)
+        if variant == "hsdp":
+            # one replica all-reduce of each unit's reduced shard per step
+            ar = by_role["hsdp_replicate"]
+            assert len(ar) == n_units * steps
+            assert all(c.kind == "all_reduce" and c.group_size == replicate and c.phase == "backward" for c in ar)
+            numel = {u: n for u, n, _ in _expected_units(recorder, variant)}
+            assert sorted(c.bytes for c in ar[:n_units]) == sorted(n // shard * 4 for n in numel.values())
+        else:
+            assert "hsdp_replicate" not in by_role
+        if variant == "tp-fsdp":
+            # each block: the row-wise fc2 all-reduces its output in forward, the column-wise
+            # fc1 all-reduces its input gradient in backward
+            tpc = by_role["tensor_parallel"]
+            n_layers = recorder.N_LAYERS
+            assert len(tpc) == 2 * n_layers * steps
+            assert all(c.kind == "all_reduce" and c.group_size == tp for c in tpc)
+            assert sum(c.phase == "forward" for c in tpc) == n_layers * steps
+            assert sum(c.phase == "backward" for c in tpc) == n_layers * steps
+        else:
+            assert "tensor_parallel" not in by_role
+    d = rep.to_dict()
+    assert d["parallelism"]["tp_size"] == tp and d["parallelism"]["replicate_size"] == replicate
+    assert d["fsdp"]["microbatches_per_step"] == recorder.microbatches(variant)
+    for c in d["collectives"]:
+        assert c["group_size"] in (shard, replicate, tp) and c["role"]
+    assert "role" in d["facts"]["rank_facts"][0]["collectives"][0]
+
+
+@pytest.mark.parametrize("variant", SHAPES)
+def test_checkpointing_and_compile_named(variant, shape):
+    fs = shape(variant).facts.fsdp
+    assert fs.activation_checkpointing is (variant == "ac")
+    assert fs.compiled is (variant == "compiled")
+    if variant == "ac":
+        assert fs.recompute_cpu_ms_per_step > 0
+        assert "aten::scaled_dot_product_attention" in fs.activation_checkpointing_evidence
+
+
+@pytest.mark.parametrize("variant", SHAPES)
+def test_no_configuration_finding_on_healthy_shapes(variant, shape):
+    fired = {f.slug for f in shape(variant).findings}
+    assert not fired & CONFIG_SLUGS, fired
+
+
+def test_gradient_sync_on_every_microbatch_is_reported(shape, recorder):
+    k = recorder.microbatches("ga-fsdp2-sync")
+    rep = shape("ga-fsdp2-sync")
+    f = next(f for f in rep.findings if f.slug == "reduce-scatter-every-microbatch")
+    assert f"{k} micro-batches" in f.summary
+    assert not [f for f in shape("ga-fsdp2").findings if f.slug == "reduce-scatter-every-microbatch"]
