@@ -216,3 +216,75 @@ def test_gradient_sync_on_every_microbatch_is_reported(shape, recorder):
     f = next(f for f in rep.findings if f.slug == "reduce-scatter-every-microbatch")
     assert f"{k} micro-batches" in f.summary
     assert not [f for f in shape("ga-fsdp2").findings if f.slug == "reduce-scatter-every-microbatch"]
+
+
+# ----------------------------------------------------------------------------------------------
+# generated GPU timelines of the same shapes (exact truth: truth.json)
+# ----------------------------------------------------------------------------------------------
+
+GENERATED = ["ga-fsdp2", "ga-fsdp2-sync", "hsdp", "tp-fsdp"]
+
+
+@pytest.fixture(scope="module")
+def generated(tmp_path_factory):
+    from fixtures.scenarios import generator as gen
+
+    cache = {}
+
+    def get(name):
+        if name not in cache:
+            out = tmp_path_factory.mktemp(f"gen-{name}")
+            gen.generate(gen.PRESETS[name], out)
+            cache[name] = (gen.PRESETS[name], fsdpdoctor.analyze(out), gen.read_truth(out))
+        return cache[name]
+
+    return get
+
+
+@pytest.mark.parametrize("name", GENERATED)
+def test_generated_exposed_comm_by_phase_and_role_match_truth(name, generated):
+    cfg, rep, truth = generated(name)
+    f = rep.facts
+    for rf in f.rank_facts:
+        tr = truth["ranks"][str(rf.rank)]
+        for mine, want in zip(rf.steps, tr["steps"], strict=True):
+            for phase, v in want["exposed_by_phase_ms"].items():  # within 1 µs per step
+                assert mine.exposed_by_phase.get(phase, 0.0) == pytest.approx(v, abs=1e-3), (rf.rank, phase)
+            assert set(mine.exposed_by_role) <= set(want["exposed_by_role_ms"]) | {"other"}
+            for role, v in want["exposed_by_role_ms"].items():
+                assert mine.exposed_by_role.get(role, 0.0) == pytest.approx(v, abs=1e-3), (rf.rank, role)
+    for role, v in truth["summary"]["exposed_by_role_ms_per_step_mean"].items():
+        assert f.exposed_comm.by_role[role] == pytest.approx(v, abs=1e-3), role
+
+
+@pytest.mark.parametrize("name", GENERATED)
+def test_generated_shape_is_named(name, generated):
+    cfg, rep, _ = generated(name)
+    f = rep.facts
+    assert f.fsdp.microbatches_per_step == cfg.microbatches
+    assert f.fsdp.sharding_strategy == ("HYBRID_SHARD" if cfg.replicate_size > 1 else "FULL_SHARD")
+    p = f.parallelism
+    assert p.shard_size == cfg.world_size // (cfg.replicate_size * cfg.tp_size)
+    assert p.replicate_size == (cfg.replicate_size if cfg.replicate_size > 1 else None)
+    assert p.tp_size == (cfg.tp_size if cfg.tp_size > 1 else None)
+    rs = 1 if not cfg.grad_sync_every_microbatch else cfg.microbatches
+    for u in f.fsdp.units:
+        assert u.forward_all_gathers == cfg.microbatches
+        assert u.backward_all_gathers == (0 if u.fqn == "" else cfg.microbatches)
+        assert u.reduce_scatters == rs
+    for rf in f.rank_facts:
+        steps = len(rf.steps)
+        roles = {}
+        for c in rf.collectives:
+            roles[c.role] = roles.get(c.role, 0) + 1
+            # bus bandwidth of each collective uses its own group's size
+            if c.role == "fsdp_shard":
+                assert c.group_size == p.shard_size
+            elif c.role == "hsdp_replicate":
+                assert c.group_size == cfg.replicate_size
+            elif c.role == "tensor_parallel":
+                assert c.group_size == cfg.tp_size
+        if cfg.replicate_size > 1:
+            assert roles["hsdp_replicate"] == len(f.fsdp.units) * steps
+        if cfg.tp_size > 1:  # 2 row-parallel outputs (forward) + 2 column-parallel inputs (backward) per block
+            assert roles["tensor_parallel"] == 4 * cfg.num_layers * steps
