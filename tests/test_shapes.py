@@ -288,3 +288,38 @@ def test_generated_shape_is_named(name, generated):
             assert roles["hsdp_replicate"] == len(f.fsdp.units) * steps
         if cfg.tp_size > 1:  # 2 row-parallel outputs (forward) + 2 column-parallel inputs (backward) per block
             assert roles["tensor_parallel"] == 4 * cfg.num_layers * steps
+
+
+# ----------------------------------------------------------------------------------------------
+# public traces (not used to build the detectors)
+# ----------------------------------------------------------------------------------------------
+
+
+def test_checkpointing_found_in_the_public_resnet_act_checkpoint_trace():
+    """TraceLens' MI300X DDP ResNet run with activation checkpointing (its file name and
+    shared/traces/public/PROVENANCE.md say so): the recompute shows as conv/batch-norm forward
+    ops inside backward nodes."""
+    from conftest import PUBLIC_TRACES
+
+    path = PUBLIC_TRACES / "tracelens-mi300-ddp" / "resnet_act_checkpoint.json.gz"
+    if not path.exists():
+        pytest.skip("../shared/traces/public is absent")
+    fs = fsdpdoctor.analyze(path).facts.fsdp
+    assert fs.version is None and fs.activation_checkpointing is True
+    assert "aten::conv2d" in fs.activation_checkpointing_evidence
+
+
+def test_public_traces_keep_one_forward_pass_per_step_and_group_sizes():
+    """No public trace runs gradient accumulation; every collective's group size is the
+    ``Group size`` its record_param_comms recorded (none of them exceeds the world size)."""
+    from conftest import public_trace_files
+
+    files = public_trace_files()
+    if not files:
+        pytest.skip("../shared/traces/public is absent")
+    for f in files:
+        rep = fsdpdoctor.analyze(f)
+        assert rep.facts.fsdp.microbatches_per_step == 1, f
+        for r in rep.facts.rank_facts:
+            for c in r.collectives:
+                assert c.group_size is None or r.world_size is None or c.group_size <= r.world_size, (f, c.kind)

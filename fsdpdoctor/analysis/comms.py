@@ -410,7 +410,7 @@ def mesh_sizes(pg_config: list[dict]) -> dict[str, int]:
     return out
 
 
-def assign_roles(colls: list[Collective], pg_config: list[dict], world_size: int | None) -> None:
+def assign_roles(colls: list[Collective], pg_config: list[dict], world_size: int | None, ddp: bool = False) -> None:
     """Give every collective its process-group role and, where the trace did not record it, the
     size of its group.
 
@@ -418,7 +418,8 @@ def assign_roles(colls: list[Collective], pg_config: list[dict], world_size: int
     collectives: ``mesh_tp`` …); the FSDP hook that issued it (all-gather / reduce-scatter of a
     unit → FSDP shard group; an all-reduce inside the post-backward reduce → the HSDP replicate
     group, or data parallel without any reduce-scatter); DDP labels → data parallel; otherwise,
-    in an FSDP run whose mesh has a ``tp`` dimension, tensor parallel. Group sizes: the trace's
+    in an FSDP run whose mesh has a ``tp`` dimension, tensor parallel; all-reduces of a DDP run
+    (``ddp``: the trace has ``DistributedDataParallel.*`` labels) are data parallel. Group sizes: the trace's
     ``Group size`` arg, else output/input elements of an all-gather / reduce-scatter (gloo), else
     the size of the mesh group of that role in ``pg_config``, else the world size.
     """
@@ -437,12 +438,12 @@ def assign_roles(colls: list[Collective], pg_config: list[dict], world_size: int
                 role = "fsdp_shard"
             elif in_fsdp and c.kind == "all_reduce":
                 role = "hsdp_replicate" if sharded else "data_parallel"
-            elif any(lab.startswith("DistributedDataParallel.") for lab in c.labels):
-                role = "data_parallel"
+            elif c.kind in ("all_reduce", "broadcast") and any(lab.startswith("DistributedDataParallel.") for lab in c.labels):
+                role = "data_parallel"  # buffer broadcast / all-reduce in DDP's forward (model-parallel ops inside it are not)
             elif fsdp_run and "tensor_parallel" in sizes:
                 role = "tensor_parallel"
-            elif not fsdp_run and c.kind == "all_reduce":
-                role = "data_parallel"
+            elif ddp and not fsdp_run and c.kind == "all_reduce":
+                role = "data_parallel"  # DDP's reducer all-reduces buckets from autograd hooks, under no label
             else:
                 role = "other"
         c.role = role

@@ -95,6 +95,7 @@ def analyze_fsdp(rt: RankTrace, colls: list[Collective], steps, n_steps: int) ->
         f.mixed_precision = any((c.dtype or "").lower() in LOW_PRECISION for c in ag)
     f.microbatches_per_step = _microbatches_per_step(steps)
     f.compiled = _compiled(rt)
+    _checkpointing(rt, f, n_steps)
     if version is None:
         f.other_parallelism = _other_parallelism(rt, colls)
         return f
@@ -351,7 +352,6 @@ def _shape(rt: RankTrace, f: FsdpFacts, colls: list[Collective], steps, n_steps:
     n_pass = sum(st.n_microbatches for st in steps) if steps else 1
     if colls:
         f.reduce_scatters_per_microbatch = len(rs) / max(n_pass, 1)
-    _checkpointing(rt, f, n_steps)
 
 
 def _strategy(f: FsdpFacts, colls: list[Collective]) -> str | None:

@@ -25,7 +25,7 @@ def analyze_rank_trace(rt: RankTrace, order_index: int = 0) -> RankFacts:
     colls = find_collectives(rt, chains, group_size=rt.world_size)
     pg_config = rt.distributed_info.get("pg_config") if isinstance(rt.distributed_info.get("pg_config"), list) else []
     pg_config = [x for x in pg_config if isinstance(x, dict)]
-    assign_roles(colls, pg_config, rt.world_size)
+    assign_roles(colls, pg_config, rt.world_size, ddp=any(n.startswith("DistributedDataParallel.") for n in rt.names))
     steps = step_timeline(rt, info.steps, colls)
     n_steps = len(info.steps)
     fsdp = analyze_fsdp(rt, colls, info.steps, n_steps)
