@@ -323,3 +323,59 @@ def test_public_traces_keep_one_forward_pass_per_step_and_group_sizes():
         for r in rep.facts.rank_facts:
             for c in r.collectives:
                 assert c.group_size is None or r.world_size is None or c.group_size <= r.world_size, (f, c.kind)
+
+
+# ----------------------------------------------------------------------------------------------
+# label forms, torch 2.1 .. 2.13 (names from the torch sources: FSDP1 _runtime_utils.py,
+# FSDP2 _fsdp_param_group.py / _fsdp_state.py; see shared/notes/fsdp-trace-signatures.md)
+# ----------------------------------------------------------------------------------------------
+
+F1 = "FullyShardedDataParallel."
+
+
+@pytest.mark.parametrize(
+    "chain,phase",
+    [
+        ([F1 + "forward", F1 + "_pre_forward"], "forward"),
+        ([F1 + "forward", F1 + "_pre_forward", F1 + "_pre_forward_prefetch"], "forward"),
+        ([F1 + "_root_pre_forward"], "forward"),
+        ([F1 + "_pre_backward_hook"], "backward"),
+        ([F1 + "_pre_backward_hook", F1 + "_pre_backward_prefetch"], "backward"),
+        ([F1 + "_post_backward_hook"], "backward"),
+        ([F1 + "_post_backward_hook", F1 + "_post_backward_prefetch"], "backward"),
+        (["FSDP::pre_forward"], "forward"),  # 2.4: no FQN
+        (["FSDP::backward_prefetch"], "backward"),
+        (["FSDP::pre_forward (layers.0)", "FSDP::all_gather (layers.0)"], "forward"),  # 2.5+
+        (["FSDP::pre_backward (layers.0)", "FSDP::all_gather (layers.0)"], "backward"),
+        (["FSDP::backward_prefetch for layers.2", "FSDP::all_gather (layers.2)"], "backward"),
+        (["FSDP::forward_prefetch for layers.2", "FSDP::all_gather (layers.2)"], "forward"),
+        (["FSDP::post_backward_reduce (layers.1)"], "backward"),
+        (["FSDP::root_post_backward_callback", "FSDP::post_backward_reduce"], "backward"),
+        (["FSDP::pre_forward (strata.0) [pg=4]", "FSDP::all_gather (strata.0) [pg=4]"], "forward"),  # 2.13
+        (["FSDP::pre_backward (strata.0) [pg=4]", "FSDP::all_gather (strata.0) [pg=4]"], "backward"),
+        (["FSDP::all_gather (layers.0)"], None),  # says no pass by itself
+        (["ProfilerStep#3", "DistributedDataParallel.forward"], None),
+    ],
+)
+def test_phase_from_every_label_form(chain, phase):
+    from fsdpdoctor.analysis.labels import phase_from_labels
+
+    assert phase_from_labels(chain) == phase
+
+
+@pytest.mark.parametrize(
+    "label,fqn",
+    [
+        ("FSDP::pre_forward", ""),
+        ("FSDP::pre_forward (layers.0)", "layers.0"),
+        ("FSDP::pre_forward (strata.0) [pg=4]", "strata.0"),
+        ("FSDP::pre_forward [pg=2]", ""),
+        ("FSDP::all_gather (layers.0.attn.qkv) [pg=2]", "layers.0.attn.qkv"),
+        ("FSDP::backward_prefetch for layers.3", "layers.3"),
+        ("FSDP::post_backward_rs_wait (layers.1)", "layers.1"),
+    ],
+)
+def test_unit_fqn_from_every_fsdp2_label_form(label, fqn):
+    from fsdpdoctor.analysis.fsdp import _fqn_of
+
+    assert _fqn_of(label) == fqn
