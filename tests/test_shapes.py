@@ -25,7 +25,7 @@ CONFIG_SLUGS = {
     "sharding-strategy",
     "ddp-would-be-faster",
 }
-FSDP1_SHAPES = {"ga-fsdp1"}
+FSDP1_SHAPES = {"ga-fsdp1", "ga-fsdp1-sync", "ac-fsdp1"}
 
 
 @pytest.fixture(scope="module")
@@ -197,9 +197,9 @@ def test_strategy_mesh_and_roles(variant, shape, recorder):
 @pytest.mark.parametrize("variant", SHAPES)
 def test_checkpointing_and_compile_named(variant, shape):
     fs = shape(variant).facts.fsdp
-    assert fs.activation_checkpointing is (variant == "ac")
+    assert fs.activation_checkpointing is (variant in ("ac", "ac-fsdp1"))
     assert fs.compiled is (variant == "compiled")
-    if variant == "ac":
+    if fs.activation_checkpointing:
         assert fs.recompute_cpu_ms_per_step > 0
         assert "aten::scaled_dot_product_attention" in fs.activation_checkpointing_evidence
 
@@ -210,12 +210,13 @@ def test_no_configuration_finding_on_healthy_shapes(variant, shape):
     assert not fired & CONFIG_SLUGS, fired
 
 
-def test_gradient_sync_on_every_microbatch_is_reported(shape, recorder):
-    k = recorder.microbatches("ga-fsdp2-sync")
-    rep = shape("ga-fsdp2-sync")
-    f = next(f for f in rep.findings if f.slug == "reduce-scatter-every-microbatch")
+@pytest.mark.parametrize("variant", ["ga-fsdp2-sync", "ga-fsdp1-sync"])
+def test_gradient_sync_on_every_microbatch_is_reported(variant, shape, recorder):
+    k = recorder.microbatches(variant)
+    f = next(f for f in shape(variant).findings if f.slug == "reduce-scatter-every-microbatch")
     assert f"{k} micro-batches" in f.summary
-    assert not [f for f in shape("ga-fsdp2").findings if f.slug == "reduce-scatter-every-microbatch"]
+    silent = variant.replace("-sync", "")  # the same run with sync off on all but the last
+    assert not [f for f in shape(silent).findings if f.slug == "reduce-scatter-every-microbatch"]
 
 
 # ----------------------------------------------------------------------------------------------
