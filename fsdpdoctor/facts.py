@@ -191,6 +191,7 @@ class FsdpFacts:
     activation_checkpointing: bool | None = None  # forward ops recomputed inside backward; None: unknown
     activation_checkpointing_evidence: str = ""
     recompute_cpu_ms_per_step: float = 0.0  # CPU time of recomputed forward ops inside backward
+    recompute_gpu_ms_per_step: float = 0.0  # |union| of the kernels those ops launched (part of compute)
     compiled: bool | None = None  # torch.compile regions in the trace; None: no CPU ops to tell
     reduce_scatters_per_microbatch: float | None = None  # reduce-scatters per forward pass (GA: 0 when sync skipped)
     sources: dict[str, str] = field(default_factory=dict)  # fact → "trace" / "sidecar"

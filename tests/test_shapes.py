@@ -223,7 +223,7 @@ def test_gradient_sync_on_every_microbatch_is_reported(variant, shape, recorder)
 # generated GPU timelines of the same shapes (exact truth: truth.json)
 # ----------------------------------------------------------------------------------------------
 
-GENERATED = ["ga-fsdp2", "ga-fsdp2-sync", "hsdp", "tp-fsdp"]
+GENERATED = ["ga-fsdp2", "ga-fsdp2-sync", "ac-fsdp2", "hsdp", "tp-fsdp"]
 
 
 @pytest.fixture(scope="module")
@@ -380,3 +380,20 @@ def test_unit_fqn_from_every_fsdp2_label_form(label, fqn):
     from fsdpdoctor.analysis.fsdp import _fqn_of
 
     assert _fqn_of(label) == fqn
+
+
+def test_generated_checkpointing_recompute_time(generated):
+    """Activation checkpointing on a generated GPU timeline: the recompute is found, and its GPU
+    time is the union of the kernels the recomputed linear / norm / attention ops launched
+    (element-wise ops recomputed between them are not told apart from backward formulas, so
+    the figure is a lower bound of the whole recompute)."""
+    cfg, rep, truth = generated("ac-fsdp2")
+    assert cfg.activation_checkpointing
+    for rf in rep.facts.rank_facts:
+        fs = rf.fsdp
+        assert fs.activation_checkpointing is True
+        steps = truth["ranks"][str(rf.rank)]["steps"]
+        want = sum(s["recompute_forward_only_ops_ms"] for s in steps) / len(steps)
+        whole = sum(s["recompute_ms"] for s in steps) / len(steps)
+        assert fs.recompute_gpu_ms_per_step == pytest.approx(want, abs=1e-3)
+        assert 0 < fs.recompute_gpu_ms_per_step <= whole

@@ -383,6 +383,7 @@ def _checkpointing(rt: RankTrace, f: FsdpFacts, n_steps: int) -> None:
         busy = iv.merge(rt.ts[inside], rt.ts[inside] + rt.dur[inside])
         per_step = iv.total(busy) / 1e3 / max(n_steps, 1)
         f.recompute_cpu_ms_per_step = per_step
+        f.recompute_gpu_ms_per_step = _recompute_gpu_ms(rt, inside) / max(n_steps, 1)
         names = sorted({rt.row_name(int(r)) for r in inside})
         f.activation_checkpointing_evidence = (
             f"{inside.size / max(n_steps, 1):g} forward ops per step ({', '.join(names)}) run inside autograd "
@@ -390,6 +391,23 @@ def _checkpointing(rt: RankTrace, f: FsdpFacts, n_steps: int) -> None:
         )
     else:
         f.activation_checkpointing_evidence = f"no forward-only op ({', '.join(sorted(FORWARD_ONLY_OPS)[:4])} …) inside a backward node"
+
+
+def _recompute_gpu_ms(rt: RankTrace, recompute_ops: np.ndarray) -> float:
+    """|union| of the kernels launched (same correlation id) inside recomputed forward ops."""
+    from . import intervals as iv
+    from .comms import launch_rows
+    from .labels import enclosing
+
+    kern = np.flatnonzero(rt.mask_cat("kernel"))
+    if kern.size == 0:
+        return 0.0
+    launches = launch_rows(rt, kern)
+    has = launches >= 0
+    chains = enclosing(rt, recompute_ops, launches[has])
+    sel = np.array([bool(chains.get(int(lr))) for lr in launches[has]], dtype=bool)
+    k = kern[has][sel]
+    return iv.total(iv.merge(rt.ts[k], rt.ts[k] + rt.dur[k])) / 1e3 if k.size else 0.0
 
 
 def _offload(rt: RankTrace, n_steps: int) -> OffloadFacts:

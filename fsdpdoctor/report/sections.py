@@ -84,7 +84,8 @@ def shape_text(f: RunFacts) -> str:
     if p.replicate_size or p.tp_size:
         parts.append("mesh: " + " × ".join(mesh))
     if fs.activation_checkpointing:
-        parts.append(f"activation checkpointing (recompute {ms(fs.recompute_cpu_ms_per_step)} CPU per step)")
+        gpu = f", {ms(fs.recompute_gpu_ms_per_step)} GPU" if f.gpu_present else ""
+        parts.append(f"activation checkpointing (recompute {ms(fs.recompute_cpu_ms_per_step)} CPU{gpu} per step)")
     if fs.compiled:
         parts.append("torch.compile regions")
     return "; ".join(parts)
