@@ -283,6 +283,10 @@ def test_generated_shape_is_named(name, generated):
                 assert c.group_size == p.shard_size
             elif c.role == "hsdp_replicate":
                 assert c.group_size == cfg.replicate_size
+                # nccl-tests bus bandwidth over the replicate group, not the world
+                r = cfg.replicate_size
+                algbw = c.bytes / (c.gpu_dur_us * 1e-6) / 1e9
+                assert c.busbw_gbps == pytest.approx(algbw * 2 * (r - 1) / r)
             elif c.role == "tensor_parallel":
                 assert c.group_size == cfg.tp_size
         if cfg.replicate_size > 1:
