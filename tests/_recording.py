@@ -54,7 +54,7 @@ VARIANTS = (
 # Each group is one recorder subprocess: a group's process groups show in the traces'
 # distributedInfo.pg_config, so the two 2-D mesh shapes are recorded in processes of their own.
 SHAPE_GROUPS = {
-    ("ga-fsdp2", "ga-fsdp2-sync", "ga-fsdp1", "ga-fsdp1-sync", "ac", "ac-fsdp1", "compiled", "per-param-mesh"): 2,
+    ("ga-fsdp2", "ga-fsdp2-sync", "ga-fsdp1", "ga-fsdp1-sync", "ac", "ac-fsdp1", "no-shard-fsdp1", "compiled", "per-param-mesh"): 2,
     ("hsdp",): 4,
     ("tp-fsdp",): 4,
 }

@@ -25,7 +25,8 @@ CONFIG_SLUGS = {
     "sharding-strategy",
     "ddp-would-be-faster",
 }
-FSDP1_SHAPES = {"ga-fsdp1", "ga-fsdp1-sync", "ac-fsdp1"}
+FSDP1_SHAPES = {"ga-fsdp1", "ga-fsdp1-sync", "ac-fsdp1", "no-shard-fsdp1"}
+NO_SHARD = "no-shard-fsdp1"  # parameters replicated: no all-gather or reduce-scatter, gradients all-reduced
 
 
 @pytest.fixture(scope="module")
@@ -53,6 +54,8 @@ def _mesh(recorder, variant):
     if variant == "tp-fsdp":
         dp, tp = recorder.MESH_2D
         return dp, None, tp
+    if variant == NO_SHARD:
+        return None, None, None
     return ws, None, None
 
 
@@ -78,7 +81,7 @@ def _expected_units(recorder, variant):
     """Per unit (execution order): (unsharded all-gather elements, parameter groups)."""
     model = recorder.build_model()
     units = recorder.unit_fqns(variant, model)
-    shard, _, _ = _mesh(recorder, variant)
+    shard = _mesh(recorder, variant)[0] or _world_size(recorder, variant)
     numel = {u: 0 for u in units}
     groups = {u: 1 for u in units}
     flat = {u: 0 for u in units}
@@ -116,6 +119,9 @@ def test_units_and_all_gathers_per_forward_pass(variant, shape, recorder):
     if variant not in FSDP1_SHAPES:  # FSDP1 labels carry no FQN (and these runs have no sidecar)
         assert [u.fqn for u in fs.units] == [u for u, _, _ in expected]
     rs = _reduce_scatters_per_step(recorder, variant)
+    if variant == NO_SHARD:
+        assert all(u.forward_all_gathers == u.backward_all_gathers == u.reduce_scatters == 0 for u in fs.units)
+        return
     for u, (fqn, numel, groups) in zip(fs.units, expected):
         assert u.unsharded_numel == numel, fqn
         assert u.param_groups == groups, fqn
@@ -153,10 +159,13 @@ def test_strategy_mesh_and_roles(variant, shape, recorder):
     rep = shape(variant)
     f = rep.facts
     shard, replicate, tp = _mesh(recorder, variant)
-    assert f.fsdp.sharding_strategy == ("HYBRID_SHARD" if variant == "hsdp" else "FULL_SHARD")
+    want = {"hsdp": "HYBRID_SHARD", NO_SHARD: "NO_SHARD"}.get(variant, "FULL_SHARD")
+    assert f.fsdp.sharding_strategy == want
     assert f.fsdp.sources["sharding_strategy"] == "trace"
     p = f.parallelism
     assert (p.shard_size, p.replicate_size, p.tp_size) == (shard, replicate, tp)
+    # NO_SHARD all-reduces every gradient over the whole world, like DDP
+    assert p.dp_size == (_world_size(recorder, variant) if variant == NO_SHARD else None)
     n_units = len(recorder.unit_fqns(variant))
     for r in f.rank_facts:
         by_role: dict[str, list] = {}
@@ -164,6 +173,11 @@ def test_strategy_mesh_and_roles(variant, shape, recorder):
             by_role.setdefault(c.role, []).append(c)
             if c.kind in ("all_gather", "reduce_scatter"):
                 assert c.role == "fsdp_shard" and c.group_size == shard
+        if variant == NO_SHARD:
+            assert set(by_role) == {"data_parallel"}
+            assert len(by_role["data_parallel"]) == n_units * len(r.steps)  # one per unit (flat parameter)
+            assert all(c.kind == "all_reduce" and c.phase == "backward" for c in by_role["data_parallel"])
+            continue
         assert set(by_role) <= {"fsdp_shard", "hsdp_replicate", "tensor_parallel"}
         steps = len(r.steps)
         if variant == "hsdp":
@@ -190,7 +204,7 @@ def test_strategy_mesh_and_roles(variant, shape, recorder):
     assert d["parallelism"]["tp_size"] == tp and d["parallelism"]["replicate_size"] == replicate
     assert d["fsdp"]["microbatches_per_step"] == recorder.microbatches(variant)
     for c in d["collectives"]:
-        assert c["group_size"] in (shard, replicate, tp) and c["role"]
+        assert c["group_size"] in (shard, replicate, tp, p.dp_size) and c["role"]
     assert "role" in d["facts"]["rank_facts"][0]["collectives"][0]
 
 
