@@ -120,6 +120,9 @@ class StepFacts:
     exposed_by_kind: dict[str, float] = field(default_factory=dict)
     phase_ms: dict[str, float] = field(default_factory=dict)  # CPU duration of each phase
     compute_by_phase: dict[str, float] = field(default_factory=dict)  # |compute| of kernels launched in each phase
+    exposed_by_role: dict[str, float] = field(default_factory=dict)  # process-group role → exposed ms
+    microbatches: int = 1  # forward passes in this step (gradient accumulation)
+    microbatch_phase_ms: list[dict[str, float]] = field(default_factory=list)  # CPU forward/backward ms of each (when > 1)
 
     @property
     def overlap_pct(self) -> float | None:
@@ -147,6 +150,8 @@ class CollectiveFacts:
     in_nelems: int | None = None
     out_nelems: int | None = None
     fsdp_labels: list[str] = field(default_factory=list)  # enclosing FSDP hook labels, outermost first
+    role: str = "other"  # process-group role: fsdp_shard / hsdp_replicate / tensor_parallel / expert / data_parallel / other
+    microbatch: int = 0  # forward pass of its step (0-based; gradient accumulation)
 
 
 @dataclass
@@ -161,7 +166,9 @@ class UnitFacts:
     reduce_scatter_bytes: float | None = 0.0
     all_gather_exposed_ms: float = 0.0
     reduce_scatter_exposed_ms: float = 0.0
-    unsharded_numel: int | None = None  # all-gather output elements (padded)
+    unsharded_numel: int | None = None  # all-gather output elements (padded), all parameter groups of one forward pass
+    param_groups: int = 1  # parameter groups (all-gathers per forward pass), >1 with per-parameter meshes
+    group_sizes: list[int] = field(default_factory=list)  # shard-group size of each parameter group
 
 
 @dataclass
@@ -181,7 +188,7 @@ class OffloadFacts:
 class FsdpFacts:
     version: int | None = None  # 1, 2 or None
     version_evidence: str = ""
-    sharding_strategy: str | None = None  # from the sidecar; traces do not say
+    sharding_strategy: str | None = None  # FULL_SHARD / SHARD_GRAD_OP / HYBRID_SHARD / NO_SHARD (trace or sidecar)
     unit_source: str = ""  # how units and their names were found
     units: list[UnitFacts] = field(default_factory=list)
     backward_prefetch: str | None = None  # BACKWARD_PRE / BACKWARD_POST / NONE / None (unknown)
@@ -194,11 +201,30 @@ class FsdpFacts:
     rate_limiter_ms_per_step: float = 0.0
     hook_cpu_ms_per_step: float = 0.0  # CPU time inside outermost FSDP hook ranges
     other_parallelism: str | None = None  # what was found when FSDP was not (e.g. "DDP")
+    microbatches_per_step: int = 1  # forward passes per optimizer step (gradient accumulation)
+    activation_checkpointing: bool | None = None  # forward ops recomputed inside backward; None: unknown
+    activation_checkpointing_evidence: str = ""
+    recompute_cpu_ms_per_step: float = 0.0  # CPU time of recomputed forward ops inside backward
+    recompute_gpu_ms_per_step: float = 0.0  # |union| of the kernels those ops launched (part of compute)
+    compiled: bool | None = None  # torch.compile regions in the trace; None: no CPU ops to tell
+    reduce_scatters_per_microbatch: float | None = None  # reduce-scatters per forward pass (GA: 0 when sync skipped)
     sources: dict[str, str] = field(default_factory=dict)  # fact → "trace" / "sidecar"
 
     @property
     def unit_count(self) -> int:
         return len(self.units)
+
+
+@dataclass
+class ParallelismFacts:
+    """Mesh sizes from the trace (None where that dimension is not used)."""
+
+    shard_size: int | None = None  # FSDP shard group
+    replicate_size: int | None = None  # HSDP replicate group
+    tp_size: int | None = None  # tensor parallel group
+    dp_size: int | None = None  # data-parallel (DDP) group
+    roles: dict[str, float] = field(default_factory=dict)  # role → collectives per step
+    evidence: str = ""
 
 
 @dataclass
@@ -210,6 +236,9 @@ class CollectiveStats:
     exposed_ms_per_step: float
     mean_busbw_gbps: float | None
     dtypes: list[str]
+    group_size: int | None = None  # the most common group size of these collectives
+    role: str | None = None  # the most common role (see analysis.comms.ROLES)
+    roles: dict[str, float] = field(default_factory=dict)  # role → collectives per step
 
 
 @dataclass
@@ -237,6 +266,7 @@ class RankFacts:
     gpus_per_node: int | None = None  # deviceProperties entries (the devices on this host)
     device_memory_bytes: int | None = None  # totalGlobalMem of this rank's GPU
     memory_trace: MemoryFacts | None = None  # from the trace's [memory] events (profile_memory)
+    parallelism: ParallelismFacts = field(default_factory=ParallelismFacts)
 
     @property
     def step_ms(self) -> list[float]:
@@ -280,6 +310,7 @@ class ExposedSummary:
     by_phase: dict[str, float] = field(default_factory=dict)
     by_kind: dict[str, float] = field(default_factory=dict)
     by_phase_kind: dict[str, dict[str, float]] = field(default_factory=dict)  # phase → kind → ms/step
+    by_role: dict[str, float] = field(default_factory=dict)  # process-group role → ms/step
     per_rank: dict[str, float] = field(default_factory=dict)
 
 
@@ -331,6 +362,7 @@ class RunFacts:
     world_size: int | None = None
     gpu_present: bool = False
     fsdp: FsdpFacts = field(default_factory=FsdpFacts)
+    parallelism: ParallelismFacts = field(default_factory=ParallelismFacts)
     steps: StepsSummary = field(default_factory=StepsSummary)
     overlap: OverlapSummary = field(default_factory=OverlapSummary)
     exposed_comm: ExposedSummary = field(default_factory=ExposedSummary)

@@ -11,6 +11,9 @@ Fixtures (all session-scoped):
     variant in :data:`VARIANTS` in one subprocess (one torch start-up, all variants in the same
     two gloo ranks, about 20 s on 2 cores); later calls return the cached directories. Skips
     the test when torch is not installed.
+    Also the run shapes of :data:`SHAPES` (gradient accumulation, activation checkpointing,
+    compiled blocks, per-parameter meshes, HSDP 2x2, TP+FSDP 2x2), recorded per group of
+    :data:`SHAPE_GROUPS` on first use (2 or 4 gloo ranks, a few seconds each).
 ``recorder``
     ``fixtures/record_cpu.py`` loaded as a module (model definition, ``unit_params``,
     ``VARIANTS``, ``WAIT``/``WARMUP``/``ACTIVE``...), for computing expected values.
@@ -47,6 +50,15 @@ VARIANTS = (
     "ddp",
     "fsdp1",
 )
+# Run shapes (gradient accumulation, checkpointing, compile, meshes; see fixtures/record_cpu.py).
+# Each group is one recorder subprocess: a group's process groups show in the traces'
+# distributedInfo.pg_config, so the two 2-D mesh shapes are recorded in processes of their own.
+SHAPE_GROUPS = {
+    ("ga-fsdp2", "ga-fsdp2-sync", "ga-fsdp1", "ga-fsdp1-sync", "ac", "ac-fsdp1", "no-shard-fsdp1", "compiled", "per-param-mesh"): 2,
+    ("hsdp",): 4,
+    ("tp-fsdp",): 4,
+}
+SHAPES = tuple(v for group in SHAPE_GROUPS for v in group)
 RECORD_TIMEOUT_S = 600
 
 
@@ -62,12 +74,12 @@ def load_recorder():
     return module
 
 
-def _run_recorder(variants: list[str], out: Path) -> float:
+def _run_recorder(variants: list[str], out: Path, world_size: int = WORLD_SIZE) -> float:
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(
         [str(REPO)] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else [])
     )
-    cmd = [sys.executable, str(RECORDER), "--out", str(out), "--world-size", str(WORLD_SIZE)]
+    cmd = [sys.executable, str(RECORDER), "--out", str(out), "--world-size", str(world_size)]
     for v in variants:
         cmd += ["--variant", v]
     t0 = time.perf_counter()
@@ -92,14 +104,20 @@ class _Recordings:
         self.preset = Path(preset) if preset else None
 
     def __call__(self, variant: str) -> Path:
-        if variant not in VARIANTS:
-            raise ValueError(f"unknown variant {variant!r}; known: {', '.join(VARIANTS)}")
+        if variant not in VARIANTS and variant not in SHAPES:
+            raise ValueError(f"unknown variant {variant!r}; known: {', '.join(VARIANTS + SHAPES)}")
         if variant in self.dirs:
             return self.dirs[variant]
-        if self.preset is not None and (self.preset / variant / "fsdpdoctor_meta.json").exists():
+        if self.preset is not None and (self.preset / variant / ("rank0.json.gz" if variant in SHAPES else "fsdpdoctor_meta.json")).exists():
             self.dirs[variant] = self.preset / variant
             return self.dirs[variant]
         pytest.importorskip("torch")
+        if variant in SHAPES:
+            group, ws = next((g, n) for g, n in SHAPE_GROUPS.items() if variant in g)
+            self.seconds[group] = _run_recorder(list(group), self.base, ws)
+            for v in group:
+                self.dirs[v] = self.base / v
+            return self.dirs[variant]
         todo = [v for v in VARIANTS if v not in self.dirs]
         self.seconds[tuple(todo)] = _run_recorder(todo, self.base)
         for v in todo:

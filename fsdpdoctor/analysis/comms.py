@@ -147,10 +147,13 @@ class Collective:
     stream: int | None = None
     # filled by later analyses
     step: int = -1
+    microbatch: int = -1  # forward pass of the step it belongs to (0-based)
     phase: str = "other"
     labels: list[str] = field(default_factory=list)
     unit: str | None = None
     issue_label: str | None = None  # the innermost FSDP label that issued it
+    role: str = "other"  # see ROLES
+    group_size_recorded: bool = False  # the trace's Group size arg said it
     exposed_us: float = 0.0
     cpu_dur: float = 0.0  # µs the issuing CPU op took (the whole collective for gloo)
 
@@ -372,6 +375,136 @@ def find_collectives(rt: RankTrace, chains: dict[int, list[int]], group_size: in
     return out
 
 
+ROLES = ("fsdp_shard", "hsdp_replicate", "tensor_parallel", "expert", "data_parallel", "other")
+_FSDP_LABEL_PREFIXES = ("FSDP::", "FullyShardedDataParallel.")
+# DeviceMesh names its groups ``mesh_<dim>`` (shared/notes/process-groups.md); torchtitan's dims
+_DESC_ROLE = (
+    (("replicate", "dp_replicate"), "hsdp_replicate"),
+    (("tp",), "tensor_parallel"),
+    (("ep", "efsdp", "expert"), "expert"),
+    (("shard", "dp_shard", "dp", "fsdp", "dp_shard_cp"), "fsdp_shard"),
+)
+
+
+def role_of_desc(desc: str | None) -> str | None:
+    """Role a DeviceMesh group description names (``mesh_tp`` → tensor_parallel), or None."""
+    if not desc or not desc.startswith("mesh_"):
+        return None
+    dim = desc[len("mesh_"):]
+    for names, role in _DESC_ROLE:
+        if dim in names:
+            return role
+    return None
+
+
+def mesh_sizes(pg_config: list[dict]) -> dict[str, int]:
+    """Role → group size from ``distributedInfo.pg_config`` (mesh groups only)."""
+    out: dict[str, int] = {}
+    for g in pg_config:
+        if not isinstance(g, dict):
+            continue
+        role = role_of_desc(g.get("pg_desc"))
+        size = g.get("pg_size")
+        if role is not None and isinstance(size, int) and role not in out:
+            out[role] = size
+    return out
+
+
+def assign_roles(colls: list[Collective], pg_config: list[dict], world_size: int | None, ddp: bool = False) -> None:
+    """Give every collective its process-group role and, where the trace did not record it, the
+    size of its group.
+
+    Order of evidence: the group's own description (``Process Group Description`` on NCCL
+    collectives: ``mesh_tp`` …); the FSDP hook that issued it (all-gather / reduce-scatter of a
+    unit → FSDP shard group; an all-reduce inside the post-backward reduce → the HSDP replicate
+    group, or data parallel without any reduce-scatter); DDP labels → data parallel; otherwise,
+    in an FSDP run whose mesh has a ``tp`` dimension, tensor parallel; all-reduces of a DDP run
+    (``ddp``: the trace has ``DistributedDataParallel.*`` labels) are data parallel. Group sizes: the trace's
+    ``Group size`` arg, else output/input elements of an all-gather / reduce-scatter (gloo), else
+    the size of the mesh group of that role in ``pg_config``, else the world size.
+    """
+    sizes = mesh_sizes(pg_config)
+    desc_by_name = {str(g.get("pg_name")): g.get("pg_desc") for g in pg_config if isinstance(g, dict)}
+    size_by_name = {str(g.get("pg_name")): g.get("pg_size") for g in pg_config if isinstance(g, dict)}
+    fsdp_run = any(any(lab.startswith(_FSDP_LABEL_PREFIXES) for lab in c.labels) for c in colls)
+    sharded = any(c.kind == "reduce_scatter" and any(lab.startswith(_FSDP_LABEL_PREFIXES) for lab in c.labels) for c in colls)
+    for c in colls:
+        recorded = c.group_size if c.group_size_recorded else None
+        desc = c.pg_desc or desc_by_name.get(str(c.pg_name)) if c.pg_name is not None or c.pg_desc else None
+        role = role_of_desc(desc)
+        in_fsdp = any(lab.startswith(_FSDP_LABEL_PREFIXES) for lab in c.labels)
+        if role is None:
+            if in_fsdp and c.kind in ("all_gather", "reduce_scatter"):
+                role = "fsdp_shard"
+            elif in_fsdp and c.kind == "all_reduce":
+                role = "hsdp_replicate" if sharded else "data_parallel"
+            elif c.kind in ("all_reduce", "broadcast") and any(lab.startswith("DistributedDataParallel.") for lab in c.labels):
+                role = "data_parallel"  # buffer broadcast / all-reduce in DDP's forward (model-parallel ops inside it are not)
+            elif fsdp_run and "tensor_parallel" in sizes:
+                role = "tensor_parallel"
+            elif ddp and not fsdp_run and c.kind == "all_reduce":
+                role = "data_parallel"  # DDP's reducer all-reduces buckets from autograd hooks, under no label
+            else:
+                role = "other"
+        c.role = role
+        if recorded is None and c.pg_name is not None and isinstance(size_by_name.get(str(c.pg_name)), int):
+            recorded = size_by_name[str(c.pg_name)]
+        if recorded is not None:
+            c.group_size = recorded
+        elif c.kind == "all_gather" and c.in_nelems and c.out_nelems and c.out_nelems % c.in_nelems == 0:
+            c.group_size = c.out_nelems // c.in_nelems
+        elif c.kind == "reduce_scatter" and c.in_nelems and c.out_nelems and c.in_nelems % c.out_nelems == 0:
+            c.group_size = c.in_nelems // c.out_nelems
+        elif role in sizes:
+            c.group_size = sizes[role]
+        elif c.group_size is None:
+            c.group_size = world_size
+    _replica_dtypes(colls)
+
+
+def _replica_dtypes(colls: list[Collective]) -> None:
+    """gloo records no dtype for all-reduces: an HSDP replica all-reduce reduces the output of the
+    reduce-scatter issued just before it inside the same FSDP hook, so it has that dtype."""
+    last_rs: dict[str, Collective] = {}
+    for c in sorted(colls, key=lambda c: c.cpu_ts):
+        hook = c.labels[-1] if c.labels else ""
+        if c.kind == "reduce_scatter":
+            last_rs[hook] = c
+        elif c.kind == "all_reduce" and c.role == "hsdp_replicate" and c.dtype is None and hook in last_rs:
+            rs = last_rs[hook]
+            width = dtype_bytes(rs.dtype)
+            if width and c.in_nelems and rs.out_nelems == c.in_nelems:
+                c.dtype = rs.dtype
+                c.bytes = int(c.in_nelems) * width
+
+
+def parallelism_facts(colls: list[Collective], pg_config: list[dict], n_steps: int):
+    """Mesh sizes: the group size of each role's collectives (the most common one)."""
+    from collections import Counter
+
+    from ..facts import ParallelismFacts
+
+    def size(role: str) -> int | None:
+        sz = Counter(c.group_size for c in colls if c.role == role and c.group_size)
+        return sz.most_common(1)[0][0] if sz else None
+
+    n = max(n_steps, 1)
+    roles = Counter(c.role for c in colls if c.step >= 0)
+    pf = ParallelismFacts(
+        shard_size=size("fsdp_shard"),
+        replicate_size=size("hsdp_replicate"),
+        tp_size=size("tensor_parallel"),
+        dp_size=size("data_parallel"),
+        roles={r: k / n for r, k in sorted(roles.items())},
+    )
+    groups = [f"{g.get('pg_desc')}={g.get('pg_size')}" for g in pg_config if isinstance(g, dict) and role_of_desc(g.get("pg_desc"))]
+    pf.evidence = (
+        "group sizes from collective args / all-gather and reduce-scatter element ratios"
+        + (f"; mesh groups in distributedInfo.pg_config: {', '.join(groups)}" if groups else "")
+    )
+    return pf
+
+
 def _fill_args(c: Collective, a: Args | None) -> None:
     if a is None:
         return
@@ -379,6 +512,7 @@ def _fill_args(c: Collective, a: Args | None) -> None:
     c.in_nelems = a.in_nelems
     c.out_nelems = a.out_nelems
     c.group_size = a.group_size
+    c.group_size_recorded = a.group_size is not None
     c.pg_name = a.pg_name
     c.pg_desc = a.pg_desc
     c.bytes = message_bytes(c.kind, a)

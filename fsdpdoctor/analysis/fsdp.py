@@ -4,6 +4,9 @@
 - units: FSDP2 ``FSDP::pre_forward (<fqn>)`` (torch ≥ 2.5; the root unit has no suffix);
   FSDP1 and torch-2.4 FSDP2 carry no FQN, so units are the ``_pre_forward`` ranges of a step in
   execution order, and collectives are matched to them by order (forward) and size (backward).
+- units are counted in one forward pass (gradient accumulation runs several per step: they are
+  split at each root pre-forward); a unit with several parameter groups (``[pg=N]`` labels,
+  torch 2.13 per-parameter meshes) is one unit with one all-gather per group.
 - backward prefetch: the label enclosing each backward all-gather. FSDP1:
   ``_pre_backward_prefetch`` → BACKWARD_PRE, ``_post_backward_prefetch`` → BACKWARD_POST,
   directly in ``_pre_backward_hook`` → issued on demand. FSDP2: inside
@@ -24,8 +27,10 @@ from .comms import Collective
 
 FSDP2_PREFIX = "FSDP::"
 FSDP1_PREFIX = "FullyShardedDataParallel."
-_FSDP2_HOOK = re.compile(r"^FSDP::(?P<hook>[a-z_]+?)(?: \((?P<fqn>.*)\))?$")
-_FSDP2_PREFETCH = re.compile(r"^FSDP::(?P<pass>forward|backward)_prefetch(?: for (?P<fqn>.*))?$")
+# torch 2.13 appends " [pg=<shard mesh size>]" when a unit has several parameter groups
+# (per-parameter meshes through shard_placement_fn)
+_FSDP2_HOOK = re.compile(r"^FSDP::(?P<hook>[a-z_]+?)(?: \((?P<fqn>.*?)\))?(?: \[pg=(?P<pg>\d+)\])?$")
+_FSDP2_PREFETCH = re.compile(r"^FSDP::(?P<pass>forward|backward)_prefetch(?: for (?P<fqn>.*?))?(?: \[pg=(?P<pg>\d+)\])?$")
 ROOT_FQN = ""
 LOW_PRECISION = {"bfloat16", "half", "float16", "c10::bfloat16", "c10::half"}
 
@@ -88,6 +93,9 @@ def analyze_fsdp(rt: RankTrace, colls: list[Collective], steps, n_steps: int) ->
     f.collective_dtypes = dtypes
     if ag and any(c.dtype for c in ag):
         f.mixed_precision = any((c.dtype or "").lower() in LOW_PRECISION for c in ag)
+    f.microbatches_per_step = _microbatches_per_step(steps)
+    f.compiled = _compiled(rt)
+    _checkpointing(rt, f, n_steps)
     if version is None:
         f.other_parallelism = _other_parallelism(rt, colls)
         return f
@@ -97,6 +105,7 @@ def analyze_fsdp(rt: RankTrace, colls: list[Collective], steps, n_steps: int) ->
         _units_by_order(rt, f, colls, steps, FSDP1_PREFIX + "_pre_forward")
     _per_unit_stats(f, colls, max(n_steps, 1))
     _prefetch(f, colls, version)
+    _shape(rt, f, colls, steps, n_steps)
     rl = cpu_label_rows(rt, lambda n: n == FSDP1_PREFIX + "rate_limiter")
     f.rate_limiter_ms_per_step = float(rt.dur[rl].sum()) / 1e3 / max(n_steps, 1)
     f.hook_cpu_ms_per_step = _hook_cpu_ms(rt, version) / max(n_steps, 1)
@@ -146,13 +155,23 @@ def _first_full_step_rows(rt: RankTrace, rows: np.ndarray, steps) -> np.ndarray:
     return rows
 
 
+def _first_forward_pass_rows(rt: RankTrace, rows: np.ndarray, steps) -> np.ndarray:
+    """Rows of the first forward pass (micro-batch) of the first step that contains any."""
+    one = _first_full_step_rows(rt, rows, steps)
+    for st in steps:
+        if len(st.microbatches) >= 2 and one.size and st.start <= rt.ts[one].min() < st.end:
+            nxt = st.microbatches[1]["forward"][0]
+            return one[rt.ts[one] < nxt]
+    return one
+
+
 def _units_fsdp2(rt: RankTrace, f: FsdpFacts, colls: list[Collective], steps) -> None:
-    rows = cpu_label_rows(rt, lambda n: n == "FSDP::pre_forward" or n.startswith("FSDP::pre_forward ("))
+    rows = cpu_label_rows(rt, lambda n: n == "FSDP::pre_forward" or n.startswith(("FSDP::pre_forward (", "FSDP::pre_forward [")))
     rows = rows[np.argsort(rt.ts[rows], kind="stable")]
     names = [rt.row_name(int(r)) for r in rows]
     # torch >= 2.5 suffixes every label with the module FQN except the root's, and records
     # FSDP::all_gather; 2.4 has neither, so a plain label is ambiguous only without all_gather
-    has_fqns = any(n != "FSDP::pre_forward" for n in names) or any(n.startswith("FSDP::all_gather") for n in rt.names)
+    has_fqns = any(_fqn_of(n) for n in names) or any(n.startswith("FSDP::all_gather") for n in rt.names)
     if has_fqns:
         order: list[str] = []
         for n in names:
@@ -176,16 +195,16 @@ def _units_by_order(rt: RankTrace, f: FsdpFacts, colls: list[Collective], steps,
     walking units in reverse order (backward runs them in reverse)."""
     prefix = FSDP2_PREFIX if pre_forward.startswith(FSDP2_PREFIX) else FSDP1_PREFIX
     rows = cpu_label_rows(rt, lambda n: n == pre_forward)
-    one = _first_full_step_rows(rt, rows, steps)
+    one = _first_forward_pass_rows(rt, rows, steps)
     n_units = int(one.size)
     f.units = [UnitFacts(index=i, fqn=f"unit{i}") for i in range(n_units)]
-    f.unit_source = f"{n_units} '{pre_forward}' ranges per step, in execution order"
+    f.unit_source = f"{n_units} '{pre_forward}' ranges per forward pass, in execution order"
     for c in colls:
         chain = _fsdp_chain(c, prefix)
         c.issue_label = chain[-1] if chain else None
-    by_step: dict[int, list[Collective]] = defaultdict(list)
-    for c in colls:
-        by_step[c.step].append(c)
+    by_step: dict[tuple[int, int], list[Collective]] = defaultdict(list)
+    for c in colls:  # one forward pass (micro-batch) and its backward at a time
+        by_step[(c.step, c.microbatch)].append(c)
     numel: dict[int, int] = {}
     for step_colls in by_step.values():
         fwd = [c for c in step_colls if c.kind == "all_gather" and c.phase == "forward"]
@@ -224,15 +243,30 @@ def _per_unit_stats(f: FsdpFacts, colls: list[Collective], n_steps: int) -> None
             if c.bytes is not None:
                 sized.add((u.fqn, "ag"))
             u.all_gather_exposed_ms += c.exposed_us / 1e3 / n_steps
-            if u.unsharded_numel is None and c.out_nelems:
-                u.unsharded_numel = c.out_nelems
         elif c.kind == "reduce_scatter":
             u.reduce_scatters += 1 / n_steps
             u.reduce_scatter_bytes += (c.bytes or 0) / n_steps
             if c.bytes is not None:
                 sized.add((u.fqn, "rs"))
             u.reduce_scatter_exposed_ms += c.exposed_us / 1e3 / n_steps
+    # parameter groups and unsharded size: the forward all-gathers of one forward pass
+    first_pass: dict[str, tuple[int, int]] = {}
+    groups: dict[str, list[Collective]] = defaultdict(list)
+    for c in colls:
+        if c.kind != "all_gather" or c.phase != "forward" or c.unit not in by_fqn or c.step < 0:
+            continue
+        key = first_pass.setdefault(c.unit, (c.step, c.microbatch))
+        if key == (c.step, c.microbatch):
+            groups[c.unit].append(c)
+    for fqn, cs in groups.items():
+        u = by_fqn[fqn]
+        u.param_groups = len(cs)
+        u.group_sizes = [int(c.group_size) for c in cs if c.group_size]
+        if all(c.out_nelems for c in cs):
+            u.unsharded_numel = int(sum(c.out_nelems for c in cs))
     for u in f.units:
+        if u.unsharded_numel is None:  # gathered only in backward (or sizes unknown)
+            u.unsharded_numel = next((c.out_nelems for c in colls if c.unit == u.fqn and c.kind == "all_gather" and c.out_nelems), None)
         if u.forward_all_gathers + u.backward_all_gathers > 0 and (u.fqn, "ag") not in sized:
             u.all_gather_bytes = None
         if u.reduce_scatters > 0 and (u.fqn, "rs") not in sized:
@@ -286,6 +320,94 @@ def _prefetch(f: FsdpFacts, colls: list[Collective], version: int) -> None:
             f.reshard_after_forward = True
         if f.reshard_after_forward is not None:
             f.sources["reshard_after_forward"] = "trace"
+
+
+def _microbatches_per_step(steps) -> int:
+    counts = Counter(st.n_microbatches for st in steps)
+    return counts.most_common(1)[0][0] if counts else 1
+
+
+COMPILED_LABELS = ("Torch-Compiled Region", "CompiledFunction", "TorchDynamo Cache Lookup")
+# ops a module's forward calls and autograd's backward formulas do not: seen inside a backward
+# node they are a checkpointed forward being recomputed
+FORWARD_ONLY_OPS = frozenset({
+    "aten::layer_norm", "aten::rms_norm", "aten::group_norm", "aten::batch_norm", "aten::linear",
+    "aten::scaled_dot_product_attention", "aten::embedding", "aten::conv1d", "aten::conv2d", "aten::conv3d",
+})
+BACKWARD_NODE_PREFIX = "autograd::engine::evaluate_function"
+
+
+def _compiled(rt: RankTrace) -> bool | None:
+    if any(n.startswith(COMPILED_LABELS) for n in rt.names):
+        return True
+    return False if rt.mask_cat("cpu_op").any() else None
+
+
+def _shape(rt: RankTrace, f: FsdpFacts, colls: list[Collective], steps, n_steps: int) -> None:
+    """Sharding strategy and activation checkpointing from the trace alone."""
+    f.sharding_strategy = _strategy(f, colls)
+    if f.sharding_strategy is not None:
+        f.sources["sharding_strategy"] = "trace"
+    rs = [c for c in colls if c.kind == "reduce_scatter" and c.role == "fsdp_shard" and c.step >= 0]
+    n_pass = sum(st.n_microbatches for st in steps) if steps else 1
+    if colls:
+        f.reduce_scatters_per_microbatch = len(rs) / max(n_pass, 1)
+
+
+def _strategy(f: FsdpFacts, colls: list[Collective]) -> str | None:
+    fsdp_colls = [c for c in colls if c.labels and any(lab.startswith((FSDP2_PREFIX, FSDP1_PREFIX)) for lab in c.labels)]
+    if any(c.role == "hsdp_replicate" for c in fsdp_colls):
+        return "HYBRID_SHARD"
+    kinds = {c.kind for c in fsdp_colls}
+    if "all_reduce" in kinds and not kinds & {"all_gather", "reduce_scatter"}:
+        return "NO_SHARD"
+    if f.reshard_after_forward is True:
+        return "FULL_SHARD"
+    if f.reshard_after_forward is False:
+        return "SHARD_GRAD_OP"
+    return None
+
+
+def _checkpointing(rt: RankTrace, f: FsdpFacts, n_steps: int) -> None:
+    from . import intervals as iv
+    from .labels import enclosing
+
+    nodes = cpu_label_rows(rt, lambda n: n.startswith(BACKWARD_NODE_PREFIX))
+    if nodes.size == 0:
+        return  # no backward recorded: cannot tell
+    ops = np.flatnonzero(rt.mask_cat("cpu_op") & rt.mask_names(lambda n: n in FORWARD_ONLY_OPS))
+    chains = enclosing(rt, nodes, ops) if ops.size else {}
+    inside = np.array(sorted(r for r, ch in chains.items() if ch), dtype=np.int64)
+    f.activation_checkpointing = bool(inside.size)
+    if inside.size:
+        busy = iv.merge(rt.ts[inside], rt.ts[inside] + rt.dur[inside])
+        per_step = iv.total(busy) / 1e3 / max(n_steps, 1)
+        f.recompute_cpu_ms_per_step = per_step
+        f.recompute_gpu_ms_per_step = _recompute_gpu_ms(rt, inside) / max(n_steps, 1)
+        names = sorted({rt.row_name(int(r)) for r in inside})
+        f.activation_checkpointing_evidence = (
+            f"{inside.size / max(n_steps, 1):g} forward ops per step ({', '.join(names)}) run inside autograd "
+            f"backward nodes: checkpointed activations recomputed, {per_step:.2f} ms CPU per step"
+        )
+    else:
+        f.activation_checkpointing_evidence = f"no forward-only op ({', '.join(sorted(FORWARD_ONLY_OPS)[:4])} …) inside a backward node"
+
+
+def _recompute_gpu_ms(rt: RankTrace, recompute_ops: np.ndarray) -> float:
+    """|union| of the kernels launched (same correlation id) inside recomputed forward ops."""
+    from . import intervals as iv
+    from .comms import launch_rows
+    from .labels import enclosing
+
+    kern = np.flatnonzero(rt.mask_cat("kernel"))
+    if kern.size == 0:
+        return 0.0
+    launches = launch_rows(rt, kern)
+    has = launches >= 0
+    chains = enclosing(rt, recompute_ops, launches[has])
+    sel = np.array([bool(chains.get(int(lr))) for lr in launches[has]], dtype=bool)
+    k = kern[has][sel]
+    return iv.total(iv.merge(rt.ts[k], rt.ts[k] + rt.dur[k])) / 1e3 if k.size else 0.0
 
 
 def _offload(rt: RankTrace, n_steps: int) -> OffloadFacts:

@@ -65,3 +65,38 @@ def enclosing(rt: RankTrace, labels: np.ndarray, queries: np.ndarray) -> dict[in
             stack.append(r)
             stack_end.append(e)
     return out
+
+
+# Hook labels by the pass they run in. FSDP2 (torch 2.4-2.13): ``FSDP::<hook> (<fqn>) [pg=N]``
+# and ``FSDP::<pass>_prefetch for <fqn>``; FSDP1: ``FullyShardedDataParallel.<hook>``.
+_FORWARD_HOOKS = ("pre_forward", "post_forward", "root_pre_forward", "forward_prefetch", "forward",
+                  "_pre_forward", "_post_forward", "_root_pre_forward", "_pre_forward_prefetch", "_to_kwargs",
+                  "inputs_to_device", "cast_forward_inputs", "cast_forward_outputs")
+_BACKWARD_MARK = "backward"
+
+
+def hook_name(label: str) -> str | None:
+    """``pre_forward`` for ``FSDP::pre_forward (layers.0) [pg=2]``, ``_pre_backward_hook`` for
+    ``FullyShardedDataParallel._pre_backward_hook``; None for a label that is not an FSDP hook."""
+    if label.startswith("FSDP::"):
+        rest = label[len("FSDP::"):]
+    elif label.startswith("FullyShardedDataParallel."):
+        rest = label[len("FullyShardedDataParallel."):]
+    else:
+        return None
+    return rest.split(" ", 1)[0]
+
+
+def phase_from_labels(labels: list[str]) -> str | None:
+    """The pass (``forward`` / ``backward``) of the innermost FSDP hook label that says one:
+    pre_forward / forward prefetch → forward; pre_backward, backward_prefetch, post_backward* and
+    the root post-backward callback → backward. None when no enclosing hook says."""
+    for lab in reversed(labels):
+        h = hook_name(lab)
+        if h is None:
+            continue
+        if _BACKWARD_MARK in h:
+            return "backward"
+        if h in _FORWARD_HOOKS:
+            return "forward"
+    return None

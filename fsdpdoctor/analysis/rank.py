@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+from collections import Counter
+from typing import Any
+
 import numpy as np
 
 from ..facts import CollectiveFacts, CollectiveStats, RankFacts
 from ..ingest.kineto import RankTrace, load_trace
-from .comms import Collective, find_collectives, issue_rows
+from .comms import Collective, assign_roles, find_collectives, issue_rows, parallelism_facts
 from .fsdp import analyze_fsdp
 from .labels import enclosing, label_rows
 from .memory_events import memory_from_events
@@ -23,6 +26,9 @@ def analyze_rank_trace(rt: RankTrace, order_index: int = 0) -> RankFacts:
     labels = label_rows(rt)
     chains = enclosing(rt, labels, issue_rows(rt))
     colls = find_collectives(rt, chains, group_size=rt.world_size)
+    pg_config = rt.distributed_info.get("pg_config") if isinstance(rt.distributed_info.get("pg_config"), list) else []
+    pg_config = [x for x in pg_config if isinstance(x, dict)]
+    assign_roles(colls, pg_config, rt.world_size, ddp=any(n.startswith("DistributedDataParallel.") for n in rt.names))
     steps = step_timeline(rt, info.steps, colls)
     n_steps = len(info.steps)
     fsdp = analyze_fsdp(rt, colls, info.steps, n_steps)
@@ -36,7 +42,6 @@ def analyze_rank_trace(rt: RankTrace, order_index: int = 0) -> RankFacts:
         notes.append(f"no ProfilerStep annotations: steps from {info.step_method}")
     device_name, device_mem, gpus = _device(rt)
     opt = next((n.split("#", 1)[1].split(".")[0] for n in rt.names if n.startswith("Optimizer.step#")), None)
-    pg_config = rt.distributed_info.get("pg_config") if isinstance(rt.distributed_info.get("pg_config"), list) else []
     return RankFacts(
         rank=int(rank),
         rank_source=rt.rank_source if rt.rank is not None else "order",
@@ -55,7 +60,8 @@ def analyze_rank_trace(rt: RankTrace, order_index: int = 0) -> RankFacts:
         collectives=[_collective_facts(c) for c in colls],
         collective_stats=collective_stats(colls, n_steps),
         fsdp=fsdp,
-        pg_config=[x for x in pg_config if isinstance(x, dict)],
+        pg_config=pg_config,
+        parallelism=parallelism_facts(colls, pg_config, n_steps),
         notes=notes,
         optimizer=opt,
         gpus_per_node=gpus,
@@ -100,6 +106,8 @@ def _collective_facts(c: Collective) -> CollectiveFacts:
         in_nelems=c.in_nelems,
         out_nelems=c.out_nelems,
         fsdp_labels=[x for x in c.labels if x.startswith(("FSDP::", "FullyShardedDataParallel."))],
+        role=c.role,
+        microbatch=max(c.microbatch, 0),
     )
 
 
@@ -120,6 +128,14 @@ def collective_stats(colls: list[Collective], n_steps: int) -> list[CollectiveSt
                 exposed_ms_per_step=sum(c.exposed_us for c in cs) / 1e3 / n,
                 mean_busbw_gbps=float(np.mean(bws)) if bws else None,
                 dtypes=dtypes,
+                group_size=most_common(c.group_size for c in cs if c.group_size),
+                role=most_common(c.role for c in cs),
+                roles={k: v / n for k, v in sorted(Counter(c.role for c in cs).items())},
             )
         )
     return out
+
+
+def most_common(xs) -> Any:
+    top = Counter(xs).most_common(1)
+    return top[0][0] if top else None

@@ -23,7 +23,7 @@ from ..facts import (
     StepsSummary,
     TimelineSummary,
 )
-from .rank import analyze_rank
+from .rank import most_common, analyze_rank
 from .steps import PHASES
 
 
@@ -179,8 +179,11 @@ def fold(ranks: list[RankFacts]) -> RunFacts:
                 if c.step >= 0 and c.exposed_us > 0:
                     d = by_pk.setdefault(c.phase, {})
                     d[c.kind] = d.get(c.kind, 0.0) + c.exposed_us / 1e3 / n / len(gpu_ranks)
+        roles = sorted({k for r in gpu_ranks for s in r.steps for k in s.exposed_by_role})
+        by_role = {k: _mean([_mean([s.exposed_by_role.get(k, 0.0) for s in r.steps]) or 0.0 for r in gpu_ranks]) or 0.0 for k in roles}
         rf.exposed_comm = ExposedSummary(
-            mean_ms_per_step=_mean(list(per.values())), by_phase=by_phase, by_kind=by_kind, by_phase_kind=by_pk, per_rank=per
+            mean_ms_per_step=_mean(list(per.values())), by_phase=by_phase, by_kind=by_kind, by_phase_kind=by_pk, per_rank=per,
+            by_role=by_role,
         )
 
         def m(attr: str) -> float:
@@ -200,6 +203,7 @@ def fold(ranks: list[RankFacts]) -> RunFacts:
     if ranks:
         best = max(ranks, key=lambda r: (r.fsdp.version is not None, len(r.fsdp.units), -r.rank))
         rf.fsdp = best.fsdp
+        rf.parallelism = best.parallelism
         versions = {r.fsdp.version for r in ranks}
         if len(versions) > 1:
             rf.notes.append(f"ranks disagree on the FSDP version: {sorted(map(str, versions))}")
@@ -225,6 +229,9 @@ def _fold_collectives(ranks: list[RankFacts]) -> list[CollectiveStats]:
                 exposed_ms_per_step=_mean([c.exposed_ms_per_step for c in cs]) or 0.0,
                 mean_busbw_gbps=_mean(bws),
                 dtypes=sorted({d for c in cs for d in c.dtypes}),
+                group_size=most_common(c.group_size for c in cs if c.group_size),
+                role=most_common(c.role for c in cs if c.role),
+                roles={role: sum(c.roles.get(role, 0.0) for c in cs) / len(cs) for role in sorted({x for c in cs for x in c.roles})},
             )
         )
     return out

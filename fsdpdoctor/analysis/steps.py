@@ -25,6 +25,11 @@ BACKWARD_PREFIXES = (
     "FullyShardedDataParallel._post_backward_final_callback",
 )
 OPTIMIZER_PREFIX = "Optimizer.step#"
+# One of these starts every forward pass (micro-batch): FSDP2 records root_pre_forward once per
+# root forward; FSDP1 and DDP wrap the root's forward (FSDP1 nests the units' forwards in it, so
+# only the outermost range counts).
+FORWARD_START_NAMES = ("FSDP::root_pre_forward",)
+FORWARD_OUTER_NAMES = ("FullyShardedDataParallel.forward", "DistributedDataParallel.forward")
 
 
 @dataclass
@@ -34,10 +39,30 @@ class StepWindow:
     end: float
     # phase → (start, end) on the CPU timeline; absent phases are missing
     phases: dict[str, tuple[float, float]] = field(default_factory=dict)
+    # forward/backward windows of each micro-batch (forward pass + its backward), in order; one
+    # entry per forward pass when the step has several (gradient accumulation), else empty
+    microbatches: list[dict[str, tuple[float, float]]] = field(default_factory=list)
 
     @property
     def dur(self) -> float:
         return self.end - self.start
+
+    @property
+    def n_microbatches(self) -> int:
+        return max(len(self.microbatches), 1)
+
+    def phase_us(self) -> dict[str, float]:
+        """CPU time of each phase, summed over micro-batches."""
+        if not self.microbatches:
+            return {name: b - a for name, (a, b) in self.phases.items()}
+        out: dict[str, float] = {}
+        for mb in self.microbatches:
+            for name, (a, b) in mb.items():
+                out[name] = out.get(name, 0.0) + (b - a)
+        if "optimizer" in self.phases:
+            a, b = self.phases["optimizer"]
+            out["optimizer"] = b - a
+        return out
 
 
 @dataclass
@@ -96,6 +121,7 @@ def _assign_phases(rt: RankTrace, cpu: np.ndarray, steps: list[StepWindow]) -> s
     opt = np.flatnonzero(cpu & rt.mask_names(lambda n: n.startswith(OPTIMIZER_PREFIX)))
     b_s, b_e = rt.ts[bwd], rt.ts[bwd] + rt.dur[bwd]
     o_s, o_e = rt.ts[opt], rt.ts[opt] + rt.dur[opt]
+    fwd_starts = forward_starts(rt, cpu)
     found_bwd = found_opt = False
     for st in steps:
         ph: dict[str, tuple[float, float]] = {}
@@ -115,12 +141,66 @@ def _assign_phases(rt: RankTrace, cpu: np.ndarray, steps: list[StepWindow]) -> s
         else:
             ph["forward"] = (st.start, opt_start)
         st.phases = ph
+        st.microbatches = _microbatches(st, opt_start, fwd_starts, b_s, b_e)
     parts = []
+    if any(st.microbatches for st in steps):
+        parts.append("micro-batches split at each forward pass's start (root pre-forward)")
     if found_bwd:
         parts.append("backward from autograd/FSDP backward ranges")
     if found_opt:
         parts.append("optimizer from Optimizer.step# annotations")
     return "; ".join(parts) if parts else "no backward or optimizer ranges: whole step counted as forward"
+
+
+def forward_starts(rt: RankTrace, cpu: np.ndarray | None = None) -> np.ndarray:
+    """Sorted CPU start times of every forward pass: ``FSDP::root_pre_forward`` ranges, else the
+    outermost ``FullyShardedDataParallel.forward`` / ``DistributedDataParallel.forward`` ranges."""
+    cpu = _cpu_rows(rt) if cpu is None else cpu
+    rows = np.flatnonzero(cpu & rt.mask_names(lambda n: n in FORWARD_START_NAMES))
+    if rows.size == 0:
+        rows = np.flatnonzero(cpu & rt.mask_names(lambda n: n in FORWARD_OUTER_NAMES))
+        if rows.size:
+            rows = rows[np.lexsort((-rt.dur[rows], rt.ts[rows]))]
+            keep, end = [], -np.inf
+            for r in rows.tolist():
+                if rt.ts[r] >= end:  # not inside the previous outermost range
+                    keep.append(r)
+                    end = float(rt.ts[r] + rt.dur[r])
+            rows = np.array(keep, dtype=np.int64)
+    return np.sort(rt.ts[rows]) if rows.size else np.zeros(0)
+
+
+def _microbatches(st: StepWindow, opt_start: float, fwd_starts: np.ndarray, b_s: np.ndarray, b_e: np.ndarray):
+    """Forward/backward windows of each forward pass of a step that holds several."""
+    fs = fwd_starts[(fwd_starts >= st.start) & (fwd_starts < opt_start)]
+    if fs.size < 2:
+        return []
+    bounds = [st.start, *fs[1:].tolist(), opt_start]
+    out: list[dict[str, tuple[float, float]]] = []
+    for a, b in zip(bounds[:-1], bounds[1:]):
+        m = (b_s >= a) & (b_s < b)
+        if out and "backward" in out[-1]:
+            a = out[-1]["backward"][1]  # what runs between two micro-batches readies the next forward
+        if m.any():
+            bs = float(b_s[m].min())
+            out.append({"forward": (a, bs), "backward": (bs, float(min(b_e[m].max(), b)))})
+        else:
+            out.append({"forward": (a, b)})
+    return out
+
+
+def microbatch_of(steps: list[StepWindow], step_idx: np.ndarray, t: np.ndarray) -> np.ndarray:
+    """Micro-batch index (0-based) of CPU times ``t`` in their step ``step_idx`` (0 when the step
+    has one forward pass, -1 outside every step)."""
+    t = np.asarray(t, dtype=np.float64)
+    out = np.where(step_idx >= 0, 0, -1).astype(np.int64)
+    for k, st in enumerate(steps):
+        if len(st.microbatches) < 2:
+            continue
+        starts = np.array([mb["forward"][0] for mb in st.microbatches])
+        m = step_idx == k
+        out[m] = np.maximum(np.searchsorted(starts, t[m], side="right") - 1, 0)
+    return out
 
 
 def locate(steps: list[StepWindow], t: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -146,7 +226,28 @@ def locate(steps: list[StepWindow], t: np.ndarray) -> tuple[np.ndarray, np.ndarr
             continue
         pm = inside & (t >= a[kc]) & (t < b[kc])
         phase_idx[pm] = PHASES.index(name)
+    _locate_microbatches(steps, t, step_idx, phase_idx)
     return step_idx, phase_idx
+
+
+def _locate_microbatches(steps: list[StepWindow], t: np.ndarray, step_idx: np.ndarray, phase_idx: np.ndarray) -> None:
+    """Within steps of several forward passes, the phase comes from the micro-batch windows."""
+    for k, st in enumerate(steps):
+        if not st.microbatches:
+            continue
+        m = step_idx == k
+        if not m.any():
+            continue
+        tm = t[m]
+        ph = phase_idx[m]
+        opt = st.phases.get("optimizer")
+        ph[:] = PHASES.index("other")
+        if opt is not None:
+            ph[(tm >= opt[0]) & (tm < opt[1])] = PHASES.index("optimizer")
+        for mb in st.microbatches:
+            for name, (a, b) in mb.items():
+                ph[(tm >= a) & (tm < b)] = PHASES.index(name)
+        phase_idx[m] = ph
 
 
 def _locate_loop(steps: list[StepWindow], t: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -158,4 +259,5 @@ def _locate_loop(steps: list[StepWindow], t: np.ndarray) -> tuple[np.ndarray, np
         for name, (a, b) in st.phases.items():
             pm = m & (t >= a) & (t < b)
             phase_idx[pm] = PHASES.index(name)
+    _locate_microbatches(steps, t, step_idx, phase_idx)
     return step_idx, phase_idx

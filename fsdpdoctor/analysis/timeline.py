@@ -17,7 +17,8 @@ from ..facts import StepFacts
 from ..ingest.kineto import RankTrace
 from . import intervals as iv
 from .comms import COMM_NAME_RX, MEMORY_NAME_RX, NOT_COMPUTE_RX, Collective, comm_kernel_mask, launch_rows
-from .steps import PHASES, StepWindow, locate
+from .labels import phase_from_labels
+from .steps import PHASES, StepWindow, locate, microbatch_of
 
 GPU_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
 
@@ -87,10 +88,17 @@ def step_timeline(rt: RankTrace, steps: list[StepWindow], colls: list[Collective
     """Per-step GPU breakdown; also sets ``exposed_us``, ``step`` and ``phase`` on each collective."""
     g = classify_gpu(rt)
     step_idx, phase_idx = locate(steps, g.launch_ts)
-    # collectives: step/phase from their CPU issue time
-    c_step, c_phase = locate(steps, np.array([c.cpu_ts for c in colls], dtype=np.float64))
-    for c, k, p in zip(colls, c_step, c_phase):
-        c.step, c.phase = int(k), PHASES[int(p)]
+    # collectives: step from their CPU issue time; phase from the FSDP hook that issued them,
+    # else from the time window it was issued in
+    c_ts = np.array([c.cpu_ts for c in colls], dtype=np.float64)
+    c_step, c_phase = locate(steps, c_ts)
+    c_mb = microbatch_of(steps, c_step, c_ts)
+    for c, k, p, mb in zip(colls, c_step, c_phase, c_mb):
+        c.step, c.microbatch = int(k), int(mb)
+        c.phase = PHASES[int(p)]
+        by_label = phase_from_labels(c.labels)
+        if by_label is not None and c.step >= 0:
+            c.phase = by_label
     kernel_to_coll = {k: ci for ci, c in enumerate(colls) for k in c.kernel_rows}
     s_all = rt.ts[g.rows]
     e_all = s_all + rt.dur[g.rows]
@@ -101,7 +109,9 @@ def step_timeline(rt: RankTrace, steps: list[StepWindow], colls: list[Collective
     for k, st in enumerate(steps):
         in_step = by_step[bounds[k] : bounds[k + 1]]
         sf = StepFacts(number=st.number, start_us=st.start, step_ms=st.dur / 1e3)
-        sf.phase_ms = {name: (b - a) / 1e3 for name, (a, b) in st.phases.items()}
+        sf.phase_ms = {name: us / 1e3 for name, us in st.phase_us().items()}
+        sf.microbatches = st.n_microbatches
+        sf.microbatch_phase_ms = [{name: (b - a) / 1e3 for name, (a, b) in mb.items()} for mb in st.microbatches]
         if in_step.size:
             s, e = s_all[in_step], e_all[in_step]
             cm, cp, mm = g.comm[in_step], g.compute[in_step], g.memory[in_step]
@@ -133,14 +143,17 @@ def step_timeline(rt: RankTrace, steps: list[StepWindow], colls: list[Collective
                     colls[ci].exposed_us += us
             by_phase: dict[str, float] = {}
             by_kind: dict[str, float] = {}
+            by_role: dict[str, float] = {}
             for ci, us in parts.items():
                 if ci is None or ci < 0:
-                    phase, kind = PHASES[int(np.bincount(phase_idx[in_step][cm]).argmax())], "other"
+                    phase, kind, role = PHASES[int(np.bincount(phase_idx[in_step][cm]).argmax())], "other", "other"
                 else:
-                    phase, kind = colls[ci].phase, colls[ci].kind
+                    phase, kind, role = colls[ci].phase, colls[ci].kind, colls[ci].role
                 by_phase[phase] = by_phase.get(phase, 0.0) + us / 1e3
                 by_kind[kind] = by_kind.get(kind, 0.0) + us / 1e3
+                by_role[role] = by_role.get(role, 0.0) + us / 1e3
             sf.exposed_by_phase = by_phase
             sf.exposed_by_kind = by_kind
+            sf.exposed_by_role = by_role
         out.append(sf)
     return out

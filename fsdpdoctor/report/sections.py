@@ -66,10 +66,31 @@ def headline(f: RunFacts) -> list[tuple[str, str]]:
         ("Steps", f"{f.steps.count} per rank ({f.steps.method})" + (f", mean {ms(f.steps.mean_ms)}" if f.steps.mean_ms else "")),
         ("FSDP", fsdp_txt),
     ]
+    shape = shape_text(f)
+    if shape:
+        lines.append(("Shape", shape))
     if f.gpu_present:
         lines.append(("Overlap", f"{pct(f.overlap.pct)} of communication hidden behind compute (mean over ranks)"))
         lines.append(("Exposed comm", f"{ms(f.exposed_comm.mean_ms_per_step)} per step"))
     return lines + memory_headline(f)
+
+
+def shape_text(f: RunFacts) -> str:
+    """Micro-batches, mesh sizes, activation checkpointing and torch.compile, as found."""
+    fs, p = f.fsdp, f.parallelism
+    parts = []
+    if fs.microbatches_per_step > 1:
+        parts.append(f"{fs.microbatches_per_step} micro-batches per step (gradient accumulation)")
+    mesh = [f"{name} {v}" for name, v in (("shard", p.shard_size), ("replicate", p.replicate_size),
+                                          ("tensor parallel", p.tp_size)) if v]
+    if p.replicate_size or p.tp_size:
+        parts.append("mesh: " + " × ".join(mesh))
+    if fs.activation_checkpointing:
+        gpu = f", {ms(fs.recompute_gpu_ms_per_step)} GPU" if f.gpu_present else ""
+        parts.append(f"activation checkpointing (recompute {ms(fs.recompute_cpu_ms_per_step)} CPU{gpu} per step)")
+    if fs.compiled:
+        parts.append("torch.compile regions")
+    return "; ".join(parts)
 
 
 BAR_WIDTH = 24
@@ -155,6 +176,9 @@ def phase_table(f: RunFacts) -> Table | None:
     if not f.gpu_present or f.exposed_comm.mean_ms_per_step is None:
         return None
     rows = [[p, ms(v)] for p, v in f.exposed_comm.by_phase.items() if v > 0 or p != "other"]
+    roles = {k: v for k, v in f.exposed_comm.by_role.items() if v > 0}
+    if len(roles) > 1:  # several process groups (HSDP, TP, ...): say which one the time is on
+        rows += [[f"group: {k.replace('_', ' ')}", ms(v)] for k, v in roles.items()]
     return Table("Exposed communication by phase (per step)", ["phase", "exposed"], rows)
 
 
@@ -186,7 +210,7 @@ def units_table(f: RunFacts, limit: int = 12) -> Table | None:
         rows.append(
             [
                 str(u.index),
-                u.fqn or "(root)",
+                (u.fqn or "(root)") + (f" [{u.param_groups} param groups]" if u.param_groups > 1 else ""),
                 f"{u.forward_all_gathers + u.backward_all_gathers:.1f}",
                 mib(u.all_gather_bytes),
                 f"{u.reduce_scatters:.1f}",
