@@ -24,6 +24,7 @@ from ..facts import (
     TimelineSummary,
 )
 from .rank import analyze_rank
+from .whatif import fold_whatif
 from .steps import PHASES
 
 
@@ -196,6 +197,7 @@ def fold(ranks: list[RankFacts]) -> RunFacts:
             outside_window_ms=m("outside_window_ms"),
         )
     rf.collectives = _fold_collectives(ranks)
+    rf.whatif = fold_whatif(ranks)
     # FSDP structure: the rank whose detection says most (normally all agree)
     if ranks:
         best = max(ranks, key=lambda r: (r.fsdp.version is not None, len(r.fsdp.units), -r.rank))

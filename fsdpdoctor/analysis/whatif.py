@@ -1,0 +1,429 @@
+"""What-if replay of one rank's measured timeline (in the spirit of Daydream, Zhu et al., ATC 2020).
+
+From the trace we build the dependency graph of the profiled steps and replay it:
+
+* nodes: every GPU activity (kernel, memcpy, memset) with its measured duration;
+* each node starts no earlier than its CPU launch (the runtime/driver call with the same
+  correlation id), after the previous node on its stream, after the previous collective of its
+  communicator (process group, in issue order: NCCL serialises them), and after the nodes it
+  waits on across streams: for every ``cudaStreamWaitEvent`` the next GPU activity the thread
+  launches waits on the latest-finishing activity of another stream launched before the wait
+  (the trace records that a wait was issued, not on which event; FSDP's waits are
+  ``wait_stream`` calls on the last work of the other stream, see
+  ``notes/fsdp-trace-signatures.md``);
+* the CPU timeline keeps its measured gaps; a blocking call (``cuda*Synchronize``, a pageable
+  ``cudaMemcpyAsync``) ends when the GPU activity it waited for ends, and every later CPU event
+  moves with it.
+
+Each constraint keeps its measured slack up to a small cap (launch latency, back-to-back gap),
+so the unchanged replay reproduces the measured step only as well as the graph explains the
+waits: its error is the model's error bar, reported next to every saving.
+
+A transformation edits the graph (move, drop or scale nodes, cut CPU time) and the replay gives
+the step time with the fix. Only per-transformation step times and small evidence leave this
+module (:class:`fsdpdoctor.facts.WhatIfFacts`), never the graph.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..facts import WhatIfFacts
+from ..ingest.kineto import RankTrace
+from . import intervals as iv
+from .comms import Collective, comm_kernel_mask, launch_rows
+from .steps import StepWindow
+
+GPU_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
+CAP_LAUNCH_US = 30.0  # launch call start -> kernel start when the GPU is free
+CAP_DEP_US = 5.0  # previous work on the stream / awaited work -> start
+CAP_SYNC_US = 20.0  # awaited GPU work end -> blocking call returns
+MIN_SYNC_US = 2.0  # shortest blocking call
+SYNC_NAMES = ("cudaDeviceSynchronize", "cudaStreamSynchronize", "cudaEventSynchronize", "cudaMemcpy",
+              "cudaMemcpyAsync", "hipDeviceSynchronize", "hipStreamSynchronize", "hipEventSynchronize")
+WAIT_NAMES = ("cudaStreamWaitEvent", "hipStreamWaitEvent")
+RATE_LIMITER = "FullyShardedDataParallel.rate_limiter"
+
+
+@dataclass
+class Graph:
+    start: np.ndarray  # measured µs
+    end: np.ndarray
+    stream: np.ndarray
+    launch: np.ndarray  # CPU µs of the launch call start (nan: none in the trace)
+    key: np.ndarray  # CPU position in the replay order (launch, else measured start)
+    comm: np.ndarray  # bool: collective kernel
+    coll: np.ndarray  # index into the collectives, -1
+    pg: np.ndarray  # communicator id, -1
+    is_compute: np.ndarray
+    step: np.ndarray  # step index of the launch, -1
+    g_launch: np.ndarray
+    g_stream: np.ndarray
+    g_comm: np.ndarray
+    deps: dict[int, list[tuple[int, float]]]  # op -> [(awaited op, gap)]
+    syncs: list[tuple[float, float, int, float, int]]  # (ts, end, awaited op or -1, gap, row)
+    steps: list[StepWindow]
+    colls: list[Collective]
+    n_wait_edges: int = 0
+
+
+@dataclass
+class Fix:
+    """One transformation: what to change before the replay."""
+
+    name: str
+    move: dict[int, float] = field(default_factory=dict)  # op -> new CPU key (launch moves with it)
+    scale: dict[int, float] = field(default_factory=dict)  # op -> duration factor (0: dropped)
+    drop_deps: set[int] = field(default_factory=set)  # ops whose cross-stream waits are re-derived
+    cpu_cuts: list[tuple[float, float]] = field(default_factory=list)  # measured CPU time removed
+    free_syncs: set[int] = field(default_factory=set)  # blocking calls that no longer block (rows)
+
+
+def build_graph(rt: RankTrace, steps: list[StepWindow], colls: list[Collective]) -> Graph | None:
+    rows = np.flatnonzero(rt.mask_cat(*GPU_CATS))
+    if rows.size == 0 or not steps:
+        return None
+    rows = rows[np.argsort(rt.ts[rows], kind="stable")]
+    start = rt.ts[rows].astype(np.float64)
+    end = start + rt.dur[rows]
+    stream = rt.stream[rows].astype(np.int64)
+    lr = launch_rows(rt, rows)
+    has = lr >= 0
+    launch = np.full(rows.size, np.nan)
+    launch[has] = rt.ts[lr[has]]
+    key = np.where(has, launch, start)
+    comm = comm_kernel_mask(rt)[rows]
+    pos = {int(r): i for i, r in enumerate(rows)}
+    coll = np.full(rows.size, -1, dtype=np.int64)
+    pg = np.full(rows.size, -1, dtype=np.int64)
+    pg_ids: dict[str, int] = {}
+    for ci, c in enumerate(colls):
+        g = pg_ids.setdefault(c.pg_name or "", len(pg_ids))
+        for k in c.kernel_rows:
+            if k in pos:
+                coll[pos[k]] = ci
+                pg[pos[k]] = g
+    kernel = rt.mask_cat("kernel")[rows]
+    is_compute = kernel & ~comm
+    st_starts = np.array([s.start for s in steps])
+    st_ends = np.array([s.end for s in steps])
+    k = np.searchsorted(st_starts, key, side="right") - 1
+    kc = np.maximum(k, 0)
+    step = np.where((k >= 0) & (key < st_ends[kc]), k, -1)
+
+    # measured slack of each constraint, capped
+    g_launch = np.minimum(start - key, CAP_LAUNCH_US)
+    g_launch[~has] = 0.0
+    g_stream = np.full(rows.size, CAP_DEP_US)
+    g_comm = np.full(rows.size, CAP_DEP_US)
+    last_on: dict[int, int] = {}
+    last_pg: dict[int, int] = {}
+    for i in np.argsort(key, kind="stable"):
+        s = int(stream[i])
+        if s in last_on:
+            g_stream[i] = min(start[i] - end[last_on[s]], CAP_DEP_US)
+        last_on[s] = int(i)
+        if pg[i] >= 0:
+            p = int(pg[i])
+            if p in last_pg:
+                g_comm[i] = min(start[i] - end[last_pg[p]], CAP_DEP_US)
+            last_pg[p] = int(i)
+
+    deps, n_wait = _wait_edges(rt, steps, start, end, stream, key, has, lr)
+    syncs = _sync_calls(rt, start, end, key, rows, lr, has)
+    return Graph(start, end, stream, launch, key, comm, coll, pg, is_compute, step, g_launch, g_stream, g_comm,
+                 deps, syncs, steps, colls, n_wait)
+
+
+def _wait_edges(rt, steps, start, end, stream, key, has, lr):
+    """Cross-stream edges from the ``cudaStreamWaitEvent`` calls (see the module docstring)."""
+    deps: dict[int, list[tuple[int, float]]] = {}
+    waits = np.flatnonzero(rt.mask_cat("cuda_runtime", "cuda_driver") & rt.mask_names(lambda n: n in WAIT_NAMES))
+    if waits.size == 0:
+        return deps, 0
+    launched = np.flatnonzero(has)
+    lthread = rt.thread[lr[launched]]
+    order = np.argsort(key[launched], kind="stable")
+    launched, lthread = launched[order], lthread[order]
+    lkey = key[launched]
+    st_starts = np.array([s.start for s in steps])
+
+    def step_of(x: float) -> int:
+        return int(np.searchsorted(st_starts, x, side="right"))
+
+    by_stream = {}
+    for s in np.unique(stream[launched]):
+        ix = launched[stream[launched] == s]
+        by_stream[int(s)] = (ix, key[ix], np.maximum.accumulate(end[ix]))
+    by_thread = {int(t): launched[lthread == t] for t in np.unique(lthread)}
+    n = 0
+    for w in waits:
+        t = float(rt.ts[w])
+        # the waiting stream is that of the next GPU work launched, by this thread or, where the
+        # thread hands over (end of backward), by the next one
+        ops = by_thread.get(int(rt.thread[w]))
+        j = np.searchsorted(lkey, t, side="right")
+        if j >= launched.size:
+            continue
+        y = int(launched[j])
+        if ops is not None:
+            jj = np.searchsorted(key[ops], t, side="right")
+            if jj < ops.size and step_of(key[ops[jj]]) == step_of(t):
+                y = int(ops[jj])
+        best, best_end = -1, -np.inf
+        for s, (ix, kk, _) in by_stream.items():
+            if s == stream[y]:
+                continue
+            p = np.searchsorted(kk, t, side="left") - 1
+            if p < 0:
+                continue
+            x = int(ix[p])
+            if end[x] <= start[y] + 1e-3 and end[x] > best_end:
+                best, best_end = x, end[x]
+        if best >= 0:
+            deps.setdefault(y, []).append((best, min(start[y] - end[best], CAP_DEP_US)))
+            n += 1
+    return deps, n
+
+
+def _sync_calls(rt, start, end, key, rows, lr, has):
+    """Blocking CPU calls: (ts, end, awaited op, gap, row); awaited -1 when it did not block."""
+    calls = np.flatnonzero(rt.mask_cat("cuda_runtime", "cuda_driver") & rt.mask_names(lambda n: n in SYNC_NAMES))
+    out = []
+    if calls.size == 0:
+        return out
+    by_end = np.flatnonzero(has)
+    by_end = by_end[np.argsort(end[by_end], kind="stable")]
+    ends = end[by_end]
+    own = {int(rt.correlation[r]): int(i) for i, r in zip(np.flatnonzero(has), lr[has])}
+    for c in calls:
+        ts, te = float(rt.ts[c]), float(rt.ts[c] + rt.dur[c])
+        name = rt.row_name(int(c))
+        a = -1
+        if name.startswith(("cudaMemcpy", "hipMemcpy")):
+            # the call returns when its own copy is done (pageable / synchronous copies)
+            i = own.get(int(rt.correlation[c]), -1)
+            if i >= 0 and ts < end[i] <= te + 1e-3:
+                a = i
+        else:
+            # the latest-ending GPU work launched before the call that ended while it blocked
+            lo, hi = np.searchsorted(ends, ts, side="right"), np.searchsorted(ends, te + 1e-3, side="right")
+            cand = by_end[lo:hi]
+            cand = cand[key[cand] < ts]
+            if cand.size:
+                a = int(cand[np.argmax(end[cand])])
+        gap = min(te - end[a], CAP_SYNC_US) if a >= 0 else 0.0
+        out.append((ts, te, a, gap, int(c)))
+    return out
+
+
+def replay(g: Graph, fix: Fix | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Replayed (start, end) of every op and the step times (ms) of ``g.steps``."""
+    fix = fix or Fix("none")
+    n = g.start.size
+    key = g.key.copy()
+    for i, k in fix.move.items():
+        key[i] = k
+    dur = g.end - g.start
+    for i, f in fix.scale.items():
+        dur[i] = dur[i] * f
+    # the CPU-side event list: ops, blocking calls, step boundaries, cuts; measured CPU order
+    kinds, keys, idx = [], [], []
+    kinds.append(np.zeros(n, dtype=np.int8)); keys.append(key); idx.append(np.arange(n))
+    if g.syncs:
+        kinds.append(np.ones(len(g.syncs), dtype=np.int8))
+        keys.append(np.array([s[0] for s in g.syncs]))
+        idx.append(np.arange(len(g.syncs)))
+    ns = len(g.steps)
+    kinds.append(np.full(2 * ns, 2, dtype=np.int8))
+    keys.append(np.array([x for s in g.steps for x in (s.start, s.end)]))
+    idx.append(np.arange(2 * ns))
+    if fix.cpu_cuts:
+        kinds.append(np.full(len(fix.cpu_cuts), 3, dtype=np.int8))
+        keys.append(np.array([b for _, b in fix.cpu_cuts]))
+        idx.append(np.arange(len(fix.cpu_cuts)))
+    kinds_a, keys_a, idx_a = np.concatenate(kinds), np.concatenate(keys), np.concatenate(idx)
+    order = np.lexsort((kinds_a, keys_a))
+    S = np.empty(n)
+    E = np.empty(n)
+    stream_last: dict[int, int] = {}
+    pg_last: dict[int, int] = {}
+    shift = 0.0
+    marks = np.empty(2 * ns)
+    launch, g_launch, g_stream, g_comm = g.launch, g.g_launch, g.g_stream, g.g_comm
+    stream, pg, deps = g.stream, g.pg, g.deps
+    has_launch = ~np.isnan(launch)
+    for o in order:
+        kind = kinds_a[o]
+        i = int(idx_a[o])
+        if kind == 0:
+            t = (key[i] + shift + g_launch[i]) if has_launch[i] else -np.inf
+            s = int(stream[i])
+            p = stream_last.get(s)
+            if p is not None:
+                t = max(t, E[p] + g_stream[i])
+            stream_last[s] = i
+            c = int(pg[i])
+            if c >= 0:
+                p = pg_last.get(c)
+                if p is not None:
+                    t = max(t, E[p] + g_comm[i])
+                pg_last[c] = i
+            if i not in fix.drop_deps:
+                for a, gap in deps.get(i, ()):
+                    t = max(t, E[a] + gap)
+            if t == -np.inf:
+                t = g.start[i] + shift
+            S[i] = t
+            E[i] = t + dur[i]
+        elif kind == 1:
+            ts, te, a, gap, row = g.syncs[i]
+            if row in fix.free_syncs:
+                new_end = ts + shift + min(te - ts, MIN_SYNC_US)
+            elif a >= 0:
+                new_end = max(ts + shift + min(te - ts, MIN_SYNC_US), E[a] + gap)
+            else:
+                new_end = ts + shift + (te - ts)
+            shift = new_end - te
+        elif kind == 2:
+            marks[i] = keys_a[o] + shift
+        else:
+            a, b = fix.cpu_cuts[i]
+            shift -= b - a
+    step_ms = np.empty(ns)
+    valid = g.step >= 0
+    for k in range(ns):
+        m = valid & (g.step == k)
+        last = float(E[m].max()) if m.any() else -np.inf
+        step_ms[k] = (max(marks[2 * k + 1], last) - marks[2 * k]) / 1e3
+    return S, E, step_ms
+
+
+# --------------------------------------------------------------------------------------------
+# transformations
+# --------------------------------------------------------------------------------------------
+
+
+def _backward_all_gathers(g: Graph) -> list[list[int]]:
+    """Per step, the first kernel op of each backward all-gather, in issue order."""
+    out: list[list[int]] = [[] for _ in g.steps]
+    first_op: dict[int, int] = {}
+    for i in np.flatnonzero(g.coll >= 0):
+        first_op.setdefault(int(g.coll[i]), int(i))
+    for ci, c in enumerate(g.colls):
+        if c.kind == "all_gather" and c.phase == "backward" and 0 <= c.step < len(out) and ci in first_op:
+            out[c.step].append(first_op[ci])
+    for lst in out:
+        lst.sort(key=lambda i: g.key[i])
+    return out
+
+
+def _pre_ops(g: Graph, i: int) -> list[int]:
+    """Non-compute, non-collective GPU work launched just before collective op ``i`` on the same
+    thread after the last compute launch (FSDP's pre-unshard copies / casts, copy-in)."""
+    out = []
+    cand = np.flatnonzero((g.key < g.key[i]) & (g.step == g.step[i]))
+    if cand.size == 0:
+        return out
+    cand = cand[np.argsort(g.key[cand])][::-1]
+    for j in cand[:16]:
+        j = int(j)
+        if g.comm[j] or g.stream[j] == g.stream[_compute_stream(g)]:
+            break
+        out.append(j)
+    return out
+
+
+def _compute_stream(g: Graph) -> int:
+    """Index of an op on the stream with the most compute time."""
+    comp = np.flatnonzero(g.is_compute)
+    if comp.size == 0:
+        return 0
+    s, inv = np.unique(g.stream[comp], return_inverse=True)
+    busy = np.bincount(inv, weights=(g.end - g.start)[comp])
+    best = s[int(np.argmax(busy))]
+    return int(comp[np.flatnonzero(g.stream[comp] == best)[0]])
+
+
+def fix_prefetch(g: Graph) -> Fix | None:
+    """Backward prefetch on: each backward all-gather (and the copies before it) is issued where
+    the previous unit's all-gather was, i.e. ahead of that unit's gradient compute and its
+    reduce-scatter on the communicator (BACKWARD_PRE)."""
+    fx = Fix("prefetch")
+    for ags in _backward_all_gathers(g):
+        for prev, cur in zip(ags, ags[1:]):
+            delta = g.key[prev] - g.key[cur] + 1e-3
+            for j in [cur, *_pre_ops(g, cur)]:
+                fx.move[j] = g.key[j] + delta
+                fx.drop_deps.add(j)
+    return fx if fx.move else None
+
+
+FIXES = {
+    "prefetch": fix_prefetch,
+}
+
+
+def _exposed_rs_ms(g: Graph, S: np.ndarray, E: np.ndarray) -> float:
+    """Exposed reduce-scatter per step (ms) in a replayed timeline."""
+    rs = np.array([i for i in np.flatnonzero(g.coll >= 0) if g.colls[int(g.coll[i])].kind == "reduce_scatter"],
+                  dtype=np.int64)
+    if rs.size == 0:
+        return 0.0
+    comp = np.flatnonzero(g.is_compute)
+    exposed = iv.subtract(iv.merge(S[rs], E[rs]), iv.merge(S[comp], E[comp]))
+    return iv.total(exposed) / 1e3 / max(len(g.steps), 1)
+
+
+def analyze_whatif(rt: RankTrace, steps: list[StepWindow], colls: list[Collective]) -> WhatIfFacts | None:
+    g = build_graph(rt, steps, colls)
+    if g is None:
+        return None
+    measured = np.array([s.dur for s in steps]) / 1e3
+    S, E, base = replay(g)
+    out = WhatIfFacts(
+        measured_step_ms=float(measured.mean()),
+        replayed_step_ms=float(base.mean()),
+        error_pct=float(100 * abs(base.sum() - measured.sum()) / measured.sum()) if measured.sum() > 0 else 0.0,
+        ops=int(g.start.size),
+        wait_edges=g.n_wait_edges,
+        blocking_calls=sum(1 for s in g.syncs if s[2] >= 0),
+    )
+    out.exposed_rs_ms["none"] = _exposed_rs_ms(g, S, E)
+    for name, make in FIXES.items():
+        fx = make(g)
+        if fx is None:
+            continue
+        S2, E2, t = replay(g, fx)
+        out.step_ms[name] = float(t.mean())
+        out.saving_ms[name] = float(max(base.mean() - t.mean(), 0.0))
+        out.exposed_rs_ms[name] = _exposed_rs_ms(g, S2, E2)
+    return out
+
+
+def fold_whatif(ranks: list) -> WhatIfFacts | None:
+    """The run's what-if summary: worst error over ranks, savings as the maximum over ranks."""
+    ws = [(r.rank, r.whatif) for r in ranks if getattr(r, "whatif", None) is not None]
+    if not ws:
+        return None
+    out = WhatIfFacts(
+        measured_step_ms=float(np.mean([w.measured_step_ms for _, w in ws])),
+        replayed_step_ms=float(np.mean([w.replayed_step_ms for _, w in ws])),
+        error_pct=max(w.error_pct for _, w in ws),
+        ops=sum(w.ops for _, w in ws),
+        wait_edges=sum(w.wait_edges for _, w in ws),
+        blocking_calls=sum(w.blocking_calls for _, w in ws),
+        per_rank_error_pct={str(r): w.error_pct for r, w in ws},
+    )
+    for name in sorted({k for _, w in ws for k in w.saving_ms}):
+        vals = [w for _, w in ws if name in w.saving_ms]
+        out.saving_ms[name] = max(w.saving_ms[name] for w in vals)
+        out.step_ms[name] = float(np.mean([w.step_ms[name] for w in vals]))
+        ev = next((w.evidence[name] for w in vals if name in w.evidence), None)
+        if ev:
+            out.evidence[name] = ev
+    for name in sorted({k for _, w in ws for k in w.exposed_rs_ms}):
+        out.exposed_rs_ms[name] = float(np.mean([w.exposed_rs_ms[name] for _, w in ws if name in w.exposed_rs_ms]))
+    return out
