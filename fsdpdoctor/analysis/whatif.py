@@ -34,7 +34,7 @@ from ..facts import WhatIfFacts
 from ..ingest.kineto import RankTrace
 from . import intervals as iv
 from .comms import Collective, comm_kernel_mask, launch_rows
-from .steps import StepWindow
+from .steps import PHASES, StepWindow, locate
 
 GPU_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
 CAP_LAUNCH_US = 30.0  # launch call start -> kernel start when the GPU is free
@@ -66,6 +66,10 @@ class Graph:
     syncs: list[tuple[float, float, int, float, int]]  # (ts, end, awaited op or -1, gap, row)
     steps: list[StepWindow]
     colls: list[Collective]
+    names: list[str]  # per op
+    phase: np.ndarray  # per op: the phase its launch fell in ("forward", ...)
+    ranges: dict[str, list[tuple[float, float]]]  # CPU ranges the fixes need (optimizer, rate limiter)
+    device_syncs: set[int]  # rows of cudaDeviceSynchronize calls
     n_wait_edges: int = 0
 
 
@@ -133,8 +137,17 @@ def build_graph(rt: RankTrace, steps: list[StepWindow], colls: list[Collective])
 
     deps, n_wait = _wait_edges(rt, steps, start, end, stream, key, has, lr)
     syncs = _sync_calls(rt, start, end, key, rows, lr, has)
+    names = [rt.names[c] for c in rt.name[rows]]
+    _, ph = locate(steps, key)
+    phase = np.array(PHASES, dtype=object)[ph]
+    cpu = rt.mask_cat("cpu_op", "user_annotation")
+    ranges = {}
+    for label, pred in (("optimizer", lambda n: n.startswith("Optimizer.step#")), ("rate_limiter", lambda n: n == RATE_LIMITER)):
+        r = np.flatnonzero(cpu & rt.mask_names(pred))
+        ranges[label] = [(float(rt.ts[i]), float(rt.ts[i] + rt.dur[i])) for i in r]
     return Graph(start, end, stream, launch, key, comm, coll, pg, is_compute, step, g_launch, g_stream, g_comm,
-                 deps, syncs, steps, colls, n_wait)
+                 deps, syncs, steps, colls, names, phase, ranges,
+                 {row for *_, row in syncs if rt.row_name(row).endswith("DeviceSynchronize")}, n_wait)
 
 
 def _wait_edges(rt, steps, start, end, stream, key, has, lr):
@@ -251,6 +264,7 @@ def replay(g: Graph, fix: Fix | None = None) -> tuple[np.ndarray, np.ndarray, np
     stream_last: dict[int, int] = {}
     pg_last: dict[int, int] = {}
     shift = 0.0
+    last_end = -np.inf
     marks = np.empty(2 * ns)
     launch, g_launch, g_stream, g_comm = g.launch, g.g_launch, g.g_stream, g.g_comm
     stream, pg, deps = g.stream, g.pg, g.deps
@@ -278,10 +292,14 @@ def replay(g: Graph, fix: Fix | None = None) -> tuple[np.ndarray, np.ndarray, np
                 t = g.start[i] + shift
             S[i] = t
             E[i] = t + dur[i]
+            if E[i] > last_end:
+                last_end = E[i]
         elif kind == 1:
             ts, te, a, gap, row = g.syncs[i]
             if row in fix.free_syncs:
                 new_end = ts + shift + min(te - ts, MIN_SYNC_US)
+            elif row in g.device_syncs:  # waits for every GPU activity launched before it
+                new_end = max(ts + shift + min(te - ts, MIN_SYNC_US), last_end + (gap if a >= 0 else 0.0))
             elif a >= 0:
                 new_end = max(ts + shift + min(te - ts, MIN_SYNC_US), E[a] + gap)
             else:
@@ -361,8 +379,74 @@ def fix_prefetch(g: Graph) -> Fix | None:
     return fx if fx.move else None
 
 
+def _in_ranges(t: float, ranges: list[tuple[float, float]]) -> bool:
+    return any(a <= t < b for a, b in ranges)
+
+
+def fix_offload_off(g: Graph) -> Fix | None:
+    """CPU offload off: FSDP's host<->device copies of parameters and gradients go away (those
+    launched outside the optimizer and not on the compute stream: the batch copy stays), and an
+    optimizer step with no GPU work (it ran on the CPU) is cut from the CPU timeline. Blocking
+    calls that waited for a dropped copy no longer block."""
+    fx = Fix("offload_off")
+    comp_stream = g.stream[_compute_stream(g)]
+    for i, n in enumerate(g.names):
+        if n.startswith(("Memcpy HtoD", "Memcpy DtoH")) and g.stream[i] != comp_stream and g.phase[i] != "optimizer":
+            fx.scale[i] = 0.0
+    dropped = set(fx.scale)
+    for ts, te, a, gap, row in g.syncs:
+        if a in dropped:
+            fx.free_syncs.add(row)
+    for a, b in g.ranges.get("optimizer", []):
+        m = (g.key >= a) & (g.key < b) & g.is_compute
+        if not m.any():
+            fx.cpu_cuts.append((a, b))
+    return fx if fx.scale or fx.cpu_cuts else None
+
+
+def fix_rate_limiter_off(g: Graph) -> Fix | None:
+    """limit_all_gathers=False: the rate limiter's event synchronizations no longer block."""
+    rl = g.ranges.get("rate_limiter", [])
+    fx = Fix("rate_limiter_off", free_syncs={row for ts, te, a, gap, row in g.syncs if _in_ranges(ts, rl)})
+    return fx if fx.free_syncs else None
+
+
+_FP32 = ("float", "f32", "Float")
+_LOW = ("bf16", "BFloat16", "bfloat16", "half", "Half", "fp16", "f16")
+
+
+def fix_mixed_precision(g: Graph) -> Fix | None:
+    """bf16 mixed precision: fp32 all-gathers and reduce-scatters move half the bytes, and fp32
+    forward/backward compute kernels run in bf16 (half the bytes for memory-bound kernels, twice
+    TF32's tensor-core rate for GEMMs): duration × 0.5. The optimizer keeps fp32."""
+    fx = Fix("mixed_precision")
+    for i in np.flatnonzero(g.coll >= 0):
+        c = g.colls[int(g.coll[i])]
+        if c.kind in ("all_gather", "reduce_scatter") and (c.dtype or "").lower() in ("float", "float32"):
+            fx.scale[int(i)] = 0.5
+    if not fx.scale:
+        return None
+    for i in np.flatnonzero(g.is_compute):
+        n = g.names[i]
+        if g.phase[i] in ("forward", "backward") and any(t in n for t in _FP32) and not any(t in n for t in _LOW):
+            fx.scale[int(i)] = 0.5
+    return fx
+
+
+STRAGGLER_FACTORS = (0.7, 0.85)
+
+
+def fix_compute_scale(g: Graph, f: float) -> Fix:
+    """Compute kernels × f: what this rank's step would be with the median rank's compute speed
+    (the run summary interpolates between the factors)."""
+    return Fix(f"compute×{f}", scale={int(i): f for i in np.flatnonzero(g.is_compute)})
+
+
 FIXES = {
     "prefetch": fix_prefetch,
+    "offload_off": fix_offload_off,
+    "rate_limiter_off": fix_rate_limiter_off,
+    "mixed_precision": fix_mixed_precision,
 }
 
 
@@ -392,8 +476,9 @@ def analyze_whatif(rt: RankTrace, steps: list[StepWindow], colls: list[Collectiv
         blocking_calls=sum(1 for s in g.syncs if s[2] >= 0),
     )
     out.exposed_rs_ms["none"] = _exposed_rs_ms(g, S, E)
-    for name, make in FIXES.items():
-        fx = make(g)
+    fixes = [(name, make(g)) for name, make in FIXES.items()]
+    fixes += [(f"compute×{f}", fix_compute_scale(g, f)) for f in STRAGGLER_FACTORS]
+    for name, fx in fixes:
         if fx is None:
             continue
         S2, E2, t = replay(g, fx)
