@@ -433,6 +433,96 @@ def fix_mixed_precision(g: Graph) -> Fix | None:
     return fx
 
 
+WRAP_SPLIT = 8  # units the coarse unit is split into (a transformer's blocks; the trace does not say)
+
+
+def _append_ops(g: Graph, src: list[int]) -> tuple[Graph, list[int]]:
+    """A copy of ``g`` with a copy of each op in ``src`` appended (same fields); their indices."""
+    n = g.start.size
+    idx = np.array(src, dtype=np.int64)
+    cat = lambda a: np.concatenate([a, a[idx]])  # noqa: E731
+    g2 = Graph(cat(g.start), cat(g.end), cat(g.stream), cat(g.launch), cat(g.key), cat(g.comm), cat(g.coll),
+               cat(g.pg), cat(g.is_compute), cat(g.step), cat(g.g_launch), cat(g.g_stream), cat(g.g_comm),
+               dict(g.deps), g.syncs, g.steps, g.colls, g.names + [g.names[i] for i in src], cat(g.phase),
+               g.ranges, g.device_syncs, g.n_wait_edges)
+    return g2, list(range(n, n + idx.size))
+
+
+def _chunks(ops: np.ndarray, dur: np.ndarray, k: int) -> list[np.ndarray]:
+    """``ops`` (in order) cut into ``k`` consecutive groups of about equal total duration."""
+    c = np.cumsum(dur)
+    cut = np.searchsorted(c, c[-1] * np.arange(1, k) / k)
+    return [x for x in np.split(ops, cut) if x.size]
+
+
+def fix_wrap(g: Graph) -> tuple[Graph, Fix] | None:
+    """Per-block wrapping of the unit that holds most parameters: its forward all-gather is split
+    into WRAP_SPLIT equal all-gathers, all issued where it was (the CPU runs ahead), the j-th
+    gating the j-th of WRAP_SPLIT equal-time slices of forward compute; its backward
+    reduce-scatter is split the same way, the j-th issued after the j-th slice of backward
+    compute. Backward all-gathers that per-block units add are prefetched and assumed hidden."""
+    ci = [i for i in np.flatnonzero(g.coll >= 0)]
+    if not ci:
+        return None
+    by_unit: dict[object, float] = {}
+    for i in ci:
+        c = g.colls[int(g.coll[i])]
+        if c.kind == "all_gather" and c.phase == "forward":
+            by_unit[c.unit] = by_unit.get(c.unit, 0.0) + (c.bytes or 0)
+    total = sum(by_unit.values())
+    if not total:
+        return None
+    unit = max(by_unit, key=by_unit.get)
+    if by_unit[unit] < 0.5 * total:
+        return None
+    k = WRAP_SPLIT
+    fx = Fix("wrap")
+    new_src, plan = [], []
+    dur = g.end - g.start
+    for st in range(len(g.steps)):
+        for kind, phase in (("all_gather", "forward"), ("reduce_scatter", "backward")):
+            ops = [int(i) for i in ci if g.step[i] == st and g.colls[int(g.coll[i])].kind == kind
+                   and g.colls[int(g.coll[i])].phase == phase and g.colls[int(g.coll[i])].unit == unit]
+            comp = np.flatnonzero(g.is_compute & (g.step == st) & (g.phase == phase))
+            if not ops or comp.size < k:
+                continue
+            op = ops[0] if kind == "all_gather" else ops[-1]
+            comp = comp[np.argsort(g.key[comp])]
+            comp = comp[g.key[comp] > g.key[op]] if kind == "all_gather" else comp[g.key[comp] < g.key[op]]
+            if comp.size < k:
+                continue
+            groups = _chunks(comp, dur[comp], k)
+            plan.append((kind, op, groups))
+            new_src += [op] * (len(groups) - 1)
+    if not plan:
+        return None
+    g2, new = _append_ops(g, new_src)
+    it = iter(new)
+    for kind, op, groups in plan:
+        m = len(groups)
+        fx.scale[op] = 1.0 / m
+        pieces = [op] + [next(it) for _ in range(m - 1)]
+        for j, p in enumerate(pieces):
+            if p != op:
+                fx.scale[p] = 1.0 / m
+        if kind == "all_gather":
+            for j, p in enumerate(pieces[1:], start=1):
+                fx.move[p] = g.key[op] + j * 1e-3
+                first = int(groups[j][0])
+                g2.deps[first] = list(g2.deps.get(first, [])) + [(p, CAP_DEP_US)]
+        else:
+            # the original keeps the last slot; piece j follows the j-th slice of backward compute
+            for j, p in enumerate(pieces[1:]):
+                last = int(groups[j][-1])
+                fx.move[p] = g.key[last] + 1e-3
+                fx.drop_deps.add(p)
+                g2.deps[p] = [(last, CAP_DEP_US)]
+            fx.move[op] = g.key[op]
+            # the unchanged deps of the original (its own slice) stay; it goes last
+            pieces.append(pieces.pop(0))
+    return g2, fx
+
+
 STRAGGLER_FACTORS = (0.7, 0.85)
 
 
@@ -447,6 +537,7 @@ FIXES = {
     "offload_off": fix_offload_off,
     "rate_limiter_off": fix_rate_limiter_off,
     "mixed_precision": fix_mixed_precision,
+    "wrap": fix_wrap,
 }
 
 
@@ -481,10 +572,11 @@ def analyze_whatif(rt: RankTrace, steps: list[StepWindow], colls: list[Collectiv
     for name, fx in fixes:
         if fx is None:
             continue
-        S2, E2, t = replay(g, fx)
+        g2, fx = fx if isinstance(fx, tuple) else (g, fx)
+        S2, E2, t = replay(g2, fx)
         out.step_ms[name] = float(t.mean())
         out.saving_ms[name] = float(max(base.mean() - t.mean(), 0.0))
-        out.exposed_rs_ms[name] = _exposed_rs_ms(g, S2, E2)
+        out.exposed_rs_ms[name] = _exposed_rs_ms(g2, S2, E2)
     return out
 
 
@@ -509,6 +601,31 @@ def fold_whatif(ranks: list) -> WhatIfFacts | None:
         ev = next((w.evidence[name] for w in vals if name in w.evidence), None)
         if ev:
             out.evidence[name] = ev
+    _fold_straggler(ranks, out)
     for name in sorted({k for _, w in ws for k in w.exposed_rs_ms}):
         out.exposed_rs_ms[name] = float(np.mean([w.exposed_rs_ms[name] for _, w in ws if name in w.exposed_rs_ms]))
     return out
+
+
+def _fold_straggler(ranks: list, out: WhatIfFacts) -> None:
+    """Straggler fixed: the rank with the most compute, replayed with its compute kernels at the
+    median rank's (interpolating its replays at compute × 1, × 0.85, × 0.7); the others only
+    waited for it inside their collectives. Saving = slowest replayed step − that."""
+    rs = [r for r in ranks if getattr(r, "whatif", None) is not None and r.compute_ms_total > 0]
+    if len(rs) < 2:
+        return
+    med = float(np.median([r.compute_ms_total for r in rs]))
+    slow = max(rs, key=lambda r: r.compute_ms_total)
+    f = med / slow.compute_ms_total
+    w = slow.whatif
+    xs = [1.0] + list(STRAGGLER_FACTORS)
+    ys = [w.replayed_step_ms] + [w.step_ms.get(f"compute×{x}") for x in STRAGGLER_FACTORS]
+    if any(y is None for y in ys) or f >= 1.0:
+        return
+    order = np.argsort(xs)
+    fixed = float(np.interp(f, np.array(xs)[order], np.array(ys, dtype=float)[order]))
+    worst = max(r.whatif.replayed_step_ms for r in rs)
+    out.saving_ms["straggler"] = max(worst - fixed, 0.0)
+    out.step_ms["straggler"] = fixed
+    out.evidence["straggler"] = (f"rank {slow.rank}'s compute at the median rank's ({100 * f:.0f}% of its own) "
+                                 f"replays to {fixed:.1f} ms per step")
