@@ -221,6 +221,9 @@ class WhatIfFacts:
     exposed_rs_ms: dict[str, float] = field(default_factory=dict)
     evidence: dict[str, str] = field(default_factory=dict)  # fix → what the transformation changed
     per_rank_error_pct: dict[str, float] = field(default_factory=dict)  # run summary only
+    # fixed-cost share of the median all-gather / reduce-scatter (fit duration = a + bytes/bw);
+    # None when the sizes do not vary enough to tell
+    latency_share: float | None = None
 
     def saving(self, fix: str) -> float | None:
         return self.saving_ms.get(fix)

@@ -142,12 +142,29 @@ def build_graph(rt: RankTrace, steps: list[StepWindow], colls: list[Collective])
     phase = np.array(PHASES, dtype=object)[ph]
     cpu = rt.mask_cat("cpu_op", "user_annotation")
     ranges = {}
-    for label, pred in (("optimizer", lambda n: n.startswith("Optimizer.step#")), ("rate_limiter", lambda n: n == RATE_LIMITER)):
+    for label, pred in (("optimizer", lambda n: n.startswith("Optimizer.step#")), ("rate_limiter", lambda n: n == RATE_LIMITER),
+                        ("hooks", _is_hook)):
         r = np.flatnonzero(cpu & rt.mask_names(pred))
         ranges[label] = [(float(rt.ts[i]), float(rt.ts[i] + rt.dur[i])) for i in r]
+    ranges["hooks"] = _outermost(ranges["hooks"])
     return Graph(start, end, stream, launch, key, comm, coll, pg, is_compute, step, g_launch, g_stream, g_comm,
                  deps, syncs, steps, colls, names, phase, ranges,
                  {row for *_, row in syncs if rt.row_name(row).endswith("DeviceSynchronize")}, n_wait)
+
+
+def _is_hook(name: str) -> bool:
+    """FSDP's own CPU work: FSDP2 ``FSDP::*`` ranges, FSDP1 ``FullyShardedDataParallel._*`` hooks
+    (not ``FullyShardedDataParallel.forward``, which holds the module's forward)."""
+    return name.startswith(("FSDP::", "FullyShardedDataParallel._")) and name != RATE_LIMITER
+
+
+def _outermost(ranges: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    out: list[tuple[float, float]] = []
+    for a, b in sorted(ranges):
+        if out and a < out[-1][1]:
+            continue
+        out.append((a, b))
+    return out
 
 
 def _wait_edges(rt, steps, start, end, stream, key, has, lr):
@@ -523,6 +540,36 @@ def fix_wrap(g: Graph) -> tuple[Graph, Fix] | None:
     return g2, fx
 
 
+def fix_hooks_off(g: Graph) -> Fix | None:
+    """FSDP hooks free on the CPU: the CPU time of the outermost FSDP hook ranges is cut (less
+    the blocking calls inside them, which wait for the GPU, not for Python). What fewer, larger
+    units would save at most on the host side; a saving means the hooks sit on the critical path."""
+    cuts = []
+    for a, b in g.ranges.get("hooks", []):
+        blocked = sum(te - ts for ts, te, *_ in g.syncs if a <= ts < b)
+        if b - a - blocked > 0:
+            cuts.append((b - (b - a - blocked), b))
+    return Fix("hooks_off", cpu_cuts=cuts) if cuts else None
+
+
+def latency_share(colls: list[Collective]) -> float | None:
+    """Share of the median all-gather's / reduce-scatter's duration that is fixed cost, from a
+    least-squares fit duration = a + bytes / bandwidth over this rank's collectives of those
+    kinds (None when sizes do not vary enough to separate the two)."""
+    pts = [(c.bytes, c.gpu_dur_us) for c in colls if c.kind in ("all_gather", "reduce_scatter") and c.step >= 0
+           and c.bytes and c.gpu_dur_us and c.gpu_dur_us > 0]
+    if len(pts) < 4:
+        return None
+    x, y = np.array(pts, dtype=float).T
+    if x.max() < 1.5 * x.min():
+        return None
+    b, a = np.polyfit(x, y, 1)
+    if b <= 0:
+        return None
+    med = float(np.median(y))
+    return float(np.clip(a / med, 0.0, 1.0)) if med > 0 else None
+
+
 STRAGGLER_FACTORS = (0.7, 0.85)
 
 
@@ -538,6 +585,7 @@ FIXES = {
     "rate_limiter_off": fix_rate_limiter_off,
     "mixed_precision": fix_mixed_precision,
     "wrap": fix_wrap,
+    "hooks_off": fix_hooks_off,
 }
 
 
@@ -565,6 +613,7 @@ def analyze_whatif(rt: RankTrace, steps: list[StepWindow], colls: list[Collectiv
         ops=int(g.start.size),
         wait_edges=g.n_wait_edges,
         blocking_calls=sum(1 for s in g.syncs if s[2] >= 0),
+        latency_share=latency_share(colls),
     )
     out.exposed_rs_ms["none"] = _exposed_rs_ms(g, S, E)
     fixes = [(name, make(g)) for name, make in FIXES.items()]
@@ -594,6 +643,8 @@ def fold_whatif(ranks: list) -> WhatIfFacts | None:
         blocking_calls=sum(w.blocking_calls for _, w in ws),
         per_rank_error_pct={str(r): w.error_pct for r, w in ws},
     )
+    shares = [w.latency_share for _, w in ws if w.latency_share is not None]
+    out.latency_share = float(np.median(shares)) if shares else None
     for name in sorted({k for _, w in ws for k in w.saving_ms}):
         vals = [w for _, w in ws if name in w.saving_ms]
         out.saving_ms[name] = max(w.saving_ms[name] for w in vals)
