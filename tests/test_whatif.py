@@ -149,3 +149,19 @@ def test_whatif_survives_the_facts_json_round_trip(run):
     back = RunFacts.from_dict(rep.facts.to_dict())
     assert back.whatif == rep.facts.whatif
     assert back.rank_facts[0].whatif == rep.facts.rank_facts[0].whatif
+
+
+@pytest.mark.parametrize("name", sorted(TWINS))
+def test_compare_tells_the_same_story_as_analyze(name, run):
+    """compare's delta attribution for the fault → twin change agrees with the saving analyze
+    estimates on the worse run (both within 15% of the real difference, so of each other)."""
+    from fsdpdoctor.compare import compare
+
+    knobs, _fix, slug = TWINS[name]
+    rep, _ = run(gen.PRESETS[name], name)
+    twin, _ = run(dataclasses.replace(gen.PRESETS[name], **knobs), name + "-twin")
+    cmp = compare(rep.facts, twin.facts, rep.findings, twin.findings)
+    cause = next(c for c in cmp.causes if c.slug == slug)
+    est = next(f for f in rep.findings if f.slug == slug).est_saving_ms
+    assert -cause.delta_ms == pytest.approx(est, rel=0.15)
+    assert cmp.primary.slug == slug
