@@ -202,6 +202,8 @@ class CollectiveStats:
 class WhatIfFacts:
     """What-if replay of one rank's steps (fsdpdoctor.analysis.whatif), or the run's summary.
 
+    ``measured_step_ms`` counts a step from its CPU start to the later of its CPU end and the end of
+    the GPU work launched in it (= the ProfilerStep span when each step ends in a sync);
     ``replayed_step_ms`` is the unchanged graph's replay; ``error_pct`` = |Σ replayed − Σ measured|
     / Σ measured over the steps (per run: the worst rank), the error bar of every saving.
     ``step_ms[fix]`` is the replayed mean step time with the fix applied, ``saving_ms[fix]`` the

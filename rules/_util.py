@@ -45,12 +45,16 @@ def exposed_ms(facts: RunFacts, phase: str, kind: str) -> float:
     return facts.exposed_comm.by_phase_kind.get(phase, {}).get(kind, 0.0)
 
 
+REPLAY_MAX_ERROR_PCT = 5.0  # a replay that misses the measured step by more explains too little to trust
+
+
 def replayed_saving(facts: RunFacts, fix: str) -> float | None:
     """The what-if replay's saving per step for ``fix`` (fsdpdoctor.analysis.whatif), capped at the
     step's GPU window (a GPU-side fix cannot save more than the GPU's busy span); None when the
-    run was not replayed (CPU-only traces, old baselines) or the fix does not apply."""
+    run was not replayed (CPU-only traces, old baselines), the fix does not apply, or the
+    unchanged replay misses the measured step by more than REPLAY_MAX_ERROR_PCT on some rank."""
     w = facts.whatif
-    if w is None or fix not in w.saving_ms:
+    if w is None or fix not in w.saving_ms or w.error_pct > REPLAY_MAX_ERROR_PCT:
         return None
     s = w.saving_ms[fix]
     window = facts.timeline.gpu_window_ms

@@ -19,7 +19,7 @@ import statistics
 
 from fsdpdoctor.fmt import mib, ms, pct
 
-from ._util import collectives, finding, is_fsdp, per_step_per_rank, step_ms
+from ._util import REPLAY_MAX_ERROR_PCT, collectives, finding, is_fsdp, per_step_per_rank, step_ms
 
 CODE = "FSD003"
 SLUG = "auto-wrap-too-fine"
@@ -68,7 +68,7 @@ def check(facts, cfg):
     # small units alone are no finding: demand measured evidence that they cost time
     measured = []
     w = facts.whatif
-    if facts.gpu_present and w is not None:
+    if facts.gpu_present and w is not None and w.error_pct <= REPLAY_MAX_ERROR_PCT:
         hooks_saving = w.saving_ms.get("hooks_off", 0.0)
         if step_ms(facts) > 0 and 100 * hooks_saving / step_ms(facts) >= cfg["fine_hook_saving_pct"]:
             measured.append(f"what-if replay: without the FSDP hooks' CPU time the step is {ms(hooks_saving)} shorter "
@@ -93,7 +93,7 @@ def check(facts, cfg):
         # time above what the same bytes take at the best achieved rate, where it is exposed
         latency = sum(min(e, max(d - b / best, 0.0)) for b, d, e in timed) / 1e3
         saving = per_step_per_rank(facts, latency) or None
-        if w is not None and w.saving_ms.get("hooks_off"):
+        if w is not None and w.error_pct <= REPLAY_MAX_ERROR_PCT and w.saving_ms.get("hooks_off"):
             # device side (latency above the best achieved rate, where exposed) plus host side
             # (the replay without the hooks' CPU time): fewer, larger units remove most of both
             saving = (saving or 0.0) + w.saving_ms["hooks_off"]

@@ -19,7 +19,7 @@ Fix
 
 from fsdpdoctor.fmt import mib, ms, pct
 
-from ._util import finding, is_fsdp, replay_evidence, step_ms
+from ._util import REPLAY_MAX_ERROR_PCT, finding, is_fsdp, replay_evidence, step_ms
 
 CODE = "FSD005"
 SLUG = "cpu-offload-stall"
@@ -68,6 +68,8 @@ def check(facts, cfg):
     # has no work: idle inside the GPU window plus step time with no GPU work at all
     stall = t.memcpy_ms + min(t.idle_ms + t.outside_window_ms, opt)
     replayed = facts.whatif.saving_ms.get("offload_off") if facts.whatif is not None else None
+    if replayed is not None and facts.whatif.error_pct > REPLAY_MAX_ERROR_PCT:
+        replayed = None
     if replayed is not None:  # a CPU-side cut too: bounded by the step, not the GPU window
         stall = min(replayed, step_ms(facts) or replayed)
     if stall < cfg["offload_min_ms"]:

@@ -16,7 +16,7 @@ Fix
 
 from fsdpdoctor.fmt import ms, pct
 
-from ._util import finding, is_fsdp, step_ms
+from ._util import REPLAY_MAX_ERROR_PCT, finding, is_fsdp, step_ms
 
 FOLD_SHARE = 0.5  # folded into the finding whose fix removes at least this share of it (what-if replay)
 FOLD_INTO = (("prefetch", "missing-backward-prefetch", "backward prefetch"),
@@ -62,7 +62,7 @@ def check(facts, cfg):
     ]
     folded = None
     w = facts.whatif
-    for fix, slug, what in FOLD_INTO if w is not None else ():
+    for fix, slug, what in FOLD_INTO if w is not None and w.error_pct <= REPLAY_MAX_ERROR_PCT else ():
         # e.g. reduce-scatters waiting for on-demand all-gathers on the same communicator: the
         # cost is the missing prefetch's, not a rival cause (the engine folds it only when that
         # finding fires)

@@ -63,7 +63,7 @@ class Graph:
     g_stream: np.ndarray
     g_comm: np.ndarray
     deps: dict[int, list[tuple[int, float]]]  # op -> [(awaited op, gap)]
-    syncs: list[tuple[float, float, int, float, int]]  # (ts, end, awaited op or -1, gap, row)
+    syncs: list[tuple[float, float, int, float, int]]  # (ts, end, awaited op or -1, end − its end, row)
     steps: list[StepWindow]
     colls: list[Collective]
     names: list[str]  # per op
@@ -228,6 +228,9 @@ def _sync_calls(rt, start, end, key, rows, lr, has):
     by_end = by_end[np.argsort(end[by_end], kind="stable")]
     ends = end[by_end]
     own = {int(rt.correlation[r]): int(i) for i, r in zip(np.flatnonzero(has), lr[has])}
+    lorder = np.flatnonzero(has)
+    lorder = lorder[np.argsort(key[lorder], kind="stable")]
+    lkey_sorted = key[lorder]
     for c in calls:
         ts, te = float(rt.ts[c]), float(rt.ts[c] + rt.dur[c])
         name = rt.row_name(int(c))
@@ -237,6 +240,11 @@ def _sync_calls(rt, start, end, key, rows, lr, has):
             i = own.get(int(rt.correlation[c]), -1)
             if i >= 0 and ts < end[i] <= te + 1e-3:
                 a = i
+        elif name.endswith("DeviceSynchronize"):
+            # waits for everything launched before it
+            lo = np.searchsorted(lkey_sorted, ts, side="left")
+            if lo > 0:
+                a = int(lorder[int(np.argmax(end[lorder[:lo]]))])
         else:
             # the latest-ending GPU work launched before the call that ended while it blocked
             lo, hi = np.searchsorted(ends, ts, side="right"), np.searchsorted(ends, te + 1e-3, side="right")
@@ -244,8 +252,17 @@ def _sync_calls(rt, start, end, key, rows, lr, has):
             cand = cand[key[cand] < ts]
             if cand.size:
                 a = int(cand[np.argmax(end[cand])])
-        gap = min(te - end[a], CAP_SYNC_US) if a >= 0 else 0.0
-        out.append((ts, te, a, gap, int(c)))
+        out.append((ts, te, a, te - end[a] if a >= 0 else 0.0, int(c)))
+    return out
+
+
+def measured_step_ms(g: Graph) -> np.ndarray:
+    """Each step as the replay counts it: from its CPU start to the later of its CPU end and the
+    end of the GPU work launched in it (the GPU may run past the CPU span when nothing syncs)."""
+    out = np.empty(len(g.steps))
+    for k, st in enumerate(g.steps):
+        m = g.step == k
+        out[k] = (max(st.end, float(g.end[m].max()) if m.any() else -np.inf) - st.start) / 1e3
     return out
 
 
@@ -283,14 +300,14 @@ def replay(g: Graph, fix: Fix | None = None) -> tuple[np.ndarray, np.ndarray, np
     shift = 0.0
     last_end = -np.inf
     marks = np.empty(2 * ns)
-    launch, g_launch, g_stream, g_comm = g.launch, g.g_launch, g.g_stream, g.g_comm
+    g_launch, g_stream, g_comm = g.g_launch, g.g_stream, g.g_comm
     stream, pg, deps = g.stream, g.pg, g.deps
-    has_launch = ~np.isnan(launch)
     for o in order:
         kind = kinds_a[o]
         i = int(idx_a[o])
         if kind == 0:
-            t = (key[i] + shift + g_launch[i]) if has_launch[i] else -np.inf
+            # no launch in the trace: no earlier than its measured start (moved with the CPU)
+            t = key[i] + shift + g_launch[i]
             s = int(stream[i])
             p = stream_last.get(s)
             if p is not None:
@@ -305,22 +322,25 @@ def replay(g: Graph, fix: Fix | None = None) -> tuple[np.ndarray, np.ndarray, np
             if i not in fix.drop_deps:
                 for a, gap in deps.get(i, ()):
                     t = max(t, E[a] + gap)
-            if t == -np.inf:
-                t = g.start[i] + shift
             S[i] = t
             E[i] = t + dur[i]
             if E[i] > last_end:
                 last_end = E[i]
         elif kind == 1:
-            ts, te, a, gap, row = g.syncs[i]
+            ts, te, a, residual, row = g.syncs[i]
+            t0 = ts + shift
             if row in fix.free_syncs:
-                new_end = ts + shift + min(te - ts, MIN_SYNC_US)
-            elif row in g.device_syncs:  # waits for every GPU activity launched before it
-                new_end = max(ts + shift + min(te - ts, MIN_SYNC_US), last_end + (gap if a >= 0 else 0.0))
-            elif a >= 0:
-                new_end = max(ts + shift + min(te - ts, MIN_SYNC_US), E[a] + gap)
+                new_end = t0 + min(te - ts, MIN_SYNC_US)
+            elif a < 0:
+                new_end = t0 + (te - ts)
             else:
-                new_end = ts + shift + (te - ts)
+                done = last_end if row in g.device_syncs else E[a]  # a device sync waits for everything
+                if g.end[a] > ts:  # it blocked: returns when the work is done; time the trace does
+                    # not explain (waiting on work outside the graph) is kept as measured
+                    new_end = max(t0 + min(te - ts, MIN_SYNC_US), done + min(residual, CAP_SYNC_US))
+                    new_end += max(residual - CAP_SYNC_US, 0.0)
+                else:  # the work was done before the call: it may have to wait now
+                    new_end = max(t0 + (te - ts), done + MIN_SYNC_US)
             shift = new_end - te
         elif kind == 2:
             marks[i] = keys_a[o] + shift
@@ -412,7 +432,7 @@ def fix_offload_off(g: Graph) -> Fix | None:
             fx.scale[i] = 0.0
     dropped = set(fx.scale)
     for ts, te, a, gap, row in g.syncs:
-        if a in dropped:
+        if a in dropped and row not in g.device_syncs:
             fx.free_syncs.add(row)
     for a, b in g.ranges.get("optimizer", []):
         m = (g.key >= a) & (g.key < b) & g.is_compute
@@ -604,7 +624,7 @@ def analyze_whatif(rt: RankTrace, steps: list[StepWindow], colls: list[Collectiv
     g = build_graph(rt, steps, colls)
     if g is None:
         return None
-    measured = np.array([s.dur for s in steps]) / 1e3
+    measured = measured_step_ms(g)
     S, E, base = replay(g)
     out = WhatIfFacts(
         measured_step_ms=float(measured.mean()),
