@@ -62,7 +62,7 @@ def analyze_rank_trace(rt: RankTrace, order_index: int = 0) -> RankFacts:
         gpus_per_node=gpus,
         device_memory_bytes=device_mem,
         memory_trace=memory_from_events(rt.path, rt.memory_events),
-        whatif=analyze_whatif(rt, info.steps, colls) if gpu_present else None,
+        whatif=analyze_whatif(rt, info.steps, colls, fsdp) if gpu_present else None,
     )
 
 

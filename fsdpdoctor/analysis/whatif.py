@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..facts import WhatIfFacts
+from ..facts import FsdpFacts, WhatIfFacts
 from ..ingest.kineto import RankTrace
 from . import intervals as iv
 from .comms import Collective, comm_kernel_mask, launch_rows
@@ -293,39 +293,46 @@ def replay(g: Graph, fix: Fix | None = None) -> tuple[np.ndarray, np.ndarray, np
         idx.append(np.arange(len(fix.cpu_cuts)))
     kinds_a, keys_a, idx_a = np.concatenate(kinds), np.concatenate(keys), np.concatenate(idx)
     order = np.lexsort((kinds_a, keys_a))
-    S = np.empty(n)
-    E = np.empty(n)
+    # plain Python lists: the loop below indexes them one element at a time
+    S = [0.0] * n
+    E = [0.0] * n
     stream_last: dict[int, int] = {}
     pg_last: dict[int, int] = {}
     shift = 0.0
     last_end = -np.inf
-    marks = np.empty(2 * ns)
-    g_launch, g_stream, g_comm = g.g_launch, g.g_stream, g.g_comm
-    stream, pg, deps = g.stream, g.pg, g.deps
-    for o in order:
-        kind = kinds_a[o]
-        i = int(idx_a[o])
+    marks = [0.0] * (2 * ns)
+    key_l, dur_l = key.tolist(), dur.tolist()
+    g_launch, g_stream, g_comm = g.g_launch.tolist(), g.g_stream.tolist(), g.g_comm.tolist()
+    stream, pg, deps = g.stream.tolist(), g.pg.tolist(), g.deps
+    if fix.drop_deps:
+        deps = {i: d for i, d in deps.items() if i not in fix.drop_deps}
+    meas_end = g.end.tolist()
+    keys_l = keys_a.tolist()
+    for kind, i, o in zip(kinds_a[order].tolist(), idx_a[order].tolist(), order.tolist()):
         if kind == 0:
             # no launch in the trace: no earlier than its measured start (moved with the CPU)
-            t = key[i] + shift + g_launch[i]
-            s = int(stream[i])
+            t = key_l[i] + shift + g_launch[i]
+            s = stream[i]
             p = stream_last.get(s)
-            if p is not None:
-                t = max(t, E[p] + g_stream[i])
+            if p is not None and E[p] + g_stream[i] > t:
+                t = E[p] + g_stream[i]
             stream_last[s] = i
-            c = int(pg[i])
+            c = pg[i]
             if c >= 0:
                 p = pg_last.get(c)
-                if p is not None:
-                    t = max(t, E[p] + g_comm[i])
+                if p is not None and E[p] + g_comm[i] > t:
+                    t = E[p] + g_comm[i]
                 pg_last[c] = i
-            if i not in fix.drop_deps:
-                for a, gap in deps.get(i, ()):
-                    t = max(t, E[a] + gap)
+            dl = deps.get(i)
+            if dl:
+                for a, gap in dl:
+                    if E[a] + gap > t:
+                        t = E[a] + gap
             S[i] = t
-            E[i] = t + dur[i]
-            if E[i] > last_end:
-                last_end = E[i]
+            e = t + dur_l[i]
+            E[i] = e
+            if e > last_end:
+                last_end = e
         elif kind == 1:
             ts, te, a, residual, row = g.syncs[i]
             t0 = ts + shift
@@ -335,7 +342,7 @@ def replay(g: Graph, fix: Fix | None = None) -> tuple[np.ndarray, np.ndarray, np
                 new_end = t0 + (te - ts)
             else:
                 done = last_end if row in g.device_syncs else E[a]  # a device sync waits for everything
-                if g.end[a] > ts:  # it blocked: returns when the work is done; time the trace does
+                if meas_end[a] > ts:  # it blocked: returns when the work is done; time the trace does
                     # not explain (waiting on work outside the graph) is kept as measured
                     new_end = max(t0 + min(te - ts, MIN_SYNC_US), done + min(residual, CAP_SYNC_US))
                     new_end += max(residual - CAP_SYNC_US, 0.0)
@@ -343,17 +350,16 @@ def replay(g: Graph, fix: Fix | None = None) -> tuple[np.ndarray, np.ndarray, np
                     new_end = max(t0 + (te - ts), done + MIN_SYNC_US)
             shift = new_end - te
         elif kind == 2:
-            marks[i] = keys_a[o] + shift
+            marks[i] = keys_l[o] + shift
         else:
             a, b = fix.cpu_cuts[i]
             shift -= b - a
-    step_ms = np.empty(ns)
+    S_a, E_a, mk = np.array(S), np.array(E), np.array(marks)
+    last = np.full(ns, -np.inf)
     valid = g.step >= 0
-    for k in range(ns):
-        m = valid & (g.step == k)
-        last = float(E[m].max()) if m.any() else -np.inf
-        step_ms[k] = (max(marks[2 * k + 1], last) - marks[2 * k]) / 1e3
-    return S, E, step_ms
+    np.maximum.at(last, g.step[valid], E_a[valid])
+    step_ms = (np.maximum(mk[1::2], last) - mk[0::2]) / 1e3
+    return S_a, E_a, step_ms
 
 
 # --------------------------------------------------------------------------------------------
@@ -590,7 +596,7 @@ def latency_share(colls: list[Collective]) -> float | None:
     return float(np.clip(a / med, 0.0, 1.0)) if med > 0 else None
 
 
-STRAGGLER_FACTORS = (0.7, 0.85)
+STRAGGLER_FACTORS = (0.75,)
 
 
 def fix_compute_scale(g: Graph, f: float) -> Fix:
@@ -620,7 +626,26 @@ def _exposed_rs_ms(g: Graph, S: np.ndarray, E: np.ndarray) -> float:
     return iv.total(exposed) / 1e3 / max(len(g.steps), 1)
 
 
-def analyze_whatif(rt: RankTrace, steps: list[StepWindow], colls: list[Collective]) -> WhatIfFacts | None:
+def _applies(fsdp: FsdpFacts | None) -> dict[str, bool]:
+    """Which transformations are worth a replay on this rank (the rest would change nothing, or
+    their finding cannot fire)."""
+    if fsdp is None:
+        return dict.fromkeys(FIXES, True)
+    is_fsdp = fsdp.version in (1, 2)
+    return {
+        "prefetch": fsdp.backward_prefetch in ("NONE", "BACKWARD_POST"),
+        "offload_off": fsdp.cpu_offload.detected,
+        "rate_limiter_off": fsdp.version == 1 and fsdp.rate_limiter_ms_per_step > 0,
+        "mixed_precision": is_fsdp and fsdp.mixed_precision is not True,
+        "wrap": is_fsdp,
+        "hooks_off": is_fsdp,
+    }
+
+
+def analyze_whatif(rt: RankTrace, steps: list[StepWindow], colls: list[Collective],
+                   fsdp: FsdpFacts | None = None) -> WhatIfFacts | None:
+    """Replay this rank's steps unchanged and with every transformation that applies (all of
+    them when ``fsdp`` is None)."""
     g = build_graph(rt, steps, colls)
     if g is None:
         return None
@@ -636,7 +661,8 @@ def analyze_whatif(rt: RankTrace, steps: list[StepWindow], colls: list[Collectiv
         latency_share=latency_share(colls),
     )
     out.exposed_rs_ms["none"] = _exposed_rs_ms(g, S, E)
-    fixes = [(name, make(g)) for name, make in FIXES.items()]
+    applies = _applies(fsdp)
+    fixes = [(name, make(g)) for name, make in FIXES.items() if applies.get(name, True)]
     fixes += [(f"compute×{f}", fix_compute_scale(g, f)) for f in STRAGGLER_FACTORS]
     for name, fx in fixes:
         if fx is None:
@@ -680,7 +706,7 @@ def fold_whatif(ranks: list) -> WhatIfFacts | None:
 
 def _fold_straggler(ranks: list, out: WhatIfFacts) -> None:
     """Straggler fixed: the rank with the most compute, replayed with its compute kernels at the
-    median rank's (interpolating its replays at compute × 1, × 0.85, × 0.7); the others only
+    median rank's (interpolating its replays at compute × 1 and × 0.75); the others only
     waited for it inside their collectives. Saving = slowest replayed step − that."""
     rs = [r for r in ranks if getattr(r, "whatif", None) is not None and r.compute_ms_total > 0]
     if len(rs) < 2:
