@@ -231,6 +231,13 @@ def _sync_calls(rt, start, end, key, rows, lr, has):
     lorder = np.flatnonzero(has)
     lorder = lorder[np.argsort(key[lorder], kind="stable")]
     lkey_sorted = key[lorder]
+    # prefix arg-max of the end times in launch order (what a device sync waits for)
+    lend = end[lorder]
+    run_max = np.maximum.accumulate(lend) if lend.size else lend
+    arg_run = np.zeros(lend.size, dtype=np.int64)
+    if lend.size:
+        is_new = np.concatenate(([True], lend[1:] > run_max[:-1]))
+        arg_run = np.maximum.accumulate(np.where(is_new, np.arange(lend.size), 0))
     for c in calls:
         ts, te = float(rt.ts[c]), float(rt.ts[c] + rt.dur[c])
         name = rt.row_name(int(c))
@@ -242,9 +249,9 @@ def _sync_calls(rt, start, end, key, rows, lr, has):
                 a = i
         elif name.endswith("DeviceSynchronize"):
             # waits for everything launched before it
-            lo = np.searchsorted(lkey_sorted, ts, side="left")
+            lo = int(np.searchsorted(lkey_sorted, ts, side="left"))
             if lo > 0:
-                a = int(lorder[int(np.argmax(end[lorder[:lo]]))])
+                a = int(lorder[arg_run[lo - 1]])
         else:
             # the latest-ending GPU work launched before the call that ended while it blocked
             lo, hi = np.searchsorted(ends, ts, side="right"), np.searchsorted(ends, te + 1e-3, side="right")
