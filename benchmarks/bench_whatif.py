@@ -63,11 +63,11 @@ def main() -> None:
         chains = enclosing(rt, label_rows(rt), issue_rows(rt))
         colls = find_collectives(rt, chains, group_size=rt.world_size)
         step_timeline(rt, info.steps, colls)
-        analyze_fsdp(rt, colls, info.steps, len(info.steps))
+        fsdp = analyze_fsdp(rt, colls, info.steps, len(info.steps))
         g, t_graph = _t(lambda: whatif.build_graph(rt, info.steps, colls))
-        w, t_whatif = _t(lambda: whatif.analyze_whatif(rt, info.steps, colls))
+        w, t_whatif = _t(lambda: whatif.analyze_whatif(rt, info.steps, colls, fsdp))
         ops = g.start.size if g is not None else 0
-        print(f"per-rank analysis (what-if included): {t_rank:.2f} s")
+        print(f"per-rank analysis (what-if included): {t_rank:.2f} s; analyze ≈ decode + that = {t_load + t_rank:.2f} s")
         print(f"what-if: {t_whatif:.2f} s = {100 * t_whatif / t_rank:.0f}% of the per-rank analysis, "
               f"{100 * t_whatif / (t_rank + t_load):.0f}% with the decode; graph build {t_graph:.2f} s; "
               f"{ops:,} GPU ops, {1 + len(w.step_ms) if w else 0} replays")

@@ -188,18 +188,20 @@ def _wait_edges(rt, steps, start, end, stream, key, has, lr):
         ix = launched[stream[launched] == s]
         by_stream[int(s)] = (ix, key[ix], np.maximum.accumulate(end[ix]))
     by_thread = {int(t): launched[lthread == t] for t in np.unique(lthread)}
+    thread_keys = {t: key[ix] for t, ix in by_thread.items()}
     n = 0
     for w in waits:
         t = float(rt.ts[w])
         # the waiting stream is that of the next GPU work launched, by this thread or, where the
         # thread hands over (end of backward), by the next one
-        ops = by_thread.get(int(rt.thread[w]))
+        th = int(rt.thread[w])
+        ops = by_thread.get(th)
         j = np.searchsorted(lkey, t, side="right")
         if j >= launched.size:
             continue
         y = int(launched[j])
         if ops is not None:
-            jj = np.searchsorted(key[ops], t, side="right")
+            jj = np.searchsorted(thread_keys[th], t, side="right")
             if jj < ops.size and step_of(key[ops[jj]]) == step_of(t):
                 y = int(ops[jj])
         best, best_end = -1, -np.inf
