@@ -390,31 +390,28 @@ def _backward_all_gathers(g: Graph) -> list[list[int]]:
     return out
 
 
-def _pre_ops(g: Graph, i: int) -> list[int]:
-    """Non-compute, non-collective GPU work launched just before collective op ``i`` on the same
-    thread after the last compute launch (FSDP's pre-unshard copies / casts, copy-in)."""
+def _pre_ops(g: Graph, i: int, order: np.ndarray, pos: np.ndarray, comp_stream: int) -> list[int]:
+    """GPU work launched just before collective op ``i`` in the same step, back to the previous
+    compute-stream launch or collective (FSDP's pre-unshard copies / casts, copy-in)."""
     out = []
-    cand = np.flatnonzero((g.key < g.key[i]) & (g.step == g.step[i]))
-    if cand.size == 0:
-        return out
-    cand = cand[np.argsort(g.key[cand])][::-1]
-    for j in cand[:16]:
-        j = int(j)
-        if g.comm[j] or g.stream[j] == g.stream[_compute_stream(g)]:
+    p = int(pos[i]) - 1
+    while p >= 0 and len(out) < 16:
+        j = int(order[p])
+        if g.step[j] != g.step[i] or g.comm[j] or g.stream[j] == comp_stream:
             break
         out.append(j)
+        p -= 1
     return out
 
 
 def _compute_stream(g: Graph) -> int:
-    """Index of an op on the stream with the most compute time."""
+    """The stream with the most compute time."""
     comp = np.flatnonzero(g.is_compute)
     if comp.size == 0:
-        return 0
+        return -1
     s, inv = np.unique(g.stream[comp], return_inverse=True)
     busy = np.bincount(inv, weights=(g.end - g.start)[comp])
-    best = s[int(np.argmax(busy))]
-    return int(comp[np.flatnonzero(g.stream[comp] == best)[0]])
+    return int(s[int(np.argmax(busy))])
 
 
 def fix_prefetch(g: Graph) -> Fix | None:
@@ -422,10 +419,14 @@ def fix_prefetch(g: Graph) -> Fix | None:
     the previous unit's all-gather was, i.e. ahead of that unit's gradient compute and its
     reduce-scatter on the communicator (BACKWARD_PRE)."""
     fx = Fix("prefetch")
+    order = np.argsort(g.key, kind="stable")
+    pos = np.empty_like(order)
+    pos[order] = np.arange(order.size)
+    comp_stream = _compute_stream(g)
     for ags in _backward_all_gathers(g):
         for prev, cur in zip(ags, ags[1:]):
             delta = g.key[prev] - g.key[cur] + 1e-3
-            for j in [cur, *_pre_ops(g, cur)]:
+            for j in [cur, *_pre_ops(g, cur, order, pos, comp_stream)]:
                 fx.move[j] = g.key[j] + delta
                 fx.drop_deps.add(j)
     return fx if fx.move else None
@@ -441,7 +442,7 @@ def fix_offload_off(g: Graph) -> Fix | None:
     optimizer step with no GPU work (it ran on the CPU) is cut from the CPU timeline. Blocking
     calls that waited for a dropped copy no longer block."""
     fx = Fix("offload_off")
-    comp_stream = g.stream[_compute_stream(g)]
+    comp_stream = _compute_stream(g)
     for i, n in enumerate(g.names):
         if n.startswith(("Memcpy HtoD", "Memcpy DtoH")) and g.stream[i] != comp_stream and g.phase[i] != "optimizer":
             fx.scale[i] = 0.0
