@@ -48,6 +48,8 @@ THRESHOLDS: dict[str, tuple[float, str]] = {
     "fragmentation_min_mib": (1024, "allocator-fragmentation: … and at least this many MiB"),
     "optimizer_share_pct": (40.0, "optimizer-state-dominates: optimizer state this % of peak allocated memory"),
     "strategy_min_saving_pct": (5.0, "sharding-strategy / ddp-would-be-faster: estimated saving as % of the step"),
+    "fine_latency_share": (0.5, "auto-wrap-too-fine: fixed-latency share of the median collective (fit duration = a + bytes/bw) that counts as latency-bound"),
+    "fine_hook_saving_pct": (5.0, "auto-wrap-too-fine: step saving (% of the step) of the what-if replay with FSDP hook CPU time removed that puts the hooks on the critical path"),
     "hook_overhead_pct": (30.0, "auto-wrap-too-fine: CPU time in FSDP hooks as % of the step that counts as evidence"),
 }
 

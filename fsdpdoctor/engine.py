@@ -34,6 +34,7 @@ class Finding:
     est_saving_ms: float | None = None  # per step
     est_saving_bytes: int | None = None  # memory findings: bytes the fix frees at the peak
     where: dict[str, Any] = field(default_factory=dict)  # rank / step / phase / unit
+    folded_into: str | None = None  # slug of the finding whose fix removes this cost (engine folds it)
 
 
 def _is_rule(mod: ModuleType) -> bool:
@@ -81,9 +82,29 @@ def run_rules(facts: RunFacts, config: dict[str, Any] | None = None) -> list[Fin
     for mod in mods:
         findings.extend(mod.check(facts, cfg))
     findings = _drop_explained(findings, {m.SLUG: set(getattr(m, "SUPERSEDED_BY", ())) for m in mods})
+    findings = _fold(findings)
+    step = facts.steps.mean_ms
+    for f in findings:  # no fix saves more than the whole step
+        if f.est_saving_ms is not None and step:
+            f.est_saving_ms = min(f.est_saving_ms, step)
     sev = {s: i for i, s in enumerate(SEVERITIES)}
     findings.sort(key=lambda f: (-(f.est_saving_ms or 0.0), sev.get(f.severity, 9), f.code))
     return findings
+
+
+def _fold(findings: list[Finding]) -> list[Finding]:
+    """A finding whose cost another finding's fix removes (``folded_into``, decided by the rule
+    from the what-if replay) becomes evidence of that finding instead of a rival cause."""
+    by_slug = {f.slug: f for f in findings}
+    out = []
+    for f in findings:
+        target = by_slug.get(f.folded_into) if f.folded_into else None
+        if target is None or target is f:
+            f.folded_into = None
+            out.append(f)
+            continue
+        target.evidence.append(f"folded {f.code} {f.slug}: {f.summary} — its fix is this one")
+    return out
 
 
 def _drop_explained(findings: list[Finding], superseded_by: dict[str, set[str]]) -> list[Finding]:

@@ -242,6 +242,39 @@ class CollectiveStats:
 
 
 @dataclass
+class WhatIfFacts:
+    """What-if replay of one rank's steps (fsdpdoctor.analysis.whatif), or the run's summary.
+
+    ``measured_step_ms`` counts a step from its CPU start to the later of its CPU end and the end of
+    the GPU work launched in it (= the ProfilerStep span when each step ends in a sync);
+    ``replayed_step_ms`` is the unchanged graph's replay; ``error_pct`` = |Σ replayed − Σ measured|
+    / Σ measured over the steps (per run: the worst rank), the error bar of every saving.
+    ``step_ms[fix]`` is the replayed mean step time with the fix applied, ``saving_ms[fix]`` the
+    replayed step time without it minus with it (per run: the maximum over ranks, since the
+    slowest rank sets the step). ``exposed_rs_ms[fix]`` is the exposed reduce-scatter per step
+    in the replay ("none": unchanged).
+    """
+
+    measured_step_ms: float = 0.0
+    replayed_step_ms: float = 0.0
+    error_pct: float = 0.0
+    ops: int = 0
+    wait_edges: int = 0
+    blocking_calls: int = 0
+    step_ms: dict[str, float] = field(default_factory=dict)
+    saving_ms: dict[str, float] = field(default_factory=dict)
+    exposed_rs_ms: dict[str, float] = field(default_factory=dict)
+    evidence: dict[str, str] = field(default_factory=dict)  # fix → what the transformation changed
+    per_rank_error_pct: dict[str, float] = field(default_factory=dict)  # run summary only
+    # fixed-cost share of the median all-gather / reduce-scatter (fit duration = a + bytes/bw);
+    # None when the sizes do not vary enough to tell
+    latency_share: float | None = None
+
+    def saving(self, fix: str) -> float | None:
+        return self.saving_ms.get(fix)
+
+
+@dataclass
 class RankFacts:
     rank: int
     rank_source: str
@@ -267,6 +300,7 @@ class RankFacts:
     device_memory_bytes: int | None = None  # totalGlobalMem of this rank's GPU
     memory_trace: MemoryFacts | None = None  # from the trace's [memory] events (profile_memory)
     parallelism: ParallelismFacts = field(default_factory=ParallelismFacts)
+    whatif: WhatIfFacts | None = None  # what-if replay of this rank's steps (GPU traces)
 
     @property
     def step_ms(self) -> list[float]:
@@ -373,6 +407,7 @@ class RunFacts:
     strategy: StrategyFacts | None = None  # the sharding-strategy estimate (GPU runs)
     memory_per_input: dict[str, int] = field(default_factory=dict)  # snapshot path → peak allocated bytes
     memory_expected: dict[str, float] = field(default_factory=dict)  # ZeRO arithmetic, per rank, by category
+    whatif: WhatIfFacts | None = None  # what-if replay summary over ranks (GPU traces)
     notes: list[str] = field(default_factory=list)
     rank_facts: list[RankFacts] = field(default_factory=list)
 

@@ -47,3 +47,26 @@ def per_step_per_rank(facts: RunFacts, total: float) -> float:
 
 def exposed_ms(facts: RunFacts, phase: str, kind: str) -> float:
     return facts.exposed_comm.by_phase_kind.get(phase, {}).get(kind, 0.0)
+
+
+REPLAY_MAX_ERROR_PCT = 5.0  # a replay that misses the measured step by more explains too little to trust
+
+
+def replayed_saving(facts: RunFacts, fix: str) -> float | None:
+    """The what-if replay's saving per step for ``fix`` (fsdpdoctor.analysis.whatif), capped at the
+    step's GPU window (a GPU-side fix cannot save more than the GPU's busy span); None when the
+    run was not replayed (CPU-only traces, old baselines), the fix does not apply, or the
+    unchanged replay misses the measured step by more than REPLAY_MAX_ERROR_PCT on some rank."""
+    w = facts.whatif
+    if w is None or fix not in w.saving_ms or w.error_pct > REPLAY_MAX_ERROR_PCT:
+        return None
+    s = w.saving_ms[fix]
+    window = facts.timeline.gpu_window_ms
+    return min(s, window) if window > 0 else s
+
+
+def replay_evidence(facts: RunFacts, fix: str, what: str) -> str:
+    """One evidence line: the replayed saving and the replay's own error bar."""
+    w = facts.whatif
+    return (f"what-if replay: {what} takes the step from {w.replayed_step_ms:.1f} to {w.step_ms.get(fix, 0.0):.1f} ms "
+            f"(unchanged replay within {w.error_pct:.2f}% of the measured step)")

@@ -19,7 +19,7 @@ Fix
 
 from fsdpdoctor.fmt import mib, ms, pct
 
-from ._util import finding, is_fsdp
+from ._util import finding, is_fsdp, replay_evidence, replayed_saving
 
 CODE = "FSD002"
 SLUG = "auto-wrap-too-coarse"
@@ -76,6 +76,10 @@ def check(facts, cfg):
         k = max(int(cfg["coarse_split_into"]), 2)
         # with k units only the first all-gather and the last reduce-scatter (1/k each) stay exposed
         saving = exposed * (1 - 1 / k) if exposed > 0 else None
+        replayed = replayed_saving(facts, "wrap")
+        if replayed is not None:
+            saving = replayed
+            evidence.append(replay_evidence(facts, "wrap", "splitting its collectives into per-block ones that overlap compute"))
     return [
         finding(
             __name__,

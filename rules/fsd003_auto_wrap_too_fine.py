@@ -19,13 +19,13 @@ import statistics
 
 from fsdpdoctor.fmt import mib, ms, pct
 
-from ._util import collectives, finding, is_fsdp, per_step_per_rank, step_ms
+from ._util import REPLAY_MAX_ERROR_PCT, collectives, finding, is_fsdp, per_step_per_rank, step_ms
 
 CODE = "FSD003"
 SLUG = "auto-wrap-too-fine"
 TITLE = "FSDP wrapping too fine: many small, latency-bound all-gathers"
 SEVERITY = "warning"
-THRESHOLDS = ("fine_min_units", "fine_max_median_ag_mib", "hook_overhead_pct")
+THRESHOLDS = ("fine_min_units", "fine_max_median_ag_mib", "hook_overhead_pct", "fine_latency_share", "fine_hook_saving_pct")
 
 # compare: the parts of the step time this finding explains when it appears or goes away
 EXPLAINS = {"gpu": [("exposed_all_gather", None), ("exposed_reduce_scatter", None), ("host_bound_idle", None)], "cpu": [("cpu_forward", None), ("cpu_backward", None)]}
@@ -68,9 +68,25 @@ def check(facts, cfg):
         f"{len(units)} FSDP units; median all-gather {mib(median)} (threshold {mib(cfg['fine_max_median_ag_mib'] * 2**20)})",
     ]
     hook = facts.fsdp.hook_cpu_ms_per_step
-    if step_ms(facts) > 0 and hook > 0:
-        share = 100 * hook / step_ms(facts)
+    share = 100 * hook / step_ms(facts) if step_ms(facts) > 0 else 0.0
+    if hook > 0:
         evidence.append(f"CPU time inside FSDP hooks: {ms(hook)} per step = {pct(share)} of the step")
+    # small units alone are no finding: demand measured evidence that they cost time
+    measured = []
+    w = facts.whatif
+    if facts.gpu_present and w is not None and w.error_pct <= REPLAY_MAX_ERROR_PCT:
+        hooks_saving = w.saving_ms.get("hooks_off", 0.0)
+        if step_ms(facts) > 0 and 100 * hooks_saving / step_ms(facts) >= cfg["fine_hook_saving_pct"]:
+            measured.append(f"what-if replay: without the FSDP hooks' CPU time the step is {ms(hooks_saving)} shorter "
+                            f"(the hooks are on the critical path)")
+        if w.latency_share is not None and w.latency_share >= cfg["fine_latency_share"]:
+            measured.append(f"fixed latency is {pct(100 * w.latency_share)} of the median collective's duration "
+                            f"(fit duration = latency + bytes / bandwidth over the run's all-gathers and reduce-scatters)")
+    elif not facts.gpu_present and share >= cfg["hook_overhead_pct"]:
+        measured.append(f"no GPU timeline: FSDP hooks take {pct(share)} of the CPU step")
+    if not measured:
+        return []
+    evidence += measured
     saving = None
     timed = [(c.bytes, c.gpu_dur_us, c.exposed_us) for _, c in collectives(facts) if c.kind in ("all_gather", "reduce_scatter") and c.bytes and c.gpu_dur_us]
     if facts.gpu_present and timed:
@@ -83,6 +99,10 @@ def check(facts, cfg):
         # time above what the same bytes take at the best achieved rate, where it is exposed
         latency = sum(min(e, max(d - b / best, 0.0)) for b, d, e in timed) / 1e3
         saving = per_step_per_rank(facts, latency) or None
+        if w is not None and w.error_pct <= REPLAY_MAX_ERROR_PCT and w.saving_ms.get("hooks_off"):
+            # device side (latency above the best achieved rate, where exposed) plus host side
+            # (the replay without the hooks' CPU time): fewer, larger units remove most of both
+            saving = (saving or 0.0) + w.saving_ms["hooks_off"]
     return [
         finding(
             __name__,

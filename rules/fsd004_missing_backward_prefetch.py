@@ -21,7 +21,7 @@ Fix
 
 from fsdpdoctor.fmt import ms, pct
 
-from ._util import ALL_COMM, exposed_ms, finding, is_fsdp, step_ms
+from ._util import ALL_COMM, exposed_ms, finding, is_fsdp, replay_evidence, replayed_saving, step_ms
 
 CODE = "FSD004"
 SLUG = "missing-backward-prefetch"
@@ -66,9 +66,18 @@ def check(facts, cfg):
     if facts.gpu_present:
         exp = exposed_ms(facts, "backward", "all_gather")
         evidence.append(f"exposed backward all-gather: {ms(exp)} per step = {pct(100 * exp / step_ms(facts))} of the step")
-        # prefetching moves the all-gather under the preceding unit's gradient compute
-        saving = exp or None
-        if exp < cfg["prefetch_min_exposed_ms"]:
+        # prefetching moves the all-gather under the preceding unit's gradient compute and ahead
+        # of that unit's reduce-scatter on the communicator: the replay sees both effects
+        replayed = replayed_saving(facts, "prefetch")
+        saving = replayed if replayed is not None else (exp or None)
+        if replayed is not None:
+            evidence.append(replay_evidence(facts, "prefetch", "issuing each backward all-gather one unit ahead"))
+            w = facts.whatif
+            before, after = w.exposed_rs_ms.get("none", 0.0), w.exposed_rs_ms.get("prefetch", 0.0)
+            if before - after > 0.05:
+                evidence.append(f"{ms(before - after)} of exposed reduce-scatter per step goes away with prefetch "
+                                f"(it waited for the on-demand all-gathers on the same communicator): {ms(before)} → {ms(after)}")
+        if (saving or 0.0) < cfg["prefetch_min_exposed_ms"]:
             severity = "info"  # the setting is off, but this run does not pay for it (yet)
         elif exp > 0.1 * step_ms(facts):
             severity = "critical"

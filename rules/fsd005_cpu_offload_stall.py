@@ -19,7 +19,7 @@ Fix
 
 from fsdpdoctor.fmt import mib, ms, pct
 
-from ._util import finding, is_fsdp, step_ms
+from ._util import REPLAY_MAX_ERROR_PCT, finding, is_fsdp, replay_evidence, step_ms
 
 CODE = "FSD005"
 SLUG = "cpu-offload-stall"
@@ -73,6 +73,11 @@ def check(facts, cfg):
     # the GPU waits for host copies (exposed memcpy) and, while the CPU runs the optimizer step,
     # has no work: idle inside the GPU window plus step time with no GPU work at all
     stall = t.memcpy_ms + min(t.idle_ms + t.outside_window_ms, opt)
+    replayed = facts.whatif.saving_ms.get("offload_off") if facts.whatif is not None else None
+    if replayed is not None and facts.whatif.error_pct > REPLAY_MAX_ERROR_PCT:
+        replayed = None
+    if replayed is not None:  # a CPU-side cut too: bounded by the step, not the GPU window
+        stall = min(replayed, step_ms(facts) or replayed)
     if stall < cfg["offload_min_ms"]:
         return []
     evidence += [
@@ -80,6 +85,8 @@ def check(facts, cfg):
         f"optimizer phase (CPU) {ms(opt)} per step = {pct(100 * opt / step_ms(facts)) if step_ms(facts) else '–'} of the step",
         f"copies per step: {mib(off.h2d_bytes / max(facts.steps.count, 1))} H2D, {mib(off.d2h_bytes / max(facts.steps.count, 1))} D2H",
     ]
+    if replayed is not None:
+        evidence.append(replay_evidence(facts, "offload_off", "dropping the host copies and the CPU optimizer step"))
     return [
         finding(
             __name__,

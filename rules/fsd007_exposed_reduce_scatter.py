@@ -16,7 +16,11 @@ Fix
 
 from fsdpdoctor.fmt import ms, pct
 
-from ._util import finding, is_fsdp, step_ms
+from ._util import REPLAY_MAX_ERROR_PCT, finding, is_fsdp, step_ms
+
+FOLD_SHARE = 0.5  # folded into the finding whose fix removes at least this share of it (what-if replay)
+FOLD_INTO = (("prefetch", "missing-backward-prefetch", "backward prefetch"),
+             ("wrap", "auto-wrap-too-coarse", "per-block wrapping"))
 
 CODE = "FSD007"
 SLUG = "exposed-reduce-scatter"
@@ -61,10 +65,22 @@ def check(facts, cfg):
         for u in worst
         if u.reduce_scatter_exposed_ms > 0
     ]
+    folded = None
+    w = facts.whatif
+    for fix, slug, what in FOLD_INTO if w is not None and w.error_pct <= REPLAY_MAX_ERROR_PCT else ():
+        # e.g. reduce-scatters waiting for on-demand all-gathers on the same communicator: the
+        # cost is the missing prefetch's, not a rival cause (the engine folds it only when that
+        # finding fires)
+        before, after = w.exposed_rs_ms.get("none", 0.0), w.exposed_rs_ms.get(fix)
+        if after is not None and before > 0 and before - after >= FOLD_SHARE * before:
+            folded = slug
+            evidence.append(f"what-if replay: with {what} it drops to {ms(after)} per step")
+            break
     return [
         finding(
             __name__,
             f"Reduce-scatters are exposed for {ms(exp)} per step, mostly at the end of backward.",
+            folded_into=folded,
             evidence=evidence,
             cause="the last units of backward have no remaining gradient compute to overlap their reduce-scatter",
             fix={"fsdp2": FIX_FSDP2, "fsdp1": FIX_FSDP1},

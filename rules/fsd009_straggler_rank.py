@@ -20,7 +20,7 @@ import statistics
 
 from fsdpdoctor.fmt import ms, pct
 
-from ._util import ALL_COMM, finding
+from ._util import ALL_COMM, finding, replayed_saving
 
 CODE = "FSD009"
 SLUG = "straggler-rank"
@@ -53,6 +53,12 @@ def check(facts, cfg):
         f"rank {slow} computes {ms(compute[slow])} per step vs a median of {ms(med)} (+{pct(100 * (compute[slow] - med) / med)})",
         f"rank {slow} spends {ms(comm[slow])} in collectives per step, the others {ms(_mean(others))} on average (they wait for it)",
     ]
+    saving = compute[slow] - med
+    replayed = replayed_saving(facts, "straggler")
+    if replayed is not None:
+        saving = replayed
+        evidence.append(f"what-if replay: {facts.whatif.evidence.get('straggler', '')}; the slowest rank sets the step "
+                        f"(unchanged replay within {facts.whatif.error_pct:.2f}% of the measured step)")
     return [
         finding(
             __name__,
@@ -61,7 +67,7 @@ def check(facts, cfg):
             cause="a slow GPU or host, or more work on that rank",
             fix={"any": "# on the straggler's host\nnvidia-smi -q -d PERFORMANCE,TEMPERATURE,CLOCK"},
             confidence=0.7,
-            est_saving_ms=compute[slow] - med,
+            est_saving_ms=saving,
             where={"rank": slow},
         )
     ]

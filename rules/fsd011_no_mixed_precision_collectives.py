@@ -16,7 +16,7 @@ Fix
 
 from fsdpdoctor.fmt import mib, ms
 
-from ._util import ALL_COMM, exposed_ms, finding, is_fsdp
+from ._util import ALL_COMM, exposed_ms, finding, is_fsdp, replay_evidence, replayed_saving
 
 CODE = "FSD011"
 SLUG = "no-mixed-precision-collectives"
@@ -65,6 +65,11 @@ def check(facts, cfg):
         exp = sum(exposed_ms(facts, p, "all_gather") for p in ("forward", "backward", "optimizer", "other"))
         evidence.append(f"exposed all-gather {ms(exp)} per step; bf16 halves the bytes")
         saving = exp / 2 if exp > 0 else None
+        replayed = replayed_saving(facts, "mixed_precision")
+        if replayed is not None:
+            saving = replayed or None
+            evidence.append(replay_evidence(facts, "mixed_precision", "bf16 parameters (half the collective bytes, "
+                                            "bf16 instead of fp32 forward/backward kernels)"))
         if saving and saving > 1.0:
             severity = "warning"
     return [

@@ -16,7 +16,7 @@ Fix
 
 from fsdpdoctor.fmt import ms, pct
 
-from ._util import finding, step_ms
+from ._util import finding, replayed_saving, step_ms
 
 CODE = "FSD012"
 SLUG = "rate-limiter-stall"
@@ -39,6 +39,9 @@ def check(facts, cfg):
     # a blocked CPU only costs time when the GPU runs dry meanwhile: on GPU traces the cost is
     # bounded by the GPU's idle time; CPU-only traces cannot tell, so the CPU time is reported
     cost = min(rl, facts.timeline.idle_ms) if facts.gpu_present else rl
+    replayed = replayed_saving(facts, "rate_limiter_off")
+    if replayed is not None:  # the replay with the limiter's synchronizations not blocking
+        cost = replayed
     if cost < cfg["rate_limiter_min_ms"] or 100 * cost / sm < cfg["rate_limiter_min_pct"]:
         return []
     saving = cost if facts.gpu_present else None

@@ -15,6 +15,7 @@ from .labels import enclosing, label_rows
 from .memory_events import memory_from_events
 from .steps import find_steps
 from .timeline import hta_overlap, step_timeline
+from .whatif import analyze_whatif
 
 
 def analyze_rank(path: str, order_index: int = 0) -> RankFacts:
@@ -67,6 +68,7 @@ def analyze_rank_trace(rt: RankTrace, order_index: int = 0) -> RankFacts:
         gpus_per_node=gpus,
         device_memory_bytes=device_mem,
         memory_trace=memory_from_events(rt.path, rt.memory_events),
+        whatif=analyze_whatif(rt, info.steps, colls, fsdp) if gpu_present else None,
     )
 
 

@@ -23,7 +23,8 @@ from ..facts import (
     StepsSummary,
     TimelineSummary,
 )
-from .rank import most_common, analyze_rank
+from .rank import analyze_rank, most_common
+from .whatif import fold_whatif
 from .steps import PHASES
 
 
@@ -199,6 +200,7 @@ def fold(ranks: list[RankFacts]) -> RunFacts:
             outside_window_ms=m("outside_window_ms"),
         )
     rf.collectives = _fold_collectives(ranks)
+    rf.whatif = fold_whatif(ranks)
     # FSDP structure: the rank whose detection says most (normally all agree)
     if ranks:
         best = max(ranks, key=lambda r: (r.fsdp.version is not None, len(r.fsdp.units), -r.rank))

@@ -1,0 +1,738 @@
+"""What-if replay of one rank's measured timeline (in the spirit of Daydream, Zhu et al., ATC 2020).
+
+From the trace we build the dependency graph of the profiled steps and replay it:
+
+* nodes: every GPU activity (kernel, memcpy, memset) with its measured duration;
+* each node starts no earlier than its CPU launch (the runtime/driver call with the same
+  correlation id), after the previous node on its stream, after the previous collective of its
+  communicator (process group, in issue order: NCCL serialises them), and after the nodes it
+  waits on across streams: for every ``cudaStreamWaitEvent`` the next GPU activity the thread
+  launches waits on the latest-finishing activity of another stream launched before the wait
+  (the trace records that a wait was issued, not on which event; FSDP's waits are
+  ``wait_stream`` calls on the last work of the other stream, see
+  ``notes/fsdp-trace-signatures.md``);
+* the CPU timeline keeps its measured gaps; a blocking call (``cuda*Synchronize``, a pageable
+  ``cudaMemcpyAsync``) ends when the GPU activity it waited for ends, and every later CPU event
+  moves with it.
+
+Each constraint keeps its measured slack up to a small cap (launch latency, back-to-back gap),
+so the unchanged replay reproduces the measured step only as well as the graph explains the
+waits: its error is the model's error bar, reported next to every saving.
+
+A transformation edits the graph (move, drop or scale nodes, cut CPU time) and the replay gives
+the step time with the fix. Only per-transformation step times and small evidence leave this
+module (:class:`fsdpdoctor.facts.WhatIfFacts`), never the graph.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..facts import FsdpFacts, WhatIfFacts
+from ..ingest.kineto import RankTrace
+from . import intervals as iv
+from .comms import Collective, comm_kernel_mask, launch_rows
+from .steps import PHASES, StepWindow, locate
+
+GPU_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
+CAP_LAUNCH_US = 30.0  # launch call start -> kernel start when the GPU is free
+CAP_DEP_US = 5.0  # previous work on the stream / awaited work -> start
+CAP_SYNC_US = 20.0  # awaited GPU work end -> blocking call returns
+MIN_SYNC_US = 2.0  # shortest blocking call
+SYNC_NAMES = ("cudaDeviceSynchronize", "cudaStreamSynchronize", "cudaEventSynchronize", "cudaMemcpy",
+              "cudaMemcpyAsync", "hipDeviceSynchronize", "hipStreamSynchronize", "hipEventSynchronize")
+WAIT_NAMES = ("cudaStreamWaitEvent", "hipStreamWaitEvent")
+RATE_LIMITER = "FullyShardedDataParallel.rate_limiter"
+
+
+@dataclass
+class Graph:
+    start: np.ndarray  # measured µs
+    end: np.ndarray
+    stream: np.ndarray
+    launch: np.ndarray  # CPU µs of the launch call start (nan: none in the trace)
+    key: np.ndarray  # CPU position in the replay order (launch, else measured start)
+    comm: np.ndarray  # bool: collective kernel
+    coll: np.ndarray  # index into the collectives, -1
+    pg: np.ndarray  # communicator id, -1
+    is_compute: np.ndarray
+    step: np.ndarray  # step index of the launch, -1
+    g_launch: np.ndarray
+    g_stream: np.ndarray
+    g_comm: np.ndarray
+    deps: dict[int, list[tuple[int, float]]]  # op -> [(awaited op, gap)]
+    syncs: list[tuple[float, float, int, float, int]]  # (ts, end, awaited op or -1, end − its end, row)
+    steps: list[StepWindow]
+    colls: list[Collective]
+    names: list[str]  # per op
+    phase: np.ndarray  # per op: the phase its launch fell in ("forward", ...)
+    ranges: dict[str, list[tuple[float, float]]]  # CPU ranges the fixes need (optimizer, rate limiter)
+    device_syncs: set[int]  # rows of cudaDeviceSynchronize calls
+    n_wait_edges: int = 0
+
+
+@dataclass
+class Fix:
+    """One transformation: what to change before the replay."""
+
+    name: str
+    move: dict[int, float] = field(default_factory=dict)  # op -> new CPU key (launch moves with it)
+    scale: dict[int, float] = field(default_factory=dict)  # op -> duration factor (0: dropped)
+    drop_deps: set[int] = field(default_factory=set)  # ops whose cross-stream waits are re-derived
+    cpu_cuts: list[tuple[float, float]] = field(default_factory=list)  # measured CPU time removed
+    free_syncs: set[int] = field(default_factory=set)  # blocking calls that no longer block (rows)
+
+
+def build_graph(rt: RankTrace, steps: list[StepWindow], colls: list[Collective]) -> Graph | None:
+    rows = np.flatnonzero(rt.mask_cat(*GPU_CATS))
+    if rows.size == 0 or not steps:
+        return None
+    rows = rows[np.argsort(rt.ts[rows], kind="stable")]
+    start = rt.ts[rows].astype(np.float64)
+    end = start + rt.dur[rows]
+    stream = rt.stream[rows].astype(np.int64)
+    lr = launch_rows(rt, rows)
+    has = lr >= 0
+    launch = np.full(rows.size, np.nan)
+    launch[has] = rt.ts[lr[has]]
+    key = np.where(has, launch, start)
+    comm = comm_kernel_mask(rt)[rows]
+    pos = {int(r): i for i, r in enumerate(rows)}
+    coll = np.full(rows.size, -1, dtype=np.int64)
+    pg = np.full(rows.size, -1, dtype=np.int64)
+    pg_ids: dict[str, int] = {}
+    for ci, c in enumerate(colls):
+        g = pg_ids.setdefault(c.pg_name or "", len(pg_ids))
+        for k in c.kernel_rows:
+            if k in pos:
+                coll[pos[k]] = ci
+                pg[pos[k]] = g
+    kernel = rt.mask_cat("kernel")[rows]
+    is_compute = kernel & ~comm
+    st_starts = np.array([s.start for s in steps])
+    st_ends = np.array([s.end for s in steps])
+    k = np.searchsorted(st_starts, key, side="right") - 1
+    kc = np.maximum(k, 0)
+    step = np.where((k >= 0) & (key < st_ends[kc]), k, -1)
+
+    # measured slack of each constraint, capped
+    g_launch = np.minimum(start - key, CAP_LAUNCH_US)
+    g_launch[~has] = 0.0
+    g_stream = np.full(rows.size, CAP_DEP_US)
+    g_comm = np.full(rows.size, CAP_DEP_US)
+    last_on: dict[int, int] = {}
+    last_pg: dict[int, int] = {}
+    for i in np.argsort(key, kind="stable"):
+        s = int(stream[i])
+        if s in last_on:
+            g_stream[i] = min(start[i] - end[last_on[s]], CAP_DEP_US)
+        last_on[s] = int(i)
+        if pg[i] >= 0:
+            p = int(pg[i])
+            if p in last_pg:
+                g_comm[i] = min(start[i] - end[last_pg[p]], CAP_DEP_US)
+            last_pg[p] = int(i)
+
+    deps, n_wait = _wait_edges(rt, steps, start, end, stream, key, has, lr)
+    syncs = _sync_calls(rt, start, end, key, rows, lr, has)
+    names = [rt.names[c] for c in rt.name[rows]]
+    _, ph = locate(steps, key)
+    phase = np.array(PHASES, dtype=object)[ph]
+    cpu = rt.mask_cat("cpu_op", "user_annotation")
+    ranges = {}
+    for label, pred in (("optimizer", lambda n: n.startswith("Optimizer.step#")), ("rate_limiter", lambda n: n == RATE_LIMITER),
+                        ("hooks", _is_hook)):
+        r = np.flatnonzero(cpu & rt.mask_names(pred))
+        ranges[label] = [(float(rt.ts[i]), float(rt.ts[i] + rt.dur[i])) for i in r]
+    ranges["hooks"] = _outermost(ranges["hooks"])
+    return Graph(start, end, stream, launch, key, comm, coll, pg, is_compute, step, g_launch, g_stream, g_comm,
+                 deps, syncs, steps, colls, names, phase, ranges,
+                 {row for *_, row in syncs if rt.row_name(row).endswith("DeviceSynchronize")}, n_wait)
+
+
+def _is_hook(name: str) -> bool:
+    """FSDP's own CPU work: FSDP2 ``FSDP::*`` ranges, FSDP1 ``FullyShardedDataParallel._*`` hooks
+    (not ``FullyShardedDataParallel.forward``, which holds the module's forward)."""
+    return name.startswith(("FSDP::", "FullyShardedDataParallel._")) and name != RATE_LIMITER
+
+
+def _outermost(ranges: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    out: list[tuple[float, float]] = []
+    for a, b in sorted(ranges):
+        if out and a < out[-1][1]:
+            continue
+        out.append((a, b))
+    return out
+
+
+def _wait_edges(rt, steps, start, end, stream, key, has, lr):
+    """Cross-stream edges from the ``cudaStreamWaitEvent`` calls (see the module docstring)."""
+    deps: dict[int, list[tuple[int, float]]] = {}
+    waits = np.flatnonzero(rt.mask_cat("cuda_runtime", "cuda_driver") & rt.mask_names(lambda n: n in WAIT_NAMES))
+    if waits.size == 0:
+        return deps, 0
+    launched = np.flatnonzero(has)
+    lthread = rt.thread[lr[launched]]
+    order = np.argsort(key[launched], kind="stable")
+    launched, lthread = launched[order], lthread[order]
+    lkey = key[launched]
+    st_starts = np.array([s.start for s in steps])
+
+    def step_of(x: float) -> int:
+        return int(np.searchsorted(st_starts, x, side="right"))
+
+    by_stream = {}
+    for s in np.unique(stream[launched]):
+        ix = launched[stream[launched] == s]
+        by_stream[int(s)] = (ix, key[ix], np.maximum.accumulate(end[ix]))
+    by_thread = {int(t): launched[lthread == t] for t in np.unique(lthread)}
+    thread_keys = {t: key[ix] for t, ix in by_thread.items()}
+    n = 0
+    for w in waits:
+        t = float(rt.ts[w])
+        # the waiting stream is that of the next GPU work launched, by this thread or, where the
+        # thread hands over (end of backward), by the next one
+        th = int(rt.thread[w])
+        ops = by_thread.get(th)
+        j = np.searchsorted(lkey, t, side="right")
+        if j >= launched.size:
+            continue
+        y = int(launched[j])
+        if ops is not None:
+            jj = np.searchsorted(thread_keys[th], t, side="right")
+            if jj < ops.size and step_of(key[ops[jj]]) == step_of(t):
+                y = int(ops[jj])
+        best, best_end = -1, -np.inf
+        for s, (ix, kk, _) in by_stream.items():
+            if s == stream[y]:
+                continue
+            p = np.searchsorted(kk, t, side="left") - 1
+            if p < 0:
+                continue
+            x = int(ix[p])
+            if end[x] <= start[y] + 1e-3 and end[x] > best_end:
+                best, best_end = x, end[x]
+        if best >= 0:
+            deps.setdefault(y, []).append((best, min(start[y] - end[best], CAP_DEP_US)))
+            n += 1
+    return deps, n
+
+
+def _sync_calls(rt, start, end, key, rows, lr, has):
+    """Blocking CPU calls: (ts, end, awaited op, gap, row); awaited -1 when it did not block."""
+    calls = np.flatnonzero(rt.mask_cat("cuda_runtime", "cuda_driver") & rt.mask_names(lambda n: n in SYNC_NAMES))
+    out = []
+    if calls.size == 0:
+        return out
+    by_end = np.flatnonzero(has)
+    by_end = by_end[np.argsort(end[by_end], kind="stable")]
+    ends = end[by_end]
+    own = {int(rt.correlation[r]): int(i) for i, r in zip(np.flatnonzero(has), lr[has])}
+    lorder = np.flatnonzero(has)
+    lorder = lorder[np.argsort(key[lorder], kind="stable")]
+    lkey_sorted = key[lorder]
+    # prefix arg-max of the end times in launch order (what a device sync waits for)
+    lend = end[lorder]
+    run_max = np.maximum.accumulate(lend) if lend.size else lend
+    arg_run = np.zeros(lend.size, dtype=np.int64)
+    if lend.size:
+        is_new = np.concatenate(([True], lend[1:] > run_max[:-1]))
+        arg_run = np.maximum.accumulate(np.where(is_new, np.arange(lend.size), 0))
+    for c in calls:
+        ts, te = float(rt.ts[c]), float(rt.ts[c] + rt.dur[c])
+        name = rt.row_name(int(c))
+        a = -1
+        if name.startswith(("cudaMemcpy", "hipMemcpy")):
+            # the call returns when its own copy is done (pageable / synchronous copies)
+            i = own.get(int(rt.correlation[c]), -1)
+            if i >= 0 and ts < end[i] <= te + 1e-3:
+                a = i
+        elif name.endswith("DeviceSynchronize"):
+            # waits for everything launched before it
+            lo = int(np.searchsorted(lkey_sorted, ts, side="left"))
+            if lo > 0:
+                a = int(lorder[arg_run[lo - 1]])
+        else:
+            # the latest-ending GPU work launched before the call that ended while it blocked
+            lo, hi = np.searchsorted(ends, ts, side="right"), np.searchsorted(ends, te + 1e-3, side="right")
+            cand = by_end[lo:hi]
+            cand = cand[key[cand] < ts]
+            if cand.size:
+                a = int(cand[np.argmax(end[cand])])
+        out.append((ts, te, a, te - end[a] if a >= 0 else 0.0, int(c)))
+    return out
+
+
+def measured_step_ms(g: Graph) -> np.ndarray:
+    """Each step as the replay counts it: from its CPU start to the later of its CPU end and the
+    end of the GPU work launched in it (the GPU may run past the CPU span when nothing syncs)."""
+    out = np.empty(len(g.steps))
+    for k, st in enumerate(g.steps):
+        m = g.step == k
+        out[k] = (max(st.end, float(g.end[m].max()) if m.any() else -np.inf) - st.start) / 1e3
+    return out
+
+
+def replay(g: Graph, fix: Fix | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Replayed (start, end) of every op and the step times (ms) of ``g.steps``."""
+    fix = fix or Fix("none")
+    n = g.start.size
+    key = g.key.copy()
+    for i, k in fix.move.items():
+        key[i] = k
+    dur = g.end - g.start
+    for i, f in fix.scale.items():
+        dur[i] = dur[i] * f
+    # the CPU-side event list: ops, blocking calls, step boundaries, cuts; measured CPU order
+    kinds, keys, idx = [], [], []
+    kinds.append(np.zeros(n, dtype=np.int8)); keys.append(key); idx.append(np.arange(n))
+    if g.syncs:
+        kinds.append(np.ones(len(g.syncs), dtype=np.int8))
+        keys.append(np.array([s[0] for s in g.syncs]))
+        idx.append(np.arange(len(g.syncs)))
+    ns = len(g.steps)
+    kinds.append(np.full(2 * ns, 2, dtype=np.int8))
+    keys.append(np.array([x for s in g.steps for x in (s.start, s.end)]))
+    idx.append(np.arange(2 * ns))
+    if fix.cpu_cuts:
+        kinds.append(np.full(len(fix.cpu_cuts), 3, dtype=np.int8))
+        keys.append(np.array([b for _, b in fix.cpu_cuts]))
+        idx.append(np.arange(len(fix.cpu_cuts)))
+    kinds_a, keys_a, idx_a = np.concatenate(kinds), np.concatenate(keys), np.concatenate(idx)
+    order = np.lexsort((kinds_a, keys_a))
+    # plain Python lists: the loop below indexes them one element at a time
+    S = [0.0] * n
+    E = [0.0] * n
+    stream_last: dict[int, int] = {}
+    pg_last: dict[int, int] = {}
+    shift = 0.0
+    last_end = -np.inf
+    marks = [0.0] * (2 * ns)
+    key_l, dur_l = key.tolist(), dur.tolist()
+    g_launch, g_stream, g_comm = g.g_launch.tolist(), g.g_stream.tolist(), g.g_comm.tolist()
+    stream, pg, deps = g.stream.tolist(), g.pg.tolist(), g.deps
+    if fix.drop_deps:
+        deps = {i: d for i, d in deps.items() if i not in fix.drop_deps}
+    meas_end = g.end.tolist()
+    keys_l = keys_a.tolist()
+    for kind, i, o in zip(kinds_a[order].tolist(), idx_a[order].tolist(), order.tolist()):
+        if kind == 0:
+            # no launch in the trace: no earlier than its measured start (moved with the CPU)
+            t = key_l[i] + shift + g_launch[i]
+            s = stream[i]
+            p = stream_last.get(s)
+            if p is not None and E[p] + g_stream[i] > t:
+                t = E[p] + g_stream[i]
+            stream_last[s] = i
+            c = pg[i]
+            if c >= 0:
+                p = pg_last.get(c)
+                if p is not None and E[p] + g_comm[i] > t:
+                    t = E[p] + g_comm[i]
+                pg_last[c] = i
+            dl = deps.get(i)
+            if dl:
+                for a, gap in dl:
+                    if E[a] + gap > t:
+                        t = E[a] + gap
+            S[i] = t
+            e = t + dur_l[i]
+            E[i] = e
+            if e > last_end:
+                last_end = e
+        elif kind == 1:
+            ts, te, a, residual, row = g.syncs[i]
+            t0 = ts + shift
+            if row in fix.free_syncs:
+                new_end = t0 + min(te - ts, MIN_SYNC_US)
+            elif a < 0:
+                new_end = t0 + (te - ts)
+            else:
+                done = last_end if row in g.device_syncs else E[a]  # a device sync waits for everything
+                if meas_end[a] > ts:  # it blocked: returns when the work is done; time the trace does
+                    # not explain (waiting on work outside the graph) is kept as measured
+                    new_end = max(t0 + min(te - ts, MIN_SYNC_US), done + min(residual, CAP_SYNC_US))
+                    new_end += max(residual - CAP_SYNC_US, 0.0)
+                else:  # the work was done before the call: it may have to wait now
+                    new_end = max(t0 + (te - ts), done + MIN_SYNC_US)
+            shift = new_end - te
+        elif kind == 2:
+            marks[i] = keys_l[o] + shift
+        else:
+            a, b = fix.cpu_cuts[i]
+            shift -= b - a
+    S_a, E_a, mk = np.array(S), np.array(E), np.array(marks)
+    last = np.full(ns, -np.inf)
+    valid = g.step >= 0
+    np.maximum.at(last, g.step[valid], E_a[valid])
+    step_ms = (np.maximum(mk[1::2], last) - mk[0::2]) / 1e3
+    return S_a, E_a, step_ms
+
+
+# --------------------------------------------------------------------------------------------
+# transformations
+# --------------------------------------------------------------------------------------------
+
+
+def _backward_all_gathers(g: Graph) -> list[list[int]]:
+    """Per step, the first kernel op of each backward all-gather, in issue order."""
+    out: list[list[int]] = [[] for _ in g.steps]
+    first_op: dict[int, int] = {}
+    for i in np.flatnonzero(g.coll >= 0):
+        first_op.setdefault(int(g.coll[i]), int(i))
+    for ci, c in enumerate(g.colls):
+        if c.kind == "all_gather" and c.phase == "backward" and 0 <= c.step < len(out) and ci in first_op:
+            out[c.step].append(first_op[ci])
+    for lst in out:
+        lst.sort(key=lambda i: g.key[i])
+    return out
+
+
+def _pre_ops(g: Graph, i: int, order: np.ndarray, pos: np.ndarray, comp_stream: int) -> list[int]:
+    """GPU work launched just before collective op ``i`` in the same step, back to the previous
+    compute-stream launch or collective (FSDP's pre-unshard copies / casts, copy-in)."""
+    out = []
+    p = int(pos[i]) - 1
+    while p >= 0 and len(out) < 16:
+        j = int(order[p])
+        if g.step[j] != g.step[i] or g.comm[j] or g.stream[j] == comp_stream:
+            break
+        out.append(j)
+        p -= 1
+    return out
+
+
+def _compute_stream(g: Graph) -> int:
+    """The stream with the most compute time."""
+    comp = np.flatnonzero(g.is_compute)
+    if comp.size == 0:
+        return -1
+    s, inv = np.unique(g.stream[comp], return_inverse=True)
+    busy = np.bincount(inv, weights=(g.end - g.start)[comp])
+    return int(s[int(np.argmax(busy))])
+
+
+def fix_prefetch(g: Graph) -> Fix | None:
+    """Backward prefetch on: each backward all-gather (and the copies before it) is issued where
+    the previous unit's all-gather was, i.e. ahead of that unit's gradient compute and its
+    reduce-scatter on the communicator (BACKWARD_PRE)."""
+    fx = Fix("prefetch")
+    order = np.argsort(g.key, kind="stable")
+    pos = np.empty_like(order)
+    pos[order] = np.arange(order.size)
+    comp_stream = _compute_stream(g)
+    for ags in _backward_all_gathers(g):
+        for prev, cur in zip(ags, ags[1:]):
+            delta = g.key[prev] - g.key[cur] + 1e-3
+            for j in [cur, *_pre_ops(g, cur, order, pos, comp_stream)]:
+                fx.move[j] = g.key[j] + delta
+                fx.drop_deps.add(j)
+    return fx if fx.move else None
+
+
+def _in_ranges(t: float, ranges: list[tuple[float, float]]) -> bool:
+    return any(a <= t < b for a, b in ranges)
+
+
+def fix_offload_off(g: Graph) -> Fix | None:
+    """CPU offload off: FSDP's host<->device copies of parameters and gradients go away (those
+    launched outside the optimizer and not on the compute stream: the batch copy stays), and an
+    optimizer step with no GPU work (it ran on the CPU) is cut from the CPU timeline. Blocking
+    calls that waited for a dropped copy no longer block."""
+    fx = Fix("offload_off")
+    comp_stream = _compute_stream(g)
+    for i, n in enumerate(g.names):
+        if n.startswith(("Memcpy HtoD", "Memcpy DtoH")) and g.stream[i] != comp_stream and g.phase[i] != "optimizer":
+            fx.scale[i] = 0.0
+    dropped = set(fx.scale)
+    for ts, te, a, gap, row in g.syncs:
+        if a in dropped and row not in g.device_syncs:
+            fx.free_syncs.add(row)
+    for a, b in g.ranges.get("optimizer", []):
+        m = (g.key >= a) & (g.key < b) & g.is_compute
+        if not m.any():
+            fx.cpu_cuts.append((a, b))
+    return fx if fx.scale or fx.cpu_cuts else None
+
+
+def fix_rate_limiter_off(g: Graph) -> Fix | None:
+    """limit_all_gathers=False: the rate limiter's event synchronizations no longer block."""
+    rl = g.ranges.get("rate_limiter", [])
+    fx = Fix("rate_limiter_off", free_syncs={row for ts, te, a, gap, row in g.syncs if _in_ranges(ts, rl)})
+    return fx if fx.free_syncs else None
+
+
+_FP32 = ("float", "f32", "Float")
+_LOW = ("bf16", "BFloat16", "bfloat16", "half", "Half", "fp16", "f16")
+
+
+def fix_mixed_precision(g: Graph) -> Fix | None:
+    """bf16 mixed precision: fp32 all-gathers and reduce-scatters move half the bytes, and fp32
+    forward/backward compute kernels run in bf16 (half the bytes for memory-bound kernels, twice
+    TF32's tensor-core rate for GEMMs): duration × 0.5. The optimizer keeps fp32."""
+    fx = Fix("mixed_precision")
+    for i in np.flatnonzero(g.coll >= 0):
+        c = g.colls[int(g.coll[i])]
+        if c.kind in ("all_gather", "reduce_scatter") and (c.dtype or "").lower() in ("float", "float32"):
+            fx.scale[int(i)] = 0.5
+    if not fx.scale:
+        return None
+    for i in np.flatnonzero(g.is_compute):
+        n = g.names[i]
+        if g.phase[i] in ("forward", "backward") and any(t in n for t in _FP32) and not any(t in n for t in _LOW):
+            fx.scale[int(i)] = 0.5
+    return fx
+
+
+WRAP_SPLIT = 8  # units the coarse unit is split into (a transformer's blocks; the trace does not say)
+
+
+def _append_ops(g: Graph, src: list[int]) -> tuple[Graph, list[int]]:
+    """A copy of ``g`` with a copy of each op in ``src`` appended (same fields); their indices."""
+    n = g.start.size
+    idx = np.array(src, dtype=np.int64)
+    cat = lambda a: np.concatenate([a, a[idx]])  # noqa: E731
+    g2 = Graph(cat(g.start), cat(g.end), cat(g.stream), cat(g.launch), cat(g.key), cat(g.comm), cat(g.coll),
+               cat(g.pg), cat(g.is_compute), cat(g.step), cat(g.g_launch), cat(g.g_stream), cat(g.g_comm),
+               dict(g.deps), g.syncs, g.steps, g.colls, g.names + [g.names[i] for i in src], cat(g.phase),
+               g.ranges, g.device_syncs, g.n_wait_edges)
+    return g2, list(range(n, n + idx.size))
+
+
+def _chunks(ops: np.ndarray, dur: np.ndarray, k: int) -> list[np.ndarray]:
+    """``ops`` (in order) cut into ``k`` consecutive groups of about equal total duration."""
+    c = np.cumsum(dur)
+    cut = np.searchsorted(c, c[-1] * np.arange(1, k) / k)
+    return [x for x in np.split(ops, cut) if x.size]
+
+
+def fix_wrap(g: Graph) -> tuple[Graph, Fix] | None:
+    """Per-block wrapping of the unit that holds most parameters: its forward all-gather is split
+    into WRAP_SPLIT equal all-gathers, all issued where it was (the CPU runs ahead), the j-th
+    gating the j-th of WRAP_SPLIT equal-time slices of forward compute; its backward
+    reduce-scatter is split the same way, the j-th issued after the j-th slice of backward
+    compute. Backward all-gathers that per-block units add are prefetched and assumed hidden."""
+    ci = [i for i in np.flatnonzero(g.coll >= 0)]
+    if not ci:
+        return None
+    by_unit: dict[object, float] = {}
+    for i in ci:
+        c = g.colls[int(g.coll[i])]
+        if c.kind == "all_gather" and c.phase == "forward":
+            by_unit[c.unit] = by_unit.get(c.unit, 0.0) + (c.bytes or 0)
+    total = sum(by_unit.values())
+    if not total:
+        return None
+    unit = max(by_unit, key=by_unit.get)
+    if by_unit[unit] < 0.5 * total:
+        return None
+    k = WRAP_SPLIT
+    fx = Fix("wrap")
+    new_src, plan = [], []
+    dur = g.end - g.start
+    for st in range(len(g.steps)):
+        for kind, phase in (("all_gather", "forward"), ("reduce_scatter", "backward")):
+            ops = [int(i) for i in ci if g.step[i] == st and g.colls[int(g.coll[i])].kind == kind
+                   and g.colls[int(g.coll[i])].phase == phase and g.colls[int(g.coll[i])].unit == unit]
+            comp = np.flatnonzero(g.is_compute & (g.step == st) & (g.phase == phase))
+            if not ops or comp.size < k:
+                continue
+            op = ops[0] if kind == "all_gather" else ops[-1]
+            comp = comp[np.argsort(g.key[comp])]
+            comp = comp[g.key[comp] > g.key[op]] if kind == "all_gather" else comp[g.key[comp] < g.key[op]]
+            if comp.size < k:
+                continue
+            groups = _chunks(comp, dur[comp], k)
+            plan.append((kind, op, groups))
+            new_src += [op] * (len(groups) - 1)
+    if not plan:
+        return None
+    g2, new = _append_ops(g, new_src)
+    it = iter(new)
+    for kind, op, groups in plan:
+        m = len(groups)
+        fx.scale[op] = 1.0 / m
+        pieces = [op] + [next(it) for _ in range(m - 1)]
+        for j, p in enumerate(pieces):
+            if p != op:
+                fx.scale[p] = 1.0 / m
+        if kind == "all_gather":
+            for j, p in enumerate(pieces[1:], start=1):
+                fx.move[p] = g.key[op] + j * 1e-3
+                first = int(groups[j][0])
+                g2.deps[first] = list(g2.deps.get(first, [])) + [(p, CAP_DEP_US)]
+        else:
+            # the original keeps the last slot; piece j follows the j-th slice of backward compute
+            for j, p in enumerate(pieces[1:]):
+                last = int(groups[j][-1])
+                fx.move[p] = g.key[last] + 1e-3
+                fx.drop_deps.add(p)
+                g2.deps[p] = [(last, CAP_DEP_US)]
+            fx.move[op] = g.key[op]
+            # the unchanged deps of the original (its own slice) stay; it goes last
+            pieces.append(pieces.pop(0))
+    return g2, fx
+
+
+def fix_hooks_off(g: Graph) -> Fix | None:
+    """FSDP hooks free on the CPU: the CPU time of the outermost FSDP hook ranges is cut (less
+    the blocking calls inside them, which wait for the GPU, not for Python). What fewer, larger
+    units would save at most on the host side; a saving means the hooks sit on the critical path."""
+    cuts = []
+    for a, b in g.ranges.get("hooks", []):
+        blocked = sum(te - ts for ts, te, *_ in g.syncs if a <= ts < b)
+        if b - a - blocked > 0:
+            cuts.append((b - (b - a - blocked), b))
+    return Fix("hooks_off", cpu_cuts=cuts) if cuts else None
+
+
+def latency_share(colls: list[Collective]) -> float | None:
+    """Share of the median all-gather's / reduce-scatter's duration that is fixed cost, from a
+    least-squares fit duration = a + bytes / bandwidth over this rank's collectives of those
+    kinds (None when sizes do not vary enough to separate the two)."""
+    pts = [(c.bytes, c.gpu_dur_us) for c in colls if c.kind in ("all_gather", "reduce_scatter") and c.step >= 0
+           and c.bytes and c.gpu_dur_us and c.gpu_dur_us > 0]
+    if len(pts) < 4:
+        return None
+    x, y = np.array(pts, dtype=float).T
+    if x.max() < 1.5 * x.min():
+        return None
+    b, a = np.polyfit(x, y, 1)
+    if b <= 0:
+        return None
+    med = float(np.median(y))
+    return float(np.clip(a / med, 0.0, 1.0)) if med > 0 else None
+
+
+STRAGGLER_FACTORS = (0.75,)
+
+
+def fix_compute_scale(g: Graph, f: float) -> Fix:
+    """Compute kernels × f: what this rank's step would be with the median rank's compute speed
+    (the run summary interpolates between the factors)."""
+    return Fix(f"compute×{f}", scale={int(i): f for i in np.flatnonzero(g.is_compute)})
+
+
+FIXES = {
+    "prefetch": fix_prefetch,
+    "offload_off": fix_offload_off,
+    "rate_limiter_off": fix_rate_limiter_off,
+    "mixed_precision": fix_mixed_precision,
+    "wrap": fix_wrap,
+    "hooks_off": fix_hooks_off,
+}
+
+
+def _exposed_rs_ms(g: Graph, S: np.ndarray, E: np.ndarray) -> float:
+    """Exposed reduce-scatter per step (ms) in a replayed timeline."""
+    rs = np.array([i for i in np.flatnonzero(g.coll >= 0) if g.colls[int(g.coll[i])].kind == "reduce_scatter"],
+                  dtype=np.int64)
+    if rs.size == 0:
+        return 0.0
+    comp = np.flatnonzero(g.is_compute)
+    exposed = iv.subtract(iv.merge(S[rs], E[rs]), iv.merge(S[comp], E[comp]))
+    return iv.total(exposed) / 1e3 / max(len(g.steps), 1)
+
+
+def _applies(fsdp: FsdpFacts | None) -> dict[str, bool]:
+    """Which transformations are worth a replay on this rank (the rest would change nothing, or
+    their finding cannot fire)."""
+    if fsdp is None:
+        return dict.fromkeys(FIXES, True)
+    is_fsdp = fsdp.version in (1, 2)
+    return {
+        "prefetch": fsdp.backward_prefetch in ("NONE", "BACKWARD_POST"),
+        "offload_off": fsdp.cpu_offload.detected,
+        "rate_limiter_off": fsdp.version == 1 and fsdp.rate_limiter_ms_per_step > 0,
+        "mixed_precision": is_fsdp and fsdp.mixed_precision is not True,
+        "wrap": is_fsdp,
+        "hooks_off": is_fsdp,
+    }
+
+
+def analyze_whatif(rt: RankTrace, steps: list[StepWindow], colls: list[Collective],
+                   fsdp: FsdpFacts | None = None) -> WhatIfFacts | None:
+    """Replay this rank's steps unchanged and with every transformation that applies (all of
+    them when ``fsdp`` is None)."""
+    g = build_graph(rt, steps, colls)
+    if g is None:
+        return None
+    measured = measured_step_ms(g)
+    S, E, base = replay(g)
+    out = WhatIfFacts(
+        measured_step_ms=float(measured.mean()),
+        replayed_step_ms=float(base.mean()),
+        error_pct=float(100 * abs(base.sum() - measured.sum()) / measured.sum()) if measured.sum() > 0 else 0.0,
+        ops=int(g.start.size),
+        wait_edges=g.n_wait_edges,
+        blocking_calls=sum(1 for s in g.syncs if s[2] >= 0),
+        latency_share=latency_share(colls),
+    )
+    out.exposed_rs_ms["none"] = _exposed_rs_ms(g, S, E)
+    applies = _applies(fsdp)
+    fixes = [(name, make(g)) for name, make in FIXES.items() if applies.get(name, True)]
+    fixes += [(f"compute×{f}", fix_compute_scale(g, f)) for f in STRAGGLER_FACTORS]
+    for name, fx in fixes:
+        if fx is None:
+            continue
+        g2, fx = fx if isinstance(fx, tuple) else (g, fx)
+        S2, E2, t = replay(g2, fx)
+        out.step_ms[name] = float(t.mean())
+        out.saving_ms[name] = float(max(base.mean() - t.mean(), 0.0))
+        out.exposed_rs_ms[name] = _exposed_rs_ms(g2, S2, E2)
+    return out
+
+
+def fold_whatif(ranks: list) -> WhatIfFacts | None:
+    """The run's what-if summary: worst error over ranks, savings as the maximum over ranks."""
+    ws = [(r.rank, r.whatif) for r in ranks if getattr(r, "whatif", None) is not None]
+    if not ws:
+        return None
+    out = WhatIfFacts(
+        measured_step_ms=float(np.mean([w.measured_step_ms for _, w in ws])),
+        replayed_step_ms=float(np.mean([w.replayed_step_ms for _, w in ws])),
+        error_pct=max(w.error_pct for _, w in ws),
+        ops=sum(w.ops for _, w in ws),
+        wait_edges=sum(w.wait_edges for _, w in ws),
+        blocking_calls=sum(w.blocking_calls for _, w in ws),
+        per_rank_error_pct={str(r): w.error_pct for r, w in ws},
+    )
+    shares = [w.latency_share for _, w in ws if w.latency_share is not None]
+    out.latency_share = float(np.median(shares)) if shares else None
+    for name in sorted({k for _, w in ws for k in w.saving_ms}):
+        vals = [w for _, w in ws if name in w.saving_ms]
+        out.saving_ms[name] = max(w.saving_ms[name] for w in vals)
+        out.step_ms[name] = float(np.mean([w.step_ms[name] for w in vals]))
+        ev = next((w.evidence[name] for w in vals if name in w.evidence), None)
+        if ev:
+            out.evidence[name] = ev
+    _fold_straggler(ranks, out)
+    for name in sorted({k for _, w in ws for k in w.exposed_rs_ms}):
+        out.exposed_rs_ms[name] = float(np.mean([w.exposed_rs_ms[name] for _, w in ws if name in w.exposed_rs_ms]))
+    return out
+
+
+def _fold_straggler(ranks: list, out: WhatIfFacts) -> None:
+    """Straggler fixed: the rank with the most compute, replayed with its compute kernels at the
+    median rank's (interpolating its replays at compute × 1 and × 0.75); the others only
+    waited for it inside their collectives. Saving = slowest replayed step − that."""
+    rs = [r for r in ranks if getattr(r, "whatif", None) is not None and r.compute_ms_total > 0]
+    if len(rs) < 2:
+        return
+    med = float(np.median([r.compute_ms_total for r in rs]))
+    slow = max(rs, key=lambda r: r.compute_ms_total)
+    f = med / slow.compute_ms_total
+    w = slow.whatif
+    xs = [1.0] + list(STRAGGLER_FACTORS)
+    ys = [w.replayed_step_ms] + [w.step_ms.get(f"compute×{x}") for x in STRAGGLER_FACTORS]
+    if any(y is None for y in ys) or f >= 1.0:
+        return
+    order = np.argsort(xs)
+    fixed = float(np.interp(f, np.array(xs)[order], np.array(ys, dtype=float)[order]))
+    worst = max(r.whatif.replayed_step_ms for r in rs)
+    out.saving_ms["straggler"] = max(worst - fixed, 0.0)
+    out.step_ms["straggler"] = fixed
+    out.evidence["straggler"] = (f"rank {slow.rank}'s compute at the median rank's ({100 * f:.0f}% of its own) "
+                                 f"replays to {fixed:.1f} ms per step")

@@ -1,0 +1,182 @@
+"""What-if replay (fsdpdoctor.analysis.whatif) against generated twins with exact ground truth.
+
+Each fault scenario has a twin with the fault removed (same model, seed, ranks); the twin's
+step-time difference, read from the generator's own truth.json, is what the fix really saves.
+The primary finding's est_saving_ms must be within 15% of it and ranked first.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+import fsdpdoctor
+from fixtures.scenarios import generator as gen
+from fsdpdoctor.facts import RunFacts
+
+# fault preset (or config), the twin's knobs, the fix the replay applies, the finding it belongs to
+TWINS = {
+    "no-backward-prefetch-fsdp1": ({"backward_prefetch": "BACKWARD_PRE"}, "prefetch", "missing-backward-prefetch"),
+    "no-backward-prefetch-fsdp2": ({"backward_prefetch": "BACKWARD_PRE"}, "prefetch", "missing-backward-prefetch"),
+    "too-coarse": ({"wrap": "block"}, "wrap", "auto-wrap-too-coarse"),
+    "cpu-offload-pinned": ({"cpu_offload": False}, "offload_off", "cpu-offload-stall"),
+    "cpu-offload-pageable": ({"cpu_offload": False}, "offload_off", "cpu-offload-stall"),
+    "fp32-collectives": ({"collective_dtype": "bf16"}, "mixed_precision", "no-mixed-precision-collectives"),
+    "slow-rank": ({"slow_rank": None, "slow_factor": 1.0}, "straggler", "straggler-rank"),
+}
+# strategy estimates (sharding strategy, DDP) are not config fixes of the measured run
+STRATEGY = ("FSD030", "FSD031")
+
+# GPT-2 small (12 blocks, h=768, ~7.1M parameters = ~13.5 MiB bf16 per block), one unit per
+# block, 8 ranks on NVLink-class bandwidth: below the 16 MiB size threshold, yet not latency-bound
+GPT2_SMALL = gen.ScenarioConfig(
+    name="gpt2-small-per-block", description="GPT-2 small wrapped per block on NVLink", fsdp_version=2,
+    world_size=8, num_layers=12, hidden_size=768, ffn_hidden_size=2048, vocab_size=50304, seq_len=1024,
+    batch_size=8, link_bandwidth_gbps=150.0, kernel_noise=0.02,
+)
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    cache: dict = {}
+
+    def get(cfg: gen.ScenarioConfig, tag: str):
+        if tag not in cache:
+            out = tmp_path_factory.mktemp(tag)
+            gen.generate(cfg, out)
+            cache[tag] = (fsdpdoctor.analyze(out), gen.read_truth(out))
+        return cache[tag]
+
+    return get
+
+
+def _truth_step_ms(truth) -> dict[int, float]:
+    ranks = truth["ranks"]
+    items = ranks.items() if isinstance(ranks, dict) else enumerate(ranks)
+    return {int(k): sum(s["step_ms"] for s in v["steps"]) / len(v["steps"]) for k, v in items}
+
+
+@pytest.mark.parametrize("name", sorted(gen.PRESETS))
+def test_unchanged_replay_reproduces_the_measured_step_within_2pct(name, run):
+    rep, truth = run(gen.PRESETS[name], name)
+    f = rep.facts
+    want = _truth_step_ms(truth)
+    assert f.whatif is not None
+    for rf in f.rank_facts:
+        w = rf.whatif
+        assert w.ops > 0
+        assert w.replayed_step_ms == pytest.approx(want[rf.rank], rel=0.02)
+        assert w.error_pct < 2.0
+    assert f.whatif.error_pct == max(rf.whatif.error_pct for rf in f.rank_facts)
+
+
+@pytest.mark.parametrize("name", sorted(TWINS))
+def test_primary_saving_matches_the_twin_within_15pct(name, run):
+    knobs, fix, slug = TWINS[name]
+    rep, truth = run(gen.PRESETS[name], name)
+    _, twin_truth = run(dataclasses.replace(gen.PRESETS[name], **knobs), name + "-twin")
+    # the slowest rank sets the step
+    real = max(_truth_step_ms(truth).values()) - max(_truth_step_ms(twin_truth).values())
+    assert real > 1.0
+    assert rep.facts.whatif.saving_ms[fix] == pytest.approx(real, rel=0.15)
+    primary = next(f for f in rep.findings if f.slug == slug)
+    assert primary.est_saving_ms == pytest.approx(real, rel=0.15)
+    assert any("what-if replay" in e for e in primary.evidence)
+    fixable = [f for f in rep.findings if f.code not in STRATEGY]
+    assert fixable[0].slug == slug, [(f.slug, f.est_saving_ms) for f in rep.findings]
+    # no saving larger than the step
+    assert all((f.est_saving_ms or 0.0) <= rep.facts.steps.mean_ms for f in rep.findings)
+
+
+def test_exposed_reduce_scatter_is_folded_into_missing_prefetch(run):
+    rep, _ = run(gen.PRESETS["no-backward-prefetch-fsdp1"], "no-backward-prefetch-fsdp1")
+    w = rep.facts.whatif
+    # without prefetch the reduce-scatters wait behind on-demand all-gathers on one communicator:
+    # the replay with prefetch removes (nearly) all of their exposed time
+    assert w.exposed_rs_ms["none"] > 5.0
+    assert w.exposed_rs_ms["prefetch"] < 0.5 * w.exposed_rs_ms["none"]
+    slugs = [f.slug for f in rep.findings]
+    assert "exposed-reduce-scatter" not in slugs
+    assert slugs[0] == "missing-backward-prefetch"
+    ev = " ".join(rep.findings[0].evidence)
+    assert "folded FSD007 exposed-reduce-scatter" in ev
+    assert "goes away with prefetch" in ev
+
+
+def test_prefetch_replay_of_a_prefetched_run_saves_nothing(run, tmp_path):
+    """The transformation on the healthy twin (its all-gathers are already one unit ahead)
+    changes nothing; the analysis does not even replay it there."""
+    from fsdpdoctor.analysis import whatif
+    from fsdpdoctor.analysis.comms import find_collectives, issue_rows
+    from fsdpdoctor.analysis.labels import enclosing, label_rows
+    from fsdpdoctor.analysis.steps import find_steps
+    from fsdpdoctor.analysis.timeline import step_timeline
+    from fsdpdoctor.ingest.kineto import load_trace
+
+    cfg = dataclasses.replace(gen.PRESETS["no-backward-prefetch-fsdp1"], backward_prefetch="BACKWARD_PRE")
+    rep, _ = run(cfg, "no-backward-prefetch-fsdp1-twin")
+    assert "prefetch" not in rep.facts.whatif.saving_ms
+    assert "missing-backward-prefetch" not in [f.slug for f in rep.findings]
+    gen.generate(cfg, tmp_path)
+    rt = load_trace(str(tmp_path / "rank0.json.gz"))
+    info = find_steps(rt)
+    colls = find_collectives(rt, enclosing(rt, label_rows(rt), issue_rows(rt)), group_size=rt.world_size)
+    step_timeline(rt, info.steps, colls)
+    w = whatif.analyze_whatif(rt, info.steps, colls)  # every transformation
+    assert w.saving_ms["prefetch"] < 0.01 * w.replayed_step_ms
+
+
+def test_rate_limiter_that_blocks_the_cpu_but_costs_nothing_draws_no_finding(run):
+    """FSDP1 with 20 µs of Python per op: the rate limiter blocks the CPU ~40 ms per step, but
+    the CPU is far ahead of the GPU; its twin with limit_all_gathers=False is no faster."""
+    cfg = dataclasses.replace(gen.PRESETS["healthy-fsdp1"], host_overhead_us=20.0)
+    rep, truth = run(cfg, "rate-limited")
+    _, twin_truth = run(dataclasses.replace(cfg, limit_all_gathers=False), "rate-limited-twin")
+    real = max(_truth_step_ms(truth).values()) - max(_truth_step_ms(twin_truth).values())
+    assert rep.facts.fsdp.rate_limiter_ms_per_step > 10.0
+    assert abs(rep.facts.whatif.saving_ms["rate_limiter_off"] - real) < 0.01 * rep.facts.steps.mean_ms
+    assert "rate-limiter-stall" not in [f.slug for f in rep.findings]
+
+
+def test_gpt2_small_wrapped_per_block_draws_no_wrap_finding(run):
+    rep, _ = run(GPT2_SMALL, "gpt2-small")
+    f = rep.facts
+    units = [u for u in f.fsdp.units if u.fqn]
+    assert len(units) == 12
+    # ~13.5 MiB per block in bf16: under the old size-only threshold of 16 MiB
+    ag = [c.bytes for c in f.rank_facts[0].collectives if c.kind == "all_gather" and c.unit == units[0].fqn]
+    assert 12 * 2**20 < ag[0] < 16 * 2**20
+    assert f.whatif.latency_share is not None and f.whatif.latency_share < 0.5
+    slugs = [x.slug for x in rep.findings]
+    assert "auto-wrap-too-fine" not in slugs and "auto-wrap-too-coarse" not in slugs
+
+
+def test_too_fine_fires_on_measured_evidence(run):
+    rep, _ = run(gen.PRESETS["too-fine"], "too-fine")
+    fd = next(f for f in rep.findings if f.slug == "auto-wrap-too-fine")
+    ev = " ".join(fd.evidence)
+    assert "critical path" in ev and "fixed latency" in ev
+
+
+def test_whatif_survives_the_facts_json_round_trip(run):
+    rep, _ = run(gen.PRESETS["no-backward-prefetch-fsdp2"], "no-backward-prefetch-fsdp2")
+    back = RunFacts.from_dict(rep.facts.to_dict())
+    assert back.whatif == rep.facts.whatif
+    assert back.rank_facts[0].whatif == rep.facts.rank_facts[0].whatif
+
+
+@pytest.mark.parametrize("name", sorted(TWINS))
+def test_compare_tells_the_same_story_as_analyze(name, run):
+    """compare's delta attribution for the fault → twin change agrees with the saving analyze
+    estimates on the worse run (both within 15% of the real difference, so of each other)."""
+    from fsdpdoctor.analysis.compare import compare
+
+    knobs, _fix, slug = TWINS[name]
+    rep, _ = run(gen.PRESETS[name], name)
+    twin, _ = run(dataclasses.replace(gen.PRESETS[name], **knobs), name + "-twin")
+    cmp = compare(rep.facts, twin.facts, rep.findings, twin.findings)
+    cause = next(c for c in cmp.causes if c.slug == slug)
+    est = next(f for f in rep.findings if f.slug == slug).est_saving_ms
+    assert -cause.delta_ms == pytest.approx(est, rel=0.15)
+    assert cmp.primary.slug == slug
