@@ -29,8 +29,7 @@ import numpy as np
 
 from ..errors import InputError
 
-from ._io import GZIP_ERRORS as _GZIP_ERRORS
-from ._io import gzip_impl as _gzip
+from ._io import read_input
 from ._io import short as _short
 
 # --------------------------------------------------------------------------------------------
@@ -107,6 +106,7 @@ class _TraceDoc(msgspec.Struct, gc=False):
 
 
 _typed_decoder = msgspec.json.Decoder(Union[_TraceDoc, list[Event]])
+_untyped_decoder = msgspec.json.Decoder()
 _args_fields = set(Args.__struct_fields__)
 
 # Categories whose rows are kept. Python-function rows (with_stack) are the bulk of some traces
@@ -233,28 +233,25 @@ def _gc_paused() -> Iterator[None]:
 
 
 def read_bytes(path: Path) -> bytes:
-    """The file's JSON bytes, gunzipped when the file is gzip (detected by magic, not by name)."""
-    try:
-        with open(path, "rb") as fh:
-            head = fh.read(2)
-            fh.seek(0)
-            if head == b"\x1f\x8b":
-                try:
-                    with _gzip.open(fh, "rb") as gz:
-                        data = gz.read()
-                except _GZIP_ERRORS as exc:
-                    raise InputError(path, f"truncated or corrupt gzip data ({_short(exc)})") from None
-            else:
-                data = fh.read()
-    except IsADirectoryError:
-        raise InputError(path, "is a directory, expected a trace file") from None
-    except FileNotFoundError:
-        raise InputError(path, "no such file") from None
-    except PermissionError:
-        raise InputError(path, "permission denied") from None
+    """The file's JSON bytes, gunzipped when the file is gzip (detected by magic, not by name),
+    within the input limits of :mod:`._io`."""
+    data = read_input(path, "trace file")
     if not data.strip():
         raise InputError(path, "empty file")
     return data
+
+
+def decode_lenient_utf8(decoder, data):
+    """``decoder.decode(data)``; invalid UTF-8 inside strings (labels: names, categories, group
+    names; numbers are ASCII) is replaced by U+FFFD instead of failing the file."""
+    try:
+        return decoder.decode(data)
+    except UnicodeDecodeError:
+        return decoder.decode(bytes(data).decode("utf-8", "replace").encode())
+
+
+TOO_DEEP = "JSON nested too deeply; a profiler trace is a few levels deep"
+OVERFLOW = "an event field holds an integer outside the 64-bit range (ids, stream, sizes)"
 
 
 def _json_error(path: Path, exc: msgspec.DecodeError) -> InputError:
@@ -267,17 +264,21 @@ def _decode(path: Path, data: bytes) -> tuple[list[Event], dict, str]:
     """Typed decode; lenient per-event conversion when a field has an unexpected type."""
     with _gc_paused():
         try:
-            doc = _typed_decoder.decode(data)
+            doc = decode_lenient_utf8(_typed_decoder, data)
             mode = "typed"
         except msgspec.ValidationError:
             doc, mode = None, "lenient"
         except msgspec.DecodeError as exc:
             raise _json_error(path, exc) from None
+        except RecursionError:
+            raise InputError(path, TOO_DEEP) from None
         if doc is None:
             try:
-                raw = msgspec.json.decode(data)
+                raw = decode_lenient_utf8(_untyped_decoder, data)
             except msgspec.DecodeError as exc:
                 raise _json_error(path, exc) from None
+            except RecursionError:
+                raise InputError(path, TOO_DEEP) from None
             return _lenient(path, raw)
     if isinstance(doc, list):
         return doc, {}, mode
@@ -610,7 +611,10 @@ def _load_whole(path: Path, data: bytes) -> RankTrace:
     if not events:
         raise InputError(path, "trace has no events")
     with _gc_paused():
-        rt = _build(path, events, meta, mode)
+        try:
+            rt = _build(path, events, meta, mode)
+        except OverflowError:
+            raise InputError(path, OVERFLOW) from None
     if len(rt) == 0:
         raise InputError(path, "trace has no complete ('X') events to analyse")
     return rt
