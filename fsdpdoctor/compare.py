@@ -901,18 +901,18 @@ def load_run(
     RunFacts JSON has none, so the rules run on its facts. Raises InputError for bad input.
     """
     from .errors import InputError
+    from .ingest._io import short
 
     items = [paths] if isinstance(paths, str) else [str(p) for p in paths]
     label = " ".join(items)
     if len(items) == 1 and is_saved_facts(items[0]):
         path = items[0]
-        facts = RunFacts.load(path)
-        raw = msgspec.json.decode(Path(path).read_bytes())
-        if isinstance(raw, dict) and isinstance(raw.get("findings"), list):
+        facts, raw = RunFacts.load_document(path)
+        if isinstance(raw.get("findings"), list):
             try:
                 findings = msgspec.convert(raw["findings"], list[Finding])
             except msgspec.ValidationError as exc:
-                raise InputError(path, f"its findings do not match the schema ({exc})") from None
+                raise InputError(path, f"its findings do not match the schema ({short(exc)})") from None
         else:
             from .engine import run_rules
 
