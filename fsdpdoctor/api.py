@@ -180,12 +180,15 @@ def memory_files(paths: str | Path | Iterable[str | Path]) -> list[Path]:
     for raw in paths:
         p = Path(raw)
         if p.is_dir():
-            found = sorted(q for q in p.iterdir() if q.is_file() and q.name.endswith(MEMORY_SUFFIXES))
+            try:
+                found = sorted(q for q in p.iterdir() if q.is_file() and q.name.endswith(MEMORY_SUFFIXES))
+            except PermissionError:
+                raise InputError(p, "permission denied (cannot list the directory)") from None
             if not found:
                 raise InputError(p, "directory contains no memory snapshots (*.pickle, *.raw.json.gz)")
             out.extend(found)
-        elif p.is_file():
-            out.append(p)
+        elif p.exists():
+            out.append(p)  # not a regular file (a FIFO, a device)? the reader refuses it by stat
         else:
             raise InputError(p, "no such file or directory")
     return out

@@ -50,6 +50,7 @@ import numpy as np
 
 from ..errors import InputError
 from . import kineto as K
+from .kineto import I64
 
 from ._io import InputStream
 
@@ -77,19 +78,19 @@ IntOrStr = Union[int, str]
 
 
 class _A(msgspec.Struct, gc=False, frozen=True):
-    external_id: int | None = msgspec.field(name="External id", default=NA)
-    correlation: int | None = NA
-    stream: int | None = NA
-    device: int | None = None
+    external_id: I64 | None = msgspec.field(name="External id", default=NA)
+    correlation: I64 | None = NA
+    stream: I64 | None = NA
+    device: I64 | None = None
     collective: str | None = msgspec.field(name="Collective name", default=None)
-    in_nelems: int | None = msgspec.field(name="In msg nelems", default=None)
-    out_nelems: int | None = msgspec.field(name="Out msg nelems", default=None)
-    group_size: int | None = msgspec.field(name="Group size", default=None)
+    in_nelems: I64 | None = msgspec.field(name="In msg nelems", default=None)
+    out_nelems: I64 | None = msgspec.field(name="Out msg nelems", default=None)
+    group_size: I64 | None = msgspec.field(name="Group size", default=None)
     dtype: str | None = None
     pg_name: str | None = msgspec.field(name="Process Group Name", default=None)
     pg_desc: str | None = msgspec.field(name="Process Group Description", default=None)
     pg_ranks: str | list[int] | None = msgspec.field(name="Process Group Ranks", default=None)
-    nbytes: int | str | None = msgspec.field(name="bytes", default=None)
+    nbytes: I64 | str | None = msgspec.field(name="bytes", default=None)
     name: str | None = None
     # msgspec cannot decode ``Raw | None`` (it accepts only null): plain Raw, None when absent
     input_dims: msgspec.Raw = msgspec.field(name="Input Dims", default=None)  # type: ignore[assignment]
@@ -125,10 +126,10 @@ class _M(msgspec.Struct, gc=False, tag_field="ph", tag="M"):
 
 
 class _MemA(msgspec.Struct, gc=False):
-    total_allocated: int | None = msgspec.field(name="Total Allocated", default=None)
-    total_reserved: int | None = msgspec.field(name="Total Reserved", default=None)
-    device_type: int | None = msgspec.field(name="Device Type", default=None)
-    device_id: int | None = msgspec.field(name="Device Id", default=None)
+    total_allocated: I64 | None = msgspec.field(name="Total Allocated", default=None)
+    total_reserved: I64 | None = msgspec.field(name="Total Reserved", default=None)
+    device_type: I64 | None = msgspec.field(name="Device Type", default=None)
+    device_id: I64 | None = msgspec.field(name="Device Id", default=None)
 
 
 class _I(msgspec.Struct, gc=False, tag_field="ph", tag="i"):
@@ -200,7 +201,7 @@ class _Source:
     def offset(self) -> int:  # decompressed bytes handed out so far
         return self.stream.offset
 
-    def read(self, n: int | None = None) -> bytes:
+    def read(self, n: I64 | None = None) -> bytes:
         out = self.stream.read(n or CHUNK_BYTES)
         if self.progress is not None:
             self.progress(self.raw.tell() if out else self.size, self.size)
@@ -294,7 +295,7 @@ class Part(msgspec.Struct, gc=False):
         return len(self.ts)
 
 
-def extract(evs: list, table: KeyTable, counted: int | None = None) -> Part:
+def extract(evs: list, table: KeyTable, counted: I64 | None = None) -> Part:
     """Columns of one decoded block."""
     thread_names: dict[tuple[Any, Any], str] = {}
     xs = [e for e in evs if e.__class__ is _X]
@@ -462,7 +463,7 @@ def _internal(e: K.Event):
 # --------------------------------------------------------------------------------------------
 
 
-def _last_separator(data, lo: int, hi: int | None = None) -> int:
+def _last_separator(data, lo: int, hi: I64 | None = None) -> int:
     """Index of the ``}`` of the last ``}, {`` separator in ``data[lo:hi]``, or -1."""
     hi = len(data) if hi is None else hi
     j = hi
@@ -489,7 +490,7 @@ def _decode(decoder, buf):
         return decoder.decode(bytes(buf).decode("utf-8", "replace").encode())
 
 
-def _too_deep(path: Path, offset: int | None = None) -> InputError:
+def _too_deep(path: Path, offset: I64 | None = None) -> InputError:
     where = f" (near byte {offset})" if offset is not None else ""
     return InputError(path, f"JSON nested too deeply{where}; a profiler trace is a few levels deep")
 

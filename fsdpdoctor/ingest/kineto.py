@@ -22,7 +22,7 @@ import re
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator, Union
+from typing import Annotated, Any, Callable, Iterator, Union
 
 import msgspec
 import numpy as np
@@ -37,33 +37,35 @@ from ._io import short as _short
 # --------------------------------------------------------------------------------------------
 
 IntOrStr = Union[int, str]
+# integers the analysis reads are 64-bit; a larger one is corrupt input, not a number to compute with
+I64 = Annotated[int, msgspec.Meta(ge=-(1 << 63), le=(1 << 63) - 1)]
 
 
 class Args(msgspec.Struct, gc=False, omit_defaults=True):
-    external_id: int | None = msgspec.field(name="External id", default=None)
-    correlation: int | None = None
-    stream: int | None = None
-    device: int | None = None
+    external_id: I64 | None = msgspec.field(name="External id", default=None)
+    correlation: I64 | None = None
+    stream: I64 | None = None
+    device: I64 | None = None
     collective: str | None = msgspec.field(name="Collective name", default=None)
-    in_nelems: int | None = msgspec.field(name="In msg nelems", default=None)
-    out_nelems: int | None = msgspec.field(name="Out msg nelems", default=None)
-    group_size: int | None = msgspec.field(name="Group size", default=None)
+    in_nelems: I64 | None = msgspec.field(name="In msg nelems", default=None)
+    out_nelems: I64 | None = msgspec.field(name="Out msg nelems", default=None)
+    group_size: I64 | None = msgspec.field(name="Group size", default=None)
     dtype: str | None = None
     pg_name: str | None = msgspec.field(name="Process Group Name", default=None)
     pg_desc: str | None = msgspec.field(name="Process Group Description", default=None)
     pg_ranks: str | list[int] | None = msgspec.field(name="Process Group Ranks", default=None)
     # ROCm traces write memcpy byte counts as strings.
-    nbytes: int | str | None = msgspec.field(name="bytes", default=None)
+    nbytes: I64 | str | None = msgspec.field(name="bytes", default=None)
     name: str | None = None  # thread/process names on ph == "M" events
     # shapes/types (record_shapes=True) stay undecoded: only c10d collective ops need them
     # msgspec cannot decode ``Raw | None`` (it accepts only null): plain Raw, None when absent
     input_dims: msgspec.Raw = msgspec.field(name="Input Dims", default=None)  # type: ignore[assignment]
     input_type: msgspec.Raw = msgspec.field(name="Input type", default=None)  # type: ignore[assignment]
     # ``[memory]`` instant events (profile_memory=True): allocator totals after each event
-    total_allocated: int | None = msgspec.field(name="Total Allocated", default=None)
-    total_reserved: int | None = msgspec.field(name="Total Reserved", default=None)
-    device_type: int | None = msgspec.field(name="Device Type", default=None)
-    device_id: int | None = msgspec.field(name="Device Id", default=None)
+    total_allocated: I64 | None = msgspec.field(name="Total Allocated", default=None)
+    total_reserved: I64 | None = msgspec.field(name="Total Reserved", default=None)
+    device_type: I64 | None = msgspec.field(name="Device Type", default=None)
+    device_id: I64 | None = msgspec.field(name="Device Id", default=None)
 
 
 MEMORY_EVENT = "[memory]"
@@ -251,7 +253,7 @@ def decode_lenient_utf8(decoder, data):
 
 
 TOO_DEEP = "JSON nested too deeply; a profiler trace is a few levels deep"
-OVERFLOW = "an event field holds an integer outside the 64-bit range (ids, stream, sizes)"
+OVERFLOW = "a field holds an integer outside the 64-bit range (event ids, stream, sizes, rank)"
 
 
 def _json_error(path: Path, exc: msgspec.DecodeError) -> InputError:
@@ -308,15 +310,18 @@ def _lenient(path: Path, raw: Any) -> tuple[list[Event], dict, str]:
 
 
 def _to_int(v: Any) -> int | None:
+    """An integer field, leniently (None when it is not a number); past 64 bits: OverflowError."""
     if isinstance(v, bool):
         return int(v)
     if isinstance(v, int):
+        if not -(1 << 63) <= v < (1 << 63):
+            raise OverflowError(OVERFLOW)
         return v
     if isinstance(v, float) and v.is_integer():
-        return int(v)
+        return _to_int(int(v))
     if isinstance(v, str):
         try:
-            return int(v.strip())
+            return _to_int(int(v.strip()))
         except ValueError:
             return None
     return None
@@ -560,7 +565,7 @@ def parallel_decode(workers: int) -> Iterator[None]:
 
 
 def load_trace(
-    path: str | Path, progress: Callable[[int, int], None] | None = None, workers: int | None = None
+    path: str | Path, progress: Callable[[int, int], None] | None = None, workers: I64 | None = None
 ) -> RankTrace:
     """Read one ``.json`` / ``.json.gz`` Kineto trace. Raises :class:`InputError` on bad input.
 
@@ -582,17 +587,24 @@ def load_trace(
         meta, cols, mode = out
         if cols.event_count == 0:
             raise InputError(path, "trace has no events")
-        rt = _make_trace(
-            path, meta, mode,
-            cols.column("cat", np.int32), cols.column("name", np.int32), cols.column("thread", np.int32),
-            cols.column("ts", np.float64), cols.column("dur", np.float64), cols.column("ext", np.int64),
-            cols.column("corr", np.int64), cols.column("stream", np.int64),
-            [str(c) for c in cols.cats.values], [str(x) for x in cols.names.values], list(cols.threads.values),
-            cols.keep, cols.thread_names, cols.event_count, cols.memory_events(),
-        )
+        try:
+            rt = _trace_from_columns(path, meta, mode, cols)
+        except OverflowError:
+            raise InputError(path, OVERFLOW) from None
     if len(rt) == 0:
         raise InputError(path, "trace has no complete ('X') events to analyse")
     return rt
+
+
+def _trace_from_columns(path: Path, meta: dict, mode: str, cols) -> RankTrace:
+    return _make_trace(
+        path, meta, mode,
+        cols.column("cat", np.int32), cols.column("name", np.int32), cols.column("thread", np.int32),
+        cols.column("ts", np.float64), cols.column("dur", np.float64), cols.column("ext", np.int64),
+        cols.column("corr", np.int64), cols.column("stream", np.int64),
+        [str(c) for c in cols.cats.values], [str(x) for x in cols.names.values], list(cols.threads.values),
+        cols.keep, cols.thread_names, cols.event_count, cols.memory_events(),
+    )
 
 
 def load_trace_whole(path: str | Path) -> RankTrace:

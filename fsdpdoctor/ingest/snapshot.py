@@ -329,6 +329,8 @@ def _validate(path: Any, where: str, value: Any, typ: Any) -> None:
         raise SnapshotError(path, f"wrong structure: {where}{at}: {msg[:100]}") from None
     except RecursionError:
         raise SnapshotError(path, f"wrong structure: {where} is nested too deeply") from None
+    except UnicodeError:
+        raise SnapshotError(path, f"wrong structure: {where} holds a string that is not valid Unicode") from None
 
 
 _ENTRIES = list[_Entry]
