@@ -124,3 +124,114 @@ def test_invalid_utf8_in_labels_keeps_every_event(work):
         assert rt.event_count == len(doc["traceEvents"])
         assert len(rt) == n_x
         assert any(n.startswith("\ufffd") for n in rt.names)
+
+
+# -- property-based: hypothesis draws the mutation, the CLI runs in this process ------------------
+# Each example must end in exit 0, 1 or 2, never in the internal-error handler (exit 3). CI runs a
+# few derandomized examples per kind; FSDPDOCTOR_FUZZ_EXAMPLES=2000 for a long local run.
+
+import contextlib  # noqa: E402
+import copy  # noqa: E402
+import gzip  # noqa: E402
+import io  # noqa: E402
+import pickle  # noqa: E402
+
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from _fuzz_cases import snapshot_obj  # noqa: E402
+
+EXAMPLES = int(os.environ.get("FSDPDOCTOR_FUZZ_EXAMPLES", "25"))
+_LONG = "FSDPDOCTOR_FUZZ_EXAMPLES" in os.environ
+PROPERTY = settings(
+    max_examples=EXAMPLES, deadline=None, derandomize=not _LONG, database=None,
+    suppress_health_check=list(HealthCheck),
+)
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers(min_value=-(1 << 80), max_value=1 << 80)
+    | st.floats(allow_nan=False) | st.text(max_size=20),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4),
+    max_leaves=20,
+)
+
+
+def _cli_code(argv: list[str]) -> tuple[int, str]:
+    from fsdpdoctor.cli import main
+
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+        try:
+            main.main(args=argv, prog_name="fsdpdoctor", standalone_mode=True)
+            code = 0
+        except SystemExit as exc:
+            code = exc.code if isinstance(exc.code, int) else 1
+    return code, err.getvalue()
+
+
+def _replace(obj, path_choice: int, value):
+    """``obj`` with the value at one of its paths (picked by ``path_choice``) replaced."""
+    from _fuzz_cases import _parent, _paths
+
+    obj = copy.deepcopy(obj)
+    paths = _paths(obj, limit=600)
+    parent, key = _parent(obj, paths[path_choice % len(paths)])
+    parent[key] = value
+    return obj
+
+
+@pytest.fixture(scope="module")
+def small_doc():
+    return trace_doc(max_events=150)
+
+
+@pytest.fixture(scope="module")
+def small_snapshot():
+    s = snapshot_obj()
+    s["segments"] = s["segments"][:10]
+    s["device_traces"] = [t[:60] for t in s["device_traces"]]
+    return s
+
+
+def _check(code: int, err: str, path) -> None:
+    assert code in (0, 1, 2), err
+    assert "internal error" not in err and "Traceback" not in err, err
+    if code == 2:
+        lines = [ln for ln in err.splitlines() if ln.strip()]
+        assert len(lines) == 1 and str(path) in lines[0], err
+
+
+@PROPERTY
+@given(choice=st.integers(min_value=0), value=json_values, gz=st.booleans())
+def test_property_trace_field_replaced(tmp_path_factory, small_doc, choice, value, gz):
+    p = tmp_path_factory.mktemp("hyp") / ("rank0.json.gz" if gz else "rank0.json")
+    data = json.dumps(_replace(small_doc, choice, value)).encode()
+    p.write_bytes(gzip.compress(data, 1) if gz else data)
+    _check(*_cli_code(["analyze", str(p), "-j", "1", "--format", "json"]), p)
+
+
+@PROPERTY
+@given(at=st.floats(min_value=0, max_value=1), junk=st.binary(max_size=16), drop=st.integers(0, 64))
+def test_property_trace_bytes_spliced(tmp_path_factory, small_doc, at, junk, drop):
+    data = json.dumps(small_doc, indent=1).encode()
+    k = int(at * len(data))
+    p = tmp_path_factory.mktemp("hyp") / "rank0.json"
+    p.write_bytes(data[:k] + junk + data[k + drop :])
+    _check(*_cli_code(["analyze", str(p), "-j", "1", "--format", "json"]), p)
+
+
+@PROPERTY
+@given(choice=st.integers(min_value=0), value=json_values)
+def test_property_snapshot_field_replaced(tmp_path_factory, small_snapshot, choice, value):
+    p = tmp_path_factory.mktemp("hyp") / "snap.pickle"
+    p.write_bytes(pickle.dumps(_replace(small_snapshot, choice, value), protocol=4))
+    _check(*_cli_code(["memory", str(p), "--format", "json"]), p)
+
+
+@PROPERTY
+@given(choice=st.integers(min_value=0), value=json_values)
+def test_property_baseline_field_replaced(tmp_path_factory, baseline, choice, value):
+    p = tmp_path_factory.mktemp("hyp") / "base.json"
+    p.write_text(json.dumps(_replace(json.loads(baseline.read_text()), choice, value)))
+    good = RECORDED / "per-block" / "rank0.json.gz"
+    _check(*_cli_code(["compare", str(p), str(good), "-j", "1", "--format", "json"]), p)
