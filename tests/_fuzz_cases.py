@@ -190,6 +190,7 @@ def named_cases(work: Path, baseline: Path | None) -> list[Case]:
     )
     memory("snap_time_us_str.pickle", mutated(lambda s: [e.__setitem__("time_us", "soon") for e in s["device_traces"][0]]))
     memory("snap_stream_str.pickle", mutated(lambda s: s["device_traces"][0][0].__setitem__("stream", "s")))
+    memory("snap_device_negative.pickle", mutated(lambda s: s["segments"][-1].__setitem__("device", -2)))  # found by hypothesis
     memory("snap_device_str.pickle", mutated(lambda s: s["segments"][0].__setitem__("device", "cuda:0")))
     memory("snap_settings_list.pickle", mutated(lambda s: s.__setitem__("allocator_settings", [1, 2])))
     memory("snap_deep_frames.pickle", mutated(lambda s: s["device_traces"][0][0].__setitem__("frames", json.loads(nested(400)))))
@@ -363,7 +364,7 @@ def seeded_cases(work: Path, seed: int, count: int, baseline: Path | None) -> li
         elif kind == "sidecar":  # a run directory whose capture sidecar is mutated
             obj, what = mutate_obj(side, rng)
             d = t / cid
-            d.mkdir()
+            d.mkdir(exist_ok=True)
             (d / "rank0.json").write_bytes(small_trace)
             p = d / "fsdpdoctor_meta.json"
             p.write_bytes(_dumps_lenient(obj))

@@ -381,6 +381,8 @@ def _normalise_segment(seg: Any, idx: int, path: Any) -> dict:
         raise SnapshotError(path, f"wrong structure: {where} has no 'blocks' list")
     for key in ("address", "total_size", "device", "stream"):
         _in_range(path, where, key, seg.get(key))
+    if _int(seg.get("device")) < 0:
+        raise SnapshotError(path, f"wrong structure: {where}['device'] = {seg.get('device')} is not a device index")
     address = _int(seg.get("address"))
     out_blocks = []
     cursor = address
