@@ -201,6 +201,19 @@ def named_cases(work: Path, baseline: Path | None) -> list[Case]:
     memory("frame_claim.pickle", data=b"\x80\x04\x95" + struct.pack("<Q", 1 << 40) + b"N.", family="pickle")
     # 200k nested lists (APPENDS into each other): the unpickler does not recurse; not a snapshot
     memory("deep_pickle.pickle", data=b"\x80\x04" + b"]" * 200_000 + b"a" * 199_999 + b".", family="pickle")
+    # 100k-deep lists where the snapshot holds free-form data (the unpickler builds them without
+    # recursion; nothing may walk them recursively afterwards)
+    for where in ("allocator_settings", "segment_frames", "user_metadata"):
+        o = copy.deepcopy(snap)
+        tok = "PLACEHOLDER_FOR_DEEP_LIST"
+        if where == "segment_frames":
+            o["segments"][0]["frames"] = tok
+        elif where == "user_metadata":
+            o["device_traces"][0][0]["user_metadata"] = tok
+        else:
+            o[where] = tok
+        pat = b"X" + struct.pack("<I", len(tok)) + tok.encode()
+        memory(f"deep_{where}.pickle", data=pickle.dumps(o, protocol=2).replace(pat, b"]" * 100_000 + b"a" * 99_999), family="pickle")
     memory("snap_gz_bomb.pickle.gz", data=gz_members(b"\x80\x04", b"\0" * (64 << 20), b"", repeat_middle=32), family="bomb")
 
     # 7. baselines
