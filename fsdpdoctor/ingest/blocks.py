@@ -201,7 +201,7 @@ class _Source:
     def offset(self) -> int:  # decompressed bytes handed out so far
         return self.stream.offset
 
-    def read(self, n: I64 | None = None) -> bytes:
+    def read(self, n: int | None = None) -> bytes:
         out = self.stream.read(n or CHUNK_BYTES)
         if self.progress is not None:
             self.progress(self.raw.tell() if out else self.size, self.size)
@@ -295,7 +295,7 @@ class Part(msgspec.Struct, gc=False):
         return len(self.ts)
 
 
-def extract(evs: list, table: KeyTable, counted: I64 | None = None) -> Part:
+def extract(evs: list, table: KeyTable, counted: int | None = None) -> Part:
     """Columns of one decoded block."""
     thread_names: dict[tuple[Any, Any], str] = {}
     xs = [e for e in evs if e.__class__ is _X]
@@ -463,14 +463,27 @@ def _internal(e: K.Event):
 # --------------------------------------------------------------------------------------------
 
 
-def _last_separator(data, lo: int, hi: I64 | None = None) -> int:
-    """Index of the ``}`` of the last ``}, {`` separator in ``data[lo:hi]``, or -1."""
+def _last_separator(data, lo: int, hi: int | None = None) -> int:
+    """The cut at the last ``}, {`` separator whose ``}`` lies in ``data[lo:hi]``, or -1.
+
+    The cut is the index of the byte just before the separator's ``,`` (the ``}`` itself, or the
+    last blank after it), so the byte after the cut is always the ``,``: a block is decoded with
+    that byte overwritten by ``]``, and the next block starts at it (its sacrificial byte). With
+    blanks between ``}`` and ``,`` a cut at the ``}`` would leave the ``,`` inside the next block."""
     hi = len(data) if hi is None else hi
     j = hi
     while True:
         j = data.rfind(b"}", lo, j)
-        if j < 0 or _SEP.match(data, j, hi):
+        if j < 0:
             return j
+        m = _SEP.match(data, j, hi)
+        if m:
+            return _comma_before(data, j, m.end())
+
+
+def _comma_before(data, brace: int, end: int) -> int:
+    """For a separator matched from ``brace`` to ``end``: the index just before its ``,``."""
+    return data.find(b",", brace, end) - 1
 
 
 def _decode_error(path: Path, exc: msgspec.DecodeError, shift: int) -> InputError:
@@ -490,7 +503,7 @@ def _decode(decoder, buf):
         return decoder.decode(bytes(buf).decode("utf-8", "replace").encode())
 
 
-def _too_deep(path: Path, offset: I64 | None = None) -> InputError:
+def _too_deep(path: Path, offset: int | None = None) -> InputError:
     where = f" (near byte {offset})" if offset is not None else ""
     return InputError(path, f"JSON nested too deeply{where}; a profiler trace is a few levels deep")
 
@@ -728,9 +741,10 @@ class _Stream:
             cut = -1
             width = 8192
             while target + width < size and width <= CHUNK_BYTES:
-                m = _SEP.search(os.pread(raw.fileno(), width, target))
+                window = os.pread(raw.fileno(), width, target)
+                m = _SEP.search(window)
                 if m is not None:
-                    cut = target + m.start()
+                    cut = target + _comma_before(window, m.start(), m.end())
                     break
                 width *= 4  # an event longer than the window
             if cut >= 0:

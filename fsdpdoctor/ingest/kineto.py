@@ -565,7 +565,7 @@ def parallel_decode(workers: int) -> Iterator[None]:
 
 
 def load_trace(
-    path: str | Path, progress: Callable[[int, int], None] | None = None, workers: I64 | None = None
+    path: str | Path, progress: Callable[[int, int], None] | None = None, workers: int | None = None
 ) -> RankTrace:
     """Read one ``.json`` / ``.json.gz`` Kineto trace. Raises :class:`InputError` on bad input.
 
