@@ -13,6 +13,7 @@ from . import __version__
 from .analysis.ranks import analyze_ranks, fold
 from .engine import Finding, run_rules
 from .errors import InputError
+from .ingest._io import short
 from .facts import RunFacts
 from .analysis.sidecar import apply_sidecar
 from .analysis.strategy import advise, expected_memory, inputs_from_facts
@@ -169,12 +170,15 @@ def memory_files(paths: str | Path | Iterable[str | Path]) -> list[Path]:
     for raw in paths:
         p = Path(raw)
         if p.is_dir():
-            found = sorted(q for q in p.iterdir() if q.is_file() and q.name.endswith(MEMORY_SUFFIXES))
+            try:
+                found = sorted(q for q in p.iterdir() if q.is_file() and q.name.endswith(MEMORY_SUFFIXES))
+            except PermissionError:
+                raise InputError(p, "permission denied (cannot list the directory)") from None
             if not found:
                 raise InputError(p, "directory contains no memory snapshots (*.pickle, *.raw.json.gz)")
             out.extend(found)
-        elif p.is_file():
-            out.append(p)
+        elif p.exists():
+            out.append(p)  # not a regular file (a FIFO, a device)? the reader refuses it by stat
         else:
             raise InputError(p, "no such file or directory")
     return out
@@ -239,16 +243,13 @@ def load_run(
     label = " ".join(items)
     if len(items) == 1 and is_saved_facts(items[0]):
         path = items[0]
-        facts = RunFacts.load(path)
-        raw = msgspec.json.decode(Path(path).read_bytes())
-        if isinstance(raw, dict) and isinstance(raw.get("findings"), list):
+        facts, raw = RunFacts.load_document(path)
+        if isinstance(raw.get("findings"), list):
             try:
                 findings = msgspec.convert(raw["findings"], list[Finding])
             except msgspec.ValidationError as exc:
-                raise InputError(path, f"its findings do not match the schema ({exc})") from None
+                raise InputError(path, f"its findings do not match the schema ({short(exc)})") from None
         else:
-            from ..engine import run_rules
-
             findings = run_rules(facts, config)
         return LoadedRun(facts, findings, label, "saved facts")
     report = analyze(items, memory=memory or None, config=config, jobs=jobs)

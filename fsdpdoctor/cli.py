@@ -48,6 +48,27 @@ def guarded(fn):
     return wrapper
 
 
+def _set_input_limit(ctx: click.Context, param: click.Parameter, value: str | None) -> None:
+    if value is None:
+        return
+    from .ingest._io import MAX_INPUT_ENV, parse_size
+
+    try:
+        n = parse_size(value)
+    except ValueError:
+        raise click.BadParameter(f"{value!r} is not a size (e.g. 512M, 8G, 20000000)") from None
+    os.environ[MAX_INPUT_ENV] = str(n)  # read by every reader, also in worker processes
+
+
+def input_limit_option(fn):
+    """``--max-input-bytes SIZE``: the cap on the bytes one input may produce (decompressed)."""
+    return click.option(
+        "--max-input-bytes", metavar="SIZE", expose_value=False, is_eager=True, callback=_set_input_limit,
+        help="Refuse an input that holds (or gunzips to) more than SIZE bytes, e.g. 8G. Default: 64 GiB, "
+        "and for .gz files also 100x the compressed size (gzip bombs).",
+    )(fn)
+
+
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="fsdpdoctor")
 def main() -> None:
@@ -75,6 +96,7 @@ def _write(text: str, output: Path | None) -> None:
 @click.option("--set", "settings", multiple=True, metavar="KEY=VALUE", help="Override a rule threshold (see 'fsdpdoctor rules --thresholds').")
 @click.option("--disable", multiple=True, metavar="RULE", help="Skip a rule (code or slug); repeatable.")
 @click.option("--save-baseline", type=click.Path(dir_okay=False, path_type=Path), help="Also write the facts (with findings) for a later 'check --baseline'.")
+@input_limit_option
 @guarded
 def analyze(
     paths: tuple[str, ...], fmt: str, output: Path | None, jobs: int | None, memory: tuple[Path, ...],
@@ -98,6 +120,7 @@ def analyze(
 @click.argument("paths", nargs=-1, required=True)
 @click.option("--format", "fmt", type=click.Choice(["terminal", "markdown", "json"]), default="terminal", show_default=True, help="Report format.")
 @click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path), help="Write the report to FILE.")
+@input_limit_option
 @guarded
 def memory(paths: tuple[str, ...], fmt: str, output: Path | None) -> None:
     """Analyse CUDA memory snapshots (or profiler memory timelines) alone."""

@@ -12,7 +12,7 @@ from pathlib import Path
 import click
 from rich.console import Console
 
-from .cli import _write, guarded, main, render_console, rule_config
+from .cli import _write, guarded, input_limit_option, main, render_console, rule_config
 
 _FORMATS = click.Choice(["terminal", "markdown", "json", "html"])
 
@@ -25,6 +25,7 @@ _FORMATS = click.Choice(["terminal", "markdown", "json", "html"])
 @click.option("-j", "--jobs", type=click.IntRange(1, 256), default=None, help="Worker processes for several ranks.")
 @click.option("--set", "settings", multiple=True, metavar="KEY=VALUE", help="Override a rule threshold.")
 @click.option("--disable", multiple=True, metavar="RULE", help="Skip a rule (code or slug); repeatable.")
+@input_limit_option
 @guarded
 def compare(before: str, after: str, fmt: str, output: Path | None, jobs: int | None, settings: tuple[str, ...], disable: tuple[str, ...]) -> None:
     """Explain the step-time change from BEFORE to AFTER.
@@ -73,6 +74,7 @@ def compare(before: str, after: str, fmt: str, output: Path | None, jobs: int | 
 @click.option("--memory", "memory", multiple=True, type=click.Path(path_type=Path), help="CUDA memory snapshot(s) of this run.")
 @click.option("--set", "settings", multiple=True, metavar="KEY=VALUE", help="Override a rule threshold.")
 @click.option("--disable", multiple=True, metavar="RULE", help="Skip a rule (code or slug); repeatable.")
+@input_limit_option
 @guarded
 def check(
     paths: tuple[str, ...], baseline: str | None, min_overlap: str | None, max_exposed_comm_ms: str | None,

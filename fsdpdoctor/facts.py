@@ -19,6 +19,7 @@ import msgspec
 #: 2: the report is one document (every RunFacts field once, at the top level, plus ``findings``);
 #: 1 wrote the summaries at the top level and all facts again under ``facts``. Both load.
 SCHEMA_VERSION = 2
+OLDEST_SCHEMA_VERSION = 1  # the oldest saved report / baseline this version still reads
 
 
 MEMORY_CATEGORIES = (
@@ -425,28 +426,61 @@ class RunFacts:
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "RunFacts":
         d = dict(d)
-        d["fsdp"] = {k: v for k, v in d.get("fsdp", {}).items() if k != "unit_count"}
+        if isinstance(d.get("fsdp"), dict):
+            d["fsdp"] = {k: v for k, v in d["fsdp"].items() if k != "unit_count"}
         known = {f for f in cls.__dataclass_fields__}
         return msgspec.convert({k: v for k, v in d.items() if k in known}, cls)
 
     @classmethod
     def load(cls, path: str | Path) -> "RunFacts":
+        return cls.load_document(path)[0]
+
+    @classmethod
+    def load_document(cls, path: str | Path) -> tuple["RunFacts", dict[str, Any]]:
+        """(the facts, the whole JSON document) of a saved facts or report JSON file.
+
+        Every field is checked against its type here, so ``check`` and ``compare`` never meet a
+        wrong one; a file from another schema version is refused with how to regenerate it.
+        Raises InputError naming the file.
+        """
         from .errors import InputError
+        from .ingest._io import read_input, short
 
         p = Path(path)
+        data = read_input(p, "facts/baseline JSON file")
         try:
-            raw = msgspec.json.decode(p.read_bytes())
-        except FileNotFoundError:
-            raise InputError(p, "no such file") from None
+            doc = msgspec.json.decode(data)
         except msgspec.DecodeError as exc:
-            raise InputError(p, f"not valid JSON ({str(exc).splitlines()[0]})") from None
+            raise InputError(p, f"not valid JSON ({short(exc)})") from None
+        except UnicodeDecodeError:
+            raise InputError(p, f"not valid UTF-8 JSON (a string holds invalid bytes); {REGENERATE}") from None
+        except RecursionError:
+            raise InputError(p, "JSON nested too deeply; not a fsdpdoctor facts/baseline file") from None
+        raw = doc
         if isinstance(raw, dict) and "facts" in raw and isinstance(raw["facts"], dict):
             raw = raw["facts"]  # a full report JSON: take the facts inside it
         if not isinstance(raw, dict) or raw.get("schema_version") is None or "rank_facts" not in raw:
             raise InputError(p, "not a fsdpdoctor facts/baseline file (no schema_version/rank_facts)")
-        if raw["schema_version"] > SCHEMA_VERSION:
-            raise InputError(p, f"written by a newer fsdpdoctor (schema {raw['schema_version']} > {SCHEMA_VERSION})")
+        version = raw["schema_version"]
+        if type(version) is not int:
+            raise InputError(p, f"'schema_version' is {short(ValueError(repr(version)))[:40]}, not an integer; {REGENERATE}")
+        if version > SCHEMA_VERSION:
+            raise InputError(
+                p, f"written by a newer fsdpdoctor (schema {version} > {SCHEMA_VERSION}): upgrade fsdpdoctor, or {REGENERATE}"
+            )
+        if version < OLDEST_SCHEMA_VERSION:
+            raise InputError(
+                p, f"schema version {version} is older than this fsdpdoctor reads ({OLDEST_SCHEMA_VERSION}–{SCHEMA_VERSION}); {REGENERATE}"
+            )
         try:
-            return cls.from_dict(raw)
+            facts = cls.from_dict(raw)
         except msgspec.ValidationError as exc:
-            raise InputError(p, f"facts file does not match the schema ({exc})") from None
+            msg, _, at = str(exc).partition(" - at `$")
+            where = f" at {at.rstrip('`')}" if at else ""
+            raise InputError(p, f"does not match the facts schema v{SCHEMA_VERSION}{where}: {msg[:100]}; {REGENERATE}") from None
+        except RecursionError:
+            raise InputError(p, "JSON nested too deeply; not a fsdpdoctor facts/baseline file") from None
+        return facts, doc if isinstance(doc, dict) else {}
+
+
+REGENERATE = "regenerate it with 'fsdpdoctor analyze TRACES --save-baseline FILE'"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -82,3 +83,91 @@ def test_no_write_into_input_folder(tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert sorted(p.name for p in tmp_path.iterdir()) == before
     assert json.loads(proc.stdout)["ranks"] == [0]
+
+
+# -- special files, permissions, limits (issue 15) ------------------------------------------------
+
+RECORDED_RANK0 = Path(__file__).resolve().parents[1] / "fixtures" / "recorded" / "per-block" / "rank0.json.gz"
+
+
+def test_fifo_is_refused_by_stat_not_waited_on(tmp_path):
+    fifo = tmp_path / "rank0.json"
+    os.mkfifo(fifo)
+    for args in (["analyze", str(fifo)], ["memory", str(fifo)], ["check", str(RECORDED_RANK0), "-j", "1", "--baseline", str(fifo)]):
+        _assert_one_line_error(run_cli(*args), str(fifo), "named pipe (FIFO), not a regular file")
+
+
+def test_unreadable_directory_and_file_say_permission_denied(tmp_path, monkeypatch):
+    from fsdpdoctor.errors import InputError
+    from fsdpdoctor.ingest import _io
+    from fsdpdoctor.ingest.discover import discover
+
+    (tmp_path / "rank0.json").write_text("{}")
+
+    def denied(self):
+        raise PermissionError(13, "Permission denied", str(self))
+
+    monkeypatch.setattr(Path, "iterdir", denied)  # root reads every directory: simulate chmod 000
+    with pytest.raises(InputError, match="permission denied") as err:
+        discover([tmp_path])
+    assert err.value.path == str(tmp_path)
+    monkeypatch.undo()
+
+    real_stat = os.stat
+
+    def stat_denied(p, *a, **kw):
+        if str(p).endswith("rank0.json"):
+            raise PermissionError(13, "Permission denied")
+        return real_stat(p, *a, **kw)
+
+    monkeypatch.setattr(_io.os, "stat", stat_denied)
+    with pytest.raises(InputError, match="permission denied"):
+        _io.read_input(tmp_path / "rank0.json")
+
+
+def test_max_input_bytes_refuses_then_admits(tmp_path):
+    raw = gzip.decompress(RECORDED_RANK0.read_bytes())
+    p = _make(tmp_path, "rank0.json", raw)
+    _assert_one_line_error(
+        run_cli("analyze", str(p), "-j", "1", "--max-input-bytes", "64K"), str(p), "more than the --max-input-bytes limit of 64.0 KiB"
+    )
+    ok = run_cli("analyze", str(p), "-j", "1", "--format", "json", "--max-input-bytes", f"{len(raw)}")
+    assert ok.returncode == 0, ok.stderr
+    assert json.loads(ok.stdout)["rank_facts"][0]["event_count"] == len(json.loads(raw)["traceEvents"])
+    bad = run_cli("analyze", str(p), "--max-input-bytes", "lots")
+    assert bad.returncode == 2 and "is not a size" in bad.stderr
+
+
+def test_gzip_ratio_cap_and_its_override(tmp_path, monkeypatch):
+    """A genuine trace padded so that it gzips > 100x is refused as a likely bomb (with the
+    floor lowered so a small file shows it), and read in full once the cap is raised."""
+    from fsdpdoctor.errors import InputError
+    from fsdpdoctor.ingest import _io
+    from fsdpdoctor.ingest.kineto import load_trace
+
+    doc = json.loads(gzip.decompress(RECORDED_RANK0.read_bytes()))
+    text = json.dumps(doc).encode()
+    head, tail = text.split(b'"traceEvents": [', 1)
+    padded = head + b'"traceEvents": [' + b" " * (8 << 20) + tail + b" " * (8 << 20)
+    p = _make(tmp_path, "rank0.json.gz", gzip.compress(padded, 9))
+    assert len(padded) > _io.MAX_RATIO * p.stat().st_size
+    monkeypatch.setattr(_io, "RATIO_FLOOR", 1 << 20)
+    with pytest.raises(InputError, match="likely a gzip bomb"):
+        load_trace(p, workers=0)
+    with _io.input_limit(1 << 30):
+        rt = load_trace(p, workers=0)
+    assert rt.event_count == len(doc["traceEvents"])
+
+
+def test_baseline_from_another_schema_says_how_to_regenerate(tmp_path):
+    from fsdpdoctor.errors import InputError
+    from fsdpdoctor.facts import OLDEST_SCHEMA_VERSION, SCHEMA_VERSION, RunFacts
+
+    for version, needle in ((SCHEMA_VERSION + 1, "newer fsdpdoctor"), (OLDEST_SCHEMA_VERSION - 1, "older"), ("1", "not an integer")):
+        p = _make(tmp_path, "base.json", json.dumps({"schema_version": version, "rank_facts": []}).encode())
+        with pytest.raises(InputError, match=needle) as err:
+            RunFacts.load(p)
+        assert "--save-baseline" in str(err.value) and str(p) in str(err.value)
+    p = _make(tmp_path, "base.json", json.dumps({"schema_version": SCHEMA_VERSION, "rank_facts": [], "fsdp": None}).encode())
+    with pytest.raises(InputError, match=r"at \.fsdp"):
+        RunFacts.load(p)

@@ -359,3 +359,50 @@ def test_parallel_workers_errors(tmp_path, parallel, gz, damage):
     with pytest.raises(InputError) as e2:
         load_trace_whole(p)
     assert str(e1.value) == str(e2.value)
+
+
+# ---------------------------------------------------------------------------------------------
+# long blank runs (issue 15: the reader must not rescan what it has searched)
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("where", ["before-array", "in-array", "around-comma", "after-array"])
+def test_long_blank_runs_read_like_the_whole_file(tmp_path, chunk, where):
+    """Blank runs many chunks long before the array, before the first event, on both sides of a
+    separator's comma (so the separator spans chunks) and after the array: the block reader's
+    incremental separator search must find the same events as one whole-file decode."""
+    doc = _events_doc(RECORDED[0])
+    doc["traceEvents"] = doc["traceEvents"][:300]
+    text = json.dumps(doc, indent=1).encode()
+    blank = b" \n\t" * (20_000 if chunk else 1_500_000)  # 60 kB for small chunks, 4.5 MB for default
+    head, tail = text.split(b'"traceEvents": [', 1)
+    if where == "before-array":
+        text = blank + text
+    elif where == "in-array":
+        text = head + b'"traceEvents": [' + blank + tail
+    elif where == "around-comma":
+        k = tail.index(b"},") + 1
+        j = tail.index(b"},", k + 50000 if len(tail) > k + 60000 else k + 1) + 1
+        tail = tail[:k] + blank + b"," + blank + tail[k + 1 : j] + blank + tail[j:]
+        text = head + b'"traceEvents": [' + tail
+    else:
+        text = text + blank
+    p = tmp_path / "blank.json"
+    p.write_bytes(text)
+    a, b = _both(p)
+    assert_same(a, b)
+    assert a.event_count == 300
+
+
+@pytest.mark.parametrize("gz", [False, True], ids=["json", "gz"])
+def test_parallel_workers_blanks_around_every_comma(tmp_path, parallel, gz):
+    """Valid JSON with blanks between each event's ``}`` and its ``,``: every cut the workers'
+    paths make must leave the ``,`` out of the next block."""
+    doc = _events_doc(RECORDED[0])
+    doc["traceEvents"] = doc["traceEvents"][:1500]
+    data = json.dumps(doc, indent=1).encode().replace(b"},\n", b"}\n  \t,\n")
+    p = tmp_path / ("t.json.gz" if gz else "t.json")
+    p.write_bytes(gzip.compress(data) if gz else data)
+    a, b = _parallel_and_whole(p)
+    assert_same(a, b)
+    assert a.event_count == 1500

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import glob
+import os
+import stat
 from pathlib import Path
 
 from ..errors import InputError
@@ -29,13 +31,24 @@ def discover(paths: list[str | Path]) -> list[Path]:
     for raw in paths:
         s = str(raw)
         p = Path(s)
-        if p.is_dir():
-            found = sorted(q for q in p.iterdir() if q.is_file() and _is_trace_name(q))
+        try:
+            st = os.stat(p)
+        except PermissionError:
+            raise InputError(p, "permission denied") from None
+        except OSError:
+            st = None
+        if st is not None and stat.S_ISDIR(st.st_mode):
+            try:
+                found = sorted(q for q in p.iterdir() if q.is_file() and _is_trace_name(q))
+            except PermissionError:
+                raise InputError(p, "permission denied (cannot list the directory)") from None
+            except OSError as exc:
+                raise InputError(p, f"cannot list the directory ({exc.strerror or exc})") from None
             if not found:
                 raise InputError(p, "directory contains no trace files (*.json, *.json.gz)")
             out.extend(found)
-        elif p.exists():
-            out.append(p)
+        elif st is not None:
+            out.append(p)  # not a regular file? the reader says so, by stat, before opening
         elif any(ch in s for ch in "*?["):
             found = sorted(Path(q) for q in glob.glob(s) if Path(q).is_file())
             if not found:

@@ -22,15 +22,14 @@ import re
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator, Union
+from typing import Annotated, Any, Callable, Iterator, Union
 
 import msgspec
 import numpy as np
 
 from ..errors import InputError
 
-from ._io import GZIP_ERRORS as _GZIP_ERRORS
-from ._io import gzip_impl as _gzip
+from ._io import read_input
 from ._io import short as _short
 
 # --------------------------------------------------------------------------------------------
@@ -38,33 +37,35 @@ from ._io import short as _short
 # --------------------------------------------------------------------------------------------
 
 IntOrStr = Union[int, str]
+# integers the analysis reads are 64-bit; a larger one is corrupt input, not a number to compute with
+I64 = Annotated[int, msgspec.Meta(ge=-(1 << 63), le=(1 << 63) - 1)]
 
 
 class Args(msgspec.Struct, gc=False, omit_defaults=True):
-    external_id: int | None = msgspec.field(name="External id", default=None)
-    correlation: int | None = None
-    stream: int | None = None
-    device: int | None = None
+    external_id: I64 | None = msgspec.field(name="External id", default=None)
+    correlation: I64 | None = None
+    stream: I64 | None = None
+    device: I64 | None = None
     collective: str | None = msgspec.field(name="Collective name", default=None)
-    in_nelems: int | None = msgspec.field(name="In msg nelems", default=None)
-    out_nelems: int | None = msgspec.field(name="Out msg nelems", default=None)
-    group_size: int | None = msgspec.field(name="Group size", default=None)
+    in_nelems: I64 | None = msgspec.field(name="In msg nelems", default=None)
+    out_nelems: I64 | None = msgspec.field(name="Out msg nelems", default=None)
+    group_size: I64 | None = msgspec.field(name="Group size", default=None)
     dtype: str | None = None
     pg_name: str | None = msgspec.field(name="Process Group Name", default=None)
     pg_desc: str | None = msgspec.field(name="Process Group Description", default=None)
     pg_ranks: str | list[int] | None = msgspec.field(name="Process Group Ranks", default=None)
     # ROCm traces write memcpy byte counts as strings.
-    nbytes: int | str | None = msgspec.field(name="bytes", default=None)
+    nbytes: I64 | str | None = msgspec.field(name="bytes", default=None)
     name: str | None = None  # thread/process names on ph == "M" events
     # shapes/types (record_shapes=True) stay undecoded: only c10d collective ops need them
     # msgspec cannot decode ``Raw | None`` (it accepts only null): plain Raw, None when absent
     input_dims: msgspec.Raw = msgspec.field(name="Input Dims", default=None)  # type: ignore[assignment]
     input_type: msgspec.Raw = msgspec.field(name="Input type", default=None)  # type: ignore[assignment]
     # ``[memory]`` instant events (profile_memory=True): allocator totals after each event
-    total_allocated: int | None = msgspec.field(name="Total Allocated", default=None)
-    total_reserved: int | None = msgspec.field(name="Total Reserved", default=None)
-    device_type: int | None = msgspec.field(name="Device Type", default=None)
-    device_id: int | None = msgspec.field(name="Device Id", default=None)
+    total_allocated: I64 | None = msgspec.field(name="Total Allocated", default=None)
+    total_reserved: I64 | None = msgspec.field(name="Total Reserved", default=None)
+    device_type: I64 | None = msgspec.field(name="Device Type", default=None)
+    device_id: I64 | None = msgspec.field(name="Device Id", default=None)
 
 
 MEMORY_EVENT = "[memory]"
@@ -107,6 +108,7 @@ class _TraceDoc(msgspec.Struct, gc=False):
 
 
 _typed_decoder = msgspec.json.Decoder(Union[_TraceDoc, list[Event]])
+_untyped_decoder = msgspec.json.Decoder()
 _args_fields = set(Args.__struct_fields__)
 
 # Categories whose rows are kept. Python-function rows (with_stack) are the bulk of some traces
@@ -233,28 +235,25 @@ def _gc_paused() -> Iterator[None]:
 
 
 def read_bytes(path: Path) -> bytes:
-    """The file's JSON bytes, gunzipped when the file is gzip (detected by magic, not by name)."""
-    try:
-        with open(path, "rb") as fh:
-            head = fh.read(2)
-            fh.seek(0)
-            if head == b"\x1f\x8b":
-                try:
-                    with _gzip.open(fh, "rb") as gz:
-                        data = gz.read()
-                except _GZIP_ERRORS as exc:
-                    raise InputError(path, f"truncated or corrupt gzip data ({_short(exc)})") from None
-            else:
-                data = fh.read()
-    except IsADirectoryError:
-        raise InputError(path, "is a directory, expected a trace file") from None
-    except FileNotFoundError:
-        raise InputError(path, "no such file") from None
-    except PermissionError:
-        raise InputError(path, "permission denied") from None
+    """The file's JSON bytes, gunzipped when the file is gzip (detected by magic, not by name),
+    within the input limits of :mod:`._io`."""
+    data = read_input(path, "trace file")
     if not data.strip():
         raise InputError(path, "empty file")
     return data
+
+
+def decode_lenient_utf8(decoder, data):
+    """``decoder.decode(data)``; invalid UTF-8 inside strings (labels: names, categories, group
+    names; numbers are ASCII) is replaced by U+FFFD instead of failing the file."""
+    try:
+        return decoder.decode(data)
+    except UnicodeDecodeError:
+        return decoder.decode(bytes(data).decode("utf-8", "replace").encode())
+
+
+TOO_DEEP = "JSON nested too deeply; a profiler trace is a few levels deep"
+OVERFLOW = "a field holds an integer outside the 64-bit range (event ids, stream, sizes, rank)"
 
 
 def _json_error(path: Path, exc: msgspec.DecodeError) -> InputError:
@@ -267,17 +266,21 @@ def _decode(path: Path, data: bytes) -> tuple[list[Event], dict, str]:
     """Typed decode; lenient per-event conversion when a field has an unexpected type."""
     with _gc_paused():
         try:
-            doc = _typed_decoder.decode(data)
+            doc = decode_lenient_utf8(_typed_decoder, data)
             mode = "typed"
         except msgspec.ValidationError:
             doc, mode = None, "lenient"
         except msgspec.DecodeError as exc:
             raise _json_error(path, exc) from None
+        except RecursionError:
+            raise InputError(path, TOO_DEEP) from None
         if doc is None:
             try:
-                raw = msgspec.json.decode(data)
+                raw = decode_lenient_utf8(_untyped_decoder, data)
             except msgspec.DecodeError as exc:
                 raise _json_error(path, exc) from None
+            except RecursionError:
+                raise InputError(path, TOO_DEEP) from None
             return _lenient(path, raw)
     if isinstance(doc, list):
         return doc, {}, mode
@@ -307,15 +310,18 @@ def _lenient(path: Path, raw: Any) -> tuple[list[Event], dict, str]:
 
 
 def _to_int(v: Any) -> int | None:
+    """An integer field, leniently (None when it is not a number); past 64 bits: OverflowError."""
     if isinstance(v, bool):
         return int(v)
     if isinstance(v, int):
+        if not -(1 << 63) <= v < (1 << 63):
+            raise OverflowError(OVERFLOW)
         return v
     if isinstance(v, float) and v.is_integer():
-        return int(v)
+        return _to_int(int(v))
     if isinstance(v, str):
         try:
-            return int(v.strip())
+            return _to_int(int(v.strip()))
         except ValueError:
             return None
     return None
@@ -581,17 +587,24 @@ def load_trace(
         meta, cols, mode = out
         if cols.event_count == 0:
             raise InputError(path, "trace has no events")
-        rt = _make_trace(
-            path, meta, mode,
-            cols.column("cat", np.int32), cols.column("name", np.int32), cols.column("thread", np.int32),
-            cols.column("ts", np.float64), cols.column("dur", np.float64), cols.column("ext", np.int64),
-            cols.column("corr", np.int64), cols.column("stream", np.int64),
-            [str(c) for c in cols.cats.values], [str(x) for x in cols.names.values], list(cols.threads.values),
-            cols.keep, cols.thread_names, cols.event_count, cols.memory_events(),
-        )
+        try:
+            rt = _trace_from_columns(path, meta, mode, cols)
+        except OverflowError:
+            raise InputError(path, OVERFLOW) from None
     if len(rt) == 0:
         raise InputError(path, "trace has no complete ('X') events to analyse")
     return rt
+
+
+def _trace_from_columns(path: Path, meta: dict, mode: str, cols) -> RankTrace:
+    return _make_trace(
+        path, meta, mode,
+        cols.column("cat", np.int32), cols.column("name", np.int32), cols.column("thread", np.int32),
+        cols.column("ts", np.float64), cols.column("dur", np.float64), cols.column("ext", np.int64),
+        cols.column("corr", np.int64), cols.column("stream", np.int64),
+        [str(c) for c in cols.cats.values], [str(x) for x in cols.names.values], list(cols.threads.values),
+        cols.keep, cols.thread_names, cols.event_count, cols.memory_events(),
+    )
 
 
 def load_trace_whole(path: str | Path) -> RankTrace:
@@ -610,7 +623,10 @@ def _load_whole(path: Path, data: bytes) -> RankTrace:
     if not events:
         raise InputError(path, "trace has no events")
     with _gc_paused():
-        rt = _build(path, events, meta, mode)
+        try:
+            rt = _build(path, events, meta, mode)
+        except OverflowError:
+            raise InputError(path, OVERFLOW) from None
     if len(rt) == 0:
         raise InputError(path, "trace has no complete ('X') events to analyse")
     return rt

@@ -11,6 +11,9 @@ from typing import Any
 
 import msgspec
 
+from ..errors import InputError
+from ._io import read_input, short
+
 SIDECAR_NAME = "fsdpdoctor_meta.json"
 
 
@@ -26,9 +29,11 @@ def find_sidecar(trace_files: list[Path]) -> Path | None:
 def load_sidecar(path: Path) -> tuple[dict[str, Any] | None, str | None]:
     """(sidecar, None) or (None, reason it was ignored)."""
     try:
-        data = msgspec.json.decode(path.read_bytes())
-    except (OSError, msgspec.DecodeError) as exc:
-        return None, f"{path}: ignored, not readable JSON ({str(exc).splitlines()[0] if str(exc) else exc})"
+        data = msgspec.json.decode(read_input(path, "sidecar file"))
+    except InputError as exc:
+        return None, f"{exc}; ignored"
+    except (msgspec.DecodeError, UnicodeDecodeError, RecursionError) as exc:
+        return None, f"{path}: ignored, not readable JSON ({short(exc)})"
     if not isinstance(data, dict) or not str(data.get("schema", "")).startswith("fsdpdoctor.meta/"):
         return None, f"{path}: ignored, not a fsdpdoctor sidecar (no 'schema': 'fsdpdoctor.meta/N')"
     return data, None

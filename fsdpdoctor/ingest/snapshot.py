@@ -21,20 +21,20 @@ from __future__ import annotations
 import copyreg
 import gc
 import io
+import os
 import pickle
 import pickletools
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import msgspec
 import numpy as np
 
 from ..errors import InputError
 
-from ._io import GZIP_ERRORS as _GZIP_ERRORS
-from ._io import gzip_impl as _gzip
+from ._io import read_input
 from ._io import short as _short
 
 __all__ = [
@@ -165,28 +165,12 @@ class MemoryTimeline:
 
 
 def _read(path: Path) -> bytes:
-    try:
-        data = path.read_bytes()
-    except IsADirectoryError:
-        raise SnapshotError(path, "is a directory, expected a memory snapshot file") from None
-    except FileNotFoundError:
-        raise SnapshotError(path, "no such file") from None
-    except PermissionError:
-        raise SnapshotError(path, "permission denied") from None
-    except OSError as exc:
-        raise SnapshotError(path, f"cannot read ({exc.strerror or exc})") from None
+    """The file's bytes (gunzipped), refused before reading when it is not a regular file and
+    while reading once it exceeds the input limits of :mod:`._io`."""
+    data = read_input(path, "memory snapshot file", SnapshotError)
     if not data:
         raise SnapshotError(path, "empty file")
-    if data[:2] == b"\x1f\x8b":
-        try:
-            data = _gzip.decompress(data)
-        except _GZIP_ERRORS as exc:
-            raise SnapshotError(path, f"truncated or corrupt gzip data ({_short(exc)})") from None
-        if not data:
-            raise SnapshotError(path, "empty file (after gunzip)")
     return data
-
-
 
 
 def _looks_like_json(data: bytes) -> bool:
@@ -206,6 +190,45 @@ def _gc_paused():
             gc.enable()
 
 
+# What unpickling may allocate beyond what the process already has: the objects of a real
+# snapshot take ~10-30x its pickle size. A hostile pickle can claim far more with a few bytes (a
+# memo index of 2**28 makes CPython's unpickler size its memo table to 4 GiB and zero it).
+UNPICKLE_BYTES_PER_BYTE = 64
+UNPICKLE_FLOOR = 1 << 30
+
+
+def _vm_size() -> int | None:
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError, AttributeError):
+        return None
+
+
+@contextmanager
+def _memory_bound(n: int):
+    """Bound the address space while unpickling ``n`` bytes (Linux; elsewhere a no-op), so a
+    pickle that asks for gigabytes fails at once with MemoryError instead of taking them."""
+    try:
+        import resource
+    except ImportError:  # pragma: no cover - Windows
+        yield
+        return
+    vm = _vm_size()
+    soft, hard = resource.getrlimit(resource.RLIMIT_AS)
+    limit = None if vm is None else vm + max(UNPICKLE_FLOOR, UNPICKLE_BYTES_PER_BYTE * n)
+    if limit is None or (soft != resource.RLIM_INFINITY and soft <= limit) or (
+        hard != resource.RLIM_INFINITY and hard < limit
+    ):
+        yield
+        return
+    resource.setrlimit(resource.RLIMIT_AS, (limit, hard))
+    try:
+        yield
+    finally:
+        resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
+
+
 def _unpickle(path: Path, data: bytes) -> Any:
     if data[:2] == b"PK":
         raise SnapshotError(path, "is a zip archive (torch.save?), not a memory snapshot pickle")
@@ -217,7 +240,7 @@ def _unpickle(path: Path, data: bytes) -> Any:
             path, f"refused to load: the pickle references {ext} (a memory snapshot holds only plain data)"
         )
     try:
-        with _gc_paused():
+        with _gc_paused(), _memory_bound(len(data)):
             return _RefuseGlobals(io.BytesIO(data)).load()
     except _RefusedGlobal as exc:
         raise SnapshotError(
@@ -240,14 +263,79 @@ def _unpickle(path: Path, data: bytes) -> Any:
             raise SnapshotError(path, f"not a pickle file (starts with {data[:8]!r})") from None
         raise SnapshotError(path, f"corrupt pickle ({type(exc).__name__}: {_short(exc)})") from None
     except MemoryError:
-        raise SnapshotError(path, "corrupt pickle (asks for more memory than available)") from None
+        raise SnapshotError(
+            path,
+            f"corrupt pickle: it asks for more memory than a {len(data)}-byte snapshot can need "
+            "(a memo index or length field out of range)",
+        ) from None
 
 
 # --------------------------------------------------------------------------- snapshot structure
 
 
+_I64 = 1 << 63  # sizes and addresses are 64-bit in the allocator; anything past that is corrupt
+
+
 def _int(value: Any, default: int = 0) -> int:
     return value if isinstance(value, int) and not isinstance(value, bool) else default
+
+
+def _in_range(path: Any, where: str, key: str, value: Any) -> None:
+    if isinstance(value, int) and not -_I64 <= value < _I64:
+        raise SnapshotError(path, f"wrong structure: {where}['{key}'] = {_digits(value)} is outside the 64-bit range")
+
+
+def _digits(v: int) -> str:
+    s = str(v) if v.bit_length() < 4000 else "a huge integer"
+    return s if len(s) <= 24 else f"{s[:10]}...({len(s)} digits)"
+
+
+# What the analysis reads from a device-trace entry and a stack frame, with their types. msgspec
+# checks every entry in C (the dicts themselves are kept: this is validation only).
+_U63 = Annotated[int, msgspec.Meta(ge=0, le=_I64 - 1)]
+_S64 = Annotated[int, msgspec.Meta(ge=-_I64, le=_I64 - 1)]
+
+
+class _Frame(msgspec.Struct, gc=False):
+    name: str = ""
+    filename: str = ""
+    line: _S64 = 0
+
+
+class _Entry(msgspec.Struct, gc=False):
+    action: str = ""
+    addr: _U63 | None = 0
+    size: _U63 = 0
+    stream: _S64 | None = 0
+    device_free: _S64 | None = None
+    time_us: float | None = None
+    frames: list[_Frame] | None = None
+
+
+class _Annotation(msgspec.Struct, gc=False):
+    time_us: float | None = None
+    device: _S64 | None = None
+
+
+def _validate(path: Any, where: str, value: Any, typ: Any) -> None:
+    try:
+        msgspec.convert(value, typ)
+    except msgspec.ValidationError as exc:
+        msg = str(exc)
+        at = ""
+        if " - at `$" in msg:
+            msg, at = msg.split(" - at `$", 1)
+            at = at.rstrip("`")
+        raise SnapshotError(path, f"wrong structure: {where}{at}: {msg[:100]}") from None
+    except RecursionError:
+        raise SnapshotError(path, f"wrong structure: {where} is nested too deeply") from None
+    except UnicodeError:
+        raise SnapshotError(path, f"wrong structure: {where} holds a string that is not valid Unicode") from None
+
+
+_ENTRIES = list[_Entry]
+_FRAMES = list[_Frame]
+_ANNOTATIONS = list[_Annotation]
 
 
 def _normalise_block(blk: Any, where: str, path: Any, next_address: int) -> dict:
@@ -256,8 +344,10 @@ def _normalise_block(blk: Any, where: str, path: Any, next_address: int) -> dict
     size = blk.get("size")
     if not isinstance(size, int) or size < 0:
         raise SnapshotError(path, f"wrong structure: {where} has no integer 'size'")
+    for key in ("size", "address", "requested_size"):
+        _in_range(path, where, key, blk.get(key))
     state = blk.get("state", "active_allocated")
-    if state not in _BLOCK_STATES:
+    if not isinstance(state, str) or state not in _BLOCK_STATES:
         raise SnapshotError(path, f"wrong structure: {where} has unknown state {state!r}")
     if state in _PENDING_STATES:
         state = "active_pending_free"
@@ -271,6 +361,8 @@ def _normalise_block(blk: Any, where: str, path: Any, next_address: int) -> dict
         requested = _int(first.get("real_size"), _int(blk.get("requested_size"), size))
     if not isinstance(frames, list):
         raise SnapshotError(path, f"wrong structure: {where}['frames'] is not a list")
+    if frames:
+        _validate(path, f"{where}['frames']", frames, _FRAMES)
     return {
         "address": _int(blk.get("address"), next_address),
         "size": size,
@@ -287,6 +379,10 @@ def _normalise_segment(seg: Any, idx: int, path: Any) -> dict:
     blocks = seg.get("blocks")
     if not isinstance(blocks, list):
         raise SnapshotError(path, f"wrong structure: {where} has no 'blocks' list")
+    for key in ("address", "total_size", "device", "stream"):
+        _in_range(path, where, key, seg.get(key))
+    if _int(seg.get("device")) < 0:
+        raise SnapshotError(path, f"wrong structure: {where}['device'] = {seg.get('device')} is not a device index")
     address = _int(seg.get("address"))
     out_blocks = []
     cursor = address
@@ -337,6 +433,7 @@ def _check_traces(traces: Any, path: Any) -> list[list[dict]]:
                 path,
                 f"wrong structure: device_traces[{d}][{i}] is not an entry with 'action', integer 'addr' and 'size'",
             )
+        _validate(path, f"device_traces[{d}]", entries, _ENTRIES)
     return traces
 
 
@@ -359,6 +456,9 @@ def snapshot_from_object(obj: Any, path: str | Path | None = None) -> Snapshot:
     traces = obj.get("device_traces", obj.get("traces"))  # _memory_viz wraps bare lists with "traces"
     settings = obj.get("allocator_settings")
     annotations = obj.get("external_annotations")
+    if isinstance(annotations, list):
+        annotations = [a for a in annotations if isinstance(a, dict)]
+        _validate(label, "external_annotations", annotations, _ANNOTATIONS)
     return Snapshot(
         path=str(path) if path is not None else None,
         segments=[_normalise_segment(s, i, label) for i, s in enumerate(segments)],
