@@ -10,12 +10,13 @@ import msgspec
 import pandas as pd
 
 from . import __version__
-from .analysis.ranks import analyze_ranks, fold
+from .analysis.ranks import fold, load_ranks
 from .engine import Finding, run_rules
 from .facts import RunFacts
 from .analysis.sidecar import apply_sidecar
 from .analysis.strategy import advise, expected_memory, inputs_from_facts
 from .ingest.discover import discover
+from .ingest.fs import name as fs_name
 from .ingest.sidecar import find_sidecar, load_sidecar
 
 
@@ -38,6 +39,8 @@ class Report:
             "world_size": f.world_size,
             "gpu_present": f.gpu_present,
             "inputs": msgspec.to_builtins(f.inputs),
+            "inputs_excluded": msgspec.to_builtins(f.inputs_excluded),
+            "ranks_expected": f.ranks_expected if f.ranks_expected is not None else len(f.ranks),
             "fsdp": {
                 "version": fs.version,
                 "version_evidence": fs.version_evidence,
@@ -124,6 +127,8 @@ def analyze(
     jobs: int | None = None,
     progress: Callable[[int, int], None] | None = None,
     timeline_step: tuple[int | None, int | None] | None = None,
+    scheduler: str | None = None,
+    strict: bool = False,
 ) -> Report:
     """Analyse traces (files, directories or globs) and return the :class:`Report`.
 
@@ -134,18 +139,27 @@ def analyze(
     ``timeline_step=(rank, step_index)`` also extracts that step's GPU timeline into
     ``Report.timeline`` (see :mod:`fsdpdoctor.analysis.timeline_extract`; ``None`` in either place
     means rank 0 / the median-length step).
+
+    Paths may be URLs (``s3://``, ``gs://``, ``az://``, ``http(s)://``, ``memory://``,
+    ``file://``; see :mod:`fsdpdoctor.ingest.fs`). ``scheduler`` sends the per-rank analysis to
+    a Dask cluster: ``"tcp://HOST:8786"`` (an existing one) or ``"local[:N]"`` (a LocalCluster
+    of N worker processes); None uses this machine's process pool (``jobs``).
+
+    A rank file that cannot be read is left out and named in ``facts.inputs_excluded`` (JSON
+    ``inputs_excluded``), as is a gap in the rank ids; ``strict=True`` raises the first bad
+    file's InputError instead. When no file can be read the first error is raised.
     """
     if isinstance(paths, (str, Path)):
         paths = [paths]
     files = discover(list(paths))
-    ranks = analyze_ranks(files, jobs=jobs, progress=progress)
-    facts = fold(ranks)
+    load = load_ranks(files, jobs=jobs, progress=progress, strict=strict, scheduler=scheduler)
+    facts = fold(load.ranks, load.excluded)
     side_path = find_sidecar(files)
     if side_path is not None:
         side, problem = load_sidecar(side_path)
         if side is not None:
             apply_sidecar(facts, side)
-            facts.notes.append(f"sidecar {side_path.name} read: facts marked 'sidecar' came from it")
+            facts.notes.append(f"sidecar {fs_name(side_path)} read: facts marked 'sidecar' came from it")
         else:
             facts.notes.append(problem)
     if memory:

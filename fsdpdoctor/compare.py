@@ -893,7 +893,8 @@ def is_saved_facts(path: str) -> bool:
 
 
 def load_run(
-    paths: str | list[str], config: dict[str, Any] | None = None, jobs: int | None = None, memory: list | None = None
+    paths: str | list[str], config: dict[str, Any] | None = None, jobs: int | None = None, memory: list | None = None,
+    *, scheduler: str | None = None, strict: bool = False,
 ) -> LoadedRun:
     """Anything ``analyze`` accepts, or one saved facts/report JSON (``analyze --save-baseline``).
 
@@ -920,5 +921,5 @@ def load_run(
         return LoadedRun(facts, findings, label, "saved facts")
     from .api import analyze
 
-    report = analyze(items, memory=memory or None, config=config, jobs=jobs)
+    report = analyze(items, memory=memory or None, config=config, jobs=jobs, scheduler=scheduler, strict=strict)
     return LoadedRun(report.facts, report.findings, label, "traces")

@@ -237,6 +237,15 @@ class InputFacts:
 
 
 @dataclass
+class ExcludedInput:
+    """A rank left out of a partial run: its file could not be read, or no file has its id."""
+
+    path: str | None  # None: a gap in the rank ids (no file for this rank)
+    rank: int | None  # None: the id is unknown (unreadable file without a rank in its name)
+    reason: str
+
+
+@dataclass
 class StepsSummary:
     count: int = 0
     mean_ms: float | None = None
@@ -329,6 +338,9 @@ class RunFacts:
     memory_expected: dict[str, float] = field(default_factory=dict)  # ZeRO arithmetic, per rank, by category
     notes: list[str] = field(default_factory=list)
     rank_facts: list[RankFacts] = field(default_factory=list)
+    # partial runs: ranks left out, and how many ranks the run has (analysed + left out)
+    inputs_excluded: list[ExcludedInput] = field(default_factory=list)
+    ranks_expected: int | None = None
 
     # -- serialisation -------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:

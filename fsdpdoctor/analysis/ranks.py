@@ -6,15 +6,18 @@ import multiprocessing
 import os
 import statistics
 from collections import Counter
+from dataclasses import dataclass, field
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from pathlib import Path
 from typing import Callable
 
 from .. import __version__
 from ..errors import InputError
-from ..ingest.kineto import parallel_decode, progress_hook
+from ..ingest import fs
+from ..ingest.kineto import parallel_decode, progress_hook, rank_from_filename
 from ..facts import (
     CollectiveStats,
+    ExcludedInput,
     ExposedSummary,
     InputFacts,
     OverlapSummary,
@@ -47,7 +50,7 @@ def _worker(args: tuple[str, int]) -> RankFacts | InputError:
     try:
         with progress_hook(hook):
             return analyze_rank(path, idx)
-    except InputError as exc:  # returned, not raised, so the parent reports the first bad file
+    except InputError as exc:  # returned, not raised: the parent decides (leave out, or fail)
         return exc
 
 
@@ -59,29 +62,97 @@ def _cores() -> int:
 
 
 def _size(path: str) -> int:
-    try:
-        return os.path.getsize(path)
-    except OSError:
-        return 0
+    return fs.size(path)
+
+
+@dataclass
+class RankLoad:
+    """What :func:`load_ranks` read: the ranks, sorted by id, and the ranks left out."""
+
+    ranks: list[RankFacts]
+    excluded: list[ExcludedInput] = field(default_factory=list)
+
+    @property
+    def expected(self) -> int:
+        """M in "N of M ranks": the ranks analysed plus the ranks left out."""
+        return len(self.ranks) + len(self.excluded)
 
 
 def analyze_ranks(
-    paths: list[Path], jobs: int | None = None, progress: Callable[[int, int], None] | None = None
+    paths: list[Path | str], jobs: int | None = None, progress: Callable[[int, int], None] | None = None
 ) -> list[RankFacts]:
-    """RankFacts for each file, using up to ``jobs`` processes (default: one per core).
+    """RankFacts for each file; the first unreadable file (in order) raises its InputError.
+    See :func:`load_ranks` for partial runs."""
+    return load_ranks(paths, jobs, progress, strict=True).ranks
+
+
+def load_ranks(
+    paths: list[Path | str],
+    jobs: int | None = None,
+    progress: Callable[[int, int], None] | None = None,
+    *,
+    strict: bool = False,
+    scheduler: str | None = None,
+) -> RankLoad:
+    """RankFacts for each file, using up to ``jobs`` processes (default: one per core), or the
+    Dask cluster named by ``scheduler`` (see :mod:`fsdpdoctor.distributed`).
 
     With at least as many files as processes, each worker process analyses whole files. With
     fewer (one big trace on a multi-core machine), files are analysed one by one here and each
     file's JSON blocks are decoded by ``jobs`` worker processes instead. Either way the result is
     the same as ``jobs=1``.
 
+    A file that cannot be read (an :class:`InputError`: truncated, corrupt, missing) is left out
+    and listed in ``excluded`` with its reason, as is every id missing from the rank ids (a gap
+    below the highest id). ``strict=True`` raises the first bad file's error (in order) instead.
+    When no file can be read, the first error is raised either way.
+
     ``progress(done, total)`` is called from this (the calling) thread in bytes of the input files
-    on disk, several times a second while files are read and once as each file completes.
+    on disk, several times a second while files are read and once as each file completes. When
+    the callback has a ``ranks(done, total)`` method it is also told how many ranks are done.
     """
     items = [(str(p), i) for i, p in enumerate(paths)]
+    if scheduler:
+        from ..distributed import run_on_dask
+
+        results = run_on_dask(items, scheduler, progress=progress, strict=strict)
+    else:
+        results = _run_local(items, jobs, progress, strict)
+    errors = [(k, r) for k, r in enumerate(results) if isinstance(r, InputError)]
+    if errors and (strict or len(errors) == len(items)):
+        raise errors[0][1]
+    ranks: list[RankFacts] = [r for r in results if isinstance(r, RankFacts)]
+    seen: dict[int, str] = {}
+    for rf in ranks:
+        if rf.rank in seen:
+            raise InputError(rf.path, f"rank {rf.rank} appears twice (also in {seen[rf.rank]})")
+        seen[rf.rank] = rf.path
+    excluded: list[ExcludedInput] = []
+    order_ids = all(r.rank_source == "order" for r in ranks)
+    for k, exc in errors:
+        rid = rank_from_filename(exc.path)
+        if rid is None and order_ids and k not in seen:
+            rid = k  # the others are numbered by order: this file held rank k
+        if rid in seen:
+            rid = None
+        excluded.append(ExcludedInput(path=exc.path, rank=rid, reason=exc.problem))
+    ids = set(seen) | {e.rank for e in excluded if e.rank is not None}
+    for k in range(max(ids) + 1 if ids else 0):
+        if k not in ids:
+            excluded.append(ExcludedInput(path=None, rank=k, reason="no trace file for this rank id (a gap in the rank ids)"))
+    excluded.sort(key=lambda e: (e.rank is None, e.rank if e.rank is not None else 0, e.path or ""))
+    return RankLoad(sorted(ranks, key=lambda r: r.rank), excluded)
+
+
+def _run_local(
+    items: list[tuple[str, int]], jobs: int | None, progress: Callable[[int, int], None] | None, strict: bool
+) -> list[RankFacts | InputError]:
     want = jobs or _cores()
-    sizes = [_size(p) for p, _ in items]
+    if any(fs.scheme(p) == "memory" for p, _ in items):
+        want = 1  # fsspec's memory:// filesystem lives in this process only
+    sizes = [_size(p) for p, _ in items] if progress is not None else [0] * len(items)
     total = sum(sizes)
+    ranks_cb = getattr(progress, "ranks", None)
     results: list[RankFacts | InputError | None] = [None] * len(items)
     if want <= 1 or len(items) < want:
         block_workers = want if want > 1 else 0
@@ -98,10 +169,13 @@ def analyze_ranks(
                     results[k] = analyze_rank(*it)
             except InputError as exc:
                 results[k] = exc
-                break  # the first bad file (in order) is the one reported
+                if strict:
+                    break  # the first bad file (in order) is the one reported
             base += sizes[k]
             if progress is not None:
                 progress(base, total)
+                if ranks_cb is not None:
+                    ranks_cb(k + 1, len(items))
     else:
         slots = multiprocessing.Array("q", len(items), lock=False) if progress is not None else None
         finished = [False] * len(items)
@@ -114,30 +188,26 @@ def analyze_ranks(
                     k = futures[f]
                     results[k] = f.result()
                     finished[k] = True
-                    if isinstance(results[k], InputError):  # later files cannot change the outcome
+                    if strict and isinstance(results[k], InputError):  # later files cannot change the outcome
                         for g in list(pending):
                             if futures[g] > k and g.cancel():
                                 pending.discard(g)
                 if progress is not None and slots is not None:
                     progress(sum(s if finished[k] else min(slots[k], s) for k, s in enumerate(sizes)), total)
-    for r in results:
-        if isinstance(r, InputError):
-            raise r
-    ranks: list[RankFacts] = results  # type: ignore[assignment]  # no None left without an error before it
-    seen: dict[int, str] = {}
-    for rf in ranks:
-        if rf.rank in seen:
-            raise InputError(rf.path, f"rank {rf.rank} appears twice (also in {seen[rf.rank]})")
-        seen[rf.rank] = rf.path
-    return sorted(ranks, key=lambda r: r.rank)
+                    if ranks_cb is not None:
+                        ranks_cb(sum(finished), len(items))
+    return [r for r in results if r is not None]
 
 
 def _mean(xs: list[float]) -> float | None:
     return float(statistics.fmean(xs)) if xs else None
 
 
-def fold(ranks: list[RankFacts]) -> RunFacts:
-    """RunFacts from per-rank facts. Per-step figures are means over ranks of per-rank means."""
+def fold(ranks: list[RankFacts], excluded: list[ExcludedInput] | None = None) -> RunFacts:
+    """RunFacts from per-rank facts. Per-step figures are means over ranks of per-rank means.
+
+    ``excluded``: the ranks left out of a partial run (:attr:`RankLoad.excluded`), named in
+    ``inputs_excluded`` and in a note."""
     rf = RunFacts(tool=f"fsdpdoctor {__version__}")
     rf.rank_facts = ranks
     rf.inputs = [InputFacts(r.path, r.rank, r.rank_source) for r in ranks]
@@ -207,7 +277,20 @@ def fold(ranks: list[RankFacts]) -> RunFacts:
     rf.notes.append("rank ids from " + ", ".join(f"{src} ({n})" for src, n in sources.items()))
     if ranks and rf.world_size and len(ranks) < rf.world_size:
         rf.notes.append(f"{len(ranks)} of {rf.world_size} ranks given")
+    if excluded:
+        rf.inputs_excluded = list(excluded)
+        rf.ranks_expected = len(ranks) + len(excluded)
+        rf.notes.insert(0, partial_run_line(rf))
     return rf
+
+
+def partial_run_line(rf: RunFacts) -> str:
+    """"7 of 8 ranks analysed; left out: rank 3 (traces/rank3.json.gz: truncated ...)"."""
+    parts = []
+    for e in rf.inputs_excluded:
+        who = f"rank {e.rank}" if e.rank is not None else "a file"
+        parts.append(f"{who} ({e.path + ': ' if e.path else ''}{e.reason})")
+    return f"{len(rf.ranks)} of {rf.ranks_expected} ranks analysed; left out: " + "; ".join(parts)
 
 
 def _fold_collectives(ranks: list[RankFacts]) -> list[CollectiveStats]:

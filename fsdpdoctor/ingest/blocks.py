@@ -49,6 +49,7 @@ import msgspec
 import numpy as np
 
 from ..errors import InputError
+from . import fs as _fs
 from . import kineto as K
 
 from ._io import GZIP_ERRORS as _GZIP_ERRORS
@@ -192,6 +193,11 @@ class _Source:
     def __init__(self, path: Path, progress: Progress | None):
         self.path = path
         self.progress = progress
+        self.local = not _fs.is_url(path)
+        if not self.local:  # fsspec: a stream of the object, read chunk by chunk like a file
+            self.raw, self.size = _fs.open_url(str(path))
+            self._start()
+            return
         try:
             self.raw = open(path, "rb")
         except IsADirectoryError:
@@ -202,11 +208,20 @@ class _Source:
             raise InputError(path, "permission denied") from None
         try:
             self.size = os.fstat(self.raw.fileno()).st_size
-            head = self.raw.read(2)
-            self.raw.seek(0)
+            self._start()
         except IsADirectoryError:
             self.raw.close()
             raise InputError(path, "is a directory, expected a trace file") from None
+
+    def _start(self) -> None:
+        try:
+            head = self.raw.read(2)
+            self.raw.seek(0)
+        except (IsADirectoryError, OSError) as exc:
+            if self.local or isinstance(exc, IsADirectoryError):
+                raise
+            self.raw.close()
+            raise InputError(self.path, f"cannot read ({K._short(exc)})") from None
         self.gz = _gzip.open(self.raw, "rb") if head == b"\x1f\x8b" else None
         self.offset = 0  # decompressed bytes handed out so far
 
@@ -216,6 +231,10 @@ class _Source:
             out = self.gz.read(n) if self.gz is not None else self.raw.read(n)
         except _GZIP_ERRORS as exc:
             raise InputError(self.path, f"truncated or corrupt gzip data ({K._short(exc)})") from None
+        except Exception as exc:  # noqa: BLE001 - a URL's back-end (network, auth) has its own errors
+            if self.local:
+                raise
+            raise InputError(self.path, f"read failed ({type(exc).__name__}: {K._short(exc)})") from None
         self.offset += len(out)
         if self.progress is not None:
             self.progress(self.raw.tell() if out else self.size, self.size)
@@ -226,6 +245,10 @@ class _Source:
             n = self.gz.readinto(view) if self.gz is not None else self.raw.readinto(view)
         except _GZIP_ERRORS as exc:
             raise InputError(self.path, f"truncated or corrupt gzip data ({K._short(exc)})") from None
+        except Exception as exc:  # noqa: BLE001
+            if self.local:
+                raise
+            raise InputError(self.path, f"read failed ({type(exc).__name__}: {K._short(exc)})") from None
         self.offset += n
         if self.progress is not None:
             self.progress(self.raw.tell() if n else self.size, self.size)
@@ -640,7 +663,7 @@ class _Stream:
         rest = buf[start:]
         base = self.src.offset - len(rest)
         del buf
-        if self.workers > 0 and self.src.gz is None and self.src.size - base > PARALLEL_AFTER:
+        if self.workers > 0 and self.src.local and self.src.gz is None and self.src.size - base > PARALLEL_AFTER:
             rest, base = self._parallel_direct(base)
         elif self.workers > 0:
             rest, base = self._parallel_ring(rest, base)
