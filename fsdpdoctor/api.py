@@ -67,6 +67,7 @@ class Report:
             "memory_expected": f.memory_expected or None,
             "strategy": msgspec.to_builtins(f.strategy) if f.strategy is not None else None,
             "sidecar": f.sidecar,
+            "cross_rank": msgspec.to_builtins(f.cross_rank) if f.cross_rank is not None else None,
             "notes": f.notes,
             "findings": msgspec.to_builtins(self.findings),
             "facts": f.to_dict(),

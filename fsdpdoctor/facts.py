@@ -318,6 +318,41 @@ class StrategyFacts:
 
 
 @dataclass
+class CollectiveSkew:
+    """One collective matched across ranks (see :mod:`fsdpdoctor.analysis.crossrank`)."""
+
+    pg: str
+    kind: str
+    index: int  # occurrence of this kind in this process group (0-based, trace order)
+    step: int
+    phase: str
+    unit: str | None
+    last_rank: int  # the rank that arrived last
+    skew_ms: float  # last arrival − first arrival
+    mean_wait_ms: float  # mean wait of the other ranks for the last one
+    ranks: int  # ranks that had this collective
+
+
+@dataclass
+class RankWait:
+    rank: int
+    wait_ms_per_step: float  # time this rank waited at collectives for later peers, per step
+    last_arrivals: int  # collectives at which this rank arrived last
+    step_ms: float | None = None  # mean step time of the rank
+
+
+@dataclass
+class CrossRankFacts:
+    """Collective wait skew across ranks and the straggler ranking (all ranks, exact)."""
+
+    arrival: str = ""  # what "arrives" means: "gpu kernel start" or "cpu issue"
+    collectives_matched: int = 0
+    mean_wait_ms_by_kind: dict[str, float] = field(default_factory=dict)  # mean over collectives
+    ranks: list[RankWait] = field(default_factory=list)  # straggler first (least waiting)
+    top_skew: list[CollectiveSkew] = field(default_factory=list)  # the largest skews, largest first
+
+
+@dataclass
 class RunFacts:
     schema_version: int = SCHEMA_VERSION
     tool: str = ""
@@ -341,6 +376,7 @@ class RunFacts:
     # partial runs: ranks left out, and how many ranks the run has (analysed + left out)
     inputs_excluded: list[ExcludedInput] = field(default_factory=list)
     ranks_expected: int | None = None
+    cross_rank: CrossRankFacts | None = None  # wait skew and straggler ranking (2+ ranks with collectives)
 
     # -- serialisation -------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:

@@ -26,6 +26,7 @@ from ..facts import (
     StepsSummary,
     TimelineSummary,
 )
+from .crossrank import CrossRankFold
 from .rank import analyze_rank
 from .steps import PHASES
 
@@ -266,6 +267,10 @@ def fold(ranks: list[RankFacts], excluded: list[ExcludedInput] | None = None) ->
             outside_window_ms=m("outside_window_ms"),
         )
     rf.collectives = _fold_collectives(ranks)
+    cross = CrossRankFold()
+    for r in ranks:  # one rank at a time: the fold never holds all ranks' collectives
+        cross.add(r)
+    rf.cross_rank = cross.result()
     # FSDP structure: the rank whose detection says most (normally all agree)
     if ranks:
         best = max(ranks, key=lambda r: (r.fsdp.version is not None, len(r.fsdp.units), -r.rank))
