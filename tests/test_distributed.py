@@ -97,7 +97,18 @@ def test_dask_matches_default_on_recorded_cpu_runs(cluster, recorded_run, varian
 
 def test_dask_matches_default_on_generated_gpu_run(cluster, gpu_run):
     ref = analyze([gpu_run])
-    got = analyze([gpu_run], scheduler=cluster)
+    seen: dict[str, list] = {"bytes": [], "ranks": []}
+
+    class progress:  # noqa: N801 - a callable with a ranks() method, as the progress bar is
+        def __call__(self, d, t):
+            seen["bytes"].append((d, t))
+
+        def ranks(self, d, t):
+            seen["ranks"].append((d, t))
+
+    got = analyze([gpu_run], scheduler=cluster, progress=progress())
+    total = sum(p.stat().st_size for p in gpu_run.glob("rank*.json.gz"))
+    assert seen["bytes"][-1] == (total, total) and seen["ranks"][-1] == (4, 4)
     assert got.facts.ranks == [0, 1, 2, 3] and got.facts.gpu_present
     assert _json(got) == _json(ref)
     assert [f.slug for f in got.findings] == [f.slug for f in ref.findings]
