@@ -154,7 +154,7 @@ def analyze(
         paths = [paths]
     files = discover(list(paths))
     load = load_ranks(files, jobs=jobs, progress=progress, strict=strict, scheduler=scheduler)
-    facts = fold(load.ranks, load.excluded)
+    facts = fold(load.ranks, load.excluded, load.cross_rank)
     side_path = find_sidecar(files)
     if side_path is not None:
         side, problem = load_sidecar(side_path)

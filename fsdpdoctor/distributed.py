@@ -86,39 +86,43 @@ def _cores() -> int:
         return os.cpu_count() or 1
 
 
-def rank_task(path: str, idx: int) -> RankFacts | InputError:
-    """What a worker runs for one rank file: its RankFacts, or the InputError saying why not."""
-    from .analysis.rank import analyze_rank
+def rank_task(path: str, idx: int, detail: bool = True):
+    """What a worker runs for one rank file: (RankFacts, cross-rank part) as
+    :func:`fsdpdoctor.analysis.ranks.analyze_one` returns them, or the InputError saying why not."""
+    from .analysis.ranks import analyze_one
 
     try:
-        return analyze_rank(path, idx)
+        return analyze_one(path, idx, detail)
     except InputError as exc:  # returned, not raised: the client decides (leave out, or fail)
         return exc
 
 
 def run_on_dask(
-    items: list[tuple[str, int]],
+    items: list[tuple[str, int, bool]],
     spec: str,
+    take: Callable[[object], RankFacts | InputError],
     progress: Callable[[int, int], None] | None = None,
     strict: bool = False,
 ) -> list[RankFacts | InputError]:
-    """Run :func:`rank_task` for every ``(path, order index)`` on the cluster named by ``spec``;
-    results in the order of ``items``. With ``strict``, the tasks of later files are cancelled
-    once a file fails (the first bad file in order is what the caller reports)."""
+    """Run :func:`rank_task` for every ``(path, order index, detail)`` on the cluster named by
+    ``spec``; each result goes through ``take`` as it arrives (which folds and drops its
+    cross-rank part) and the results come back in the order of ``items``. With ``strict``, the
+    tasks of later files are cancelled once a file fails (the first bad file in order is what
+    the caller reports)."""
     from .ingest import fs
 
-    for p, _ in items:
+    for p, _, _ in items:
         if fs.scheme(p) == "memory":
             raise InputError(p, "memory:// exists only in this process; Dask workers cannot read it (drop --scheduler)")
     distributed = _import_distributed()
-    sizes = [fs.size(p) for p, _ in items] if progress is not None else [0] * len(items)
+    sizes = [fs.size(p) for p, _, _ in items] if progress is not None else [0] * len(items)
     total = sum(sizes)
     ranks_cb = getattr(progress, "ranks", None)
     results: list[RankFacts | InputError | None] = [None] * len(items)
     with dask_client(spec) as client:
         futures = [
-            client.submit(rank_task, p, i, key=f"fsdpdoctor-rank-{i}-{os.urandom(4).hex()}", pure=False, retries=0)
-            for p, i in items
+            client.submit(rank_task, p, i, d, key=f"fsdpdoctor-rank-{i}-{os.urandom(4).hex()}", pure=False, retries=0)
+            for p, i, d in items
         ]
         index = {f.key: k for k, f in enumerate(futures)}
         done_bytes = 0
@@ -126,7 +130,7 @@ def run_on_dask(
         for fut in distributed.as_completed(futures):
             k = index[fut.key]
             try:
-                results[k] = fut.result()
+                results[k] = take(fut.result())
             except distributed.KilledWorker as exc:  # the worker died on this file (out of memory...)
                 results[k] = InputError(items[k][0], f"the Dask worker analysing it died ({exc})")
             except distributed.client.FutureCancelledError:
@@ -137,6 +141,7 @@ def run_on_dask(
                 progress(done_bytes, total)
                 if ranks_cb is not None:
                     ranks_cb(n_done, len(items))
+            fut.release()  # the worker may forget it: nothing of it is kept but what take() returned
             if strict and isinstance(results[k], InputError):
                 later = [f for j, f in enumerate(futures) if j > k and results[j] is None]
                 if later:

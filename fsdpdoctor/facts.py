@@ -223,6 +223,10 @@ class RankFacts:
     gpus_per_node: int | None = None  # deviceProperties entries (the devices on this host)
     device_memory_bytes: int | None = None  # totalGlobalMem of this rank's GPU
     memory_trace: MemoryFacts | None = None  # from the trace's [memory] events (profile_memory)
+    # large runs (more rank files than the detail limit): ``collectives`` emptied on the worker,
+    # its count and per-step exposed ms by phase → kind kept (see analysis.ranks.DETAIL_RANKS)
+    collectives_dropped: int = 0
+    exposed_ms_by_phase_kind: dict[str, dict[str, float]] | None = None
 
     @property
     def step_ms(self) -> list[float]:

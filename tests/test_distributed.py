@@ -186,3 +186,28 @@ def test_cli_scheduler_local(gpu_run):
         capture_output=True, text=True, timeout=120,
     )
     assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1 and "--scheduler" in bad.stderr
+
+
+@pytest.mark.parametrize("on_dask", [False, True])
+def test_ranks_beyond_the_detail_limit_keep_every_run_figure(cluster, gpu_run, on_dask):
+    """Ranks after the first ``detail_ranks`` come back without their collectives; every
+    run-level figure (steps, overlap, exposed comm by phase and kind, cross-rank skew) is the
+    same as with every rank in detail."""
+    from fsdpdoctor.analysis.ranks import fold, load_ranks
+
+    files = discover([gpu_run])
+    full = load_ranks(files)
+    lean = load_ranks(files, detail_ranks=2, scheduler=cluster if on_dask else None)
+    assert [len(r.collectives) > 0 for r in lean.ranks] == [True, True, False, False]
+    assert [r.collectives_dropped for r in lean.ranks[2:]] == [len(r.collectives) for r in full.ranks[2:]]
+    assert lean.cross_rank == full.cross_rank
+    a, b = fold(full.ranks, cross_rank=full.cross_rank), fold(lean.ranks, cross_rank=lean.cross_rank)
+    for attr in ("steps", "overlap", "timeline", "collectives", "fsdp", "cross_rank"):
+        assert getattr(a, attr) == getattr(b, attr), attr
+    pk_a, pk_b = a.exposed_comm.by_phase_kind, b.exposed_comm.by_phase_kind
+    assert pk_a.keys() == pk_b.keys() and all(pk_b[p] == pytest.approx(pk_a[p], rel=1e-12) for p in pk_a)
+    assert any(v > 0 for d in pk_a.values() for v in d.values())
+    # the per-rank summary that comes back is smaller without the collectives
+    import pickle
+
+    assert len(pickle.dumps(lean.ranks[3])) < len(pickle.dumps(full.ranks[3]))

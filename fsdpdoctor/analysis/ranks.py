@@ -9,7 +9,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 from .. import __version__
 from ..errors import InputError
@@ -17,6 +17,7 @@ from ..ingest import fs
 from ..ingest.kineto import parallel_decode, progress_hook, rank_from_filename
 from ..facts import (
     CollectiveStats,
+    CrossRankFacts,
     ExcludedInput,
     ExposedSummary,
     InputFacts,
@@ -26,7 +27,7 @@ from ..facts import (
     StepsSummary,
     TimelineSummary,
 )
-from .crossrank import CrossRankFold
+from .crossrank import CrossRankFold, RankPart, part_of
 from .rank import analyze_rank
 from .steps import PHASES
 
@@ -39,8 +40,36 @@ def _init_worker(slots) -> None:
     _slots = slots
 
 
-def _worker(args: tuple[str, int]) -> RankFacts | InputError:
-    path, idx = args
+# Rank files beyond this many (by order) come back without their list of collectives: only the
+# bounded aggregates (collective_stats, exposed ms by phase and kind, the cross-rank arrivals).
+# The fold's figures stay exact over every rank; what reads single collectives (rules' unit
+# detail, compare's per-unit table, the strategy's bus bandwidth) sees the first DETAIL_RANKS.
+DETAIL_RANKS = 64
+
+Result = tuple[RankFacts, RankPart]
+
+
+def analyze_one(path: str, idx: int, detail: bool = True) -> Result:
+    """One rank file → (RankFacts, its cross-rank part); without ``detail`` the RankFacts drops
+    its per-collective list (kept: the per-step exposed ms by phase and kind)."""
+    rf = analyze_rank(path, idx)
+    part = part_of(rf)
+    if not detail:
+        n = max(len(rf.steps), 1)
+        by_pk: dict[str, dict[str, float]] = {}
+        for c in rf.collectives:
+            if c.step >= 0 and c.exposed_us > 0:
+                d = by_pk.setdefault(c.phase, {})
+                d[c.kind] = d.get(c.kind, 0.0) + c.exposed_us / 1e3 / n
+        rf.exposed_ms_by_phase_kind = by_pk
+        rf.collectives_dropped = len(rf.collectives)
+        rf.collectives = []
+        part.where = {}
+    return rf, part
+
+
+def _worker(args: tuple[str, int, bool]) -> Result | InputError:
+    path, idx, detail = args
     hook = None
     if _slots is not None:
         slots = _slots
@@ -50,7 +79,7 @@ def _worker(args: tuple[str, int]) -> RankFacts | InputError:
 
     try:
         with progress_hook(hook):
-            return analyze_rank(path, idx)
+            return analyze_one(path, idx, detail)
     except InputError as exc:  # returned, not raised: the parent decides (leave out, or fail)
         return exc
 
@@ -72,6 +101,7 @@ class RankLoad:
 
     ranks: list[RankFacts]
     excluded: list[ExcludedInput] = field(default_factory=list)
+    cross_rank: CrossRankFacts | None = None
 
     @property
     def expected(self) -> int:
@@ -94,6 +124,7 @@ def load_ranks(
     *,
     strict: bool = False,
     scheduler: str | None = None,
+    detail_ranks: int | None = DETAIL_RANKS,
 ) -> RankLoad:
     """RankFacts for each file, using up to ``jobs`` processes (default: one per core), or the
     Dask cluster named by ``scheduler`` (see :mod:`fsdpdoctor.distributed`).
@@ -111,14 +142,27 @@ def load_ranks(
     ``progress(done, total)`` is called from this (the calling) thread in bytes of the input files
     on disk, several times a second while files are read and once as each file completes. When
     the callback has a ``ranks(done, total)`` method it is also told how many ranks are done.
+
+    With more than ``detail_ranks`` files, the ranks after the first ``detail_ranks`` come back
+    without their per-collective list (:data:`DETAIL_RANKS`; None keeps every list). Each
+    rank's cross-rank part is folded as it arrives and then dropped.
     """
-    items = [(str(p), i) for i, p in enumerate(paths)]
+    items = [(str(p), i, detail_ranks is None or i < detail_ranks) for i, p in enumerate(paths)]
+    cross = CrossRankFold()
+
+    def take(res: Result | InputError) -> RankFacts | InputError:
+        if isinstance(res, InputError):
+            return res
+        rf, part = res
+        cross.add_part(part)
+        return rf
+
     if scheduler:
         from ..distributed import run_on_dask
 
-        results = run_on_dask(items, scheduler, progress=progress, strict=strict)
+        results = run_on_dask(items, scheduler, take, progress=progress, strict=strict)
     else:
-        results = _run_local(items, jobs, progress, strict)
+        results = _run_local(items, jobs, progress, strict, take)
     errors = [(k, r) for k, r in enumerate(results) if isinstance(r, InputError)]
     if errors and (strict or len(errors) == len(items)):
         raise errors[0][1]
@@ -142,16 +186,17 @@ def load_ranks(
         if k not in ids:
             excluded.append(ExcludedInput(path=None, rank=k, reason="no trace file for this rank id (a gap in the rank ids)"))
     excluded.sort(key=lambda e: (e.rank is None, e.rank if e.rank is not None else 0, e.path or ""))
-    return RankLoad(sorted(ranks, key=lambda r: r.rank), excluded)
+    return RankLoad(sorted(ranks, key=lambda r: r.rank), excluded, cross.result())
 
 
 def _run_local(
-    items: list[tuple[str, int]], jobs: int | None, progress: Callable[[int, int], None] | None, strict: bool
+    items: list[tuple[str, int, bool]], jobs: int | None, progress: Callable[[int, int], None] | None, strict: bool,
+    take: Callable[[Result | InputError], RankFacts | InputError],
 ) -> list[RankFacts | InputError]:
     want = jobs or _cores()
-    if any(fs.scheme(p) == "memory" for p, _ in items):
+    if any(fs.scheme(p) == "memory" for p, _, _ in items):
         want = 1  # fsspec's memory:// filesystem lives in this process only
-    sizes = [_size(p) for p, _ in items] if progress is not None else [0] * len(items)
+    sizes = [_size(p) for p, _, _ in items] if progress is not None else [0] * len(items)
     total = sum(sizes)
     ranks_cb = getattr(progress, "ranks", None)
     results: list[RankFacts | InputError | None] = [None] * len(items)
@@ -167,7 +212,7 @@ def _run_local(
 
             try:
                 with progress_hook(hook), parallel_decode(block_workers):
-                    results[k] = analyze_rank(*it)
+                    results[k] = take(analyze_one(*it))
             except InputError as exc:
                 results[k] = exc
                 if strict:
@@ -187,7 +232,7 @@ def _run_local(
                 done, pending = wait(pending, timeout=0.1 if progress is not None else None, return_when=FIRST_COMPLETED)
                 for f in done:
                     k = futures[f]
-                    results[k] = f.result()
+                    results[k] = take(f.result())
                     finished[k] = True
                     if strict and isinstance(results[k], InputError):  # later files cannot change the outcome
                         for g in list(pending):
@@ -204,11 +249,17 @@ def _mean(xs: list[float]) -> float | None:
     return float(statistics.fmean(xs)) if xs else None
 
 
-def fold(ranks: list[RankFacts], excluded: list[ExcludedInput] | None = None) -> RunFacts:
+_UNSET: Any = object()
+
+
+def fold(
+    ranks: list[RankFacts], excluded: list[ExcludedInput] | None = None, cross_rank: CrossRankFacts | None = _UNSET
+) -> RunFacts:
     """RunFacts from per-rank facts. Per-step figures are means over ranks of per-rank means.
 
     ``excluded``: the ranks left out of a partial run (:attr:`RankLoad.excluded`), named in
-    ``inputs_excluded`` and in a note."""
+    ``inputs_excluded`` and in a note. ``cross_rank``: as folded by :func:`load_ranks` while
+    the ranks arrived (default: folded here from the ranks' collectives)."""
     rf = RunFacts(tool=f"fsdpdoctor {__version__}")
     rf.rank_facts = ranks
     rf.inputs = [InputFacts(r.path, r.rank, r.rank_source) for r in ranks]
@@ -246,6 +297,12 @@ def fold(ranks: list[RankFacts], excluded: list[ExcludedInput] | None = None) ->
         by_pk: dict[str, dict[str, float]] = {}
         for r in gpu_ranks:
             n = max(len(r.steps), 1)
+            if r.exposed_ms_by_phase_kind is not None:  # a rank whose collectives stayed on the worker
+                for ph, kinds in r.exposed_ms_by_phase_kind.items():
+                    d = by_pk.setdefault(ph, {})
+                    for kind, v in kinds.items():
+                        d[kind] = d.get(kind, 0.0) + v / len(gpu_ranks)
+                continue
             for c in r.collectives:
                 if c.step >= 0 and c.exposed_us > 0:
                     d = by_pk.setdefault(c.phase, {})
@@ -267,10 +324,19 @@ def fold(ranks: list[RankFacts], excluded: list[ExcludedInput] | None = None) ->
             outside_window_ms=m("outside_window_ms"),
         )
     rf.collectives = _fold_collectives(ranks)
-    cross = CrossRankFold()
-    for r in ranks:  # one rank at a time: the fold never holds all ranks' collectives
-        cross.add(r)
-    rf.cross_rank = cross.result()
+    if cross_rank is _UNSET:
+        cross = CrossRankFold()
+        for r in ranks:
+            cross.add(r)
+        cross_rank = cross.result()
+    rf.cross_rank = cross_rank
+    dropped = [r for r in ranks if r.collectives_dropped]
+    if dropped:
+        rf.notes.append(
+            f"{len(ranks)} ranks: per-collective detail kept for {len(ranks) - len(dropped)} of them; the other "
+            f"{len(dropped)} contribute their per-rank aggregates (figures over all ranks stay exact; per-unit "
+            "collective detail is from the detailed ranks)"
+        )
     # FSDP structure: the rank whose detection says most (normally all agree)
     if ranks:
         best = max(ranks, key=lambda r: (r.fsdp.version is not None, len(r.fsdp.units), -r.rank))
