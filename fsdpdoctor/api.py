@@ -30,6 +30,9 @@ class Report:
 
     # -- machine contract ------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
+        return self._dict(self.facts.to_dict())
+
+    def _dict(self, facts_dict: dict[str, Any]) -> dict[str, Any]:
         f = self.facts
         fs = f.fsdp
         return {
@@ -70,11 +73,20 @@ class Report:
             "cross_rank": msgspec.to_builtins(f.cross_rank) if f.cross_rank is not None else None,
             "notes": f.notes,
             "findings": msgspec.to_builtins(self.findings),
-            "facts": f.to_dict(),
+            "facts": facts_dict,
         }
 
     def to_json(self, indent: int = 2) -> str:
-        return msgspec.json.format(msgspec.json.encode(self.to_dict()), indent=indent).decode()
+        # the per-rank facts are encoded straight from their dataclasses (the same JSON as
+        # to_dict()'s builtins, without a second copy of every rank in Python objects)
+        facts = self.facts
+        ranks, facts.rank_facts = facts.rank_facts, []
+        try:
+            d = facts.to_dict()
+        finally:
+            facts.rank_facts = ranks
+        d["rank_facts"] = ranks
+        return msgspec.json.format(msgspec.json.encode(self._dict(d)), indent=indent).decode()
 
     def to_markdown(self) -> str:
         from .report.markdown import render

@@ -211,3 +211,11 @@ def test_ranks_beyond_the_detail_limit_keep_every_run_figure(cluster, gpu_run, o
     import pickle
 
     assert len(pickle.dumps(lean.ranks[3])) < len(pickle.dumps(full.ranks[3]))
+
+
+def test_report_json_equals_its_dict(gpu_run, recorded_run):
+    """to_json encodes the per-rank facts straight from the dataclasses: same JSON as to_dict()."""
+    for d in (gpu_run, recorded_run("fsdp1")):
+        rep = analyze([d])
+        assert json.loads(rep.to_json()) == rep.to_dict()
+        assert rep.facts.rank_facts and json.loads(rep.to_json())["facts"]["rank_facts"][0]["steps"]

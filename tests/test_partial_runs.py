@@ -139,3 +139,28 @@ def test_every_file_bad_raises_the_first_error(tmp_path):
     assert ei.value.path == str(tmp_path / "rank0.json")
     with pytest.raises(InputError):
         analyze([tmp_path], strict=True)
+
+
+def test_real_eight_rank_trace_with_one_truncated_rank(tmp_path):
+    """The public 8-rank DLRM trace (V100, real Kineto output) with worker 3's file cut short."""
+    src = Path(__file__).resolve().parents[1].parent / "shared" / "traces" / "public" / "param-dlrm-v100-8ranks"
+    if not src.is_dir():
+        pytest.skip("../shared/traces/public is absent")
+    files = sorted(src.glob("worker*.json.gz"))
+    assert len(files) == 8
+    for p in files:
+        data = p.read_bytes()
+        (tmp_path / p.name).write_bytes(data[: len(data) // 3] if p.name.startswith("worker3_") else data)
+    full = analyze([src]).facts
+    part = analyze([tmp_path]).facts
+    assert full.ranks == list(range(8)) and full.inputs_excluded == []
+    assert part.ranks == [0, 1, 2, 4, 5, 6, 7] and part.ranks_expected == 8
+    (ex,) = part.inputs_excluded
+    assert ex.rank == 3 and Path(ex.path).name.startswith("worker3_") and "gzip" in ex.reason
+    for r in part.ranks:  # the other ranks' own figures do not depend on rank 3's file
+        assert part.steps.per_rank_mean_ms[str(r)] == full.steps.per_rank_mean_ms[str(r)]
+        assert part.overlap.per_rank[str(r)] == full.overlap.per_rank[str(r)]
+    proc = run_cli("check", tmp_path, "--format", "json")
+    gates = {g["name"]: g for g in json.loads(proc.stdout)["gates"]}
+    assert proc.returncode == 1 and gates["missing-ranks"]["status"] == "fail"
+    assert gates["missing-ranks"]["current"] == "7 of 8"

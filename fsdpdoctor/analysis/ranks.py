@@ -11,6 +11,8 @@ from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from pathlib import Path
 from typing import Any, Callable
 
+import msgspec
+
 from .. import __version__
 from ..errors import InputError
 from ..ingest import fs
@@ -149,12 +151,15 @@ def load_ranks(
     """
     items = [(str(p), i, detail_ranks is None or i < detail_ranks) for i, p in enumerate(paths)]
     cross = CrossRankFold()
+    shared_pg: dict[bytes, list] = {}  # one copy of each process-group table (each lists its ranks)
 
     def take(res: Result | InputError) -> RankFacts | InputError:
         if isinstance(res, InputError):
             return res
         rf, part = res
         cross.add_part(part)
+        if rf.pg_config:
+            rf.pg_config = shared_pg.setdefault(msgspec.json.encode(rf.pg_config), rf.pg_config)
         return rf
 
     if scheduler:
