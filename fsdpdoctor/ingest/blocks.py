@@ -217,11 +217,11 @@ class _Source:
         try:
             head = self.raw.read(2)
             self.raw.seek(0)
-        except (IsADirectoryError, OSError) as exc:
-            if self.local or isinstance(exc, IsADirectoryError):
+        except Exception as exc:  # noqa: BLE001 - a URL's back-end (HTTP status, network) has its own errors
+            if self.local:
                 raise
             self.raw.close()
-            raise InputError(self.path, f"cannot read ({K._short(exc)})") from None
+            raise InputError(self.path, _fs.problem(exc)) from None
         self.gz = _gzip.open(self.raw, "rb") if head == b"\x1f\x8b" else None
         self.offset = 0  # decompressed bytes handed out so far
 
@@ -234,7 +234,7 @@ class _Source:
         except Exception as exc:  # noqa: BLE001 - a URL's back-end (network, auth) has its own errors
             if self.local:
                 raise
-            raise InputError(self.path, f"read failed ({type(exc).__name__}: {K._short(exc)})") from None
+            raise InputError(self.path, _fs.problem(exc)) from None
         self.offset += len(out)
         if self.progress is not None:
             self.progress(self.raw.tell() if out else self.size, self.size)
@@ -248,7 +248,7 @@ class _Source:
         except Exception as exc:  # noqa: BLE001
             if self.local:
                 raise
-            raise InputError(self.path, f"read failed ({type(exc).__name__}: {K._short(exc)})") from None
+            raise InputError(self.path, _fs.problem(exc)) from None
         self.offset += n
         if self.progress is not None:
             self.progress(self.raw.tell() if n else self.size, self.size)

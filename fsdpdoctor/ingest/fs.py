@@ -71,9 +71,13 @@ def _filesystem(url: str):
     return fs, root
 
 
-def _problem(exc: BaseException) -> str:
-    if isinstance(exc, FileNotFoundError):
+def problem(exc: BaseException) -> str:
+    """One line for an error a back-end raised while opening or reading a URL."""
+    status = getattr(exc, "status", None)  # aiohttp's ClientResponseError (HTTP status)
+    if isinstance(exc, FileNotFoundError) or status == 404:
         return "no such file"
+    if status in (401, 403):
+        return "permission denied"
     if isinstance(exc, PermissionError):
         return "permission denied"
     if isinstance(exc, IsADirectoryError):
@@ -88,7 +92,7 @@ def open_url(url: str) -> tuple[IO[bytes], int]:
     try:
         fh: Any = fs.open(root, "rb")
     except Exception as exc:  # noqa: BLE001 - every back-end has its own errors: one line each
-        raise InputError(url, _problem(exc)) from None
+        raise InputError(url, problem(exc)) from None
     size = getattr(fh, "size", None)
     if not isinstance(size, int):
         try:
@@ -137,5 +141,5 @@ def expand_url(url: str, is_trace_name) -> list[str]:
     except InputError:
         raise
     except Exception as exc:  # noqa: BLE001
-        raise InputError(url, _problem(exc)) from None
+        raise InputError(url, problem(exc)) from None
     raise InputError(url, "no such file or directory")
