@@ -89,12 +89,14 @@ def _cores() -> int:
 def rank_task(path: str, idx: int, detail: bool = True):
     """What a worker runs for one rank file: (RankFacts, cross-rank part) as
     :func:`fsdpdoctor.analysis.ranks.analyze_one` returns them, or the InputError saying why not."""
-    from .analysis.ranks import analyze_one
+    from .analysis.ranks import analyze_one, url_error
 
     try:
         return analyze_one(path, idx, detail)
     except InputError as exc:  # returned, not raised: the client decides (leave out, or fail)
         return exc
+    except Exception as exc:
+        return url_error(path, exc)
 
 
 def run_on_dask(

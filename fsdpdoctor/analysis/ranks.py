@@ -40,6 +40,7 @@ _slots = None  # in a worker process: shared per-file counters of bytes read (pr
 def _init_worker(slots) -> None:
     global _slots
     _slots = slots
+    fs.forget_instances()  # a forked worker must not reuse the parent's async HTTP/cloud sessions
 
 
 # Rank files beyond this many (by order) come back without their list of collectives: only the
@@ -84,6 +85,17 @@ def _worker(args: tuple[str, int, bool]) -> Result | InputError:
             return analyze_one(path, idx, detail)
     except InputError as exc:  # returned, not raised: the parent decides (leave out, or fail)
         return exc
+    except Exception as exc:
+        return url_error(path, exc)
+
+
+def url_error(path: str, exc: Exception) -> InputError:
+    """A URL's back-end error (network, HTTP status) as the InputError of that file; anything
+    else, or on a local path, is re-raised (an internal error). Back-end errors often cannot be
+    pickled back from a worker process (aiohttp's carry the response headers)."""
+    if not fs.is_url(path):
+        raise exc
+    return InputError(path, fs.problem(exc))
 
 
 def _cores() -> int:
@@ -201,11 +213,15 @@ def _run_local(
     want = jobs or _cores()
     if any(fs.scheme(p) == "memory" for p, _, _ in items):
         want = 1  # fsspec's memory:// filesystem lives in this process only
+    # URLs are opened here, one file at a time, their blocks decoded by ``want`` processes: a
+    # process pool forked from a process that has used fsspec's async (HTTP, cloud) filesystems
+    # returned results it could not pickle back. Many URLs across machines: --scheduler.
+    urls = any(fs.is_url(p) for p, _, _ in items)
     sizes = [_size(p) for p, _, _ in items] if progress is not None else [0] * len(items)
     total = sum(sizes)
     ranks_cb = getattr(progress, "ranks", None)
     results: list[RankFacts | InputError | None] = [None] * len(items)
-    if want <= 1 or len(items) < want:
+    if want <= 1 or len(items) < want or urls:
         block_workers = want if want > 1 else 0
         base = 0
         for k, it in enumerate(items):
@@ -216,8 +232,13 @@ def _run_local(
                     progress(base + done, total)
 
             try:
-                with progress_hook(hook), parallel_decode(block_workers):
-                    results[k] = take(analyze_one(*it))
+                try:
+                    with progress_hook(hook), parallel_decode(block_workers):
+                        results[k] = take(analyze_one(*it))
+                except InputError:
+                    raise
+                except Exception as exc:
+                    raise url_error(it[0], exc) from None
             except InputError as exc:
                 results[k] = exc
                 if strict:

@@ -143,3 +143,16 @@ def expand_url(url: str, is_trace_name) -> list[str]:
     except Exception as exc:  # noqa: BLE001
         raise InputError(url, problem(exc)) from None
     raise InputError(url, "no such file or directory")
+
+
+def forget_instances() -> None:
+    """Drop fsspec's cached filesystem instances (in a forked worker process: the parent's
+    instances hold async sessions bound to an event loop that does not run in the child)."""
+    import sys
+
+    if "fsspec" not in sys.modules:
+        return
+    from fsspec.registry import _registry
+
+    for cls in list(_registry.values()):
+        cls.clear_instance_cache()
