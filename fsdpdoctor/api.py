@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable
 import msgspec
 
 from . import __version__
-from .analysis.ranks import analyze_ranks, fold
+from .analysis.ranks import fold, load_ranks
 from .engine import Finding, run_rules
 from .errors import InputError
 from .ingest._io import short
@@ -18,6 +18,7 @@ from .facts import RunFacts
 from .analysis.sidecar import apply_sidecar
 from .analysis.strategy import advise, expected_memory, inputs_from_facts
 from .ingest.discover import discover
+from .ingest.fs import name as fs_name
 from .ingest.sidecar import find_sidecar, load_sidecar
 
 if TYPE_CHECKING:  # pandas loads only when a DataFrame is asked for
@@ -43,7 +44,17 @@ class Report:
         return d
 
     def to_json(self, indent: int = 2) -> str:
-        return msgspec.json.format(msgspec.json.encode(self.to_dict()), indent=indent).decode()
+        """:meth:`to_dict` as JSON. The per-rank facts are encoded straight from their dataclasses
+        (the same JSON, without a second copy of every rank as Python objects)."""
+        facts = self.facts
+        ranks, facts.rank_facts = facts.rank_facts, []
+        try:
+            d = facts.to_dict()
+        finally:
+            facts.rank_facts = ranks
+        d["rank_facts"] = ranks
+        d["findings"] = self.findings
+        return msgspec.json.format(msgspec.json.encode(d), indent=indent).decode()
 
     def to_markdown(self) -> str:
         from .report.markdown import render
@@ -116,6 +127,8 @@ def analyze(
     jobs: int | None = None,
     progress: Callable[[int, int], None] | None = None,
     timeline_step: tuple[int | None, int | None] | None = None,
+    scheduler: str | None = None,
+    strict: bool = False,
 ) -> Report:
     """Analyse traces (files, directories or globs) and return the :class:`Report`.
 
@@ -126,18 +139,27 @@ def analyze(
     ``timeline_step=(rank, step_index)`` also extracts that step's GPU timeline into
     ``Report.timeline`` (see :mod:`fsdpdoctor.analysis.timeline_extract`; ``None`` in either place
     means rank 0 / the median-length step).
+
+    Paths may be URLs (``s3://``, ``gs://``, ``az://``, ``http(s)://``, ``memory://``,
+    ``file://``; see :mod:`fsdpdoctor.ingest.fs`). ``scheduler`` sends the per-rank analysis to
+    a Dask cluster: ``"tcp://HOST:8786"`` (an existing one) or ``"local[:N]"`` (a LocalCluster
+    of N worker processes); None uses this machine's process pool (``jobs``).
+
+    A rank file that cannot be read is left out and named in ``facts.inputs_excluded`` (JSON
+    ``inputs_excluded``), as is a gap in the rank ids; ``strict=True`` raises the first bad
+    file's InputError instead. When no file can be read the first error is raised.
     """
     if isinstance(paths, (str, Path)):
         paths = [paths]
     files = discover(list(paths))
-    ranks = analyze_ranks(files, jobs=jobs, progress=progress)
-    facts = fold(ranks)
+    load = load_ranks(files, jobs=jobs, progress=progress, strict=strict, scheduler=scheduler)
+    facts = fold(load.ranks, load.excluded, load.cross_rank)
     side_path = find_sidecar(files)
     if side_path is not None:
         side, problem = load_sidecar(side_path)
         if side is not None:
             apply_sidecar(facts, side)
-            facts.notes.append(f"sidecar {side_path.name} read: facts marked 'sidecar' came from it")
+            facts.notes.append(f"sidecar {fs_name(side_path)} read: facts marked 'sidecar' came from it")
         else:
             facts.notes.append(problem)
     if memory:
@@ -232,7 +254,8 @@ def is_saved_facts(path: str) -> bool:
 
 
 def load_run(
-    paths: str | list[str], config: dict[str, Any] | None = None, jobs: int | None = None, memory: list | None = None
+    paths: str | list[str], config: dict[str, Any] | None = None, jobs: int | None = None, memory: list | None = None,
+    *, scheduler: str | None = None, strict: bool = False,
 ) -> LoadedRun:
     """Anything ``analyze`` accepts, or one saved facts/report JSON (``analyze --save-baseline``).
 
@@ -252,5 +275,5 @@ def load_run(
         else:
             findings = run_rules(facts, config)
         return LoadedRun(facts, findings, label, "saved facts")
-    report = analyze(items, memory=memory or None, config=config, jobs=jobs)
+    report = analyze(items, memory=memory or None, config=config, jobs=jobs, scheduler=scheduler, strict=strict)
     return LoadedRun(report.facts, report.findings, label, "traces")

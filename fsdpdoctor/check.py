@@ -310,8 +310,24 @@ def _gate(name, title, limit, threshold, before, after, unit, option, baseline_g
     return g
 
 
-def run_check(current: LoadedRun, baseline: LoadedRun | None, settings: dict[str, Any]) -> CheckResult:
-    """Evaluate every gate; gates that are not set or cannot be measured are skipped."""
+def _missing_ranks_gate(cur: RunFacts, allowed: bool) -> Gate:
+    from .analysis.ranks import partial_run_line
+
+    n, m = len(cur.ranks), cur.ranks_expected or len(cur.ranks)
+    return Gate(
+        "missing-ranks", "ranks analysed", "pass" if allowed else "fail", "–", f"{n} of {m}", f"{m} of {m}",
+        partial_run_line(cur) + (" (allowed by --allow-missing-ranks)" if allowed else " (--allow-missing-ranks to accept)"),
+        float(m - n), 0.0,
+    )
+
+
+def run_check(
+    current: LoadedRun, baseline: LoadedRun | None, settings: dict[str, Any], allow_missing_ranks: bool = False
+) -> CheckResult:
+    """Evaluate every gate; gates that are not set or cannot be measured are skipped.
+
+    A partial run (ranks left out because their files could not be read, or a gap in the rank
+    ids) adds the gate ``missing-ranks``, which fails unless ``allow_missing_ranks``."""
     from .analysis.compare import compare, step_time_ms
 
     cur, base = current.facts, baseline.facts if baseline else None
@@ -403,6 +419,8 @@ def run_check(current: LoadedRun, baseline: LoadedRun | None, settings: dict[str
             else f"no {level}-or-worse finding {scope}"
         )
     gates.append(g)
+    if cur.inputs_excluded:
+        gates.append(_missing_ranks_gate(cur, allow_missing_ranks))
 
     comparison = None
     notes: list[str] = []

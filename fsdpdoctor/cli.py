@@ -75,6 +75,27 @@ def main() -> None:
     """Diagnose PyTorch FSDP runs from profiler traces and CUDA memory snapshots."""
 
 
+def scale_options(fn):
+    """--scheduler and --strict, shared by analyze, compare and check."""
+    fn = click.option(
+        "--strict", is_flag=True,
+        help="Fail (exit 2) on the first rank file that cannot be read, instead of leaving the rank out.",
+    )(fn)
+    return click.option(
+        "--scheduler", metavar="ADDRESS", default=None,
+        help="Run the per-rank analysis on Dask: tcp://HOST:8786 (an existing cluster) or local[:N] "
+        "(a LocalCluster of N worker processes). Default: this machine's process pool.",
+    )(fn)
+
+
+def warn_partial(facts) -> None:
+    """One warning line on stderr when ranks were left out of the run."""
+    if facts.inputs_excluded:
+        from .analysis.ranks import partial_run_line
+
+        click.echo(f"fsdpdoctor: warning: {partial_run_line(facts)}", err=True)
+
+
 def _write(text: str, output: Path | None) -> None:
     if output is None:
         click.echo(text)
@@ -97,20 +118,30 @@ def _write(text: str, output: Path | None) -> None:
 @click.option("--disable", multiple=True, metavar="RULE", help="Skip a rule (code or slug); repeatable.")
 @click.option("--save-baseline", type=click.Path(dir_okay=False, path_type=Path), help="Also write the facts (with findings) for a later 'check --baseline'.")
 @input_limit_option
+@scale_options
 @guarded
 def analyze(
     paths: tuple[str, ...], fmt: str, output: Path | None, jobs: int | None, memory: tuple[Path, ...],
     settings: tuple[str, ...], disable: tuple[str, ...], save_baseline: Path | None,
-    timeline_rank: int | None, timeline_step: int | None,
+    timeline_rank: int | None, timeline_step: int | None, scheduler: str | None, strict: bool,
 ) -> None:
-    """Analyse trace files, directories of rank traces, or globs."""
+    """Analyse trace files, directories of rank traces, or globs: local paths or URLs
+    (s3://, gs://, az://, http(s)://, file://).
+
+    A rank file that cannot be read is left out with a warning and named in the report
+    (--strict: fail on it instead).
+    """
     from .api import analyze as run
     from .progress import load_progress
 
     cfg = rule_config(settings, disable)
     tl_step = (timeline_rank, timeline_step) if fmt == "html" else None
     with load_progress() as progress:
-        report = run(list(paths), memory=list(memory) or None, jobs=jobs, config=cfg, timeline_step=tl_step, progress=progress)
+        report = run(
+            list(paths), memory=list(memory) or None, jobs=jobs, config=cfg, timeline_step=tl_step, progress=progress,
+            scheduler=scheduler, strict=strict,
+        )
+    warn_partial(report.facts)
     if save_baseline is not None:
         _write(report.to_json(), save_baseline)
     _emit(report, fmt, output)

@@ -12,7 +12,7 @@ from pathlib import Path
 import click
 from rich.console import Console
 
-from .cli import _write, guarded, input_limit_option, main, render_console, rule_config
+from .cli import _write, guarded, input_limit_option, main, render_console, rule_config, scale_options, warn_partial
 
 _FORMATS = click.Choice(["terminal", "markdown", "json", "html"])
 
@@ -26,8 +26,12 @@ _FORMATS = click.Choice(["terminal", "markdown", "json", "html"])
 @click.option("--set", "settings", multiple=True, metavar="KEY=VALUE", help="Override a rule threshold.")
 @click.option("--disable", multiple=True, metavar="RULE", help="Skip a rule (code or slug); repeatable.")
 @input_limit_option
+@scale_options
 @guarded
-def compare(before: str, after: str, fmt: str, output: Path | None, jobs: int | None, settings: tuple[str, ...], disable: tuple[str, ...]) -> None:
+def compare(
+    before: str, after: str, fmt: str, output: Path | None, jobs: int | None, settings: tuple[str, ...], disable: tuple[str, ...],
+    scheduler: str | None, strict: bool,
+) -> None:
     """Explain the step-time change from BEFORE to AFTER.
 
     BEFORE and AFTER are trace files, directories of rank traces, globs, or facts JSON saved
@@ -40,8 +44,10 @@ def compare(before: str, after: str, fmt: str, output: Path | None, jobs: int | 
     from .report.comparison import render_markdown, to_json
 
     cfg = rule_config(settings, disable)
-    b = load_run(before, cfg, jobs)
-    a = load_run(after, cfg, jobs)
+    b = load_run(before, cfg, jobs, scheduler=scheduler, strict=strict)
+    a = load_run(after, cfg, jobs, scheduler=scheduler, strict=strict)
+    warn_partial(b.facts)
+    warn_partial(a.facts)
     cmp = run_compare(b.facts, a.facts, b.findings, a.findings, before_label=before, after_label=after)
     if fmt == "json":
         _write(to_json(cmp), output)
@@ -75,12 +81,15 @@ def compare(before: str, after: str, fmt: str, output: Path | None, jobs: int | 
 @click.option("--set", "settings", multiple=True, metavar="KEY=VALUE", help="Override a rule threshold.")
 @click.option("--disable", multiple=True, metavar="RULE", help="Skip a rule (code or slug); repeatable.")
 @input_limit_option
+@click.option("--allow-missing-ranks", is_flag=True, help="Pass although ranks were left out (unreadable files, gaps in the rank ids).")
+@scale_options
 @guarded
 def check(
     paths: tuple[str, ...], baseline: str | None, min_overlap: str | None, max_exposed_comm_ms: str | None,
     max_step_regression_pct: str | None, max_overlap_drop_pts: str | None, max_exposed_comm_regression_pct: str | None,
     max_memory_regression_pct: str | None, fail_on_new: str | None, markdown_out: Path | None, junit_out: Path | None,
     fmt: str, jobs: int | None, memory: tuple[Path, ...], settings: tuple[str, ...], disable: tuple[str, ...],
+    allow_missing_ranks: bool, scheduler: str | None, strict: bool,
 ) -> None:
     """Gate a run for CI: exit 1 when a threshold is crossed, 0 when all gates pass.
 
@@ -103,9 +112,10 @@ def check(
         }
     )
     cfg = rule_config(settings, disable)
-    base = load_run(baseline, cfg, jobs) if baseline else None
-    cur = load_run(list(paths), cfg, jobs, memory=list(memory) or None)
-    result = run_check(cur, base, settings_)
+    base = load_run(baseline, cfg, jobs, scheduler=scheduler, strict=strict) if baseline else None
+    cur = load_run(list(paths), cfg, jobs, memory=list(memory) or None, scheduler=scheduler, strict=strict)
+    warn_partial(cur.facts)
+    result = run_check(cur, base, settings_, allow_missing_ranks=allow_missing_ranks)
     if markdown_out is not None:
         _write(result.to_markdown(), markdown_out)
     if junit_out is not None:

@@ -302,6 +302,10 @@ class RankFacts:
     memory_trace: MemoryFacts | None = None  # from the trace's [memory] events (profile_memory)
     parallelism: ParallelismFacts = field(default_factory=ParallelismFacts)
     whatif: WhatIfFacts | None = None  # what-if replay of this rank's steps (GPU traces)
+    # large runs (more rank files than the detail limit): ``collectives`` emptied on the worker,
+    # its count and per-step exposed ms by phase → kind kept (see analysis.ranks.DETAIL_RANKS)
+    collectives_dropped: int = 0
+    exposed_ms_by_phase_kind: dict[str, dict[str, float]] | None = None
 
     @property
     def step_ms(self) -> list[float]:
@@ -313,6 +317,15 @@ class InputFacts:
     path: str
     rank: int
     rank_source: str
+
+
+@dataclass
+class ExcludedInput:
+    """A rank left out of a partial run: its file could not be read, or no file has its id."""
+
+    path: str | None  # None: a gap in the rank ids (no file for this rank)
+    rank: int | None  # None: the id is unknown (unreadable file without a rank in its name)
+    reason: str
 
 
 @dataclass
@@ -389,6 +402,41 @@ class StrategyFacts:
 
 
 @dataclass
+class CollectiveSkew:
+    """One collective matched across ranks (see :mod:`fsdpdoctor.analysis.crossrank`)."""
+
+    pg: str
+    kind: str
+    index: int  # occurrence of this kind in this process group (0-based, trace order)
+    step: int
+    phase: str
+    unit: str | None
+    last_rank: int  # the rank that arrived last
+    skew_ms: float  # last arrival − first arrival
+    mean_wait_ms: float  # mean wait of the other ranks for the last one
+    ranks: int  # ranks that had this collective
+
+
+@dataclass
+class RankWait:
+    rank: int
+    wait_ms_per_step: float  # time this rank waited at collectives for later peers, per step
+    last_arrivals: int  # collectives at which this rank arrived last
+    step_ms: float | None = None  # mean step time of the rank
+
+
+@dataclass
+class CrossRankFacts:
+    """Collective wait skew across ranks and the straggler ranking (all ranks, exact)."""
+
+    arrival: str = ""  # what "arrives" means: "gpu kernel start" or "cpu issue"
+    collectives_matched: int = 0
+    mean_wait_ms_by_kind: dict[str, float] = field(default_factory=dict)  # mean over collectives
+    ranks: list[RankWait] = field(default_factory=list)  # straggler first (least waiting)
+    top_skew: list[CollectiveSkew] = field(default_factory=list)  # the largest skews, largest first
+
+
+@dataclass
 class RunFacts:
     schema_version: int = SCHEMA_VERSION
     tool: str = ""
@@ -411,13 +459,15 @@ class RunFacts:
     whatif: WhatIfFacts | None = None  # what-if replay summary over ranks (GPU traces)
     notes: list[str] = field(default_factory=list)
     rank_facts: list[RankFacts] = field(default_factory=list)
+    # partial runs: ranks left out, and how many ranks the run has (analysed + left out)
+    inputs_excluded: list[ExcludedInput] = field(default_factory=list)
+    ranks_expected: int | None = None
+    cross_rank: CrossRankFacts | None = None  # wait skew and straggler ranking (2+ ranks with collectives)
 
     # -- serialisation -------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
         d = msgspec.to_builtins(self)
         d["fsdp"]["unit_count"] = self.fsdp.unit_count
-        for rd, r in zip(d["rank_facts"], self.rank_facts):
-            rd["fsdp"]["unit_count"] = r.fsdp.unit_count
         return d
 
     def to_json(self, indent: int = 2) -> str:

@@ -8,7 +8,8 @@ Usage (what ``fsdpdoctor analyze`` does)::
         report = fsdpdoctor.analyze(paths, progress=progress)
 
 ``progress(done, total)`` takes bytes of the input files read so far and in all; it is cheap to
-call often. Nothing is drawn when stderr is not a TTY (pipes, CI logs, ``2>file``) or when the
+call often. ``progress.ranks(done, total)`` (called by the fan-out as each rank finishes) adds
+"k/n ranks" to the bar. Nothing is drawn when stderr is not a TTY (pipes, CI logs, ``2>file``) or when the
 load finishes within ``delay`` seconds; the bar is removed when the block ends, so the report that
 follows starts on a clean line. No thread is started (the bar is redrawn from the callback, at
 most ten times a second), so worker processes can be forked while it is shown.
@@ -38,6 +39,7 @@ class _Bar:
         self.last_draw = 0.0
         self.progress = None
         self.task = None
+        self.rank_text = description
 
     def __call__(self, done: int, total: int) -> None:
         now = time.monotonic()
@@ -49,6 +51,13 @@ class _Bar:
         self.progress.update(self.task, completed=min(done, total) if total else done, total=total or None)
         if now - self.last_draw >= 0.1 or (total and done >= total):
             self.last_draw = now
+            self.progress.refresh()
+
+    def ranks(self, done: int, total: int) -> None:
+        """Ranks finished so far, shown beside the bytes (called as each rank completes)."""
+        self.rank_text = f"{self.description} · {done}/{total} ranks"
+        if self.progress is not None:
+            self.progress.update(self.task, description=self.rank_text)
             self.progress.refresh()
 
     def _start(self, total: int) -> None:
@@ -77,7 +86,7 @@ class _Bar:
             auto_refresh=False,  # no refresh thread: redrawn from the callback
         )
         self.progress.start()
-        self.task = self.progress.add_task(self.description, total=total or None)
+        self.task = self.progress.add_task(self.rank_text, total=total or None)
 
     def close(self) -> None:
         if self.progress is not None:

@@ -33,12 +33,13 @@ def report_schema() -> dict[str, Any]:
     schema = msgspec.json.schema(ReportDocument)
     defs = schema["$defs"]
     fsdp = defs["FsdpFacts"]
-    fsdp["properties"]["unit_count"] = {"type": "integer", "minimum": 0, "description": "len(units)"}
     for d in defs.values():
         if d.get("type") == "object" and "properties" in d:
             d["additionalProperties"] = False
             # every field is always written (msgspec writes defaults too): all are required
             d["required"] = sorted(d["properties"])
+    # the run's fsdp block also says how many units (derived; not repeated per rank)
+    fsdp["properties"]["unit_count"] = {"type": "integer", "minimum": 0, "description": "len(units); top-level fsdp only"}
     root = defs["ReportDocument"]
     root["properties"]["schema_version"] = {"const": SCHEMA_VERSION}
     return {

@@ -40,8 +40,9 @@ def collectives(facts: RunFacts, kind: str | None = None, phase: str | None = No
 
 
 def per_step_per_rank(facts: RunFacts, total: float) -> float:
-    """A sum over all ranks and steps turned into a mean per step per rank."""
-    n = sum(len(r.steps) for r in facts.rank_facts if r.gpu_present) or 1
+    """A sum over all ranks and steps (of :func:`collectives`) turned into a mean per step per
+    rank; ranks whose collectives were dropped (large runs) are in neither."""
+    n = sum(len(r.steps) for r in facts.rank_facts if r.gpu_present and not r.collectives_dropped) or 1
     return total / n
 
 

@@ -72,7 +72,13 @@ def test_one_bad_rank_among_good_ones_names_the_bad_file(tmp_path):
     good = {"traceEvents": [REAL_EVENT], "distributedInfo": {"rank": 0, "world_size": 2}}
     _make(tmp_path, "rank0.json", json.dumps(good).encode())
     bad = _make(tmp_path, "rank1.json", b"{\"traceEvents\": [")
-    _assert_one_line_error(run_cli("analyze", str(tmp_path)), str(bad))
+    # --strict: fail on the bad file (the behaviour before partial runs)
+    _assert_one_line_error(run_cli("analyze", "--strict", str(tmp_path)), str(bad))
+    # default: the bad rank is left out, named in one warning line, exit 0
+    proc = run_cli("analyze", str(tmp_path))
+    assert proc.returncode == 0, proc.stderr
+    lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and "warning: 1 of 2 ranks analysed" in lines[0] and str(bad) in lines[0]
 
 
 def test_no_write_into_input_folder(tmp_path):

@@ -59,3 +59,32 @@ def test_parallel_ranks_equal_sequential_and_report_bytes():
         assert calls and calls[-1] == (total, total)
         assert all(t == total and 0 <= d <= total for d, t in calls)
         assert [d for d, _ in calls] == sorted(d for d, _ in calls)
+
+
+def test_bar_counts_ranks():
+    out = _Tty()
+    with load_progress(stream=out, delay=0) as cb:
+        cb(1, 8 * 2**20)
+        cb.ranks(3, 8)
+        cb(4 * 2**20, 8 * 2**20)
+    assert "3/8 ranks" in out.getvalue()
+
+
+class _Recorder:
+    def __init__(self) -> None:
+        self.bytes: list[tuple[int, int]] = []
+        self.done: list[tuple[int, int]] = []
+
+    def __call__(self, d: int, t: int) -> None:
+        self.bytes.append((d, t))
+
+    def ranks(self, d: int, t: int) -> None:
+        self.done.append((d, t))
+
+
+def test_fan_out_reports_ranks_done():
+    for jobs in (1, 2):
+        rec = _Recorder()
+        analyze_ranks(RECORDED, jobs=jobs, progress=rec)
+        assert rec.done[-1] == (2, 2)
+        assert [d for d, _ in rec.done] == sorted(d for d, _ in rec.done)

@@ -273,6 +273,12 @@ def _rank_cells(r: RankFacts, basis: str) -> dict[tuple[str, str], float]:
     # exposed comm by kind and phase from the collectives; the uncovered rest is "other" comm
     covered = 0.0
     covered_phase = {p: 0.0 for p in PHASES}
+    for ph_, kinds in (r.exposed_ms_by_phase_kind or {}).items():  # a rank whose collectives were dropped
+        ph = ph_ if ph_ in covered_phase else "other"
+        for kind, v in kinds.items():
+            add((_comm_component(kind), ph), v * n)
+            covered += v * n
+            covered_phase[ph] += v * n
     for c in r.collectives:
         if 0 <= c.step < n and c.exposed_us:
             ph = c.phase if c.phase in covered_phase else "other"
@@ -455,7 +461,7 @@ def _collective_groups(f: RunFacts) -> dict[tuple[str, str, str], tuple[float, f
     per_rank: list[dict[tuple[str, str, str], list[float]]] = []
     for r in f.rank_facts:
         n = len(r.steps)
-        if not n:
+        if not n or r.collectives_dropped:  # large runs: the mean over the ranks that kept their detail
             continue
         d: dict[tuple[str, str, str], list[float]] = {}
         for c in r.collectives:

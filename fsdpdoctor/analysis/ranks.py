@@ -6,15 +6,21 @@ import multiprocessing
 import os
 import statistics
 from collections import Counter
+from dataclasses import dataclass, field
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
+
+import msgspec
 
 from .. import __version__
 from ..errors import InputError
-from ..ingest.kineto import parallel_decode, progress_hook
+from ..ingest import fs
+from ..ingest.kineto import parallel_decode, progress_hook, rank_from_filename
 from ..facts import (
     CollectiveStats,
+    CrossRankFacts,
+    ExcludedInput,
     ExposedSummary,
     InputFacts,
     OverlapSummary,
@@ -23,6 +29,7 @@ from ..facts import (
     StepsSummary,
     TimelineSummary,
 )
+from .crossrank import CrossRankFold, RankPart, part_of
 from .rank import analyze_rank, most_common
 from .whatif import fold_whatif
 from .steps import PHASES
@@ -34,10 +41,39 @@ _slots = None  # in a worker process: shared per-file counters of bytes read (pr
 def _init_worker(slots) -> None:
     global _slots
     _slots = slots
+    fs.forget_instances()  # a forked worker must not reuse the parent's async HTTP/cloud sessions
 
 
-def _worker(args: tuple[str, int]) -> RankFacts | InputError:
-    path, idx = args
+# Rank files beyond this many (by order) come back without their list of collectives: only the
+# bounded aggregates (collective_stats, exposed ms by phase and kind, the cross-rank arrivals).
+# The fold's figures stay exact over every rank; what reads single collectives (rules' unit
+# detail, compare's per-unit table, the strategy's bus bandwidth) sees the first DETAIL_RANKS.
+DETAIL_RANKS = 64
+
+Result = tuple[RankFacts, RankPart]
+
+
+def analyze_one(path: str, idx: int, detail: bool = True) -> Result:
+    """One rank file → (RankFacts, its cross-rank part); without ``detail`` the RankFacts drops
+    its per-collective list (kept: the per-step exposed ms by phase and kind)."""
+    rf = analyze_rank(path, idx)
+    part = part_of(rf)
+    if not detail:
+        n = max(len(rf.steps), 1)
+        by_pk: dict[str, dict[str, float]] = {}
+        for c in rf.collectives:
+            if c.step >= 0 and c.exposed_us > 0:
+                d = by_pk.setdefault(c.phase, {})
+                d[c.kind] = d.get(c.kind, 0.0) + c.exposed_us / 1e3 / n
+        rf.exposed_ms_by_phase_kind = by_pk
+        rf.collectives_dropped = len(rf.collectives)
+        rf.collectives = []
+        part.where = {}
+    return rf, part
+
+
+def _worker(args: tuple[str, int, bool]) -> Result | InputError:
+    path, idx, detail = args
     hook = None
     if _slots is not None:
         slots = _slots
@@ -47,9 +83,20 @@ def _worker(args: tuple[str, int]) -> RankFacts | InputError:
 
     try:
         with progress_hook(hook):
-            return analyze_rank(path, idx)
-    except InputError as exc:  # returned, not raised, so the parent reports the first bad file
+            return analyze_one(path, idx, detail)
+    except InputError as exc:  # returned, not raised: the parent decides (leave out, or fail)
         return exc
+    except Exception as exc:
+        return url_error(path, exc)
+
+
+def url_error(path: str, exc: Exception) -> InputError:
+    """A URL's back-end error (network, HTTP status) as the InputError of that file; anything
+    else, or on a local path, is re-raised (an internal error). Back-end errors often cannot be
+    pickled back from a worker process (aiohttp's carry the response headers)."""
+    if not fs.is_url(path):
+        raise exc
+    return InputError(path, fs.problem(exc))
 
 
 def _cores() -> int:
@@ -60,31 +107,122 @@ def _cores() -> int:
 
 
 def _size(path: str) -> int:
-    try:
-        return os.path.getsize(path)
-    except OSError:
-        return 0
+    return fs.size(path)
+
+
+@dataclass
+class RankLoad:
+    """What :func:`load_ranks` read: the ranks, sorted by id, and the ranks left out."""
+
+    ranks: list[RankFacts]
+    excluded: list[ExcludedInput] = field(default_factory=list)
+    cross_rank: CrossRankFacts | None = None
+
+    @property
+    def expected(self) -> int:
+        """M in "N of M ranks": the ranks analysed plus the ranks left out."""
+        return len(self.ranks) + len(self.excluded)
 
 
 def analyze_ranks(
-    paths: list[Path], jobs: int | None = None, progress: Callable[[int, int], None] | None = None
+    paths: list[Path | str], jobs: int | None = None, progress: Callable[[int, int], None] | None = None
 ) -> list[RankFacts]:
-    """RankFacts for each file, using up to ``jobs`` processes (default: one per core).
+    """RankFacts for each file; the first unreadable file (in order) raises its InputError.
+    See :func:`load_ranks` for partial runs."""
+    return load_ranks(paths, jobs, progress, strict=True).ranks
+
+
+def load_ranks(
+    paths: list[Path | str],
+    jobs: int | None = None,
+    progress: Callable[[int, int], None] | None = None,
+    *,
+    strict: bool = False,
+    scheduler: str | None = None,
+    detail_ranks: int | None = DETAIL_RANKS,
+) -> RankLoad:
+    """RankFacts for each file, using up to ``jobs`` processes (default: one per core), or the
+    Dask cluster named by ``scheduler`` (see :mod:`fsdpdoctor.distributed`).
 
     With at least as many files as processes, each worker process analyses whole files. With
     fewer (one big trace on a multi-core machine), files are analysed one by one here and each
     file's JSON blocks are decoded by ``jobs`` worker processes instead. Either way the result is
     the same as ``jobs=1``.
 
+    A file that cannot be read (an :class:`InputError`: truncated, corrupt, missing) is left out
+    and listed in ``excluded`` with its reason, as is every id missing from the rank ids (a gap
+    below the highest id). ``strict=True`` raises the first bad file's error (in order) instead.
+    When no file can be read, the first error is raised either way.
+
     ``progress(done, total)`` is called from this (the calling) thread in bytes of the input files
-    on disk, several times a second while files are read and once as each file completes.
+    on disk, several times a second while files are read and once as each file completes. When
+    the callback has a ``ranks(done, total)`` method it is also told how many ranks are done.
+
+    With more than ``detail_ranks`` files, the ranks after the first ``detail_ranks`` come back
+    without their per-collective list (:data:`DETAIL_RANKS`; None keeps every list). Each
+    rank's cross-rank part is folded as it arrives and then dropped.
     """
-    items = [(str(p), i) for i, p in enumerate(paths)]
+    items = [(str(p), i, detail_ranks is None or i < detail_ranks) for i, p in enumerate(paths)]
+    cross = CrossRankFold()
+    shared_pg: dict[bytes, list] = {}  # one copy of each process-group table (each lists its ranks)
+
+    def take(res: Result | InputError) -> RankFacts | InputError:
+        if isinstance(res, InputError):
+            return res
+        rf, part = res
+        cross.add_part(part)
+        if rf.pg_config:
+            rf.pg_config = shared_pg.setdefault(msgspec.json.encode(rf.pg_config), rf.pg_config)
+        return rf
+
+    if scheduler:
+        from ..distributed import run_on_dask
+
+        results = run_on_dask(items, scheduler, take, progress=progress, strict=strict)
+    else:
+        results = _run_local(items, jobs, progress, strict, take)
+    errors = [(k, r) for k, r in enumerate(results) if isinstance(r, InputError)]
+    if errors and (strict or len(errors) == len(items)):
+        raise errors[0][1]
+    ranks: list[RankFacts] = [r for r in results if isinstance(r, RankFacts)]
+    seen: dict[int, str] = {}
+    for rf in ranks:
+        if rf.rank in seen:
+            raise InputError(rf.path, f"rank {rf.rank} appears twice (also in {seen[rf.rank]})")
+        seen[rf.rank] = rf.path
+    excluded: list[ExcludedInput] = []
+    order_ids = all(r.rank_source == "order" for r in ranks)
+    for k, exc in errors:
+        rid = rank_from_filename(exc.path)
+        if rid is None and order_ids and k not in seen:
+            rid = k  # the others are numbered by order: this file held rank k
+        if rid in seen:
+            rid = None
+        excluded.append(ExcludedInput(path=exc.path, rank=rid, reason=exc.problem))
+    ids = set(seen) | {e.rank for e in excluded if e.rank is not None}
+    for k in range(max(ids) + 1 if ids else 0):
+        if k not in ids:
+            excluded.append(ExcludedInput(path=None, rank=k, reason="no trace file for this rank id (a gap in the rank ids)"))
+    excluded.sort(key=lambda e: (e.rank is None, e.rank if e.rank is not None else 0, e.path or ""))
+    return RankLoad(sorted(ranks, key=lambda r: r.rank), excluded, cross.result())
+
+
+def _run_local(
+    items: list[tuple[str, int, bool]], jobs: int | None, progress: Callable[[int, int], None] | None, strict: bool,
+    take: Callable[[Result | InputError], RankFacts | InputError],
+) -> list[RankFacts | InputError]:
     want = jobs or _cores()
-    sizes = [_size(p) for p, _ in items]
+    if any(fs.scheme(p) == "memory" for p, _, _ in items):
+        want = 1  # fsspec's memory:// filesystem lives in this process only
+    # URLs are opened here, one file at a time, their blocks decoded by ``want`` processes: a
+    # process pool forked from a process that has used fsspec's async (HTTP, cloud) filesystems
+    # returned results it could not pickle back. Many URLs across machines: --scheduler.
+    urls = any(fs.is_url(p) for p, _, _ in items)
+    sizes = [_size(p) for p, _, _ in items] if progress is not None else [0] * len(items)
     total = sum(sizes)
+    ranks_cb = getattr(progress, "ranks", None)
     results: list[RankFacts | InputError | None] = [None] * len(items)
-    if want <= 1 or len(items) < want:
+    if want <= 1 or len(items) < want or urls:
         block_workers = want if want > 1 else 0
         base = 0
         for k, it in enumerate(items):
@@ -95,14 +233,22 @@ def analyze_ranks(
                     progress(base + done, total)
 
             try:
-                with progress_hook(hook), parallel_decode(block_workers):
-                    results[k] = analyze_rank(*it)
+                try:
+                    with progress_hook(hook), parallel_decode(block_workers):
+                        results[k] = take(analyze_one(*it))
+                except InputError:
+                    raise
+                except Exception as exc:
+                    raise url_error(it[0], exc) from None
             except InputError as exc:
                 results[k] = exc
-                break  # the first bad file (in order) is the one reported
+                if strict:
+                    break  # the first bad file (in order) is the one reported
             base += sizes[k]
             if progress is not None:
                 progress(base, total)
+                if ranks_cb is not None:
+                    ranks_cb(k + 1, len(items))
     else:
         slots = multiprocessing.Array("q", len(items), lock=False) if progress is not None else None
         finished = [False] * len(items)
@@ -113,32 +259,34 @@ def analyze_ranks(
                 done, pending = wait(pending, timeout=0.1 if progress is not None else None, return_when=FIRST_COMPLETED)
                 for f in done:
                     k = futures[f]
-                    results[k] = f.result()
+                    results[k] = take(f.result())
                     finished[k] = True
-                    if isinstance(results[k], InputError):  # later files cannot change the outcome
+                    if strict and isinstance(results[k], InputError):  # later files cannot change the outcome
                         for g in list(pending):
                             if futures[g] > k and g.cancel():
                                 pending.discard(g)
                 if progress is not None and slots is not None:
                     progress(sum(s if finished[k] else min(slots[k], s) for k, s in enumerate(sizes)), total)
-    for r in results:
-        if isinstance(r, InputError):
-            raise r
-    ranks: list[RankFacts] = results  # type: ignore[assignment]  # no None left without an error before it
-    seen: dict[int, str] = {}
-    for rf in ranks:
-        if rf.rank in seen:
-            raise InputError(rf.path, f"rank {rf.rank} appears twice (also in {seen[rf.rank]})")
-        seen[rf.rank] = rf.path
-    return sorted(ranks, key=lambda r: r.rank)
+                    if ranks_cb is not None:
+                        ranks_cb(sum(finished), len(items))
+    return [r for r in results if r is not None]
 
 
 def _mean(xs: list[float]) -> float | None:
     return float(statistics.fmean(xs)) if xs else None
 
 
-def fold(ranks: list[RankFacts]) -> RunFacts:
-    """RunFacts from per-rank facts. Per-step figures are means over ranks of per-rank means."""
+_UNSET: Any = object()
+
+
+def fold(
+    ranks: list[RankFacts], excluded: list[ExcludedInput] | None = None, cross_rank: CrossRankFacts | None = _UNSET
+) -> RunFacts:
+    """RunFacts from per-rank facts. Per-step figures are means over ranks of per-rank means.
+
+    ``excluded``: the ranks left out of a partial run (:attr:`RankLoad.excluded`), named in
+    ``inputs_excluded`` and in a note. ``cross_rank``: as folded by :func:`load_ranks` while
+    the ranks arrived (default: folded here from the ranks' collectives)."""
     rf = RunFacts(tool=f"fsdpdoctor {__version__}")
     rf.rank_facts = ranks
     rf.inputs = [InputFacts(r.path, r.rank, r.rank_source) for r in ranks]
@@ -176,6 +324,12 @@ def fold(ranks: list[RankFacts]) -> RunFacts:
         by_pk: dict[str, dict[str, float]] = {}
         for r in gpu_ranks:
             n = max(len(r.steps), 1)
+            if r.exposed_ms_by_phase_kind is not None:  # a rank whose collectives stayed on the worker
+                for ph, kinds in r.exposed_ms_by_phase_kind.items():
+                    d = by_pk.setdefault(ph, {})
+                    for kind, v in kinds.items():
+                        d[kind] = d.get(kind, 0.0) + v / len(gpu_ranks)
+                continue
             for c in r.collectives:
                 if c.step >= 0 and c.exposed_us > 0:
                     d = by_pk.setdefault(c.phase, {})
@@ -201,6 +355,19 @@ def fold(ranks: list[RankFacts]) -> RunFacts:
         )
     rf.collectives = _fold_collectives(ranks)
     rf.whatif = fold_whatif(ranks)
+    if cross_rank is _UNSET:
+        cross = CrossRankFold()
+        for r in ranks:
+            cross.add(r)
+        cross_rank = cross.result()
+    rf.cross_rank = cross_rank
+    dropped = [r for r in ranks if r.collectives_dropped]
+    if dropped:
+        rf.notes.append(
+            f"{len(ranks)} ranks: per-collective detail kept for {len(ranks) - len(dropped)} of them; the other "
+            f"{len(dropped)} contribute their per-rank aggregates (figures over all ranks stay exact; per-unit "
+            "collective detail is from the detailed ranks)"
+        )
     # FSDP structure: the rank whose detection says most (normally all agree)
     if ranks:
         best = max(ranks, key=lambda r: (r.fsdp.version is not None, len(r.fsdp.units), -r.rank))
@@ -213,7 +380,20 @@ def fold(ranks: list[RankFacts]) -> RunFacts:
     rf.notes.append("rank ids from " + ", ".join(f"{src} ({n})" for src, n in sources.items()))
     if ranks and rf.world_size and len(ranks) < rf.world_size:
         rf.notes.append(f"{len(ranks)} of {rf.world_size} ranks given")
+    if excluded:
+        rf.inputs_excluded = list(excluded)
+        rf.ranks_expected = len(ranks) + len(excluded)
+        rf.notes.insert(0, partial_run_line(rf))
     return rf
+
+
+def partial_run_line(rf: RunFacts) -> str:
+    """"7 of 8 ranks analysed; left out: rank 3 (traces/rank3.json.gz: truncated ...)"."""
+    parts = []
+    for e in rf.inputs_excluded:
+        who = f"rank {e.rank}" if e.rank is not None else "a file"
+        parts.append(f"{who} ({e.path + ': ' if e.path else ''}{e.reason})")
+    return f"{len(rf.ranks)} of {rf.ranks_expected} ranks analysed; left out: " + "; ".join(parts)
 
 
 def _fold_collectives(ranks: list[RankFacts]) -> list[CollectiveStats]:

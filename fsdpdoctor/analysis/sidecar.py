@@ -91,5 +91,8 @@ def _name_units(facts: RunFacts, side_units: list[dict[str, Any]]) -> None:
         for c in r.collectives:
             if c.unit in renamed:
                 c.unit = renamed[c.unit]
+    for sk in facts.cross_rank.top_skew if facts.cross_rank is not None else []:
+        if sk.unit in renamed:
+            sk.unit = renamed[sk.unit]
     fs.unit_source += "; FQNs from the sidecar, matched by all-gather size"
     fs.sources["units"] = "sidecar"

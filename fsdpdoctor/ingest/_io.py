@@ -25,7 +25,7 @@ import stat
 import zlib
 from contextlib import contextmanager
 from pathlib import Path
-from typing import IO, Iterator
+from typing import Callable, IO, Iterator
 
 from ..errors import InputError
 
@@ -153,11 +153,13 @@ class InputStream:
     ``size`` the size on disk, ``offset`` the decompressed bytes handed out so far.
     """
 
-    def __init__(self, path: str | Path, raw: IO[bytes], size: int, error: type[InputError] = InputError):
+    def __init__(self, path: str | Path, raw: IO[bytes], size: int, error: type[InputError] = InputError,
+                 describe: Callable[[BaseException], str] | None = None):
         self.path = path
         self.raw = raw
         self.size = size
         self.error = error
+        self.describe = describe  # remote streams: their back-end's errors (HTTP, auth, network) in words
         self.offset = 0
         try:
             head = raw.read(2)
@@ -165,9 +167,13 @@ class InputStream:
         except IsADirectoryError:
             raw.close()
             raise error(path, "is a directory") from None
-        except OSError as exc:
+        except Exception as exc:  # noqa: BLE001 - a remote back-end raises its own kinds
             raw.close()
-            raise error(path, f"cannot read ({exc.strerror or short(exc)})") from None
+            if describe is not None:
+                raise error(path, describe(exc)) from None
+            if isinstance(exc, OSError):
+                raise error(path, f"cannot read ({exc.strerror or short(exc)})") from None
+            raise
         self.gz = gzip_impl.open(raw, "rb") if head == b"\x1f\x8b" else None
         self.limit, self._why = byte_budget(size, self.gz is not None)
         if self.gz is None and size > self.limit:
@@ -198,9 +204,11 @@ class InputStream:
         return cls(path, os.fdopen(fd, "rb"), st.st_size, error)
 
     @classmethod
-    def wrap(cls, path: str | Path, raw: IO[bytes], size: int, error: type[InputError] = InputError) -> "InputStream":
-        """Limits and errors for a stream opened elsewhere (``size``: its size on storage)."""
-        return cls(path, raw, size, error)
+    def wrap(cls, path: str | Path, raw: IO[bytes], size: int, error: type[InputError] = InputError,
+             describe: Callable[[BaseException], str] | None = None) -> "InputStream":
+        """Limits and errors for a stream opened elsewhere (``size``: its size on storage;
+        ``describe``: how its back-end's errors read, e.g. :func:`.fs.problem`)."""
+        return cls(path, raw, size, error, describe)
 
     def _count(self, n: int) -> None:
         self.offset += n
@@ -217,6 +225,8 @@ class InputStream:
             out = self.gz.read(n) if self.gz is not None else self.raw.read(n)
         except _GZIP_READ_ERRORS as exc:
             raise self.error(self.path, f"truncated or corrupt gzip data ({short(exc)})") from None
+        except Exception as exc:  # noqa: BLE001
+            self._remote_error(exc)
         self._count(len(out))
         return out
 
@@ -225,8 +235,15 @@ class InputStream:
             n = self.gz.readinto(view) if self.gz is not None else self.raw.readinto(view)
         except _GZIP_READ_ERRORS as exc:
             raise self.error(self.path, f"truncated or corrupt gzip data ({short(exc)})") from None
+        except Exception as exc:  # noqa: BLE001
+            self._remote_error(exc)
         self._count(n)
         return n
+
+    def _remote_error(self, exc: BaseException) -> None:
+        if self.describe is None:  # a local file: not an input problem we know how to word
+            raise exc
+        raise self.error(self.path, self.describe(exc)) from None
 
     def read_all(self) -> bytes:
         """Everything that is left (up to the limit)."""

@@ -49,6 +49,7 @@ import msgspec
 import numpy as np
 
 from ..errors import InputError
+from . import fs as _fs
 from . import kineto as K
 from .kineto import I64
 
@@ -194,7 +195,12 @@ class _Source:
     def __init__(self, path: Path, progress: Progress | None):
         self.path = path
         self.progress = progress
-        self.stream = InputStream.open(path, "trace file")
+        self.local = not _fs.is_url(path)  # local files can also be read by offset in parallel
+        if not self.local:  # fsspec: a stream of the object, read chunk by chunk like a file
+            raw, size = _fs.open_url(str(path))
+            self.stream = InputStream.wrap(path, raw, size, describe=_fs.problem)
+        else:
+            self.stream = InputStream.open(path, "trace file")
         self.raw, self.gz, self.size = self.stream.raw, self.stream.gz, self.stream.size
 
     @property
@@ -657,7 +663,7 @@ class _Stream:
         rest = buf[start:]
         base = self.src.offset - len(rest)
         del buf
-        if self.workers > 0 and self.src.gz is None and self.src.size - base > PARALLEL_AFTER:
+        if self.workers > 0 and self.src.local and self.src.gz is None and self.src.size - base > PARALLEL_AFTER:
             rest, base = self._parallel_direct(base)
         elif self.workers > 0:
             rest, base = self._parallel_ring(rest, base)

@@ -8,6 +8,7 @@ import stat
 from pathlib import Path
 
 from ..errors import InputError
+from . import fs
 
 TRACE_PATTERNS = ("*.json", "*.json.gz")
 # JSON files that sit next to traces but are not traces.
@@ -21,14 +22,20 @@ def _is_trace_name(p: Path) -> bool:
     return n.endswith(".json") or n.endswith(".json.gz")
 
 
-def discover(paths: list[str | Path]) -> list[Path]:
+def discover(paths: list[str | Path]) -> list[Path | str]:
     """Trace files named by ``paths``, in a stable order, without duplicates.
 
     A directory contributes every ``*.json`` / ``*.json.gz`` directly inside it (not recursively);
     a pattern with ``*?[`` is expanded as a glob; anything else must be an existing file.
+    URLs (``s3://``, ``gs://``, ``http(s)://``, ``memory://``...; see :mod:`.fs`) are expanded
+    the same way through fsspec and come back as URL strings; ``file://`` URLs as local Paths.
     """
-    out: list[Path] = []
+    out: list[Path | str] = []
     for raw in paths:
+        raw = fs.localize(raw)
+        if fs.is_url(raw):
+            out.extend(fs.expand_url(str(raw), lambda n: _is_trace_name(Path(n))))
+            continue
         s = str(raw)
         p = Path(s)
         try:
@@ -56,10 +63,10 @@ def discover(paths: list[str | Path]) -> list[Path]:
             out.extend(found)
         else:
             raise InputError(p, "no such file or directory")
-    seen: set[Path] = set()
+    seen: set[Path | str] = set()
     unique = []
     for p in out:
-        key = p.resolve()
+        key = p if isinstance(p, str) else p.resolve()
         if key not in seen:
             seen.add(key)
             unique.append(p)

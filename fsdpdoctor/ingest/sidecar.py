@@ -17,22 +17,40 @@ from ._io import read_input, short
 SIDECAR_NAME = "fsdpdoctor_meta.json"
 
 
-def find_sidecar(trace_files: list[Path]) -> Path | None:
-    """The sidecar beside the traces (the first directory holding one)."""
-    for d in dict.fromkeys(p.resolve().parent for p in trace_files):
+def find_sidecar(trace_files: list[Path | str]) -> Path | str | None:
+    """The sidecar beside the traces (the first directory holding one); for URLs (see
+    :mod:`.fs`) the sidecar's URL."""
+    from . import fs
+
+    for d in dict.fromkeys(p.rsplit("/", 1)[0] if fs.is_url(p) else Path(p).resolve().parent for p in trace_files):
+        if isinstance(d, str):
+            cand_url = f"{d}/{SIDECAR_NAME}"
+            if fs.size(cand_url) > 0:
+                return cand_url
+            continue
         cand = d / SIDECAR_NAME
         if cand.is_file():
             return cand
     return None
 
 
-def load_sidecar(path: Path) -> tuple[dict[str, Any] | None, str | None]:
+def _read(path: Path | str) -> bytes:
+    from . import fs
+
+    if fs.is_url(path):
+        fh, _ = fs.open_url(str(path))
+        with fh:
+            return fh.read()
+    return read_input(path, "sidecar file")
+
+
+def load_sidecar(path: Path | str) -> tuple[dict[str, Any] | None, str | None]:
     """(sidecar, None) or (None, reason it was ignored)."""
     try:
-        data = msgspec.json.decode(read_input(path, "sidecar file"))
+        data = msgspec.json.decode(_read(path))
     except InputError as exc:
         return None, f"{exc}; ignored"
-    except (msgspec.DecodeError, UnicodeDecodeError, RecursionError) as exc:
+    except (OSError, msgspec.DecodeError, UnicodeDecodeError, RecursionError) as exc:
         return None, f"{path}: ignored, not readable JSON ({short(exc)})"
     if not isinstance(data, dict) or not str(data.get("schema", "")).startswith("fsdpdoctor.meta/"):
         return None, f"{path}: ignored, not a fsdpdoctor sidecar (no 'schema': 'fsdpdoctor.meta/N')"

@@ -61,11 +61,18 @@ def headline(f: RunFacts) -> list[tuple[str, str]]:
             fsdp_txt += ", CPU offload"
         if fs.mixed_precision is not None:
             fsdp_txt += ", " + ("low-precision" if fs.mixed_precision else "fp32") + " all-gathers"
+    if f.inputs_excluded:  # a partial run: "7 of 8 ranks", whatever the traces say the world size is
+        rank_txt = f"{len(ranks)} of {f.ranks_expected} ranks" + (f" (world size {ws})" if ws and ws != f.ranks_expected else "")
     lines = [
         ("Run", rank_txt + (f" · {dev}" if dev else "") + ("" if f.gpu_present else " · no GPU activity")),
         ("Steps", f"{f.steps.count} per rank ({f.steps.method})" + (f", mean {ms(f.steps.mean_ms)}" if f.steps.mean_ms else "")),
         ("FSDP", fsdp_txt),
     ]
+    if f.inputs_excluded:
+        lines.insert(1, ("Left out", "; ".join(
+            (f"rank {e.rank}" if e.rank is not None else "?") + (f" {e.path}" if e.path else "") + f": {e.reason}"
+            for e in f.inputs_excluded
+        )))
     shape = shape_text(f)
     if shape:
         lines.append(("Shape", shape))
