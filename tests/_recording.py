@@ -149,3 +149,18 @@ def recorder():
 @pytest.fixture(scope="session")
 def recorded_world_size() -> int:
     return WORLD_SIZE
+
+
+@pytest.fixture(scope="session")
+def recorded_report(recorded_run) -> Callable[[str], "object"]:
+    """variant -> fsdpdoctor.analyze() of that recorded run, analysed once per session."""
+    import fsdpdoctor
+
+    cache: dict[str, object] = {}
+
+    def get(variant: str):
+        if variant not in cache:
+            cache[variant] = fsdpdoctor.analyze(recorded_run(variant))
+        return cache[variant]
+
+    return get

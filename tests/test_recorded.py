@@ -10,7 +10,6 @@ import math
 
 import pytest
 
-import fsdpdoctor
 
 
 def _unit_numel(recorder, variant: str, pad) -> dict[str, int]:
@@ -30,15 +29,8 @@ def _fsdp2_numel(ws):
 
 
 @pytest.fixture(scope="module")
-def reports(recorded_run):
-    cache = {}
-
-    def get(variant):
-        if variant not in cache:
-            cache[variant] = fsdpdoctor.analyze(recorded_run(variant))
-        return cache[variant]
-
-    return get
+def reports(recorded_report):
+    return recorded_report
 
 
 def _per_unit(rep, attr):

@@ -30,15 +30,8 @@ NO_SHARD = "no-shard-fsdp1"  # parameters replicated: no all-gather or reduce-sc
 
 
 @pytest.fixture(scope="module")
-def shape(recorded_run):
-    cache = {}
-
-    def get(variant):
-        if variant not in cache:
-            cache[variant] = fsdpdoctor.analyze(recorded_run(variant))
-        return cache[variant]
-
-    return get
+def shape(recorded_report):
+    return recorded_report
 
 
 def _world_size(recorder, variant):

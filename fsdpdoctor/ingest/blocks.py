@@ -500,13 +500,7 @@ def _decode_error(path: Path, exc: msgspec.DecodeError, shift: int) -> InputErro
     return InputError(path, f"not valid JSON ({K._short(msgspec.DecodeError(msg))})")
 
 
-def _decode(decoder, buf):
-    """``decoder.decode(buf)``; invalid UTF-8 inside strings (labels: names, categories, group
-    names; numbers are ASCII) is replaced by U+FFFD instead of failing the file."""
-    try:
-        return decoder.decode(buf)
-    except UnicodeDecodeError:
-        return decoder.decode(bytes(buf).decode("utf-8", "replace").encode())
+_decode = K.decode_lenient_utf8  # invalid UTF-8 in labels becomes U+FFFD, as in the whole-file decoder
 
 
 def _too_deep(path: Path, offset: int | None = None) -> InputError:
