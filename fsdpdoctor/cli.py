@@ -7,104 +7,12 @@ Bad input is one line on stderr naming the file and the problem, never a traceba
 
 from __future__ import annotations
 
-import functools
-import os
-import sys
 from pathlib import Path
 
 import click
-from rich.console import Console
 
-from . import __version__
+from .cli_base import _write, guarded, input_limit_option, main, render_console, rule_config, scale_options, warn_partial
 from .errors import InputError
-
-EXIT_BAD_INPUT = 2
-EXIT_INTERNAL = 3
-
-
-def _fail(msg: str, code: int = EXIT_BAD_INPUT) -> None:
-    click.echo(f"fsdpdoctor: error: {msg}", err=True)
-    sys.exit(code)
-
-
-def guarded(fn):
-    """Turn InputError into one stderr line + exit 2, and any other crash into one line + exit 3."""
-
-    @functools.wraps(fn)
-    def wrapper(*a, **kw):
-        try:
-            return fn(*a, **kw)
-        except InputError as exc:
-            _fail(str(exc))
-        except (click.exceptions.Exit, click.ClickException, SystemExit, KeyboardInterrupt):
-            raise
-        except MemoryError:
-            _fail("out of memory while analysing the input", EXIT_INTERNAL)
-        except Exception as exc:  # noqa: BLE001 - the contract is: no tracebacks for users
-            if os.environ.get("FSDPDOCTOR_DEBUG"):
-                raise
-            _fail(f"internal error: {type(exc).__name__}: {exc} (set FSDPDOCTOR_DEBUG=1 for a traceback)", EXIT_INTERNAL)
-
-    return wrapper
-
-
-def _set_input_limit(ctx: click.Context, param: click.Parameter, value: str | None) -> None:
-    if value is None:
-        return
-    from .ingest._io import MAX_INPUT_ENV, parse_size
-
-    try:
-        n = parse_size(value)
-    except ValueError:
-        raise click.BadParameter(f"{value!r} is not a size (e.g. 512M, 8G, 20000000)") from None
-    os.environ[MAX_INPUT_ENV] = str(n)  # read by every reader, also in worker processes
-
-
-def input_limit_option(fn):
-    """``--max-input-bytes SIZE``: the cap on the bytes one input may produce (decompressed)."""
-    return click.option(
-        "--max-input-bytes", metavar="SIZE", expose_value=False, is_eager=True, callback=_set_input_limit,
-        help="Refuse an input that holds (or gunzips to) more than SIZE bytes, e.g. 8G. Default: 64 GiB, "
-        "and for .gz files also 100x the compressed size (gzip bombs).",
-    )(fn)
-
-
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
-@click.version_option(__version__, prog_name="fsdpdoctor")
-def main() -> None:
-    """Diagnose PyTorch FSDP runs from profiler traces and CUDA memory snapshots."""
-
-
-def scale_options(fn):
-    """--scheduler and --strict, shared by analyze, compare and check."""
-    fn = click.option(
-        "--strict", is_flag=True,
-        help="Fail (exit 2) on the first rank file that cannot be read, instead of leaving the rank out.",
-    )(fn)
-    return click.option(
-        "--scheduler", metavar="ADDRESS", default=None,
-        help="Run the per-rank analysis on Dask: tcp://HOST:8786 (an existing cluster) or local[:N] "
-        "(a LocalCluster of N worker processes). Default: this machine's process pool.",
-    )(fn)
-
-
-def warn_partial(facts) -> None:
-    """One warning line on stderr when ranks were left out of the run."""
-    if facts.inputs_excluded:
-        from .analysis.ranks import partial_run_line
-
-        click.echo(f"fsdpdoctor: warning: {partial_run_line(facts)}", err=True)
-
-
-def _write(text: str, output: Path | None) -> None:
-    if output is None:
-        click.echo(text)
-        return
-    try:
-        output.write_text(text if text.endswith("\n") else text + "\n")
-    except OSError as exc:
-        raise InputError(output, f"cannot write output ({exc.strerror or exc})") from None
-
 
 @main.command()
 @click.argument("paths", nargs=-1, required=True)
@@ -123,7 +31,7 @@ def _write(text: str, output: Path | None) -> None:
 def analyze(
     paths: tuple[str, ...], fmt: str, output: Path | None, jobs: int | None, memory: tuple[Path, ...],
     settings: tuple[str, ...], disable: tuple[str, ...], save_baseline: Path | None,
-    timeline_rank: int | None, timeline_step: int | None, scheduler: str | None, strict: bool,
+    timeline_rank: int | None, timeline_step: int | None, scheduler: str | None, strict: bool, cycle: int | None,
 ) -> None:
     """Analyse trace files, directories of rank traces, or globs: local paths or URLs
     (s3://, gs://, az://, http(s)://, file://).
@@ -139,7 +47,7 @@ def analyze(
     with load_progress() as progress:
         report = run(
             list(paths), memory=list(memory) or None, jobs=jobs, config=cfg, timeline_step=tl_step, progress=progress,
-            scheduler=scheduler, strict=strict,
+            scheduler=scheduler, strict=strict, cycle=cycle,
         )
     warn_partial(report.facts)
     if save_baseline is not None:
@@ -158,26 +66,6 @@ def memory(paths: tuple[str, ...], fmt: str, output: Path | None) -> None:
     from .api import analyze_memory_only
 
     _emit(analyze_memory_only(list(paths), config=rule_config()), fmt, output)
-
-
-def rule_config(settings: tuple[str, ...] = (), disable: tuple[str, ...] = ()) -> dict:
-    """Thresholds from pyproject plus ``--set``, and the rules named by ``--disable``."""
-    from .config import load_config
-
-    cfg = load_config(list(settings))
-    cfg["disable"] = list(cfg.get("disable", [])) + list(disable)
-    return cfg
-
-
-def render_console(render, output: Path | None, width: int = 110) -> None:
-    """Run ``render(console)`` to the terminal, or record it as plain text into ``output``."""
-    if output is None:
-        render(Console(highlight=False))
-        return
-    with open(os.devnull, "w") as sink:
-        console = Console(record=True, width=width, file=sink, highlight=False)
-        render(console)
-        _write(console.export_text(), output)
 
 
 def _emit(report, fmt: str, output: Path | None) -> None:

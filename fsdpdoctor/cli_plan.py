@@ -12,7 +12,7 @@ from rich.console import Console
 from rich.table import Table
 
 from .analysis.strategy import DEFAULT_INTER_BUSBW, DEFAULT_INTRA_BUSBW, OPTIMIZER_STATE_BYTES, PlanInputs, advise
-from .cli import _write, guarded, main
+from .cli_base import _write, guarded, main
 from .errors import InputError
 from .fmt import mib, ms
 

@@ -86,27 +86,16 @@ def _cores() -> int:
         return os.cpu_count() or 1
 
 
-def rank_task(path: str, idx: int, detail: bool = True):
-    """What a worker runs for one rank file: (RankFacts, cross-rank part) as
-    :func:`fsdpdoctor.analysis.ranks.analyze_one` returns them, or the InputError saying why not."""
-    from .analysis.ranks import analyze_one, url_error
-
-    try:
-        return analyze_one(path, idx, detail)
-    except InputError as exc:  # returned, not raised: the client decides (leave out, or fail)
-        return exc
-    except Exception as exc:
-        return url_error(path, exc)
-
-
 def run_on_dask(
     items: list[tuple[str, int, bool]],
     spec: str,
+    task: Callable[[str, int, bool], object],
     take: Callable[[object], RankFacts | InputError],
     progress: Callable[[int, int], None] | None = None,
     strict: bool = False,
 ) -> list[RankFacts | InputError]:
-    """Run :func:`rank_task` for every ``(path, order index, detail)`` on the cluster named by
+    """Run ``task`` (:func:`fsdpdoctor.analysis.ranks.rank_task`) for every ``(path, order index,
+    detail)`` on the cluster named by
     ``spec``; each result goes through ``take`` as it arrives (which folds and drops its
     cross-rank part) and the results come back in the order of ``items``. With ``strict``, the
     tasks of later files are cancelled once a file fails (the first bad file in order is what
@@ -123,7 +112,7 @@ def run_on_dask(
     results: list[RankFacts | InputError | None] = [None] * len(items)
     with dask_client(spec) as client:
         futures = [
-            client.submit(rank_task, p, i, d, key=f"fsdpdoctor-rank-{i}-{os.urandom(4).hex()}", pure=False, retries=0)
+            client.submit(task, p, i, d, key=f"fsdpdoctor-rank-{i}-{os.urandom(4).hex()}", pure=False, retries=0)
             for p, i, d in items
         ]
         index = {f.key: k for k, f in enumerate(futures)}

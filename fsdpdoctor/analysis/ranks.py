@@ -81,10 +81,17 @@ def _worker(args: tuple[str, int, bool]) -> Result | InputError:
         def hook(done: int, total: int) -> None:
             slots[idx] = done
 
+    with progress_hook(hook):
+        return rank_task(path, idx, detail)
+
+
+def rank_task(path: str, idx: int, detail: bool = True) -> Result | InputError:
+    """One rank file as a worker runs it (process pool or Dask): :func:`analyze_one`'s result,
+    or the InputError saying why not, returned rather than raised (the caller decides: leave the
+    rank out, or fail)."""
     try:
-        with progress_hook(hook):
-            return analyze_one(path, idx, detail)
-    except InputError as exc:  # returned, not raised: the parent decides (leave out, or fail)
+        return analyze_one(path, idx, detail)
+    except InputError as exc:
         return exc
     except Exception as exc:
         return url_error(path, exc)
@@ -178,7 +185,7 @@ def load_ranks(
     if scheduler:
         from ..distributed import run_on_dask
 
-        results = run_on_dask(items, scheduler, take, progress=progress, strict=strict)
+        results = run_on_dask(items, scheduler, rank_task, take, progress=progress, strict=strict)
     else:
         results = _run_local(items, jobs, progress, strict, take)
     errors = [(k, r) for k, r in enumerate(results) if isinstance(r, InputError)]
