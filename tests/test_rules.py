@@ -48,6 +48,30 @@ def test_every_rule_honours_the_contract():
         assert case_file.exists(), f"{m.CODE} has no cases file {case_file.name}"
 
 
+def test_every_rule_has_a_firing_and_a_silent_case():
+    for m in load_rules():
+        data = tomllib.loads((CASE_DIR / (Path(m.__file__).stem + ".toml")).read_text())
+        expects = {c["expect"] for c in data.get("case", [])}
+        assert "fires" in expects, f"{m.CODE} {m.SLUG} has no case on which it fires"
+        assert "silent" in expects, f"{m.CODE} {m.SLUG} has no case on which it stays silent"
+
+
+def test_what_each_finding_explains_names_real_parts_of_the_step():
+    """compare reads EXPLAINS / EXPLAINS_IF_CHANGED from the rule modules: the parts must exist."""
+    from fsdpdoctor.analysis.compare import CPU_COMPONENTS, GPU_COMPONENTS, PHASES
+
+    parts = {"gpu": set(GPU_COMPONENTS), "cpu": set(CPU_COMPONENTS)}
+    for m in load_rules():
+        tables = [getattr(m, "EXPLAINS", {})] + list(getattr(m, "EXPLAINS_IF_CHANGED", {}).values())
+        for t in tables:
+            for basis, claims in t.items():
+                if basis == "note":
+                    continue
+                for comp, phase in claims:
+                    assert comp in parts[basis], f"{m.CODE}: {comp} is not a {basis} part"
+                    assert phase is None or phase in PHASES, f"{m.CODE}: unknown phase {phase}"
+
+
 def _cases():
     out = []
     for f in sorted(CASE_DIR.glob("*.toml")):
