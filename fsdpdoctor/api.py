@@ -129,6 +129,7 @@ def analyze(
     timeline_step: tuple[int | None, int | None] | None = None,
     scheduler: str | None = None,
     strict: bool = False,
+    cycle: int | None = None,
 ) -> Report:
     """Analyse traces (files, directories or globs) and return the :class:`Report`.
 
@@ -148,12 +149,20 @@ def analyze(
     A rank file that cannot be read is left out and named in ``facts.inputs_excluded`` (JSON
     ``inputs_excluded``), as is a gap in the rank ids; ``strict=True`` raises the first bad
     file's InputError instead. When no file can be read the first error is raised.
+
+    A directory contributes the files whose content is a trace (other JSON beside them is
+    skipped and listed in ``facts.notes``); when ``fsdpdoctor.capture(repeat > 1)`` wrote several
+    profiling cycles, ``cycle`` picks one (default: the last).
     """
     if isinstance(paths, (str, Path)):
         paths = [paths]
-    files = discover(list(paths))
+    skipped: list[tuple[str, str]] = []
+    files = discover(list(paths), cycle=cycle, skipped=skipped)
     load = load_ranks(files, jobs=jobs, progress=progress, strict=strict, scheduler=scheduler)
     facts = fold(load.ranks, load.excluded, load.cross_rank)
+    if skipped:
+        facts.notes.append(f"{len(skipped)} file(s) beside the traces not analysed: "
+                           + "; ".join(f"{Path(p).name} ({why})" for p, why in skipped))
     side_path = find_sidecar(files)
     if side_path is not None:
         side, problem = load_sidecar(side_path)
@@ -255,7 +264,7 @@ def is_saved_facts(path: str) -> bool:
 
 def load_run(
     paths: str | list[str], config: dict[str, Any] | None = None, jobs: int | None = None, memory: list | None = None,
-    *, scheduler: str | None = None, strict: bool = False,
+    *, scheduler: str | None = None, strict: bool = False, cycle: int | None = None,
 ) -> LoadedRun:
     """Anything ``analyze`` accepts, or one saved facts/report JSON (``analyze --save-baseline``).
 
@@ -275,5 +284,5 @@ def load_run(
         else:
             findings = run_rules(facts, config)
         return LoadedRun(facts, findings, label, "saved facts")
-    report = analyze(items, memory=memory or None, config=config, jobs=jobs, scheduler=scheduler, strict=strict)
+    report = analyze(items, memory=memory or None, config=config, jobs=jobs, scheduler=scheduler, strict=strict, cycle=cycle)
     return LoadedRun(report.facts, report.findings, label, "traces")

@@ -4,37 +4,115 @@ from __future__ import annotations
 
 import glob
 import os
+import re
 import stat
 from pathlib import Path
 
 from ..errors import InputError
 from . import fs
+from .sidecar import SIDECAR_NAME
 
 TRACE_PATTERNS = ("*.json", "*.json.gz")
-# JSON files that sit next to traces but are not traces.
-NOT_TRACES = {"fsdpdoctor_meta.json", "truth.json"}
 
 
 def _is_trace_name(p: Path) -> bool:
-    n = p.name
-    if n in NOT_TRACES or n.endswith(".meta.json"):
+    return p.name.endswith((".json", ".json.gz"))
+
+
+#: How much of a file's (decompressed) start is read to tell a Kineto trace from other JSON.
+SNIFF_BYTES = 1 << 20
+_CYCLE = re.compile(r"\.cycle(\d+)\.json(?:\.gz)?$")  # fsdpdoctor.capture(repeat > 1): rank{R}.cycle{K}.json.gz
+
+
+def looks_like_trace(p: Path | str) -> bool:
+    """Whether a JSON file beside the traces is one of them.
+
+    Not a trace: a document that is not an object (a memory-timeline export is a list), or a
+    whole object read without a trace's top-level keys (``traceEvents``, ``schemaVersion``: a
+    training config, a generator's ``truth.json``). Everything else counts as a trace, so its
+    reader names what is wrong with it: an unreadable, empty or truncated file, or an object too
+    large to judge from its first MiB."""
+    from ._io import InputStream
+
+    try:
+        if fs.is_url(p):
+            raw, size = fs.open_url(str(p))
+            st = InputStream.wrap(p, raw, size, describe=fs.problem)
+        else:
+            st = InputStream.open(p, "trace file")
+        with st:
+            head = st.read(SNIFF_BYTES)
+    except (InputError, OSError):
+        return True
+    start = head.lstrip()[:1]
+    if not start:
+        return True
+    if start != b"{":
         return False
-    return n.endswith(".json") or n.endswith(".json.gz")
+    if b'"traceEvents"' in head or b'"schemaVersion"' in head:
+        return True
+    return len(head) >= SNIFF_BYTES  # read whole without the keys: not a trace
 
 
-def discover(paths: list[str | Path]) -> list[Path | str]:
+def _traces_among(found: list, cycle: int | None, skipped: list[tuple[str, str]]) -> list:
+    """The traces among the files a directory or pattern expanded to, of one capture cycle."""
+    kept = []
+    for q in found:
+        if Path(str(q)).name == SIDECAR_NAME:  # read as the run's sidecar, not a trace
+            continue
+        if looks_like_trace(q):
+            kept.append(q)
+        else:
+            skipped.append((str(q), "not a profiler trace (no traceEvents)"))
+    return _pick_cycle(kept, cycle, skipped) if kept else kept
+
+
+def cycle_of(p: Path | str) -> int:
+    """The capture cycle a trace file belongs to (``rank3.cycle2.json.gz`` → 2; no suffix → 0)."""
+    m = _CYCLE.search(Path(str(p)).name)
+    return int(m.group(1)) if m else 0
+
+
+def _pick_cycle(found: list[Path], cycle: int | None, skipped: list[tuple[str, str]]) -> list[Path]:
+    cycles = sorted({cycle_of(q) for q in found})
+    if len(cycles) < 2 and cycle is None:
+        return found
+    want = cycles[-1] if cycle is None else cycle
+    if want not in cycles:
+        raise InputError(found[0].parent, f"has capture cycles {cycles}, not {want} (--cycle)")
+    for q in found:
+        if cycle_of(q) != want:
+            skipped.append((str(q), f"capture cycle {cycle_of(q)}; cycle {want} analysed (--cycle N to choose)"))
+    return [q for q in found if cycle_of(q) == want]
+
+
+def discover(
+    paths: list[str | Path], *, cycle: int | None = None, skipped: list[tuple[str, str]] | None = None
+) -> list[Path | str]:
     """Trace files named by ``paths``, in a stable order, without duplicates.
 
-    A directory contributes every ``*.json`` / ``*.json.gz`` directly inside it (not recursively);
-    a pattern with ``*?[`` is expanded as a glob; anything else must be an existing file.
-    URLs (``s3://``, ``gs://``, ``http(s)://``, ``memory://``...; see :mod:`.fs`) are expanded
-    the same way through fsspec and come back as URL strings; ``file://`` URLs as local Paths.
+    A directory contributes the Kineto traces directly inside it (not recursively): its
+    ``*.json`` / ``*.json.gz`` files whose content is a trace (:func:`looks_like_trace`); when
+    ``fsdpdoctor.capture`` wrote several profiling cycles there, only cycle ``cycle`` (default:
+    the last). What a directory held and was not taken is appended to ``skipped`` as
+    ``(path, why)``. A pattern with ``*?[`` is expanded as a glob and filtered the same way; a
+    file named directly is taken as it is (its reader says what is wrong with it). URLs
+    (``s3://``, ``gs://``, ``http(s)://``, ``memory://``...; see :mod:`.fs`) are expanded through
+    fsspec alike and come back as URL strings; ``file://`` URLs as local Paths.
     """
+    skipped = [] if skipped is None else skipped
     out: list[Path | str] = []
     for raw in paths:
         raw = fs.localize(raw)
         if fs.is_url(raw):
-            out.extend(fs.expand_url(str(raw), lambda n: _is_trace_name(Path(n))))
+            urls = fs.expand_url(str(raw), lambda n: _is_trace_name(Path(n)))
+            if urls == [str(raw)]:  # one object named directly: its reader judges it
+                out.extend(urls)
+                continue
+            found = _traces_among(urls, cycle, skipped)
+            if not found:
+                raise InputError(str(raw), "no trace files there (*.json, *.json.gz with traceEvents)")
+            out.extend(found)
             continue
         s = str(raw)
         p = Path(s)
@@ -46,20 +124,24 @@ def discover(paths: list[str | Path]) -> list[Path | str]:
             st = None
         if st is not None and stat.S_ISDIR(st.st_mode):
             try:
-                found = sorted(q for q in p.iterdir() if q.is_file() and _is_trace_name(q))
+                named = sorted(q for q in p.iterdir() if q.is_file() and _is_trace_name(q))
             except PermissionError:
                 raise InputError(p, "permission denied (cannot list the directory)") from None
             except OSError as exc:
                 raise InputError(p, f"cannot list the directory ({exc.strerror or exc})") from None
+            found = _traces_among(named, cycle, skipped)
             if not found:
-                raise InputError(p, "directory contains no trace files (*.json, *.json.gz)")
+                raise InputError(p, "directory contains no trace files (*.json, *.json.gz with traceEvents)")
             out.extend(found)
         elif st is not None:
             out.append(p)  # not a regular file? the reader says so, by stat, before opening
         elif any(ch in s for ch in "*?["):
-            found = sorted(Path(q) for q in glob.glob(s) if Path(q).is_file())
-            if not found:
+            matched = sorted(Path(q) for q in glob.glob(s) if Path(q).is_file())
+            if not matched:
                 raise InputError(s, "pattern matches no files")
+            found = _traces_among(matched, cycle, skipped)
+            if not found:
+                raise InputError(s, "pattern matches no trace files (*.json, *.json.gz with traceEvents)")
             out.extend(found)
         else:
             raise InputError(p, "no such file or directory")

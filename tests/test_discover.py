@@ -1,0 +1,69 @@
+"""Which files of a directory are traces: decided by content, and one capture cycle at a time."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import fsdpdoctor
+from fsdpdoctor.errors import InputError
+from fsdpdoctor.ingest.discover import cycle_of, discover
+
+REC = Path(__file__).resolve().parents[1] / "fixtures" / "recorded"
+
+
+def _traces(run: str) -> list[Path]:
+    return sorted((REC / run).glob("rank*.json.gz"))
+
+
+def test_json_beside_the_traces_is_skipped_and_listed(tmp_path):
+    for p in _traces("per-block"):
+        shutil.copy(p, tmp_path / p.name)
+    shutil.copy(REC / "per-block" / "fsdpdoctor_meta.json", tmp_path)
+    (tmp_path / "train_config.json").write_text(json.dumps({"lr": 3e-4, "traceEvents_note": "a key named alike"}))
+    with gzip.open(tmp_path / "rank0.raw.json.gz", "wt") as f:  # an export_memory_timeline file
+        json.dump([[0, 1, 2], [0, 1, 2]], f)
+    (tmp_path / "truth.json").write_text(json.dumps({"scenario": "x"}))
+    skipped: list[tuple[str, str]] = []
+    files = discover([tmp_path], skipped=skipped)
+    assert [p.name for p in files] == [p.name for p in _traces("per-block")]
+    assert sorted(Path(p).name for p, _ in skipped) == ["rank0.raw.json.gz", "train_config.json", "truth.json"]
+    rep = fsdpdoctor.analyze(tmp_path)
+    assert rep.facts.ranks == [0, 1] and rep.facts.fsdp.unit_count == 5  # root + 4 blocks
+    assert any("3 file(s) beside the traces not analysed" in n for n in rep.facts.notes)
+
+
+def test_a_file_named_explicitly_is_read_and_refused_when_not_a_trace(tmp_path):
+    p = tmp_path / "config.json"
+    p.write_text('{"lr": 1}')
+    assert discover([p]) == [p]
+    with pytest.raises(InputError):
+        fsdpdoctor.analyze(p)
+
+
+def test_capture_cycles_are_grouped(tmp_path):
+    """capture(repeat=2) writes rank{R}.json.gz and rank{R}.cycle1.json.gz side by side."""
+    for p in _traces("per-block"):  # cycle 0: BACKWARD_PRE
+        shutil.copy(p, tmp_path / p.name)
+    for p in _traces("no-backward-prefetch"):  # cycle 1: prefetch off
+        shutil.copy(p, tmp_path / p.name.replace(".json.gz", ".cycle1.json.gz"))
+    assert cycle_of(tmp_path / "rank1.cycle1.json.gz") == 1 and cycle_of(tmp_path / "rank1.json.gz") == 0
+
+    def run(*extra):
+        r = subprocess.run([sys.executable, "-m", "fsdpdoctor", "analyze", str(tmp_path), "--format", "json", *extra],
+                           capture_output=True, text=True)
+        assert r.returncode == 0, r.stderr
+        return json.loads(r.stdout)
+
+    last, first = run(), run("--cycle", "0")
+    assert last["ranks"] == first["ranks"] == [0, 1]  # no "rank 0 appears twice"
+    assert last["fsdp"]["backward_prefetch"] == "NONE" and first["fsdp"]["backward_prefetch"] == "BACKWARD_PRE"
+    assert any("capture cycle 0" in n for n in last["notes"])
+    r = subprocess.run([sys.executable, "-m", "fsdpdoctor", "analyze", str(tmp_path), "--cycle", "5"], capture_output=True, text=True)
+    assert r.returncode == 2 and "cycles [0, 1], not 5" in r.stderr and "Traceback" not in r.stderr
