@@ -170,6 +170,7 @@ class UnitFacts:
     unsharded_numel: int | None = None  # all-gather output elements (padded), all parameter groups of one forward pass
     param_groups: int = 1  # parameter groups (all-gathers per forward pass), >1 with per-parameter meshes
     group_sizes: list[int] = field(default_factory=list)  # shard-group size of each parameter group
+    named: bool = True  # False: the trace names no FQN; ``fqn`` is a placeholder "<unit K>" (K in execution order)
 
 
 @dataclass

@@ -282,7 +282,7 @@ def test_unit_marks_cpu_recordings(cpu_report):
     rf = rep1.facts.rank_facts[0]
     rt = load_trace(rf.path)
     bare = extract_step(rt, find_steps(rt).steps[0])
-    assert [u.unit for u in bare.units if u.pass_ == "forward"] == [f"unit{k}" for k in range(len(names))]
+    assert [u.unit for u in bare.units if u.pass_ == "forward"] == [f"<unit {k}>" for k in range(len(names))]
     assert [u.unit for u in bare.units if u.pass_ == "backward"][:2] == ["backward #0", "backward #1"]
 
 

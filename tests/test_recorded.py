@@ -122,6 +122,22 @@ def test_fsdp1_units_named_from_sidecar(reports, recorder, recorded_world_size):
         assert u.unsharded_numel == math.ceil(flat[u.fqn] / ws) * ws
         assert u.reduce_scatter_bytes == pytest.approx(u.unsharded_numel * 4)
     assert fs.sharding_strategy == "FULL_SHARD"
+    assert all(u.named for u in fs.units)
+
+
+def test_fsdp1_units_without_a_sidecar_have_placeholder_names(recorded_run, recorder, tmp_path):
+    """FSDP1 labels name no module: without the sidecar the units are '<unit K>' in execution
+    order, marked unnamed, a name no real module (even one called 'unit3') can have."""
+    import shutil
+
+    import fsdpdoctor
+
+    for p in recorded_run("fsdp1").glob("rank*.json*"):
+        shutil.copy(p, tmp_path / p.name)
+    fs = fsdpdoctor.analyze(tmp_path).facts.fsdp
+    n = len(recorder.unit_fqns("fsdp1"))
+    assert [u.fqn for u in fs.units] == [f"<unit {k}>" for k in range(n)]
+    assert not any(u.named for u in fs.units) and "units" not in fs.sources
 
 
 def test_ddp_is_not_fsdp(reports, recorder):

@@ -35,6 +35,12 @@ ROOT_FQN = ""
 LOW_PRECISION = {"bfloat16", "half", "float16", "c10::bfloat16", "c10::half"}
 
 
+def placeholder_name(k: int) -> str:
+    """The name of the k-th unit (execution order) when the trace names none; never a module FQN
+    (FQNs hold no '<' or blanks), so a real module called ``unit3`` cannot be mistaken for it."""
+    return f"<unit {k}>"
+
+
 def detect_version(rt: RankTrace) -> tuple[int | None, str]:
     n2 = sum(1 for n in rt.names if n.startswith(FSDP2_PREFIX))
     n1 = sum(1 for n in rt.names if n.startswith(FSDP1_PREFIX))
@@ -197,7 +203,7 @@ def _units_by_order(rt: RankTrace, f: FsdpFacts, colls: list[Collective], steps,
     rows = cpu_label_rows(rt, lambda n: n == pre_forward)
     one = _first_forward_pass_rows(rt, rows, steps)
     n_units = int(one.size)
-    f.units = [UnitFacts(index=i, fqn=f"unit{i}") for i in range(n_units)]
+    f.units = [UnitFacts(index=i, fqn=placeholder_name(i), named=False) for i in range(n_units)]
     f.unit_source = f"{n_units} '{pre_forward}' ranges per forward pass, in execution order"
     for c in colls:
         chain = _fsdp_chain(c, prefix)
@@ -209,7 +215,7 @@ def _units_by_order(rt: RankTrace, f: FsdpFacts, colls: list[Collective], steps,
     for step_colls in by_step.values():
         fwd = [c for c in step_colls if c.kind == "all_gather" and c.phase == "forward"]
         for k, c in enumerate(fwd[:n_units]):
-            c.unit = f"unit{k}"
+            c.unit = placeholder_name(k)
             if c.out_nelems:
                 numel.setdefault(k, c.out_nelems)
     for step_colls in by_step.values():
@@ -221,7 +227,7 @@ def _units_by_order(rt: RankTrace, f: FsdpFacts, colls: list[Collective], steps,
             for k in range(n_units - 1, -1, -1):
                 if numel.get(k) == size and k not in used[c.kind]:
                     used[c.kind].add(k)
-                    c.unit = f"unit{k}"
+                    c.unit = placeholder_name(k)
                     break
     for u in f.units:
         u.unsharded_numel = numel.get(u.index)
@@ -312,7 +318,7 @@ def _prefetch(f: FsdpFacts, colls: list[Collective], version: int) -> None:
         f.forward_prefetch = any(any(lab.startswith(marker) for lab in c.labels) for c in fwd)
         f.sources["forward_prefetch"] = "trace"
     # reshard_after_forward: non-root units that all-gather in forward but never in backward
-    non_root = [u for u in f.units if u.forward_all_gathers > 0 and u.fqn not in (ROOT_FQN, "unit0")]
+    non_root = [u for u in f.units if u.forward_all_gathers > 0 and u.fqn != ROOT_FQN and (u.named or u.index > 0)]
     if non_root:
         if all(u.backward_all_gathers == 0 for u in non_root):
             f.reshard_after_forward = False

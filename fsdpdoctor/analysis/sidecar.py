@@ -69,7 +69,7 @@ def _name_units(facts: RunFacts, side_units: list[dict[str, Any]]) -> None:
     """Units found by order (FSDP1, torch-2.4 FSDP2) get their FQNs from the sidecar, matched
     by all-gather size; equal sizes are taken in sidecar order."""
     fs = facts.fsdp
-    if not fs.units or not side_units or not all(u.fqn.startswith("unit") for u in fs.units):
+    if not fs.units or not side_units or any(u.named for u in fs.units):
         return
     pool = [(su.get("all_gather_numel"), su.get("fqn", "")) for su in side_units]
     renamed = {}
@@ -86,7 +86,7 @@ def _name_units(facts: RunFacts, side_units: list[dict[str, Any]]) -> None:
             facts.notes.append(f"sidecar lists {len(side_units)} units, the trace shows {len(fs.units)}: unit names not applied")
             return
     for u in fs.units:
-        u.fqn = renamed[u.fqn]
+        u.fqn, u.named = renamed[u.fqn], True
     for r in facts.rank_facts:
         for c in r.collectives:
             if c.unit in renamed:

@@ -33,6 +33,7 @@ import numpy as np
 from ..ingest.kineto import RankTrace
 from . import intervals as iv
 from .comms import kind_from_collective_name, kind_from_kernel_name
+from .fsdp import placeholder_name
 from .steps import StepWindow
 from .timeline import classify_gpu
 
@@ -295,7 +296,7 @@ def _unit_marks(rt: RankTrace, st: StepWindow, comp_start: np.ndarray, comp_laun
             if unit_names is not None and fwd_k < len(unit_names):
                 unit = unit_names[fwd_k] or ROOT_LABEL
             else:
-                unit = f"unit{fwd_k}"  # the naming of fsdpdoctor.analysis.fsdp without FQNs
+                unit = placeholder_name(fwd_k)  # the naming of fsdpdoctor.analysis.fsdp without FQNs
         else:
             unit = f"backward #{bwd_k}"  # FSDP1/2.4 backward hooks do not say which unit
         if pass_ == "forward":
