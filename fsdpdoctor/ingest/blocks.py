@@ -51,7 +51,6 @@ import numpy as np
 from ..errors import InputError
 from . import fs as _fs
 from . import kineto as K
-from .kineto import I64
 
 from ._io import InputStream
 
@@ -78,24 +77,8 @@ NA = -(1 << 63)  # "absent" for the three id fields; a real file never holds int
 IntOrStr = Union[int, str]
 
 
-class _A(msgspec.Struct, gc=False, frozen=True):
-    external_id: I64 | None = msgspec.field(name="External id", default=NA)
-    correlation: I64 | None = NA
-    stream: I64 | None = NA
-    device: I64 | None = None
-    collective: str | None = msgspec.field(name="Collective name", default=None)
-    in_nelems: I64 | None = msgspec.field(name="In msg nelems", default=None)
-    out_nelems: I64 | None = msgspec.field(name="Out msg nelems", default=None)
-    group_size: I64 | None = msgspec.field(name="Group size", default=None)
-    dtype: str | None = None
-    pg_name: str | None = msgspec.field(name="Process Group Name", default=None)
-    pg_desc: str | None = msgspec.field(name="Process Group Description", default=None)
-    pg_ranks: str | list[int] | None = msgspec.field(name="Process Group Ranks", default=None)
-    nbytes: I64 | str | None = msgspec.field(name="bytes", default=None)
-    name: str | None = None
-    # msgspec cannot decode ``Raw | None`` (it accepts only null): plain Raw, None when absent
-    input_dims: msgspec.Raw = msgspec.field(name="Input Dims", default=None)  # type: ignore[assignment]
-    input_type: msgspec.Raw = msgspec.field(name="Input type", default=None)  # type: ignore[assignment]
+_ID_FIELDS = ("external_id", "correlation", "stream")  # NA in _A, None in kineto.Args
+_A = K.args_struct("_A", K.ARG_FIELDS, dict.fromkeys(_ID_FIELDS, NA), gc=False, frozen=True, module=__name__)
 
 
 _EMPTY = _A()  # shared; never mutated
@@ -126,11 +109,7 @@ class _M(msgspec.Struct, gc=False, tag_field="ph", tag="M"):
     args: _MArgs | None = None
 
 
-class _MemA(msgspec.Struct, gc=False):
-    total_allocated: I64 | None = msgspec.field(name="Total Allocated", default=None)
-    total_reserved: I64 | None = msgspec.field(name="Total Reserved", default=None)
-    device_type: I64 | None = msgspec.field(name="Device Type", default=None)
-    device_id: I64 | None = msgspec.field(name="Device Id", default=None)
+_MemA = K.args_struct("_MemA", K.MEMORY_ARG_FIELDS, gc=False, module=__name__)
 
 
 class _I(msgspec.Struct, gc=False, tag_field="ph", tag="i"):
@@ -423,9 +402,6 @@ class Columns:
         if key != "key":
             parts.clear()
         return out.astype(dtype, copy=False)
-
-
-_ID_FIELDS = ("external_id", "correlation", "stream")  # NA in _A, None in kineto.Args
 
 
 def _public_args(a: _A) -> K.Args:

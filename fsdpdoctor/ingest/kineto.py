@@ -41,31 +41,44 @@ IntOrStr = Union[int, str]
 I64 = Annotated[int, msgspec.Meta(ge=-(1 << 63), le=(1 << 63) - 1)]
 
 
-class Args(msgspec.Struct, gc=False, omit_defaults=True):
-    external_id: I64 | None = msgspec.field(name="External id", default=None)
-    correlation: I64 | None = None
-    stream: I64 | None = None
-    device: I64 | None = None
-    collective: str | None = msgspec.field(name="Collective name", default=None)
-    in_nelems: I64 | None = msgspec.field(name="In msg nelems", default=None)
-    out_nelems: I64 | None = msgspec.field(name="Out msg nelems", default=None)
-    group_size: I64 | None = msgspec.field(name="Group size", default=None)
-    dtype: str | None = None
-    pg_name: str | None = msgspec.field(name="Process Group Name", default=None)
-    pg_desc: str | None = msgspec.field(name="Process Group Description", default=None)
-    pg_ranks: str | list[int] | None = msgspec.field(name="Process Group Ranks", default=None)
-    # ROCm traces write memcpy byte counts as strings.
-    nbytes: I64 | str | None = msgspec.field(name="bytes", default=None)
-    name: str | None = None  # thread/process names on ph == "M" events
-    # shapes/types (record_shapes=True) stay undecoded: only c10d collective ops need them
+#: The ``args`` the analysis reads, as (attribute, type, JSON key): one table, from which both
+#: :class:`Args` and the block decoder's structs (:mod:`.blocks`, other defaults) are built.
+ARG_FIELDS: tuple[tuple[str, Any, str], ...] = (
+    ("external_id", I64 | None, "External id"),
+    ("correlation", I64 | None, "correlation"),
+    ("stream", I64 | None, "stream"),
+    ("device", I64 | None, "device"),
+    ("collective", str | None, "Collective name"),
+    ("in_nelems", I64 | None, "In msg nelems"),
+    ("out_nelems", I64 | None, "Out msg nelems"),
+    ("group_size", I64 | None, "Group size"),
+    ("dtype", str | None, "dtype"),
+    ("pg_name", str | None, "Process Group Name"),
+    ("pg_desc", str | None, "Process Group Description"),
+    ("pg_ranks", str | list[int] | None, "Process Group Ranks"),
+    ("nbytes", I64 | str | None, "bytes"),  # ROCm traces write memcpy byte counts as strings
+    ("name", str | None, "name"),  # thread/process names on ph == "M" events
+    # shapes/types (record_shapes=True) stay undecoded: only c10d collective ops need them.
     # msgspec cannot decode ``Raw | None`` (it accepts only null): plain Raw, None when absent
-    input_dims: msgspec.Raw = msgspec.field(name="Input Dims", default=None)  # type: ignore[assignment]
-    input_type: msgspec.Raw = msgspec.field(name="Input type", default=None)  # type: ignore[assignment]
-    # ``[memory]`` instant events (profile_memory=True): allocator totals after each event
-    total_allocated: I64 | None = msgspec.field(name="Total Allocated", default=None)
-    total_reserved: I64 | None = msgspec.field(name="Total Reserved", default=None)
-    device_type: I64 | None = msgspec.field(name="Device Type", default=None)
-    device_id: I64 | None = msgspec.field(name="Device Id", default=None)
+    ("input_dims", msgspec.Raw, "Input Dims"),
+    ("input_type", msgspec.Raw, "Input type"),
+)
+#: ``[memory]`` instant events (profile_memory=True): allocator totals after each event
+MEMORY_ARG_FIELDS: tuple[tuple[str, Any, str], ...] = (
+    ("total_allocated", I64 | None, "Total Allocated"),
+    ("total_reserved", I64 | None, "Total Reserved"),
+    ("device_type", I64 | None, "Device Type"),
+    ("device_id", I64 | None, "Device Id"),
+)
+
+
+def args_struct(name: str, fields: tuple[tuple[str, Any, str], ...], defaults: dict[str, Any] | None = None, **kw: Any) -> type:
+    """A msgspec Struct decoding ``fields`` (absent ones take ``defaults``, else None)."""
+    d = defaults or {}
+    return msgspec.defstruct(name, [(a, t, msgspec.field(name=j, default=d.get(a))) for a, t, j in fields], **kw)
+
+
+Args = args_struct("Args", ARG_FIELDS + MEMORY_ARG_FIELDS, gc=False, omit_defaults=True, module=__name__)
 
 
 MEMORY_EVENT = "[memory]"
