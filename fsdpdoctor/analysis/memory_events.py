@@ -17,7 +17,7 @@ CURVE_POINTS = 500
 
 def memory_from_events(path: str, events: np.ndarray) -> MemoryFacts | None:
     """MemoryFacts of the GPU with the highest allocated peak; None without GPU events.
-    ``events`` has the columns of ``kineto.MEMORY_COLUMNS``."""
+    ``events`` has the columns of ``ingest.events.MEMORY_COLUMNS``."""
     if events.size == 0:
         return None
     ts, dev_type, dev_id, allocated, reserved = events.T

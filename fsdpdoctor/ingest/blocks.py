@@ -50,9 +50,10 @@ import numpy as np
 
 from ..errors import InputError
 from . import fs as _fs
-from . import kineto as K
+from . import events as K
 
 from ._io import InputStream
+from ._io import short as _short
 
 Progress = Callable[[int, int], None]
 
@@ -67,7 +68,7 @@ _WS = b" \t\r\n"
 OVERFLOW = K.OVERFLOW
 
 # --------------------------------------------------------------------------------------------
-# Internal schema: the same fields as kineto.Event / kineto.Args, but absent ids decode to a
+# Internal schema: the same fields as events.Event / events.Args, but absent ids decode to a
 # sentinel instead of None and absent args to a shared empty instance, so that columns can be
 # pulled out with C-level attrgetter/np.fromiter instead of Python loops.
 # --------------------------------------------------------------------------------------------
@@ -77,7 +78,7 @@ NA = -(1 << 63)  # "absent" for the three id fields; a real file never holds int
 IntOrStr = Union[int, str]
 
 
-_ID_FIELDS = ("external_id", "correlation", "stream")  # NA in _A, None in kineto.Args
+_ID_FIELDS = ("external_id", "correlation", "stream")  # NA in _A, None in events.Args
 _A = K.args_struct("_A", K.ARG_FIELDS, dict.fromkeys(_ID_FIELDS, NA), gc=False, frozen=True, module=__name__)
 
 
@@ -273,8 +274,8 @@ class Part(msgspec.Struct, gc=False):
     ext: np.ndarray
     corr: np.ndarray
     stream: np.ndarray
-    keep: dict  # row in the block -> kineto.Args
-    mem: np.ndarray  # [memory] events, kineto.MEMORY_COLUMNS
+    keep: dict  # row in the block -> events.Args
+    mem: np.ndarray  # [memory] events, events.MEMORY_COLUMNS
 
     def __len__(self) -> int:
         return len(self.ts)
@@ -473,7 +474,7 @@ def _decode_error(path: Path, exc: msgspec.DecodeError, shift: int) -> InputErro
     if "truncated" in msg.lower():
         return InputError(path, "truncated JSON (the file ends mid-document)")
     msg = _BYTE_POS.sub(lambda m: f"(byte {int(m.group(1)) + shift})", msg)
-    return InputError(path, f"not valid JSON ({K._short(msgspec.DecodeError(msg))})")
+    return InputError(path, f"not valid JSON ({_short(msgspec.DecodeError(msg))})")
 
 
 _decode = K.decode_lenient_utf8  # invalid UTF-8 in labels becomes U+FFFD, as in the whole-file decoder
