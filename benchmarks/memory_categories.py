@@ -14,23 +14,16 @@ Usage: python benchmarks/memory_categories.py [VARIANT ...] | --sweep N [--seed 
 
 from __future__ import annotations
 
-import importlib.util
 import sys
-import tempfile
 from pathlib import Path
 
 from fsdpdoctor.analysis.memory import analyze_memory
 from fsdpdoctor.facts import MEMORY_CATEGORIES
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # fixtures.* (the snapshot generator)
 
-
-def _generator():
-    spec = importlib.util.spec_from_file_location("gen_snapshot", ROOT / "fixtures/snapshots/gen_snapshot.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["gen_snapshot"] = mod
-    spec.loader.exec_module(mod)
-    return mod
+from fixtures.snapshots import gen_snapshot  # noqa: E402
 
 
 def error_pct(tool: dict, truth: dict, total: int) -> float:
@@ -42,29 +35,27 @@ def top(c: dict) -> str:
 
 
 def measure(names: list[str] | None = None) -> list[dict]:
-    gen = _generator()
     rows = []
-    with tempfile.TemporaryDirectory() as tmp:
-        for name, v in gen.VARIANTS.items():
-            if names and name not in names:
-                continue
-            if not v.history or v.bare_list:
-                continue
-            obj, truth = gen.build(name)
-            m = analyze_memory(obj)
-            row = {
-                "variant": name,
-                "peak_mib": truth["peak_allocated_bytes"] / 2**20,
-                "error_pct": error_pct(m.categories, truth["categories"], truth["peak_allocated_bytes"]),
-                "top_truth": top(truth["categories"]),
-                "top_tool": top(m.categories),
-            }
-            active = getattr(m, "categories_at_active_peak", None)
-            if active:
-                row["active_error_pct"] = error_pct(active, truth["categories_at_active_peak"], truth["peak_active_bytes"])
-            if truth.get("oom") and m.oom:
-                row["oom_error_pct"] = error_pct(m.oom["categories"], truth["oom"]["categories"], truth["oom"]["allocated_bytes"])
-            rows.append(row)
+    for name, v in gen_snapshot.VARIANTS.items():
+        if names and name not in names:
+            continue
+        if not v.history or v.bare_list:
+            continue
+        obj, truth = gen_snapshot.build(name)
+        m = analyze_memory(obj)
+        row = {
+            "variant": name,
+            "peak_mib": truth["peak_allocated_bytes"] / 2**20,
+            "error_pct": error_pct(m.categories, truth["categories"], truth["peak_allocated_bytes"]),
+            "top_truth": top(truth["categories"]),
+            "top_tool": top(m.categories),
+        }
+        active = m.categories_at_active_peak
+        if active:
+            row["active_error_pct"] = error_pct(active, truth["categories_at_active_peak"], truth["peak_active_bytes"])
+        if truth.get("oom") and m.oom:
+            row["oom_error_pct"] = error_pct(m.oom["categories"], truth["oom"]["categories"], truth["oom"]["allocated_bytes"])
+        rows.append(row)
     return rows
 
 
@@ -72,24 +63,23 @@ def sweep(n: int, seed: int) -> None:
     import dataclasses
     import random
 
-    gen = _generator()
     rng = random.Random(seed)
     done = within = 0
     worst = []
     for k in range(n):
         flavor = rng.choice(["fsdp2", "fsdp2_composable", "fsdp1"])
-        spec = gen.Spec(
+        spec = gen_snapshot.Spec(
             world_size=rng.choice([2, 4, 8]),
             layers=rng.choice([2, 3, 5, 8]),
             tokens=rng.choice([256, 1000, 3000, 7000]),
-            big_backward_temp=rng.choice([0, 100, 300]) * gen.MiB,
+            big_backward_temp=rng.choice([0, 100, 300]) * gen_snapshot.MiB,
             big_temp_layer=rng.choice([0, 1]),
             reshard_after_forward=rng.random() < 0.7,
             checkpointing=rng.random() < 0.3,
             microbatches=1 if flavor == "fsdp1" else rng.choice([1, 1, 2, 3]),
         )
-        capacity = rng.choice([None, None, rng.randint(300, 2500) * gen.MiB])
-        v = gen.Variant(
+        capacity = rng.choice([None, None, rng.randint(300, 2500) * gen_snapshot.MiB])
+        v = gen_snapshot.Variant(
             flavor=flavor,
             layout=rng.choice(["2.11", "2.6", "2.4"]),
             capacity=capacity,
@@ -97,9 +87,9 @@ def sweep(n: int, seed: int) -> None:
             record_from=rng.choice(["after_build", "build", "step1"]),
         )
         name = f"sweep{seed}_{k}"
-        gen.VARIANTS[name] = v
+        gen_snapshot.VARIANTS[name] = v
         try:
-            obj, truth = gen.build(name)
+            obj, truth = gen_snapshot.build(name)
         except TypeError:  # the OOM came before the recording started: nothing to analyse
             continue
         m = analyze_memory(obj)

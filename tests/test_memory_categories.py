@@ -9,9 +9,6 @@ facts name: the allocated peak, memory_viz's active peak and the OOM.
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
 
 import pytest
 
@@ -27,18 +24,9 @@ from fsdpdoctor.analysis.memory import (
     analyze_memory,
 )
 
-ROOT = Path(__file__).resolve().parents[1]
+from fixtures.snapshots import gen_snapshot as gen
 
 
-def _load_generator():
-    spec = importlib.util.spec_from_file_location("gen_snapshot", ROOT / "fixtures/snapshots/gen_snapshot.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["gen_snapshot"] = mod
-    spec.loader.exec_module(mod)
-    return mod
-
-
-gen = _load_generator()
 HISTORY = [n for n, v in gen.VARIANTS.items() if v.history and not v.bare_list]
 OOM = [n for n in HISTORY if gen.VARIANTS[n].capacity]
 
