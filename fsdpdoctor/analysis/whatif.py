@@ -687,7 +687,7 @@ def analyze_whatif(rt: RankTrace, steps: list[StepWindow], colls: list[Collectiv
 
 def fold_whatif(ranks: list) -> WhatIfFacts | None:
     """The run's what-if summary: worst error over ranks, savings as the maximum over ranks."""
-    ws = [(r.rank, r.whatif) for r in ranks if getattr(r, "whatif", None) is not None]
+    ws = [(r.rank, r.whatif) for r in ranks if r.whatif is not None]
     if not ws:
         return None
     out = WhatIfFacts(
@@ -718,7 +718,7 @@ def _fold_straggler(ranks: list, out: WhatIfFacts) -> None:
     """Straggler fixed: the rank with the most compute, replayed with its compute kernels at the
     median rank's (interpolating its replays at compute × 1 and × 0.75); the others only
     waited for it inside their collectives. Saving = slowest replayed step − that."""
-    rs = [r for r in ranks if getattr(r, "whatif", None) is not None and r.compute_ms_total > 0]
+    rs = [r for r in ranks if r.whatif is not None and r.compute_ms_total > 0]
     if len(rs) < 2:
         return
     med = float(np.median([r.compute_ms_total for r in rs]))
