@@ -144,7 +144,8 @@ def _fsdp2_units(model: Any) -> list[dict[str, Any]]:
     """Describe every FSDP2 (``fully_shard``) parameter group in ``model``.
 
     Reads torch 2.13 ``torch.distributed.fsdp._fully_shard`` internals, each access guarded:
-    ``module._get_fsdp_state()`` -> ``FSDPState`` with ``_fsdp_param_groups``,
+    ``module._get_fsdp_state()`` -> ``FSDPState`` with ``_fsdp_param_groups`` (one
+    ``_fsdp_param_group`` in torch 2.11 and earlier),
     ``_states_to_forward_prefetch``, ``_states_to_backward_prefetch`` and ``_is_root``; each
     ``FSDPParamGroup`` has ``mp_policy``, ``offload_policy``, ``mesh_info``,
     ``post_forward_mesh_info`` (None <=> ``reshard_after_forward=False``; same size as the
@@ -166,12 +167,12 @@ def _fsdp2_units(model: Any) -> list[dict[str, Any]]:
         if id(state) in seen_states:
             continue
         seen_states.add(id(state))
-        groups = list(getattr(state, "_fsdp_param_groups", None) or [])
+        groups = _param_groups(state)
 
         def _targets(states: list[Any]) -> list[str]:
             out = []
             for target_state in states:
-                for target_group in getattr(target_state, "_fsdp_param_groups", None) or []:
+                for target_group in _param_groups(target_state):
                     out.append(_group_fqn(target_group, names))
             return out
 
@@ -202,6 +203,16 @@ def _fsdp2_units(model: Any) -> list[dict[str, Any]]:
                 )
             )
     return units
+
+
+def _param_groups(state: Any) -> list[Any]:
+    """An FSDP2 state's parameter groups: a list ``_fsdp_param_groups`` in torch releases with
+    per-parameter meshes, one ``_fsdp_param_group`` (None without parameters) before (2.11)."""
+    groups = getattr(state, "_fsdp_param_groups", None)
+    if groups is not None:
+        return list(groups)
+    one = getattr(state, "_fsdp_param_group", None)
+    return [one] if one is not None else []
 
 
 def _group_fqn(group: Any, names: dict[int, str]) -> str:
