@@ -11,6 +11,7 @@ import msgspec
 
 from . import __version__
 from .analysis.ranks import fold, load_ranks
+from .analysis.runs import differences as run_differences
 from .engine import Finding, run_rules
 from .errors import InputError
 from .ingest._io import short
@@ -130,6 +131,7 @@ def analyze(
     scheduler: str | None = None,
     strict: bool = False,
     cycle: int | None = None,
+    allow_mixed_runs: bool = False,
 ) -> Report:
     """Analyse traces (files, directories or globs) and return the :class:`Report`.
 
@@ -153,13 +155,25 @@ def analyze(
     A directory contributes the files whose content is a trace (other JSON beside them is
     skipped and listed in ``facts.notes``); when ``fsdpdoctor.capture(repeat > 1)`` wrote several
     profiling cycles, ``cycle`` picks one (default: the last).
+
+    Traces that look like different runs (world size, device, backend or NCCL version differ, or
+    they start more than an hour apart; :mod:`fsdpdoctor.analysis.runs`) raise an InputError
+    naming what differs; ``allow_mixed_runs=True`` analyses them together and lists the
+    differences in ``facts.mixed_runs`` (cross-rank findings such as stragglers are then not drawn).
     """
     if isinstance(paths, (str, Path)):
         paths = [paths]
     skipped: list[tuple[str, str]] = []
     files = discover(list(paths), cycle=cycle, skipped=skipped)
     load = load_ranks(files, jobs=jobs, progress=progress, strict=strict, scheduler=scheduler)
+    mixed = run_differences(load.ranks)
+    if mixed and not allow_mixed_runs:
+        raise InputError(load.ranks[1].path if len(load.ranks) > 1 else files[0],
+                         "not one run: " + "; ".join(mixed) + " (--allow-mixed-runs analyses them together)")
     facts = fold(load.ranks, load.excluded, load.cross_rank)
+    if mixed:
+        facts.mixed_runs = mixed
+        facts.notes.insert(0, "inputs from different runs analysed together (--allow-mixed-runs): " + "; ".join(mixed))
     if skipped:
         facts.notes.append(f"{len(skipped)} file(s) beside the traces not analysed: "
                            + "; ".join(f"{Path(p).name} ({why})" for p, why in skipped))
@@ -179,7 +193,8 @@ def analyze(
             facts.memory = max(traced, key=lambda m: m.peak_allocated_bytes)
     plan_inputs = inputs_from_facts(facts)
     if plan_inputs is not None:
-        facts.strategy = advise(plan_inputs)
+        if plan_inputs.world_size > 1:  # on one GPU every strategy holds the same and sends nothing
+            facts.strategy = advise(plan_inputs)
         if facts.memory is not None:
             facts.memory_expected = expected_memory(plan_inputs, plan_inputs.current)
     report = _checked(Report(facts=facts, findings=run_rules(facts, config)))
@@ -264,7 +279,7 @@ def is_saved_facts(path: str) -> bool:
 
 def load_run(
     paths: str | list[str], config: dict[str, Any] | None = None, jobs: int | None = None, memory: list | None = None,
-    *, scheduler: str | None = None, strict: bool = False, cycle: int | None = None,
+    *, scheduler: str | None = None, strict: bool = False, cycle: int | None = None, allow_mixed_runs: bool = False,
 ) -> LoadedRun:
     """Anything ``analyze`` accepts, or one saved facts/report JSON (``analyze --save-baseline``).
 
@@ -284,5 +299,6 @@ def load_run(
         else:
             findings = run_rules(facts, config)
         return LoadedRun(facts, findings, label, "saved facts")
-    report = analyze(items, memory=memory or None, config=config, jobs=jobs, scheduler=scheduler, strict=strict, cycle=cycle)
+    report = analyze(items, memory=memory or None, config=config, jobs=jobs, scheduler=scheduler, strict=strict, cycle=cycle,
+                     allow_mixed_runs=allow_mixed_runs)
     return LoadedRun(report.facts, report.findings, label, "traces")

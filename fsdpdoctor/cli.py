@@ -32,6 +32,7 @@ def analyze(
     paths: tuple[str, ...], fmt: str, output: Path | None, jobs: int | None, memory: tuple[Path, ...],
     settings: tuple[str, ...], disable: tuple[str, ...], save_baseline: Path | None,
     timeline_rank: int | None, timeline_step: int | None, scheduler: str | None, strict: bool, cycle: int | None,
+    allow_mixed_runs: bool,
 ) -> None:
     """Analyse trace files, directories of rank traces, or globs: local paths or URLs
     (s3://, gs://, az://, http(s)://, file://).
@@ -47,7 +48,7 @@ def analyze(
     with load_progress() as progress:
         report = run(
             list(paths), memory=list(memory) or None, jobs=jobs, config=cfg, timeline_step=tl_step, progress=progress,
-            scheduler=scheduler, strict=strict, cycle=cycle,
+            scheduler=scheduler, strict=strict, cycle=cycle, allow_mixed_runs=allow_mixed_runs,
         )
     warn_partial(report.facts)
     if save_baseline is not None:

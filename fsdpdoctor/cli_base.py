@@ -82,7 +82,12 @@ def main() -> None:
 
 
 def scale_options(fn):
-    """--scheduler, --strict and --cycle, shared by analyze, compare and check."""
+    """--scheduler, --strict, --cycle and --allow-mixed-runs, shared by analyze, compare and check."""
+    fn = click.option(
+        "--allow-mixed-runs", is_flag=True,
+        help="Analyse traces together even when they look like different runs (world size, device, backend or "
+        "NCCL version differ, or they start over an hour apart); by default such inputs are refused (exit 2).",
+    )(fn)
     fn = click.option(
         "--cycle", type=click.IntRange(0), default=None, metavar="N",
         help="Profiling cycle to analyse where fsdpdoctor.capture(repeat>1) wrote several (rank0.cycleN.json.gz; default: the last).",

@@ -30,7 +30,7 @@ _FORMATS = click.Choice(["terminal", "markdown", "json", "html"])
 @guarded
 def compare(
     before: str, after: str, fmt: str, output: Path | None, jobs: int | None, settings: tuple[str, ...], disable: tuple[str, ...],
-    scheduler: str | None, strict: bool, cycle: int | None,
+    scheduler: str | None, strict: bool, cycle: int | None, allow_mixed_runs: bool,
 ) -> None:
     """Explain the step-time change from BEFORE to AFTER.
 
@@ -44,8 +44,9 @@ def compare(
     from .report.comparison import render_markdown, to_json
 
     cfg = rule_config(settings, disable)
-    b = load_run(before, cfg, jobs, scheduler=scheduler, strict=strict, cycle=cycle)
-    a = load_run(after, cfg, jobs, scheduler=scheduler, strict=strict, cycle=cycle)
+    scale = dict(scheduler=scheduler, strict=strict, cycle=cycle, allow_mixed_runs=allow_mixed_runs)
+    b = load_run(before, cfg, jobs, **scale)
+    a = load_run(after, cfg, jobs, **scale)
     warn_partial(b.facts)
     warn_partial(a.facts)
     cmp = run_compare(b.facts, a.facts, b.findings, a.findings, before_label=before, after_label=after)
@@ -89,7 +90,7 @@ def check(
     max_step_regression_pct: str | None, max_overlap_drop_pts: str | None, max_exposed_comm_regression_pct: str | None,
     max_memory_regression_pct: str | None, fail_on_new: str | None, markdown_out: Path | None, junit_out: Path | None,
     fmt: str, jobs: int | None, memory: tuple[Path, ...], settings: tuple[str, ...], disable: tuple[str, ...],
-    allow_missing_ranks: bool, scheduler: str | None, strict: bool, cycle: int | None,
+    allow_missing_ranks: bool, scheduler: str | None, strict: bool, cycle: int | None, allow_mixed_runs: bool,
 ) -> None:
     """Gate a run for CI: exit 1 when a threshold is crossed, 0 when all gates pass.
 
@@ -112,8 +113,9 @@ def check(
         }
     )
     cfg = rule_config(settings, disable)
-    base = load_run(baseline, cfg, jobs, scheduler=scheduler, strict=strict, cycle=cycle) if baseline else None
-    cur = load_run(list(paths), cfg, jobs, memory=list(memory) or None, scheduler=scheduler, strict=strict, cycle=cycle)
+    scale = dict(scheduler=scheduler, strict=strict, cycle=cycle, allow_mixed_runs=allow_mixed_runs)
+    base = load_run(baseline, cfg, jobs, **scale) if baseline else None
+    cur = load_run(list(paths), cfg, jobs, memory=list(memory) or None, **scale)
     warn_partial(cur.facts)
     result = run_check(cur, base, settings_, allow_missing_ranks=allow_missing_ranks)
     if markdown_out is not None:

@@ -115,8 +115,15 @@ class StepFacts:
     overlap_ms: float = 0.0  # |comm ∩ compute|
     exposed_comm_ms: float = 0.0  # |comm \ compute|
     memcpy_ms: float = 0.0  # |memcpy/memset \ (compute ∪ comm)|
-    idle_ms: float = 0.0  # gpu window with nothing running
+    # window time in which the GPU ran nothing at all (no step's work), counted once: up to the
+    # start of the next step's GPU work, where a window that runs on into the next one stops
+    idle_ms: float = 0.0
     outside_window_ms: float = 0.0  # step time with no GPU work of this step at all (max(step − window, 0))
+    # window time with none of this step's work running that belongs to other steps: their work
+    # running on the GPU, or the next step's window (the GPU runs behind the CPU). Per step,
+    # compute + exposed comm + memcpy + other_steps + idle = gpu_window
+    other_steps_ms: float = 0.0
+    gpu_start_us: float | None = None  # start of the first GPU activity launched in this step
     exposed_by_phase: dict[str, float] = field(default_factory=dict)
     exposed_by_kind: dict[str, float] = field(default_factory=dict)
     phase_ms: dict[str, float] = field(default_factory=dict)  # CPU duration of each phase
@@ -180,8 +187,9 @@ class OffloadFacts:
     h2d_bytes: int = 0
     d2h_count: int = 0
     d2h_bytes: int = 0
-    pageable_count: int = 0
+    pageable_count: int = 0  # host copies from/to pageable memory, anywhere in the trace
     pageable_ms: float = 0.0
+    pageable_in_hooks: int = 0  # … of them launched inside FSDP hooks (offload with pin_memory=False)
     memcpy_gpu_ms: float = 0.0
     evidence: str = ""
 
@@ -247,8 +255,9 @@ class CollectiveStats:
 class WhatIfFacts:
     """What-if replay of one rank's steps (fsdpdoctor.analysis.whatif), or the run's summary.
 
-    ``measured_step_ms`` counts a step from its CPU start to the later of its CPU end and the end of
-    the GPU work launched in it (= the ProfilerStep span when each step ends in a sync);
+    ``measured_step_ms`` counts a step in wall-clock time, from its CPU start to the next step's,
+    the last one to the later of its CPU end and the end of the steps' GPU work (the mean is
+    ``TimelineSummary.wall_ms``; = the ProfilerStep span when each step ends in a sync);
     ``replayed_step_ms`` is the unchanged graph's replay; ``error_pct`` = |Σ replayed − Σ measured|
     / Σ measured over the steps (per run: the worst rank), the error bar of every saving.
     ``step_ms[fix]`` is the replayed mean step time with the fix applied, ``saving_ms[fix]`` the
@@ -307,6 +316,13 @@ class RankFacts:
     # its count and per-step exposed ms by phase → kind kept (see analysis.ranks.DETAIL_RANKS)
     collectives_dropped: int = 0
     exposed_ms_by_phase_kind: dict[str, dict[str, float]] | None = None
+    # what tells one run from another (the mixed-run check): the trace's wall-clock start
+    # (baseTimeNanoseconds + first timestamp, or an epoch timestamp; None on a boot-relative
+    # clock), the process-group backend and the NCCL version from distributedInfo
+    start_unix_s: float | None = None
+    backend: str | None = None
+    nccl_version: str | None = None
+    workload: str | None = None  # "training" (a backward pass or optimizer step in some step) / "inference" / None (no steps)
 
     @property
     def step_ms(self) -> list[float]:
@@ -365,7 +381,16 @@ class ExposedSummary:
 
 @dataclass
 class TimelineSummary:
-    """Mean per step over ranks; compute + exposed_comm + memcpy + idle = gpu_window."""
+    """Mean per step over the ranks with a GPU timeline; compute + exposed_comm + memcpy +
+    other_steps + idle = gpu_window.
+
+    Three clocks: ``cpu_step_ms`` is the CPU ``ProfilerStep`` span, ``gpu_window_ms`` the span
+    from the first to the last GPU activity launched in the step, and ``wall_ms`` what a step
+    costs in wall-clock time: from the first step's CPU start to the later of the last step's
+    CPU end and the end of its GPU work, divided by the steps. When the GPU runs behind the CPU
+    (``gpu_behind_ms`` > 0: the last step's GPU work ends after its CPU span) the windows overlap
+    and ``wall_ms`` is longer than the CPU step; when the CPU is the bottleneck it is the CPU step.
+    """
 
     gpu_window_ms: float = 0.0
     compute_ms: float = 0.0
@@ -374,6 +399,10 @@ class TimelineSummary:
     memcpy_ms: float = 0.0
     idle_ms: float = 0.0
     outside_window_ms: float = 0.0  # mean step time in which the GPU had no work of the step
+    other_steps_ms: float = 0.0  # window time given to other steps' GPU work (see StepFacts)
+    cpu_step_ms: float = 0.0  # mean CPU ProfilerStep span of these ranks
+    wall_ms: float = 0.0  # wall-clock time per step (see above)
+    gpu_behind_ms: float = 0.0  # end of the last step's GPU work − end of its CPU span (< 0: GPU done first)
 
 
 @dataclass
@@ -464,6 +493,15 @@ class RunFacts:
     inputs_excluded: list[ExcludedInput] = field(default_factory=list)
     ranks_expected: int | None = None
     cross_rank: CrossRankFacts | None = None  # wait skew and straggler ranking (2+ ranks with collectives)
+    workload: str | None = None  # "training" / "inference" (no backward pass or optimizer step in any step) / None
+    # inputs that look like different runs, analysed together with --allow-mixed-runs: what differs
+    mixed_runs: list[str] = field(default_factory=list)
+
+    @property
+    def step_clock_ms(self) -> float:
+        """What a step costs: the wall-clock time per step on GPU runs (``timeline.wall_ms``),
+        else the mean CPU step. Shares "of the step", savings and severities are measured on it."""
+        return self.timeline.wall_ms or self.steps.mean_ms or 0.0
 
     # -- serialisation -------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:

@@ -33,6 +33,24 @@ def public_trace_files() -> list[Path]:
     return sorted(PUBLIC_TRACES.glob("*/*.json.gz"))
 
 
+@pytest.fixture(scope="session")
+def scenario_case(tmp_path_factory):
+    """preset name -> (fsdpdoctor.analyze() of the generated run, its truth.json), once per session."""
+    import fsdpdoctor
+    from fixtures.scenarios import generator as gen
+
+    cache: dict[str, tuple] = {}
+
+    def get(name: str):
+        if name not in cache:
+            out = tmp_path_factory.mktemp(name)
+            gen.generate(gen.PRESETS[name], out)
+            cache[name] = (fsdpdoctor.analyze(out), gen.read_truth(out))
+        return cache[name]
+
+    return get
+
+
 @pytest.fixture
 def shared_traces() -> Path:
     if not PUBLIC_TRACES.is_dir():

@@ -43,8 +43,9 @@ def test_loads_and_has_steps_collectives_and_gpu_time(path, facts_by_file):
     assert rf.rank_source == "distributedInfo"
     for s in rf.steps:
         # the breakdown adds up to the GPU window
-        parts = s.compute_ms + s.exposed_comm_ms + s.memcpy_ms + s.idle_ms
+        parts = s.compute_ms + s.exposed_comm_ms + s.memcpy_ms + s.other_steps_ms + s.idle_ms
         assert parts == pytest.approx(s.gpu_window_ms, rel=1e-6, abs=1e-6)
+        assert s.idle_ms >= 0 and s.other_steps_ms >= 0
         assert sum(s.exposed_by_phase.values()) == pytest.approx(s.exposed_comm_ms, abs=1e-6)
         assert sum(s.exposed_by_kind.values()) == pytest.approx(s.exposed_comm_ms, abs=1e-6)
         assert 0 <= s.overlap_ms <= s.comm_ms + 1e-9

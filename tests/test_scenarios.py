@@ -113,9 +113,12 @@ def test_preset_files_and_truth(cases, name):
             assert sum(s["exposed_by_phase_ms"].values()) == pytest.approx(s["exposed_comm_ms"], abs=1e-9)
             assert sum(s["exposed_by_collective_ms"].values()) == pytest.approx(s["exposed_comm_ms"], abs=1e-9)
             assert 0.0 <= s["overlap_pct"] <= 100.0
-            assert s["gpu_busy_ms"] <= s["step_ms"]
-        # every step ends with cudaDeviceSynchronize: per-step and whole-window overlap agree
-        assert r["overlap_pct"] == pytest.approx(r["overlap_pct_whole_window"], abs=1e-9)
+            # a step that syncs at its end holds its GPU work; without the sync it may run behind
+            assert s["gpu_busy_ms"] <= (s["step_ms"] if cfg.sync_every_step else s["gpu_window_ms"])
+            assert s["idle_ms"] >= 0 and s["other_steps_ms"] >= -1e-9
+        if cfg.sync_every_step:  # every step ends with cudaDeviceSynchronize: per-step and whole-window overlap agree
+            assert r["overlap_pct"] == pytest.approx(r["overlap_pct_whole_window"], abs=1e-9)
+        assert r["wall_ms_per_step"] >= r["step_ms_mean"] - 1e-9
     rb = t["read_back"]
     if cfg.parallelism == "ddp":
         assert rb["fsdp_version"] is None

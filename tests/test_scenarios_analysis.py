@@ -5,24 +5,15 @@ from __future__ import annotations
 
 import pytest
 
-import fsdpdoctor
 from fixtures.scenarios import generator as gen
+from fsdpdoctor.analysis.ranks import wall_clock
 
 PRESETS = sorted(gen.PRESETS)
 
 
 @pytest.fixture(scope="module")
-def case(tmp_path_factory):
-    cache = {}
-
-    def get(name):
-        if name not in cache:
-            out = tmp_path_factory.mktemp(name)
-            gen.generate(gen.PRESETS[name], out)
-            cache[name] = (fsdpdoctor.analyze(out), gen.read_truth(out))
-        return cache[name]
-
-    return get
+def case(scenario_case):
+    return scenario_case  # generated and analysed once per session (conftest), shared with other modules
 
 
 def _truth_ranks(truth):
@@ -50,6 +41,11 @@ def test_overlap_and_exposed_comm_match_truth(name, case):
                 assert mine.exposed_by_kind.get(kind, 0.0) == pytest.approx(v, abs=1e-3), kind
             for phase, v in want["exposed_by_phase_ms"].items():
                 assert mine.exposed_by_phase.get(phase, 0.0) == pytest.approx(v, abs=0.01), phase
+            # the window's parts: idle = nothing of any step running, other steps' work, and the rest
+            assert mine.gpu_window_ms == pytest.approx(want["gpu_window_ms"], abs=1e-3)
+            assert mine.idle_ms == pytest.approx(want["idle_ms"], abs=1e-3)
+            assert mine.other_steps_ms == pytest.approx(want["other_steps_ms"], abs=1e-3)
+        assert wall_clock(rf)[0] == pytest.approx(tr["wall_ms_per_step"], abs=1e-3)
         # all steps: within 0.1 point of the truth
         assert f.overlap.steps_per_rank[str(rf.rank)] == pytest.approx(tr["overlap_pct"], abs=0.1)
         # the HTA window (every step but the last), from the truth's own per-step numbers

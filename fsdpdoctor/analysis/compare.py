@@ -24,9 +24,10 @@ output):
     other ranks shows as exposed comm, never here: an empty GPU queue mid-step means the host
     had not launched the next work yet (launch/Python/FSDP-hook overhead, the FSDP1 rate
     limiter, blocking syncs).
-  - *other idle* = ``step_ms - gpu_window_ms``, the part of the CPU step with none of the step's
-    GPU work running: before the first and after the last kernel (data loading, a CPU
-    optimizer step, host synchronisation). It is negative when a step's GPU work outlasts its
+  - *other idle* = ``step_ms - gpu_window_ms + other_steps_ms``, the part of the CPU step with
+    none of the step's GPU work running: before the first and after the last kernel (data
+    loading, a CPU optimizer step, host synchronisation), and inside the window where only other
+    steps' work runs (the GPU behind the CPU). It is negative when a step's GPU work outlasts its
     CPU span (the CPU ran ahead), which keeps the sum exact.
 
   Exposed comm is resolved by phase (forward / backward / optimizer / other, from the CPU time
@@ -266,7 +267,7 @@ def _rank_cells(r: RankFacts, basis: str) -> dict[tuple[str, str], float]:
         add(("compute", ALL), s.compute_ms)
         add(("memcpy", ALL), s.memcpy_ms)
         add(("host_bound_idle", ALL), s.idle_ms)
-        add(("other_idle", ALL), s.step_ms - s.gpu_window_ms)
+        add(("other_idle", ALL), s.step_ms - s.gpu_window_ms + s.other_steps_ms)
         exposed_total += s.exposed_comm_ms
         for p, v in s.exposed_by_phase.items():
             exposed_phase[p if p in exposed_phase else "other"] += v

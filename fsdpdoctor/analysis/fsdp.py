@@ -442,6 +442,8 @@ def _offload(rt: RankTrace, n_steps: int) -> OffloadFacts:
             o.pageable_ms += float(rt.dur[r]) / 1e3
         if lr < 0 or not chains.get(int(lr)):
             continue  # not launched by an FSDP hook
+        if "Pageable" in name:
+            o.pageable_in_hooks += 1
         if "HtoD" in name:
             o.h2d_count += 1
             o.h2d_bytes += nbytes
@@ -455,6 +457,7 @@ def _offload(rt: RankTrace, n_steps: int) -> OffloadFacts:
     o.detected = o.h2d_count >= steps and o.d2h_count >= steps
     o.evidence = (
         f"{o.h2d_count} H2D ({o.h2d_bytes / 2**20:.1f} MiB) and {o.d2h_count} D2H ({o.d2h_bytes / 2**20:.1f} MiB) "
-        f"copies launched inside FSDP hooks; {o.pageable_count} copies from/to pageable memory"
+        f"copies launched inside FSDP hooks; {o.pageable_count} copies from/to pageable memory "
+        f"({o.pageable_in_hooks} of them inside FSDP hooks)"
     )
     return o

@@ -69,7 +69,40 @@ def analyze_rank_trace(rt: RankTrace, order_index: int = 0) -> RankFacts:
         device_memory_bytes=device_mem,
         memory_trace=memory_from_events(rt.path, rt.memory_events),
         whatif=analyze_whatif(rt, info.steps, colls, fsdp) if gpu_present else None,
+        start_unix_s=start_unix_s(rt),
+        backend=_text(rt.distributed_info.get("backend")),
+        nccl_version=_text(rt.distributed_info.get("nccl_version")),
+        workload=workload(info.steps),
     )
+
+
+EPOCH_US = 1e15  # a timestamp this large (µs) counts from the Unix epoch (2001-09-09 on); boot clocks stay far below
+LATEST_UNIX_S = 4.1e9  # 2099: anything later is a corrupt clock, not a time
+
+
+def start_unix_s(rt: RankTrace) -> float | None:
+    """Wall-clock time (s since the epoch) of the trace's first complete event: Kineto's
+    ``baseTimeNanoseconds`` plus its timestamp, or the timestamp itself where older Kineto wrote
+    epoch microseconds; None for a boot-relative clock without a base."""
+    if not len(rt.ts):
+        return None
+    t0 = float(rt.ts.min())
+    if rt.base_time_ns is not None:
+        t = rt.base_time_ns / 1e9 + t0 / 1e6
+    else:
+        t = t0 / 1e6 if t0 >= EPOCH_US else None
+    return t if t is not None and 0 < t < LATEST_UNIX_S else None
+
+
+def workload(steps) -> str | None:
+    """"training" when some step has a backward pass or an optimizer step, else "inference"."""
+    if not steps:
+        return None
+    return "training" if any("backward" in st.phases or "optimizer" in st.phases for st in steps) else "inference"
+
+
+def _text(v: Any) -> str | None:
+    return str(v) if isinstance(v, (str, int)) and not isinstance(v, bool) and str(v) else None
 
 
 def _device(rt: RankTrace) -> tuple[str | None, int | None, int | None]:

@@ -351,6 +351,7 @@ def fold(
         def m(attr: str) -> float:
             return _mean([_mean([getattr(s, attr) for s in r.steps]) or 0.0 for r in gpu_ranks]) or 0.0
 
+        clocks = [wall_clock(r) for r in gpu_ranks]
         rf.timeline = TimelineSummary(
             gpu_window_ms=m("gpu_window_ms"),
             compute_ms=m("compute_ms"),
@@ -359,7 +360,13 @@ def fold(
             memcpy_ms=m("memcpy_ms"),
             idle_ms=m("idle_ms"),
             outside_window_ms=m("outside_window_ms"),
+            other_steps_ms=m("other_steps_ms"),
+            cpu_step_ms=m("step_ms"),
+            wall_ms=_mean([w for w, _ in clocks]) or 0.0,
+            gpu_behind_ms=_mean([b for _, b in clocks]) or 0.0,
         )
+    kinds_of_work = {r.workload for r in ranks if r.workload}
+    rf.workload = "training" if "training" in kinds_of_work else ("inference" if kinds_of_work else None)
     rf.collectives = _fold_collectives(ranks)
     rf.whatif = fold_whatif(ranks)
     if cross_rank is _UNSET:
@@ -392,6 +399,20 @@ def fold(
         rf.ranks_expected = len(ranks) + len(excluded)
         rf.notes.insert(0, partial_run_line(rf))
     return rf
+
+
+def wall_clock(r: RankFacts) -> tuple[float, float]:
+    """(wall-clock ms per step, ms by which the last step's GPU work ends after its CPU span) of
+    one rank: from the first step's CPU start to the later of the last step's CPU end and the end
+    of the GPU work of any step, over the number of steps (:class:`TimelineSummary`)."""
+    steps = r.steps
+    cpu_end = max(s.start_us + s.step_ms * 1e3 for s in steps)
+    gpu = [s.gpu_start_us + s.gpu_window_ms * 1e3 for s in steps if s.gpu_start_us is not None]
+    end = max([cpu_end, *gpu])
+    last = steps[-1]
+    behind = ((last.gpu_start_us + last.gpu_window_ms * 1e3) - (last.start_us + last.step_ms * 1e3)) / 1e3 \
+        if last.gpu_start_us is not None else 0.0
+    return (end - steps[0].start_us) / 1e3 / len(steps), behind
 
 
 def partial_run_line(rf: RunFacts) -> str:

@@ -4,7 +4,11 @@ Definitions (DESIGN.md): comm = union of collective kernels; compute = union of 
 kernels (memcpy/memset excluded); overlap % = |comm ∩ compute| / |comm|; exposed comm =
 |comm \\ compute|. GPU activity belongs to the step and phase in which the CPU launched it
 (the runtime call with the same correlation id), as Holistic Trace Analysis assigns iterations.
-Per step, compute + exposed comm + exposed memcpy + idle = the step's GPU window exactly.
+Per step, compute + exposed comm + exposed memcpy + other steps + idle = the step's GPU window
+exactly. *Idle* is window time in which the GPU runs nothing at all, of any step, counted up to
+the start of the next step's GPU work; *other steps* is window time in which only other steps'
+work runs (or that lies in the next step's window): when the GPU runs behind the CPU, a step's
+window overlaps the next one's, and its gaps are not idle.
 """
 
 from __future__ import annotations
@@ -102,10 +106,14 @@ def step_timeline(rt: RankTrace, steps: list[StepWindow], colls: list[Collective
     kernel_to_coll = {k: ci for ci, c in enumerate(colls) for k in c.kernel_rows}
     s_all = rt.ts[g.rows]
     e_all = s_all + rt.dur[g.rows]
+    classified = g.comm | g.compute | g.memory
+    busy_all = iv.merge(s_all[classified], e_all[classified])  # the GPU running anything, of any step
     out: list[StepFacts] = []
     # rows of each step in one stable sort instead of one full-length comparison per step
     by_step = np.argsort(step_idx, kind="stable")
     bounds = np.searchsorted(step_idx[by_step], np.arange(len(steps) + 1), side="left")
+    starts = [float(s_all[by_step[bounds[k] : bounds[k + 1]]].min()) if bounds[k + 1] > bounds[k] else None
+              for k in range(len(steps))]
     for k, st in enumerate(steps):
         in_step = by_step[bounds[k] : bounds[k + 1]]
         sf = StepFacts(number=st.number, start_us=st.start, step_ms=st.dur / 1e3)
@@ -127,7 +135,14 @@ def step_timeline(rt: RankTrace, steps: list[StepWindow], colls: list[Collective
             sf.exposed_comm_ms = iv.total(exposed) / 1e3
             sf.overlap_ms = sf.comm_ms - sf.exposed_comm_ms
             sf.memcpy_ms = (iv.total(mem) - iv.intersect_len(mem, busy_cc)) / 1e3
-            sf.idle_ms = max(window / 1e3 - sf.compute_ms - sf.exposed_comm_ms - sf.memcpy_ms, 0.0)
+            w0 = float(s.min())
+            sf.gpu_start_us = w0
+            nxt = next((x for x in starts[k + 1 :] if x is not None), None)
+            w1 = float(e.max()) if nxt is None else min(float(e.max()), max(nxt, w0))
+            own = window / 1e3 - sf.compute_ms - sf.exposed_comm_ms - sf.memcpy_ms
+            span = iv.merge(np.array([w0]), np.array([w1]))
+            sf.idle_ms = min(max((w1 - w0 - iv.intersect_len(span, busy_all)) / 1e3, 0.0), max(own, 0.0))
+            sf.other_steps_ms = max(own - sf.idle_ms, 0.0)
             sf.outside_window_ms = max(sf.step_ms - sf.gpu_window_ms, 0.0)
             ph = phase_idx[in_step]
             for k_ph, name in enumerate(PHASES):

@@ -266,13 +266,21 @@ def _sync_calls(rt, start, end, key, rows, lr, has):
 
 
 def measured_step_ms(g: Graph) -> np.ndarray:
-    """Each step as the replay counts it: from its CPU start to the later of its CPU end and the
-    end of the GPU work launched in it (the GPU may run past the CPU span when nothing syncs)."""
-    out = np.empty(len(g.steps))
-    for k, st in enumerate(g.steps):
-        m = g.step == k
-        out[k] = (max(st.end, float(g.end[m].max()) if m.any() else -np.inf) - st.start) / 1e3
-    return out
+    """Each step as the replay counts it, in wall-clock time: from its CPU start to the next
+    step's CPU start, and the last step to the later of its CPU end and the end of the GPU work
+    launched in the steps. They add up to the run's wall-clock time (``TimelineSummary.wall_ms``
+    × steps): when the GPU runs behind the CPU (nothing syncs), its lag is counted once, at the
+    end, not again in every step."""
+    starts = np.array([st.start for st in g.steps])
+    valid = g.step >= 0
+    gpu_end = float(g.end[valid].max()) if valid.any() else -np.inf
+    return _step_tiles(starts, g.steps[-1].end, gpu_end)
+
+
+def _step_tiles(starts: np.ndarray, last_cpu_end: float, gpu_end: float) -> np.ndarray:
+    """Step times (ms) from the steps' starts (µs) and where the last one ends (see above)."""
+    ends = np.append(starts[1:], max(last_cpu_end, gpu_end))
+    return (ends - starts) / 1e3
 
 
 def replay(g: Graph, fix: Fix | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -364,10 +372,8 @@ def replay(g: Graph, fix: Fix | None = None) -> tuple[np.ndarray, np.ndarray, np
             a, b = fix.cpu_cuts[i]
             shift -= b - a
     S_a, E_a, mk = np.array(S), np.array(E), np.array(marks)
-    last = np.full(ns, -np.inf)
     valid = g.step >= 0
-    np.maximum.at(last, g.step[valid], E_a[valid])
-    step_ms = (np.maximum(mk[1::2], last) - mk[0::2]) / 1e3
+    step_ms = _step_tiles(mk[0::2], mk[-1], float(E_a[valid].max()) if valid.any() else -np.inf)
     return S_a, E_a, step_ms
 
 

@@ -133,13 +133,14 @@ class _Doc(msgspec.Struct, gc=False):
     deviceProperties: Any = None
     schemaVersion: Any = None
     traceName: Any = None
+    baseTimeNanoseconds: Any = None
 
 
 _BLOCK = msgspec.json.Decoder(list[_Event])  # type: ignore[valid-type]
 _FINAL_OBJ = msgspec.json.Decoder(_Doc)
 _UNTYPED = msgspec.json.Decoder()
 
-_META_KEYS = ("distributedInfo", "deviceProperties", "schemaVersion", "traceName")
+_META_KEYS = K.META_KEYS
 
 _TS = attrgetter("ts")
 _DUR = attrgetter("dur")

@@ -41,6 +41,11 @@ ARG_FIELDS: tuple[tuple[str, Any, str], ...] = (
     ("input_dims", msgspec.Raw, "Input Dims"),
     ("input_type", msgspec.Raw, "Input type"),
 )
+#: Top-level keys of a trace document that the analysis reads besides ``traceEvents`` (both
+#: decoders: the head before the event array and the tail after it). ``baseTimeNanoseconds``
+#: (Kineto, torch 2.1+) is the wall-clock time that event timestamps (µs) count from.
+META_KEYS = ("distributedInfo", "deviceProperties", "schemaVersion", "traceName", "baseTimeNanoseconds")
+
 #: ``[memory]`` instant events (profile_memory=True): allocator totals after each event
 MEMORY_ARG_FIELDS: tuple[tuple[str, Any, str], ...] = (
     ("total_allocated", I64 | None, "Total Allocated"),

@@ -37,6 +37,7 @@ from .events import (
     OVERFLOW,
     TOO_DEEP,
     Args,
+    META_KEYS,
     Event,
     _coerce_event,
     _to_int,
@@ -51,6 +52,7 @@ class _TraceDoc(msgspec.Struct, gc=False):
     deviceProperties: Any = None
     schemaVersion: Any = None
     traceName: Any = None
+    baseTimeNanoseconds: Any = None
 
 
 _typed_decoder = msgspec.json.Decoder(Union[_TraceDoc, list[Event]])
@@ -80,6 +82,7 @@ class RankTrace:
     distributed_info: dict
     device_properties: list
     trace_name: str | None
+    base_time_ns: int | None  # baseTimeNanoseconds: the wall-clock time (ns since the epoch) ``ts`` counts from
     # columns
     cat: np.ndarray  # int codes into ``cats``
     name: np.ndarray  # int codes into ``names``
@@ -214,13 +217,7 @@ def _decode(path: Path, data: bytes) -> tuple[list[Event], dict, str]:
         return doc, {}, mode
     if doc.traceEvents is None:
         raise InputError(path, "JSON is not a Chrome/Kineto trace (no 'traceEvents' array)")
-    meta = {
-        "distributedInfo": doc.distributedInfo,
-        "deviceProperties": doc.deviceProperties,
-        "schemaVersion": doc.schemaVersion,
-        "traceName": doc.traceName,
-    }
-    return doc.traceEvents, meta, mode
+    return doc.traceEvents, {k: getattr(doc, k) for k in META_KEYS}, mode
 
 
 def _lenient(path: Path, raw: Any) -> tuple[list[Event], dict, str]:
@@ -228,7 +225,7 @@ def _lenient(path: Path, raw: Any) -> tuple[list[Event], dict, str]:
         events_raw = raw.get("traceEvents")
         if not isinstance(events_raw, list):
             raise InputError(path, "JSON is not a Chrome/Kineto trace (no 'traceEvents' array)")
-        meta = {k: raw.get(k) for k in ("distributedInfo", "deviceProperties", "schemaVersion", "traceName")}
+        meta = {k: raw.get(k) for k in META_KEYS}
     elif isinstance(raw, list):
         events_raw, meta = raw, {}
     else:
@@ -359,6 +356,7 @@ def _make_trace(
     ws = _to_int(dinfo.get("world_size")) if dinfo else None
     devprops = meta.get("deviceProperties")
     trace_name = meta.get("traceName")
+    base = _to_int(meta.get("baseTimeNanoseconds"))
     return RankTrace(
         path=str(path),
         rank=rank,
@@ -367,6 +365,7 @@ def _make_trace(
         distributed_info=dinfo,
         device_properties=devprops if isinstance(devprops, list) else [],
         trace_name=trace_name if isinstance(trace_name, str) else None,
+        base_time_ns=base if base is not None and 0 < base < 1 << 63 else None,
         cat=cat,
         name=name,
         thread=thread,

@@ -47,6 +47,7 @@ COLORS = {
     "memcpy": "#79706E",
     "other": "#BAB0AC",
     "idle": "#E3E3E3",
+    "other_steps": "#B8C4D6",
     "exposed": "#E45756",
     "cpu_step": "#333333",
     "forward": "#A0CBE8",
@@ -294,6 +295,8 @@ def _steps_figure(f) -> tuple[go.Figure | None, str]:
         for kind in kinds:
             series.append((f"exposed {_label(kind)}", [s.exposed_by_kind.get(kind, 0.0) for s in steps], _comm_color(kind)))
         series.append(("exposed memcpy/memset", [s.memcpy_ms for s in steps], COLORS["memcpy"]))
+        if any(s.other_steps_ms > 0 for s in steps):
+            series.append(("other steps' GPU work", [s.other_steps_ms for s in steps], COLORS["other_steps"]))
         series.append(("idle", [s.idle_ms for s in steps], COLORS["idle"]))
         for name, ys, color in series:
             fig.add_bar(x=x, y=ys, name=name, marker_color=color,
@@ -302,8 +305,9 @@ def _steps_figure(f) -> tuple[go.Figure | None, str]:
                         marker=dict(symbol="diamond", size=7, color=COLORS["cpu_step"]),
                         hovertemplate=cpu_hover)
         note = ("Per step, on the GPU activity the CPU launched in that step: compute + exposed communication "
-                "(by collective) + exposed memcpy/memset + idle = the step's GPU window. Diamonds: the CPU "
-                "ProfilerStep span.")
+                "(by collective) + exposed memcpy/memset + other steps' GPU work + idle = the step's GPU window "
+                "(idle: nothing running at all; other steps' work: the GPU runs behind the CPU and the next step's "
+                "work fills this window). Diamonds: the CPU ProfilerStep span.")
         fig.update_layout(yaxis_title="ms", barmode="stack", hovermode="x unified")
     n = len(steps)
     fig.update_layout(height=420, margin=dict(l=60, r=20, t=30, b=60 if multi else 50),

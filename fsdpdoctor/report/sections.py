@@ -65,7 +65,7 @@ def headline(f: RunFacts) -> list[tuple[str, str]]:
         rank_txt = f"{len(ranks)} of {f.ranks_expected} ranks" + (f" (world size {ws})" if ws and ws != f.ranks_expected else "")
     lines = [
         ("Run", rank_txt + (f" · {dev}" if dev else "") + ("" if f.gpu_present else " · no GPU activity")),
-        ("Steps", f"{f.steps.count} per rank ({f.steps.method})" + (f", mean {ms(f.steps.mean_ms)}" if f.steps.mean_ms else "")),
+        ("Steps", steps_text(f)),
         ("FSDP", fsdp_txt),
     ]
     if f.inputs_excluded:
@@ -80,6 +80,21 @@ def headline(f: RunFacts) -> list[tuple[str, str]]:
         lines.append(("Overlap", f"{pct(f.overlap.pct)} of communication hidden behind compute (mean over ranks)"))
         lines.append(("Exposed comm", f"{ms(f.exposed_comm.mean_ms_per_step)} per step"))
     return lines + memory_headline(f)
+
+
+def steps_text(f: RunFacts) -> str:
+    """Step count and the step's clocks: the CPU span, and on GPU runs the GPU window and the
+    wall-clock time per step (what shares "of the step" in findings are of)."""
+    out = f"{f.steps.count} per rank ({f.steps.method})"
+    t = f.timeline
+    if f.gpu_present and t.wall_ms:
+        out += (f"; per step: CPU span {ms(t.cpu_step_ms)}, GPU window {ms(t.gpu_window_ms)}, "
+                f"wall-clock {ms(t.wall_ms)}")
+        if t.gpu_behind_ms > 0.05 * t.wall_ms:
+            out += f" (the GPU runs {ms(t.gpu_behind_ms)} behind the CPU)"
+    elif f.steps.mean_ms:
+        out += f", CPU span {ms(f.steps.mean_ms)} per step"
+    return out
 
 
 def shape_text(f: RunFacts) -> str:
@@ -171,12 +186,16 @@ def breakdown_table(f: RunFacts) -> Table | None:
     ]
     for kind, v in sorted(f.exposed_comm.by_kind.items(), key=lambda kv: -kv[1]):
         t_rows.append([f"exposed {kind.replace('_', '-')}", ms(v), pct(100 * v / w if w else None)])
+    t_rows.append(["exposed memcpy/memset", ms(t.memcpy_ms), pct(100 * t.memcpy_ms / w if w else None)])
+    if t.other_steps_ms > 0.0005 * w:
+        t_rows.append(["other steps' GPU work (GPU behind the CPU)", ms(t.other_steps_ms), pct(100 * t.other_steps_ms / w if w else None)])
     t_rows += [
-        ["exposed memcpy/memset", ms(t.memcpy_ms), pct(100 * t.memcpy_ms / w if w else None)],
-        ["idle", ms(t.idle_ms), pct(100 * t.idle_ms / w if w else None)],
+        ["idle (nothing running)", ms(t.idle_ms), pct(100 * t.idle_ms / w if w else None)],
         ["GPU step window", ms(w), "100%"],
     ]
-    return Table("Where a step's GPU time goes (mean per step over ranks)", ["part", "time", "share"], t_rows)
+    note = f"CPU step span {ms(t.cpu_step_ms)}; wall-clock time per step {ms(t.wall_ms)} (shares 'of the step' in findings are of it)"
+    return Table("Where a step's GPU window goes (mean per step over ranks; shares of the GPU window)", ["part", "time", "share"],
+                 t_rows, note)
 
 
 def phase_table(f: RunFacts) -> Table | None:
