@@ -23,6 +23,8 @@ else:  # pragma: no cover
 
 # name → (default, documentation)
 THRESHOLDS: dict[str, tuple[float, str]] = {
+    "severity_critical_pct": (20.0, "any finding: critical when its estimated saving is at least this % of the step (wall-clock time per step)"),
+    "severity_warning_pct": (3.0, "any finding: warning when its estimated saving is at least this % of the step; below it, info"),
     "coarse_max_unit_share": (0.5, "auto-wrap-too-coarse: one unit gathering more than this share of all parameters"),
     "coarse_split_into": (8, "auto-wrap-too-coarse: units assumed after re-wrapping, for the saving estimate"),
     "fine_min_units": (8, "auto-wrap-too-fine: at least this many units"),

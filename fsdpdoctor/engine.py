@@ -5,6 +5,19 @@ A rule is a module with ``CODE``, ``SLUG``, ``TITLE``, ``SEVERITY``, a docstring
 returning a list of :class:`Finding`. Built-in rules live in the ``fsdpdoctor.rules`` package
 (the top-level ``rules/`` folder); third-party rules register modules under the
 ``fsdpdoctor.rules`` entry-point group.
+
+What the runner does with every finding, whatever the rule (so that no rule can get it wrong):
+
+* **Saving bounds.** A rule's ``SAVES_ON`` says which clock its fix shortens: ``"gpu"`` (the
+  default: GPU time inside the step's GPU window — exposed communication, idle gaps, copies)
+  or ``"step"`` (time the GPU waits outside its window too, such as a CPU optimizer step). A
+  saving is capped at that clock: the GPU window (never more than the wall-clock time per
+  step) or the wall-clock time per step (:attr:`RunFacts.step_clock_ms`); on CPU-only traces,
+  the CPU step. A capped estimate says so in its evidence.
+* **Severity** of a finding with an estimated saving comes from the saving's share of the step
+  (wall-clock time per step): ``severity_critical_pct`` and ``severity_warning_pct`` in the
+  thresholds table; below the warning share it is info. A finding without an estimate (CPU-only
+  traces, memory findings) keeps the severity its rule gave it.
 """
 
 from __future__ import annotations
@@ -17,6 +30,7 @@ from types import ModuleType
 from typing import Any
 
 from .facts import RunFacts
+from .fmt import ms
 
 SEVERITIES = ("critical", "warning", "info")
 
@@ -32,6 +46,7 @@ class Finding:
     fix: dict[str, str] = field(default_factory=dict)  # "fsdp1" / "fsdp2" / "any" → code
     confidence: float = 0.5
     est_saving_ms: float | None = None  # per step
+    saving_pct_of_step: float | None = None  # est_saving_ms as % of the step (wall-clock time per step): sets the severity
     est_saving_bytes: int | None = None  # memory findings: bytes the fix frees at the peak
     where: dict[str, Any] = field(default_factory=dict)  # rank / step / phase / unit
     folded_into: str | None = None  # slug of the finding whose fix removes this cost (engine folds it)
@@ -83,13 +98,50 @@ def run_rules(facts: RunFacts, config: dict[str, Any] | None = None) -> list[Fin
         findings.extend(mod.check(facts, cfg))
     findings = _drop_explained(findings, {m.SLUG: set(getattr(m, "SUPERSEDED_BY", ())) for m in mods})
     findings = _fold(findings)
-    step = facts.steps.mean_ms
-    for f in findings:  # no fix saves more than the whole step
-        if f.est_saving_ms is not None and step:
-            f.est_saving_ms = min(f.est_saving_ms, step)
+    clocks = {m.SLUG: getattr(m, "SAVES_ON", "gpu") for m in mods}
+    for f in findings:
+        bound_saving(f, facts, clocks.get(f.slug, "gpu"))
+        grade(f, facts, cfg)
     sev = {s: i for i, s in enumerate(SEVERITIES)}
     findings.sort(key=lambda f: (-(f.est_saving_ms or 0.0), sev.get(f.severity, 9), f.code))
     return findings
+
+
+def saving_bound(facts: RunFacts, clock: str = "gpu") -> tuple[float, str]:
+    """(the most a fix on ``clock`` can save per step, what that bound is), see the module doc."""
+    step = facts.step_clock_ms
+    t = facts.timeline
+    if not facts.gpu_present or not t.wall_ms:
+        return step, f"{ms(step)} CPU step"
+    if clock == "gpu" and 0 < t.gpu_window_ms < step:
+        return t.gpu_window_ms, f"{ms(t.gpu_window_ms)} GPU window per step"
+    return step, f"{ms(step)} wall-clock time per step"
+
+
+def bound_saving(f: Finding, facts: RunFacts, clock: str = "gpu") -> None:
+    """Cap ``f.est_saving_ms`` at what a fix on ``clock`` can save, saying so in the evidence."""
+    if f.est_saving_ms is None:
+        return
+    f.est_saving_ms = max(f.est_saving_ms, 0.0)
+    bound, what = saving_bound(facts, clock)
+    if bound and f.est_saving_ms > bound:
+        f.evidence.append(f"estimated {ms(f.est_saving_ms)} per step, capped at the {what}: no fix saves more")
+        f.est_saving_ms = bound
+
+
+def grade(f: Finding, facts: RunFacts, cfg: dict[str, Any]) -> None:
+    """Severity from the saving's share of the step (findings with an estimated saving)."""
+    step = facts.step_clock_ms
+    if f.est_saving_ms is None or not step:
+        return
+    share = 100.0 * f.est_saving_ms / step
+    f.saving_pct_of_step = share
+    if share >= cfg["severity_critical_pct"]:
+        f.severity = "critical"
+    elif share >= cfg["severity_warning_pct"]:
+        f.severity = "warning"
+    else:
+        f.severity = "info"
 
 
 def _fold(findings: list[Finding]) -> list[Finding]:

@@ -9,6 +9,7 @@ from typing import Any
 from fsdpdoctor.analysis.compare import EXPOSED
 from fsdpdoctor.engine import Finding
 from fsdpdoctor.facts import CollectiveFacts, RunFacts
+from fsdpdoctor.fmt import ms, pct
 
 #: For a rule's ``EXPLAINS`` (see fsdpdoctor.analysis.compare): every exposed-communication part, any phase.
 ALL_COMM = [(c, None) for c in EXPOSED]
@@ -21,7 +22,73 @@ def finding(module_name: str, summary: str, **kw: Any) -> Finding:
 
 
 def step_ms(facts: RunFacts) -> float:
-    return facts.steps.mean_ms or 0.0
+    """The step every share and threshold "of the step" is measured on: the wall-clock time per
+    step on GPU runs, the CPU step on CPU-only runs (:attr:`RunFacts.step_clock_ms`)."""
+    return facts.step_clock_ms
+
+
+def step_name(facts: RunFacts) -> str:
+    """What :func:`step_ms` is, for evidence: "45.30 ms wall-clock step" or "45.30 ms CPU step"."""
+    clock = "wall-clock" if facts.gpu_present and facts.timeline.wall_ms else "CPU"
+    return f"{ms(step_ms(facts))} {clock} step"
+
+
+def of_step(facts: RunFacts, v: float) -> str:
+    """"12.3% of the 45.30 ms wall-clock step": a share that says what it is a share of."""
+    sm = step_ms(facts)
+    return f"{pct(100 * v / sm) if sm else '–'} of the {step_name(facts)}"
+
+
+def of_window(facts: RunFacts, v: float) -> str:
+    """"12.3% of the 85.20 ms GPU window" (mean per step)."""
+    w = facts.timeline.gpu_window_ms
+    return f"{pct(100 * v / w) if w else '–'} of the {ms(w)} GPU window"
+
+
+def of_cpu_step(facts: RunFacts, v: float) -> str:
+    """"12.3% of the 45.30 ms CPU step" (the ProfilerStep span): for CPU-side time."""
+    c = facts.steps.mean_ms or 0.0
+    return f"{pct(100 * v / c) if c else '–'} of the {ms(c)} CPU step"
+
+
+def fsdp_version(facts: RunFacts) -> int | None:
+    """1 or 2 when the traces (or, for a snapshot alone, its allocation frames) show FSDP."""
+    if facts.fsdp.version in (1, 2):
+        return facts.fsdp.version
+    mem = facts.memory.fsdp_version if facts.memory is not None else None
+    return {"fsdp1": 1, "fsdp2": 2}.get(mem or "")
+
+
+def is_ddp(facts: RunFacts) -> bool:
+    """DistributedDataParallel (or an all-reduce data-parallel loop like it), FSDP not detected."""
+    return not is_fsdp(facts) and (facts.fsdp.other_parallelism or "").startswith(("DDP", "all-reduce data parallelism"))
+
+
+def no_fix_known(what: str, hint: str = "") -> dict[str, str]:
+    """The fix entry of a finding for which no code change is known for the detected setup."""
+    return {"any": f"# No code fix is known for {what}." + (f"\n# {hint}" if hint else "")}
+
+
+def fix_for(facts: RunFacts, *, fsdp1: str | None = None, fsdp2: str | None = None, ddp: str | None = None,
+            inference: str | None = None, training: str | None = None,
+            none_known: str = "this setup") -> dict[str, str]:
+    """The fixes of a finding for what the traces show, never for a parallelism that is not there:
+    an inference run gets ``inference`` only; an FSDP run the code for its FSDP version
+    (:func:`fsdp_version`); a DDP run ``ddp``; otherwise ``training`` (under the key ``any``).
+    Nothing that fits: one comment saying so (``none_known`` names the setup)."""
+    if facts.workload == "inference":
+        return {"inference": inference} if inference else no_fix_known(f"{none_known} in an inference run")
+    out: dict[str, str] = {}
+    version = fsdp_version(facts)
+    if version is not None:
+        for v, code in ((1, fsdp1), (2, fsdp2)):
+            if code and version == v:
+                out[f"fsdp{v}"] = code
+    elif is_ddp(facts) and ddp:
+        out["ddp"] = ddp
+    if not out and training:
+        out["any"] = training
+    return out or no_fix_known(none_known)
 
 
 def is_fsdp(facts: RunFacts) -> bool:

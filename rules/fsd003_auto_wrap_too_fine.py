@@ -19,7 +19,7 @@ import statistics
 
 from fsdpdoctor.fmt import mib, ms, pct
 
-from ._util import REPLAY_MAX_ERROR_PCT, collectives, finding, is_fsdp, per_step_per_rank, step_ms
+from ._util import REPLAY_MAX_ERROR_PCT, collectives, finding, fix_for, is_fsdp, of_cpu_step, per_step_per_rank, step_ms
 
 CODE = "FSD003"
 SLUG = "auto-wrap-too-fine"
@@ -68,9 +68,10 @@ def check(facts, cfg):
         f"{len(units)} FSDP units; median all-gather {mib(median)} (threshold {mib(cfg['fine_max_median_ag_mib'] * 2**20)})",
     ]
     hook = facts.fsdp.hook_cpu_ms_per_step
-    share = 100 * hook / step_ms(facts) if step_ms(facts) > 0 else 0.0
+    cpu_step = facts.steps.mean_ms or 0.0
+    share = 100 * hook / cpu_step if cpu_step > 0 else 0.0
     if hook > 0:
-        evidence.append(f"CPU time inside FSDP hooks: {ms(hook)} per step = {pct(share)} of the step")
+        evidence.append(f"CPU time inside FSDP hooks: {ms(hook)} per step = {of_cpu_step(facts, hook)}")
     # small units alone are no finding: demand measured evidence that they cost time
     measured = []
     w = facts.whatif
@@ -109,7 +110,7 @@ def check(facts, cfg):
             f"{len(units)} FSDP units with a median all-gather of {mib(median)}: collectives run at their latency floor.",
             evidence=evidence,
             cause="an auto-wrap policy that wraps individual layers (or a small min_num_params)",
-            fix={"fsdp2": FIX_FSDP2, "fsdp1": FIX_FSDP1},
+            fix=fix_for(facts, fsdp2=FIX_FSDP2, fsdp1=FIX_FSDP1),
             confidence=0.7,
             est_saving_ms=saving,
         )

@@ -19,9 +19,9 @@ Fix
     override that disabled prefetching, or prefetch explicitly.
 """
 
-from fsdpdoctor.fmt import ms, pct
+from fsdpdoctor.fmt import ms
 
-from ._util import ALL_COMM, exposed_ms, finding, is_fsdp, replay_evidence, replayed_saving, step_ms
+from ._util import ALL_COMM, exposed_ms, finding, fix_for, is_fsdp, of_step, replay_evidence, replayed_saving
 
 CODE = "FSD004"
 SLUG = "missing-backward-prefetch"
@@ -62,14 +62,13 @@ def check(facts, cfg):
     else:
         evidence.append(f"{ev.get('post', 0)} of {n_total} backward all-gathers issued in _post_backward_prefetch (BACKWARD_POST)")
     saving = None
-    severity = SEVERITY
     if facts.gpu_present:
         exp = exposed_ms(facts, "backward", "all_gather")
-        evidence.append(f"exposed backward all-gather: {ms(exp)} per step = {pct(100 * exp / step_ms(facts))} of the step")
+        evidence.append(f"exposed backward all-gather: {ms(exp)} per step = {of_step(facts, exp)}")
         # prefetching moves the all-gather under the preceding unit's gradient compute and ahead
         # of that unit's reduce-scatter on the communicator: the replay sees both effects
         replayed = replayed_saving(facts, "prefetch")
-        saving = replayed if replayed is not None else (exp or None)
+        saving = replayed if replayed is not None else exp
         if replayed is not None:
             evidence.append(replay_evidence(facts, "prefetch", "issuing each backward all-gather one unit ahead"))
             w = facts.whatif
@@ -77,10 +76,9 @@ def check(facts, cfg):
             if before - after > 0.05:
                 evidence.append(f"{ms(before - after)} of exposed reduce-scatter per step goes away with prefetch "
                                 f"(it waited for the on-demand all-gathers on the same communicator): {ms(before)} → {ms(after)}")
-        if (saving or 0.0) < cfg["prefetch_min_exposed_ms"]:
-            severity = "info"  # the setting is off, but this run does not pay for it (yet)
-        elif exp > 0.1 * step_ms(facts):
-            severity = "critical"
+        if saving < cfg["prefetch_min_exposed_ms"]:
+            evidence.append(f"this run does not pay for it yet: {ms(saving)} per step is below "
+                            f"{ms(cfg['prefetch_min_exposed_ms'])} (prefetch_min_exposed_ms)")
     what = "not prefetched" if mode == "NONE" else "prefetched only after the current gradients (BACKWARD_POST)"
     return [
         finding(
@@ -88,9 +86,8 @@ def check(facts, cfg):
             f"Backward all-gathers are {what}: compute waits for each unit's parameters in backward.",
             evidence=evidence,
             cause="backward_prefetch=None / BACKWARD_POST (FSDP1) or prefetching disabled (FSDP2)",
-            fix={"fsdp1": FIX_FSDP1, "fsdp2": FIX_FSDP2},
+            fix=fix_for(facts, fsdp2=FIX_FSDP2, fsdp1=FIX_FSDP1),
             confidence=0.9 if fs.sources.get("backward_prefetch") == "trace" else 0.7,
             est_saving_ms=saving,
-            severity=severity,
         )
     ]

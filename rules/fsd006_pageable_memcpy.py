@@ -16,7 +16,7 @@ Fix
 
 from fsdpdoctor.fmt import ms
 
-from ._util import finding
+from ._util import finding, fix_for, is_fsdp, of_step
 
 CODE = "FSD006"
 SLUG = "pageable-memcpy"
@@ -29,10 +29,19 @@ EXPLAINS = {"gpu": [("memcpy", None), ("host_bound_idle", None), ("other_idle", 
 CLAIM_PRIORITY = 40  # specific findings claim before the general ones that they explain
 
 
-FIX = """from torch.distributed.fsdp import CPUOffloadPolicy, fully_shard
+FIX_OFFLOAD = """from torch.distributed.fsdp import CPUOffloadPolicy, fully_shard
 
-fully_shard(module, offload_policy=CPUOffloadPolicy(pin_memory=True))
-loader = torch.utils.data.DataLoader(dataset, batch_size=bs, pin_memory=True)
+fully_shard(module, offload_policy=CPUOffloadPolicy(pin_memory=True))  # offloaded shards in pinned memory
+"""
+
+FIX_DATA = """loader = torch.utils.data.DataLoader(dataset, batch_size=bs, pin_memory=True)  # batches in pinned memory
+batch = batch.to(device, non_blocking=True)                                     # asynchronous copy
+# a host tensor copied every step: allocate it once in pinned memory
+buf = torch.empty(shape, dtype=dtype, pin_memory=True)
+"""
+
+FIX_INFERENCE = """inputs = inputs.pin_memory()                   # or allocate host buffers with pin_memory=True once
+inputs = inputs.to(device, non_blocking=True)
 """
 
 
@@ -42,16 +51,27 @@ def check(facts, cfg):
         return []
     steps = max(facts.steps.count, 1) * max(len([r for r in facts.rank_facts if r.gpu_present]), 1)
     per_step = off.pageable_ms / max(facts.steps.count, 1)
+    in_hooks = off.pageable_in_hooks
+    evidence = [off.evidence if in_hooks else f"{off.pageable_count} host copies from/to pageable memory, none inside FSDP hooks"]
+    if facts.gpu_present:
+        evidence.append(f"pageable copy time {ms(per_step)} per step = {of_step(facts, per_step)}")
+    if in_hooks and is_fsdp(facts):
+        fix = {"fsdp2": FIX_OFFLOAD} if facts.fsdp.version == 2 else {"fsdp1": "# FSDP1's CPUOffload pins its flat "
+                                                                     "parameters: pin what else is copied in its hooks"}
+        cause = "FSDP offloads to pageable host memory (CPUOffloadPolicy(pin_memory=False))"
+    else:
+        fix = fix_for(facts, training=FIX_DATA, inference=FIX_INFERENCE)
+        cause = "host tensors copied to or from the GPU are not pinned (input batches, .cpu() results)"
     return [
         finding(
             __name__,
             f"{off.pageable_count} host copies use pageable memory ({ms(per_step)} of copy time per step).",
-            evidence=[off.evidence, f"pageable copy time {ms(per_step)} per step"],
-            cause="host tensors that are not pinned (CPUOffloadPolicy(pin_memory=False), DataLoader without pin_memory)",
-            fix={"any": FIX},
+            evidence=evidence,
+            cause=cause,
+            fix=fix,
             confidence=0.9,
             # a pinned copy is asynchronous and roughly twice as fast: half the time is recovered at least
-            est_saving_ms=per_step * 0.5 if per_step > 0 else None,
-            where={"copies": off.pageable_count, "rank_steps": steps},
+            est_saving_ms=per_step * 0.5 if facts.gpu_present else None,
+            where={"copies": off.pageable_count, "in_fsdp_hooks": in_hooks, "rank_steps": steps},
         )
     ]

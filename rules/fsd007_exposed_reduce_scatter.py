@@ -14,9 +14,9 @@ Fix
     their own so the root's reduce-scatter is small, and use bf16 reduce-scatters.
 """
 
-from fsdpdoctor.fmt import ms, pct
+from fsdpdoctor.fmt import ms
 
-from ._util import REPLAY_MAX_ERROR_PCT, finding, is_fsdp, step_ms
+from ._util import REPLAY_MAX_ERROR_PCT, finding, fix_for, is_fsdp, of_step, step_ms
 
 FOLD_SHARE = 0.5  # folded into the finding whose fix removes at least this share of it (what-if replay)
 FOLD_INTO = (("prefetch", "missing-backward-prefetch", "backward prefetch"),
@@ -59,7 +59,7 @@ def check(facts, cfg):
     if exp < cfg["exposed_rs_min_ms"] or not sm or 100 * exp / sm < cfg["exposed_rs_min_pct"]:
         return []
     worst = sorted(facts.fsdp.units, key=lambda u: -u.reduce_scatter_exposed_ms)[:3]
-    evidence = [f"exposed reduce-scatter {ms(exp)} per step = {pct(100 * exp / sm)} of the step"]
+    evidence = [f"exposed reduce-scatter {ms(exp)} per step = {of_step(facts, exp)}"]
     evidence += [
         f"unit '{u.fqn or '(root)'}': {ms(u.reduce_scatter_exposed_ms)} exposed per step"
         for u in worst
@@ -83,7 +83,7 @@ def check(facts, cfg):
             folded_into=folded,
             evidence=evidence,
             cause="the last units of backward have no remaining gradient compute to overlap their reduce-scatter",
-            fix={"fsdp2": FIX_FSDP2, "fsdp1": FIX_FSDP1},
+            fix=fix_for(facts, fsdp2=FIX_FSDP2, fsdp1=FIX_FSDP1),
             confidence=0.7,
             est_saving_ms=exp,
             where={"unit": worst[0].fqn if worst else None},

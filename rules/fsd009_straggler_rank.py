@@ -7,8 +7,13 @@ Why it hurts
     its slowest GPU (thermal throttling, a bad host, data imbalance, a noisy neighbour).
 
 How it shows in a trace
-    Compare ranks: the straggler's compute time per step is higher and its collectives are the
-    shortest (it arrives last and never waits), while the other ranks' collectives stretch.
+    Compare ranks: the straggler computes longest per step *and* waits least at collectives (it
+    arrives last, so its collectives complete as soon as it gets there), while the others wait
+    for it. Both must hold: a rank that computes longest but also waits longest is not what the
+    others wait for (the wait comes from elsewhere: its host, its network), and no finding is
+    drawn. Waits come from the cross-rank arrival times of matched collectives
+    (``facts.cross_rank``), else from each rank's collective kernel time. Traces of different
+    runs (``--allow-mixed-runs``) are never compared.
 
 Fix
     Find out why that rank is slow: GPU clocks and temperature (``nvidia-smi -q -d
@@ -33,27 +38,44 @@ EXPLAINS = {"gpu": [("compute", None), *ALL_COMM], "cpu": []}
 CLAIM_PRIORITY = 20  # specific findings claim before the general ones that they explain
 
 
-
 def _mean(xs):
     return sum(xs) / len(xs) if xs else 0.0
 
 
+def waits(facts, ranks) -> tuple[dict[int, float], str]:
+    """(ms per step each rank waits at collectives, where that comes from)."""
+    cr = facts.cross_rank
+    if cr is not None and cr.collectives_matched and {w.rank for w in cr.ranks} >= {r.rank for r in ranks}:
+        return {w.rank: w.wait_ms_per_step for w in cr.ranks}, f"arrival at matched collectives ({cr.arrival})"
+    return {r.rank: _mean([s.comm_ms for s in r.steps]) for r in ranks}, "collective kernel time"
+
+
 def check(facts, cfg):
+    if facts.mixed_runs:
+        return []  # traces of different runs: their ranks are not comparable
     ranks = [r for r in facts.rank_facts if r.gpu_present and r.steps]
     if len(ranks) < 2:
         return []
     compute = {r.rank: _mean([s.compute_ms for s in r.steps]) for r in ranks}
-    comm = {r.rank: _mean([s.comm_ms for s in r.steps]) for r in ranks}
     med = statistics.median(compute.values())
     slow = max(compute, key=compute.get)
     if med <= 0 or 100 * (compute[slow] - med) / med < cfg["straggler_pct"]:
         return []
-    others = [comm[r] for r in comm if r != slow]
+    wait, source = waits(facts, ranks)
+    if min(wait, key=wait.get) != slow:
+        return []  # the slowest-computing rank is not the one the others wait for
+    others = _mean([wait[r] for r in wait if r != slow])
     evidence = [
         f"rank {slow} computes {ms(compute[slow])} per step vs a median of {ms(med)} (+{pct(100 * (compute[slow] - med) / med)})",
-        f"rank {slow} spends {ms(comm[slow])} in collectives per step, the others {ms(_mean(others))} on average (they wait for it)",
+        f"rank {slow} waits {ms(wait[slow])} per step at collectives, the least of {len(wait)} ranks; the others wait "
+        f"{ms(others)} on average (from {source})",
     ]
-    saving = compute[slow] - med
+    cr = facts.cross_rank
+    last = next((w.last_arrivals for w in cr.ranks if w.rank == slow), None) if cr is not None else None
+    if last:
+        evidence.append(f"rank {slow} arrives last at {last} of {cr.collectives_matched} matched collectives")
+    # the others gain at most what they wait beyond the straggler, and no more than its extra compute
+    saving = min(compute[slow] - med, max(others - wait[slow], 0.0))
     replayed = replayed_saving(facts, "straggler")
     if replayed is not None:
         saving = replayed
@@ -62,7 +84,8 @@ def check(facts, cfg):
     return [
         finding(
             __name__,
-            f"Rank {slow} is a straggler: it computes {pct(100 * (compute[slow] - med) / med)} longer than the median rank and the others wait for it.",
+            f"Rank {slow} is a straggler: it computes {pct(100 * (compute[slow] - med) / med)} longer than the median rank "
+            "and the others wait for it.",
             evidence=evidence,
             cause="a slow GPU or host, or more work on that rank",
             fix={"any": "# on the straggler's host\nnvidia-smi -q -d PERFORMANCE,TEMPERATURE,CLOCK"},

@@ -11,12 +11,15 @@ How it shows in a trace
 
 Fix
     Give the GPU bigger pieces of work: a larger per-GPU batch, ``torch.compile`` or CUDA graphs
-    to cut launch overhead, fewer FSDP units, DataLoader workers with ``pin_memory``.
+    to cut launch overhead, fewer FSDP units, DataLoader workers with ``pin_memory``. For an
+    inference run (no backward pass, no optimizer step): CUDA graphs
+    (``torch.compile(mode="reduce-overhead")``; in vLLM, leave ``enforce_eager`` off) and larger
+    batches; training advice (data loaders, FSDP units) does not apply.
 """
 
 from fsdpdoctor.fmt import ms, pct
 
-from ._util import finding, step_ms
+from ._util import finding, fix_for, of_cpu_step, of_window, step_ms
 
 CODE = "FSD010"
 SLUG = "host-bound"
@@ -34,6 +37,11 @@ FIX = """model = torch.compile(model)            # fewer, larger kernels; less P
 loader = DataLoader(ds, batch_size=bs, num_workers=8, pin_memory=True, persistent_workers=True)
 """
 
+FIX_INFERENCE = """# launch overhead between small kernels: replay each step from a CUDA graph
+model = torch.compile(model, mode="reduce-overhead")   # CUDA graphs + fused kernels
+# vLLM: keep CUDA graphs on (do not pass enforce_eager=True); raise max_num_seqs for larger batches
+"""
+
 
 def check(facts, cfg):
     if not facts.gpu_present:
@@ -45,21 +53,27 @@ def check(facts, cfg):
     if idle_pct < cfg["host_bound_idle_pct"]:
         return []
     evidence = [
-        f"GPU idle {ms(t.idle_ms)} of a {ms(t.gpu_window_ms)} GPU window per step = {pct(idle_pct)}",
+        f"GPU idle (no work of any step running) {ms(t.idle_ms)} per step = {of_window(facts, t.idle_ms)}",
         f"compute {ms(t.compute_ms)}, exposed communication {ms(t.exposed_comm_ms)} per step",
     ]
+    if t.other_steps_ms > 0.05 * t.gpu_window_ms:
+        evidence.append(f"the GPU runs behind the CPU: {ms(t.other_steps_ms)} of each window belongs to other steps' "
+                        "work and is not counted as idle")
     if facts.fsdp.hook_cpu_ms_per_step and step_ms(facts):
-        evidence.append(f"CPU time in FSDP hooks {ms(facts.fsdp.hook_cpu_ms_per_step)} per step")
+        evidence.append(f"CPU time in FSDP hooks {ms(facts.fsdp.hook_cpu_ms_per_step)} per step = "
+                        f"{of_cpu_step(facts, facts.fsdp.hook_cpu_ms_per_step)}")
     # what remains idle after the fix: assume 5% of the window
     saving = max(t.idle_ms - 0.05 * t.gpu_window_ms, 0.0)
+    inference = facts.workload == "inference"
     return [
         finding(
             __name__,
-            f"The GPU is idle {pct(idle_pct)} of each step waiting for the CPU.",
+            f"The GPU is idle {pct(idle_pct)} of its step window waiting for the CPU.",
             evidence=evidence,
-            cause="kernel launch / Python / FSDP hook overhead or data loading on the critical path",
-            fix={"any": FIX},
+            cause="kernel launch / Python overhead between small kernels" if inference else
+            "kernel launch / Python / FSDP hook overhead or data loading on the critical path",
+            fix=fix_for(facts, training=FIX, inference=FIX_INFERENCE),
             confidence=0.6,
-            est_saving_ms=saving or None,
+            est_saving_ms=saving,
         )
     ]

@@ -16,7 +16,7 @@ Fix
 
 from fsdpdoctor.fmt import mib, ms
 
-from ._util import ALL_COMM, exposed_ms, finding, is_fsdp, replay_evidence, replayed_saving
+from ._util import ALL_COMM, exposed_ms, finding, fix_for, is_fsdp, replay_evidence, replayed_saving
 
 CODE = "FSD011"
 SLUG = "no-mixed-precision-collectives"
@@ -60,27 +60,23 @@ def check(facts, cfg):
         return []
     evidence = [f"all-gathers move {mib(ag.bytes_per_step)} per step in {', '.join(ag.dtypes)}"]
     saving = None
-    severity = SEVERITY
     if facts.gpu_present:
         exp = sum(exposed_ms(facts, p, "all_gather") for p in ("forward", "backward", "optimizer", "other"))
         evidence.append(f"exposed all-gather {ms(exp)} per step; bf16 halves the bytes")
-        saving = exp / 2 if exp > 0 else None
+        saving = exp / 2
         replayed = replayed_saving(facts, "mixed_precision")
         if replayed is not None:
-            saving = replayed or None
+            saving = replayed
             evidence.append(replay_evidence(facts, "mixed_precision", "bf16 parameters (half the collective bytes, "
                                             "bf16 instead of fp32 forward/backward kernels)"))
-        if saving and saving > 1.0:
-            severity = "warning"
     return [
         finding(
             __name__,
             f"All-gathers run in fp32 ({mib(ag.bytes_per_step)} per step); bf16 parameters would halve that.",
             evidence=evidence,
             cause="no mixed-precision policy on the FSDP units",
-            fix={"fsdp2": FIX_FSDP2, "fsdp1": FIX_FSDP1},
+            fix=fix_for(facts, fsdp2=FIX_FSDP2, fsdp1=FIX_FSDP1),
             confidence=0.8,
             est_saving_ms=saving,
-            severity=severity,
         )
     ]

@@ -14,9 +14,9 @@ Fix
     pressure (activation checkpointing) so the limiter rarely waits.
 """
 
-from fsdpdoctor.fmt import ms, pct
+from fsdpdoctor.fmt import ms
 
-from ._util import finding, replayed_saving, step_ms
+from ._util import finding, fix_for, of_cpu_step, replayed_saving, step_ms
 
 CODE = "FSD012"
 SLUG = "rate-limiter-stall"
@@ -49,11 +49,11 @@ def check(facts, cfg):
         finding(
             __name__,
             f"The CPU blocks {ms(rl)} per step in FSDP1's all-gather rate limiter.",
-            evidence=[f"FullyShardedDataParallel.rate_limiter: {ms(rl)} per step = {pct(100 * rl / sm)} of the step"]
+            evidence=[f"FullyShardedDataParallel.rate_limiter: {ms(rl)} per step = {of_cpu_step(facts, rl)}"]
             + ([f"GPU idle {ms(facts.timeline.idle_ms)} per step"] if facts.gpu_present else []),
             cause="limit_all_gathers=True with units whose memory is freed late",
-            fix={"fsdp1": "model = FSDP(model, auto_wrap_policy=policy, limit_all_gathers=False)  # if memory allows"},
+            fix=fix_for(facts, fsdp1="model = FSDP(model, auto_wrap_policy=policy, limit_all_gathers=False)  # if memory allows"),
             confidence=0.8,
-            est_saving_ms=saving or None,
+            est_saving_ms=saving,
         )
     ]

@@ -18,13 +18,24 @@ import statistics
 
 from fsdpdoctor.fmt import ms, pct
 
-from ._util import finding
+from ._util import finding, fix_for
 
 CODE = "FSD013"
 SLUG = "step-time-jitter"
 TITLE = "Step time varies between steps"
 SEVERITY = "info"
 THRESHOLDS = ("jitter_cv_pct", "jitter_min_steps")
+SAVES_ON = "step"  # a stall of the whole step, CPU side included
+
+
+FIX = """import gc
+gc.freeze()   # after model and optimizer are built: no full collections over them
+loader = DataLoader(ds, num_workers=8, pin_memory=True, persistent_workers=True)
+"""
+
+FIX_INFERENCE = """import gc
+gc.freeze()   # after the model is loaded: no full collections over it
+"""
 
 
 def check(facts, cfg):
@@ -47,10 +58,9 @@ def check(facts, cfg):
             f"Step time varies by {pct(cv)} (coefficient of variation) on rank {rank}.",
             evidence=[f"rank {rank}: steps {', '.join(f'{t:.1f}' for t in times)} ms; median {ms(med)}, max {ms(max(times))}"],
             cause="an intermittent stall: data loading, garbage collection, checkpointing or recompilation",
-            fix={"any": "import gc\ngc.freeze()   # after model and optimizer are built\n"
-                 "loader = DataLoader(ds, num_workers=8, pin_memory=True, persistent_workers=True)"},
+            fix=fix_for(facts, training=FIX, inference=FIX_INFERENCE),
             confidence=0.5,
-            est_saving_ms=max(statistics.fmean(times) - med, 0.0) or None,
+            est_saving_ms=max(statistics.fmean(times) - med, 0.0),
             where={"rank": rank},
         )
     ]

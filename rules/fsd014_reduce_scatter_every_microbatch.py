@@ -20,7 +20,7 @@ Fix
 
 from fsdpdoctor.fmt import ms
 
-from ._util import collectives, finding, is_fsdp, per_step_per_rank
+from ._util import collectives, finding, fix_for, is_fsdp, per_step_per_rank
 
 CODE = "FSD014"
 SLUG = "reduce-scatter-every-microbatch"
@@ -67,7 +67,7 @@ def check(facts, cfg):
             f"Gradients are reduce-scattered on each of {k} micro-batches; only the last one needs it.",
             evidence=evidence,
             cause="gradient synchronisation is left on during gradient accumulation",
-            fix={"fsdp2": FIX_FSDP2, "fsdp1": FIX_FSDP1},
+            fix=fix_for(facts, fsdp2=FIX_FSDP2, fsdp1=FIX_FSDP1),
             confidence=0.6,
             est_saving_ms=saving,
         )

@@ -16,13 +16,22 @@ Fix
 
 from fsdpdoctor.fmt import mib, pct
 
-from ._util import finding
+from ._util import finding, fix_for
 
 CODE = "FSD023"
 SLUG = "optimizer-state-dominates"
 TITLE = "Optimizer state dominates peak memory"
 SEVERITY = "info"
 THRESHOLDS = ("optimizer_share_pct",)
+
+
+FIX_FSDP2 = "fully_shard(model)  # parameters, gradients and optimizer state are sharded across ranks"
+FIX_FSDP1 = "model = FSDP(model, sharding_strategy=ShardingStrategy.FULL_SHARD)"
+FIX_ZERO = """from torch.distributed.optim import ZeroRedundancyOptimizer
+
+# each data-parallel rank keeps 1/world_size of the optimizer state
+optimizer = ZeroRedundancyOptimizer(model.parameters(), optimizer_class=torch.optim.AdamW, lr=lr)
+"""
 
 
 def check(facts, cfg):
@@ -39,8 +48,7 @@ def check(facts, cfg):
             f"Optimizer state takes {pct(share)} of peak memory ({mib(opt)}).",
             evidence=[f"optimizer state {mib(opt)} of a {mib(m.peak_allocated_bytes)} peak"],
             cause="unsharded or lightly sharded Adam-style state (8-12 bytes per parameter)",
-            fix={"fsdp2": "fully_shard(model)  # parameters, gradients and optimizer state are sharded across ranks",
-                 "fsdp1": "model = FSDP(model, sharding_strategy=ShardingStrategy.FULL_SHARD)"},
+            fix=fix_for(facts, fsdp2=FIX_FSDP2, fsdp1=FIX_FSDP1, ddp=FIX_ZERO, training=FIX_ZERO),
             confidence=0.6,
             est_saving_bytes=None,
         )

@@ -17,13 +17,14 @@ Fix
 
 from fsdpdoctor.fmt import mib, ms, pct
 
-from ._util import finding, is_fsdp
+from ._util import finding, fix_for, is_fsdp
 
 CODE = "FSD030"
 SLUG = "sharding-strategy"
 TITLE = "A different sharding strategy is estimated to be faster"
 SEVERITY = "warning"
 THRESHOLDS = ("strategy_min_saving_pct",)
+SAVES_ON = "step"  # a modelled step time: its saving is bounded by the step, not only the GPU window
 
 # compare: the parts of the step time this finding explains when it appears or goes away
 EXPLAINS = {"gpu": [("exposed_all_gather", None), ("exposed_reduce_scatter", None)], "cpu": []}
@@ -51,7 +52,7 @@ def check(facts, cfg):
                 st.reasoning,
             ],
             cause="the sharding strategy does not match this model size, memory budget and network",
-            fix=dict(st.fix),
+            fix=fix_for(facts, fsdp2=st.fix.get("fsdp2"), fsdp1=st.fix.get("fsdp1")),
             confidence=0.6,
             est_saving_ms=saving,
         )

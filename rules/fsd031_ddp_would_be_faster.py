@@ -23,6 +23,7 @@ SLUG = "ddp-would-be-faster"
 TITLE = "The model fits replicated: DDP is estimated to be faster"
 SEVERITY = "info"
 THRESHOLDS = ("strategy_min_saving_pct",)
+SAVES_ON = "step"  # a modelled step time: its saving is bounded by the step, not only the GPU window
 
 # compare: the parts of the step time this finding explains when it appears or goes away
 EXPLAINS = {"gpu": ALL_COMM, "cpu": []}

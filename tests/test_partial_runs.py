@@ -91,16 +91,17 @@ def test_cli_strict_fails_on_the_bad_file(truncated):
 
 
 def test_cli_check_fails_unless_missing_ranks_are_allowed(run8, truncated):
-    full = run_cli("check", run8, "--format", "json")
-    assert full.returncode == 0, full.stdout + full.stderr  # the healthy run passes every gate
+    # this small generated run is host-bound (tiny kernels): the findings gate is not what is tested here
+    full = run_cli("check", run8, "--format", "json", "--fail-on-new", "never")
+    assert full.returncode == 0, full.stdout + full.stderr  # the complete run passes every gate
     assert "missing-ranks" not in {g["name"] for g in json.loads(full.stdout)["gates"]}
-    proc = run_cli("check", truncated, "--format", "json")
+    proc = run_cli("check", truncated, "--format", "json", "--fail-on-new", "never")
     assert proc.returncode == 1, proc.stdout + proc.stderr
     gates = {g["name"]: g for g in json.loads(proc.stdout)["gates"]}
     assert gates["missing-ranks"]["status"] == "fail"
     assert gates["missing-ranks"]["current"] == "7 of 8"
     assert f"rank{BAD}.json.gz" in gates["missing-ranks"]["detail"]
-    ok = run_cli("check", truncated, "--allow-missing-ranks", "--format", "json")
+    ok = run_cli("check", truncated, "--allow-missing-ranks", "--format", "json", "--fail-on-new", "never")
     assert ok.returncode == 0, ok.stdout + ok.stderr
     assert {g["name"]: g for g in json.loads(ok.stdout)["gates"]}["missing-ranks"]["status"] == "pass"
 
