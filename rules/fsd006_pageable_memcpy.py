@@ -56,8 +56,8 @@ def check(facts, cfg):
     if facts.gpu_present:
         evidence.append(f"pageable copy time {ms(per_step)} per step = {of_step(facts, per_step)}")
     if in_hooks and is_fsdp(facts):
-        fix = {"fsdp2": FIX_OFFLOAD} if facts.fsdp.version == 2 else {"fsdp1": "# FSDP1's CPUOffload pins its flat "
-                                                                     "parameters: pin what else is copied in its hooks"}
+        fix = fix_for(facts, fsdp2=FIX_OFFLOAD, none_known="pageable copies in FSDP1's hooks (its CPUOffload pins "
+                      "the flat parameters: pin what else is copied there)")
         cause = "FSDP offloads to pageable host memory (CPUOffloadPolicy(pin_memory=False))"
     else:
         fix = fix_for(facts, training=FIX_DATA, inference=FIX_INFERENCE)
