@@ -56,6 +56,11 @@ THRESHOLDS: dict[str, tuple[float, str]] = {
 }
 
 
+#: a what-if replay whose unchanged run misses a measured step by more than this (%) explains too
+#: little to trust: savings then come from the rules' heuristics, and the report says so
+REPLAY_MAX_ERROR_PCT = 5.0
+
+
 def defaults() -> dict[str, Any]:
     return {k: v for k, (v, _) in THRESHOLDS.items()} | {"disable": []}
 

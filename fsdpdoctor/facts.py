@@ -18,7 +18,7 @@ import msgspec
 
 #: 2: the report is one document (every RunFacts field once, at the top level, plus ``findings``);
 #: 1 wrote the summaries at the top level and all facts again under ``facts``. Both load.
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3  # 3: StepFacts.step_ms is the interval between step completions (was the CPU span)
 OLDEST_SCHEMA_VERSION = 1  # the oldest saved report / baseline this version still reads
 
 
@@ -108,7 +108,10 @@ class MemoryFacts:
 class StepFacts:
     number: int
     start_us: float
-    step_ms: float  # CPU ProfilerStep span
+    # the step's time: the interval between this step's completion and the previous one's (a
+    # step completes when its CPU span and the GPU work it launched are both done; the first step
+    # starts at its CPU start or when the warm-up backlog finished): what limits the run, GPU or CPU
+    step_ms: float
     gpu_window_ms: float = 0.0  # first to last GPU activity launched in this step
     compute_ms: float = 0.0  # |union of compute kernels|
     comm_ms: float = 0.0  # |union of collective kernels|
@@ -118,12 +121,18 @@ class StepFacts:
     # window time in which the GPU ran nothing at all (no step's work), counted once: up to the
     # start of the next step's GPU work, where a window that runs on into the next one stops
     idle_ms: float = 0.0
+    # the part of idle_ms in which the CPU sat in a blocking call (a sync, a synchronous copy): both
+    # sides waiting, on something the trace does not show (another rank, an event): not host-bound
+    idle_cpu_blocked_ms: float = 0.0
     outside_window_ms: float = 0.0  # step time with no GPU work of this step at all (max(step − window, 0))
     # window time with none of this step's work running that belongs to other steps: their work
     # running on the GPU, or the next step's window (the GPU runs behind the CPU). Per step,
     # compute + exposed comm + memcpy + other_steps + idle = gpu_window
     other_steps_ms: float = 0.0
     gpu_start_us: float | None = None  # start of the first GPU activity launched in this step
+    cpu_span_ms: float = 0.0  # the CPU ProfilerStep span
+    gpu_busy_ms: float = 0.0  # |union of this step's own GPU work| (compute, comm, memcpy/memset)
+    end_us: float | None = None  # the step's completion (see step_ms)
     exposed_by_phase: dict[str, float] = field(default_factory=dict)
     exposed_by_kind: dict[str, float] = field(default_factory=dict)
     phase_ms: dict[str, float] = field(default_factory=dict)  # CPU duration of each phase
@@ -323,6 +332,10 @@ class RankFacts:
     backend: str | None = None
     nccl_version: str | None = None
     workload: str | None = None  # "training" (a backward pass or optimizer step in some step) / "inference" / None (no steps)
+    # the warm-up steps' GPU work still running when the profiler's window opened (no launch
+    # event in the trace): counted in no step
+    backlog_ops: int = 0
+    backlog_ms: float = 0.0
 
     @property
     def step_ms(self) -> list[float]:
@@ -385,11 +398,12 @@ class TimelineSummary:
     other_steps + idle = gpu_window.
 
     Three clocks: ``cpu_step_ms`` is the CPU ``ProfilerStep`` span, ``gpu_window_ms`` the span
-    from the first to the last GPU activity launched in the step, and ``wall_ms`` what a step
-    costs in wall-clock time: from the first step's CPU start to the later of the last step's
-    CPU end and the end of its GPU work, divided by the steps. When the GPU runs behind the CPU
-    (``gpu_behind_ms`` > 0: the last step's GPU work ends after its CPU span) the windows overlap
-    and ``wall_ms`` is longer than the CPU step; when the CPU is the bottleneck it is the CPU step.
+    from the first to the last GPU activity launched in the step, and ``wall_ms`` the step time
+    (``StepFacts.step_ms``): the interval at which steps complete, a step completing when its CPU
+    span and the GPU work it launched are both done. When the GPU runs behind the CPU
+    (``gpu_behind_ms`` > 0) the step time is the GPU's, longer than the CPU span; when the CPU is
+    the bottleneck it is the CPU step. GPU work launched before the window (the backlog) is
+    counted in no step.
     """
 
     gpu_window_ms: float = 0.0
@@ -398,11 +412,20 @@ class TimelineSummary:
     exposed_comm_ms: float = 0.0
     memcpy_ms: float = 0.0
     idle_ms: float = 0.0
+    idle_cpu_blocked_ms: float = 0.0  # of idle_ms, while the CPU sat in a blocking call (see StepFacts)
     outside_window_ms: float = 0.0  # mean step time in which the GPU had no work of the step
     other_steps_ms: float = 0.0  # window time given to other steps' GPU work (see StepFacts)
     cpu_step_ms: float = 0.0  # mean CPU ProfilerStep span of these ranks
-    wall_ms: float = 0.0  # wall-clock time per step (see above)
+    wall_ms: float = 0.0  # the step time (= ``StepsSummary.mean_ms`` over these ranks; see above)
     gpu_behind_ms: float = 0.0  # end of the last step's GPU work − end of its CPU span (< 0: GPU done first)
+    # GPU work launched before the profiler's window opened that ran in it (the warm-up steps'
+    # backlog, no launch event in the trace): mean per rank, counted in no step
+    backlog_ms: float = 0.0
+    backlog_ops: float = 0.0
+    gpu_busy_ms: float = 0.0  # mean per step: |union of the step's own GPU work|
+    # what limits the step: "gpu" (the GPU is busy with the step's work ≥ 90% of the step time),
+    # "cpu" (it is not, and the CPU span fills ≥ 90% of the step), "mixed" otherwise; "" without a GPU
+    bound: str = ""
 
 
 @dataclass
@@ -499,9 +522,10 @@ class RunFacts:
 
     @property
     def step_clock_ms(self) -> float:
-        """What a step costs: the wall-clock time per step on GPU runs (``timeline.wall_ms``),
-        else the mean CPU step. Shares "of the step", savings and severities are measured on it."""
-        return self.timeline.wall_ms or self.steps.mean_ms or 0.0
+        """What a step costs: the step time (``steps.mean_ms``, the interval at which steps
+        complete, whichever side limits them). Shares "of the step", savings and severities are
+        measured on it."""
+        return self.steps.mean_ms or self.timeline.wall_ms or 0.0
 
     # -- serialisation -------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:

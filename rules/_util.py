@@ -22,19 +22,19 @@ def finding(module_name: str, summary: str, **kw: Any) -> Finding:
 
 
 def step_ms(facts: RunFacts) -> float:
-    """The step every share and threshold "of the step" is measured on: the wall-clock time per
-    step on GPU runs, the CPU step on CPU-only runs (:attr:`RunFacts.step_clock_ms`)."""
+    """The step every share and threshold "of the step" is measured on: the step time, the
+    interval at which steps complete whichever side limits them (:attr:`RunFacts.step_clock_ms`)."""
     return facts.step_clock_ms
 
 
 def step_name(facts: RunFacts) -> str:
-    """What :func:`step_ms` is, for evidence: "45.30 ms wall-clock step" or "45.30 ms CPU step"."""
-    clock = "wall-clock" if facts.gpu_present and facts.timeline.wall_ms else "CPU"
-    return f"{ms(step_ms(facts))} {clock} step"
+    """What :func:`step_ms` is, for evidence: "45.30 ms GPU-bound step", "45.30 ms step"."""
+    side = {"gpu": " GPU-bound", "cpu": " CPU-bound"}.get(facts.timeline.bound, "") if facts.gpu_present else ""
+    return f"{ms(step_ms(facts))}{side} step"
 
 
 def of_step(facts: RunFacts, v: float) -> str:
-    """"12.3% of the 45.30 ms wall-clock step": a share that says what it is a share of."""
+    """"12.3% of the 45.30 ms GPU-bound step": a share that says what it is a share of."""
     sm = step_ms(facts)
     return f"{pct(100 * v / sm) if sm else '–'} of the {step_name(facts)}"
 
@@ -47,7 +47,7 @@ def of_window(facts: RunFacts, v: float) -> str:
 
 def of_cpu_step(facts: RunFacts, v: float) -> str:
     """"12.3% of the 45.30 ms CPU step" (the ProfilerStep span): for CPU-side time."""
-    c = facts.steps.mean_ms or 0.0
+    c = facts.timeline.cpu_step_ms or facts.steps.mean_ms or 0.0
     return f"{pct(100 * v / c) if c else '–'} of the {ms(c)} CPU step"
 
 
@@ -117,7 +117,7 @@ def exposed_ms(facts: RunFacts, phase: str, kind: str) -> float:
     return facts.exposed_comm.by_phase_kind.get(phase, {}).get(kind, 0.0)
 
 
-REPLAY_MAX_ERROR_PCT = 5.0  # a replay that misses the measured step by more explains too little to trust
+from fsdpdoctor.config import REPLAY_MAX_ERROR_PCT  # noqa: E402  (re-exported for the rules)
 
 
 def replayed_saving(facts: RunFacts, fix: str) -> float | None:

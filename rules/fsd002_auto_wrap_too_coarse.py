@@ -25,6 +25,7 @@ CODE = "FSD002"
 SLUG = "auto-wrap-too-coarse"
 TITLE = "FSDP wrapping too coarse: one unit holds most parameters"
 SEVERITY = "warning"
+REPLAY_FIX = "wrap"  # the what-if replay transformation its saving comes from (fsdpdoctor.analysis.whatif)
 THRESHOLDS = ("coarse_max_unit_share", "coarse_split_into")
 
 # compare: the parts of the step time this finding explains when it appears or goes away

@@ -25,6 +25,7 @@ CODE = "FSD003"
 SLUG = "auto-wrap-too-fine"
 TITLE = "FSDP wrapping too fine: many small, latency-bound all-gathers"
 SEVERITY = "warning"
+REPLAY_FIX = "hooks_off"  # the what-if replay transformation its saving comes from (fsdpdoctor.analysis.whatif)
 THRESHOLDS = ("fine_min_units", "fine_max_median_ag_mib", "hook_overhead_pct", "fine_latency_share", "fine_hook_saving_pct")
 
 # compare: the parts of the step time this finding explains when it appears or goes away

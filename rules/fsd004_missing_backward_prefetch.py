@@ -27,6 +27,7 @@ CODE = "FSD004"
 SLUG = "missing-backward-prefetch"
 TITLE = "Backward all-gathers are not prefetched"
 SEVERITY = "warning"
+REPLAY_FIX = "prefetch"  # the what-if replay transformation its saving comes from (fsdpdoctor.analysis.whatif)
 THRESHOLDS = ("prefetch_min_exposed_ms",)  # below it the finding is info only
 
 # compare: the parts of the step time this finding explains when it appears or goes away

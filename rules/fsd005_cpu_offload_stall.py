@@ -25,6 +25,7 @@ CODE = "FSD005"
 SLUG = "cpu-offload-stall"
 TITLE = "CPU offload stalls the GPU"
 SEVERITY = "warning"
+REPLAY_FIX = "offload_off"  # the what-if replay transformation its saving comes from (fsdpdoctor.analysis.whatif)
 THRESHOLDS = ("offload_min_ms",)
 SAVES_ON = "step"  # the GPU also waits outside its window, while the CPU runs the optimizer step
 

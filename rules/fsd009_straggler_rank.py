@@ -31,6 +31,7 @@ CODE = "FSD009"
 SLUG = "straggler-rank"
 TITLE = "One rank is slower than the rest"
 SEVERITY = "warning"
+REPLAY_FIX = "straggler"  # the what-if replay transformation its saving comes from (fsdpdoctor.analysis.whatif)
 THRESHOLDS = ("straggler_pct",)
 
 # compare: the parts of the step time this finding explains when it appears or goes away

@@ -7,7 +7,9 @@ Why it hurts
 
 How it shows in a trace
     Gaps between kernels inside the step's GPU window with neither compute nor communication
-    running; many short kernels; long CPU ranges (FSDP hooks, data loader) between launches.
+    running, while the CPU is not blocked waiting for the GPU (idle inside a synchronization is
+    both sides waiting on something else, and a GPU that runs behind the CPU is not waiting for
+    it); many short kernels; long CPU ranges (FSDP hooks, data loader) between launches.
 
 Fix
     Give the GPU bigger pieces of work: a larger per-GPU batch, ``torch.compile`` or CUDA graphs
@@ -49,13 +51,20 @@ def check(facts, cfg):
     t = facts.timeline
     if t.gpu_window_ms <= 0:
         return []
-    idle_pct = 100 * t.idle_ms / t.gpu_window_ms
+    # idle while the CPU sits in a blocking call is both sides waiting (on another rank, an
+    # event the trace does not show): the host is not what the GPU waits for then
+    host_idle = max(t.idle_ms - t.idle_cpu_blocked_ms, 0.0)
+    idle_pct = 100 * host_idle / t.gpu_window_ms
     if idle_pct < cfg["host_bound_idle_pct"]:
         return []
     evidence = [
-        f"GPU idle (no work of any step running) {ms(t.idle_ms)} per step = {of_window(facts, t.idle_ms)}",
+        f"GPU idle (no work of any step running) while the CPU is not blocked on it: {ms(host_idle)} per step = "
+        f"{of_window(facts, host_idle)}",
         f"compute {ms(t.compute_ms)}, exposed communication {ms(t.exposed_comm_ms)} per step",
     ]
+    if t.idle_cpu_blocked_ms > 0.05 * t.gpu_window_ms:
+        evidence.append(f"another {ms(t.idle_cpu_blocked_ms)} of GPU idle per step falls inside CPU synchronizations "
+                        "(both sides wait; not counted)")
     if t.other_steps_ms > 0.05 * t.gpu_window_ms:
         evidence.append(f"the GPU runs behind the CPU: {ms(t.other_steps_ms)} of each window belongs to other steps' "
                         "work and is not counted as idle")
@@ -63,7 +72,7 @@ def check(facts, cfg):
         evidence.append(f"CPU time in FSDP hooks {ms(facts.fsdp.hook_cpu_ms_per_step)} per step = "
                         f"{of_cpu_step(facts, facts.fsdp.hook_cpu_ms_per_step)}")
     # what remains idle after the fix: assume 5% of the window
-    saving = max(t.idle_ms - 0.05 * t.gpu_window_ms, 0.0)
+    saving = max(host_idle - 0.05 * t.gpu_window_ms, 0.0)
     inference = facts.workload == "inference"
     return [
         finding(

@@ -22,6 +22,7 @@ CODE = "FSD011"
 SLUG = "no-mixed-precision-collectives"
 TITLE = "fp32 all-gathers where bf16 would halve the traffic"
 SEVERITY = "info"
+REPLAY_FIX = "mixed_precision"  # the what-if replay transformation its saving comes from (fsdpdoctor.analysis.whatif)
 THRESHOLDS = ("mp_min_ag_mib",)
 
 # compare: the parts of the step time this finding explains when it appears or goes away

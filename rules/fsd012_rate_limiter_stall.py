@@ -22,6 +22,7 @@ CODE = "FSD012"
 SLUG = "rate-limiter-stall"
 TITLE = "FSDP1 rate limiter blocks the CPU"
 SEVERITY = "warning"
+REPLAY_FIX = "rate_limiter_off"  # the what-if replay transformation its saving comes from (fsdpdoctor.analysis.whatif)
 THRESHOLDS = ("rate_limiter_min_ms", "rate_limiter_min_pct")
 
 # compare: the parts of the step time this finding explains when it appears or goes away

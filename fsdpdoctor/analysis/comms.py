@@ -181,6 +181,11 @@ def comm_kernel_mask(rt: RankTrace) -> np.ndarray:
 
 
 LAUNCH_CATS = ("cuda_runtime", "cuda_driver")
+# CPU calls that block until GPU work is done (a pageable or synchronous copy returns when its
+# copy is done)
+SYNC_NAMES = ("cudaDeviceSynchronize", "cudaStreamSynchronize", "cudaEventSynchronize", "cudaMemcpy",
+              "cudaMemcpyAsync", "hipDeviceSynchronize", "hipStreamSynchronize", "hipEventSynchronize",
+              "hipMemcpy", "hipMemcpyAsync")
 
 
 def launch_rows(rt: RankTrace, rows: np.ndarray) -> np.ndarray:

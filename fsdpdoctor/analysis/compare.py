@@ -9,9 +9,11 @@ disappeared, and ranks the causes.
 Step time and its parts (the *basis*; :data:`GPU_BASIS` / :data:`CPU_BASIS` state it in every
 output):
 
-* **step time** = the CPU ``ProfilerStep#N`` span (``StepFacts.step_ms``) — the figure throughput
-  is measured on — averaged over a rank's steps, then over ranks (ranks with a GPU timeline
-  when both runs have one).
+* **step time** = ``StepFacts.step_ms``, the interval at which steps complete (a step completes
+  when its CPU span and the GPU work it launched are both done: the GPU's step where the GPU
+  runs behind the CPU, the CPU's where it does not) — the figure throughput is measured on —
+  averaged over a rank's steps, then over ranks (ranks with a GPU timeline when both runs have
+  one).
 * **GPU runs** (both runs have GPU activity): per step,
   ``step_ms = compute + exposed all-gather + exposed reduce-scatter + other exposed comm +
   memcpy + host-bound idle + other idle`` where compute, exposed comm and memcpy are the
@@ -24,11 +26,13 @@ output):
     other ranks shows as exposed comm, never here: an empty GPU queue mid-step means the host
     had not launched the next work yet (launch/Python/FSDP-hook overhead, the FSDP1 rate
     limiter, blocking syncs).
-  - *other idle* = ``step_ms - gpu_window_ms + other_steps_ms``, the part of the CPU step with
-    none of the step's GPU work running: before the first and after the last kernel (data
-    loading, a CPU optimizer step, host synchronisation), and inside the window where only other
-    steps' work runs (the GPU behind the CPU). It is negative when a step's GPU work outlasts its
-    CPU span (the CPU ran ahead), which keeps the sum exact.
+    Idle while the CPU sits in a blocking call (both sides waiting on something the trace does
+    not show: another rank, an event) is not host-bound and goes to *other idle*.
+  - *other idle* = ``step_ms - gpu_window_ms + other_steps_ms + idle_cpu_blocked_ms``, the part
+    of the step with none of the step's GPU work running: before the first and after the last
+    kernel (data loading, a CPU optimizer step, host synchronisation), inside the window where
+    only other steps' work runs, and idle inside CPU synchronizations. It is negative when a
+    step's GPU window is longer than its step time, which keeps the sum exact.
 
   Exposed comm is resolved by phase (forward / backward / optimizer / other, from the CPU time
   each collective was issued); compute, memcpy and idle are per step only (``phase == "all"``),
@@ -56,6 +60,7 @@ from ..engine import SEVERITIES, Finding, load_rules
 from ..facts import RankFacts, RunFacts
 
 PHASES = ("forward", "backward", "optimizer", "other")
+STEP_CLOCK_SCHEMA = 3  # facts of this schema on measure a step from completion to completion
 ALL = "all"  # a part that RunFacts does not resolve by phase
 
 GPU_COMPONENTS = (
@@ -71,13 +76,15 @@ CPU_COMPONENTS = ("cpu_forward", "cpu_backward", "cpu_optimizer", "cpu_other")
 EXPOSED = ("exposed_all_gather", "exposed_reduce_scatter", "exposed_other_comm")
 
 GPU_BASIS = (
-    "step time = CPU ProfilerStep span, mean over each rank's steps then over ranks; "
+    "step time = interval between step completions (CPU span and its GPU work both done), mean over each "
+    "rank's steps then over ranks; "
     "split per step as compute + exposed all-gather + exposed reduce-scatter + other exposed comm + "
-    "exposed memcpy + host-bound idle (GPU idle inside the step's GPU window) + other idle "
-    "(step span minus GPU window), which add up exactly; exposed comm is split by phase"
+    "exposed memcpy + host-bound idle (GPU idle inside the step's GPU window, the CPU not blocked on it) + "
+    "other idle (step time minus GPU window, and idle inside CPU synchronizations), which add up exactly; "
+    "exposed comm is split by phase"
 )
 CPU_BASIS = (
-    "step time = CPU ProfilerStep span, mean over each rank's steps then over ranks; no GPU "
+    "step time = interval between step completions (the CPU ProfilerStep spans), mean over each rank's steps then over ranks; no GPU "
     "timeline, so it is split into CPU phases (forward + backward + optimizer + rest), which add up "
     "exactly; the GPU split (compute / exposed comm / idle) is unavailable"
 )
@@ -266,8 +273,8 @@ def _rank_cells(r: RankFacts, basis: str) -> dict[tuple[str, str], float]:
     for s in r.steps:
         add(("compute", ALL), s.compute_ms)
         add(("memcpy", ALL), s.memcpy_ms)
-        add(("host_bound_idle", ALL), s.idle_ms)
-        add(("other_idle", ALL), s.step_ms - s.gpu_window_ms + s.other_steps_ms)
+        add(("host_bound_idle", ALL), s.idle_ms - s.idle_cpu_blocked_ms)
+        add(("other_idle", ALL), s.step_ms - s.gpu_window_ms + s.other_steps_ms + s.idle_cpu_blocked_ms)
         exposed_total += s.exposed_comm_ms
         for p, v in s.exposed_by_phase.items():
             exposed_phase[p if p in exposed_phase else "other"] += v
@@ -667,6 +674,11 @@ def compare(
     basis = "gpu" if before.gpu_present and after.gpu_present else "cpu"
     if basis == "cpu" and (before.gpu_present or after.gpu_present):
         notes.append("only one run has a GPU timeline: both are compared on CPU phase times")
+    for f, label in ((before, before_label), (after, after_label)):
+        if f.gpu_present and f.schema_version < STEP_CLOCK_SCHEMA:
+            notes.append(f"{label}: saved by an fsdpdoctor whose step time was the CPU ProfilerStep span (schema "
+                         f"{f.schema_version} < {STEP_CLOCK_SCHEMA}); where the GPU runs behind the CPU the two runs are "
+                         "on different clocks: regenerate it with 'fsdpdoctor analyze TRACES --save-baseline FILE'")
     sb, cb = breakdown(before, basis)
     sa, ca = breakdown(after, basis)
     if not before.rank_facts or not any(r.steps for r in before.rank_facts):
@@ -685,7 +697,7 @@ def compare(
 
         def one(s) -> float:
             if p == "other":  # the rest of the step outside forward, backward and optimizer
-                return s.step_ms - sum(s.phase_ms.get(q, 0.0) for q in ("forward", "backward", "optimizer"))
+                return (s.cpu_span_ms or s.step_ms) - sum(s.phase_ms.get(q, 0.0) for q in ("forward", "backward", "optimizer"))
             return s.phase_ms.get(p, 0.0)
 
         vals = [_mean([one(s) for s in r.steps]) for r in ranks]

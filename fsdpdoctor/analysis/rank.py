@@ -14,7 +14,7 @@ from .fsdp import analyze_fsdp
 from .labels import enclosing, label_rows
 from .memory_events import memory_from_events
 from .steps import find_steps
-from .timeline import hta_overlap, step_timeline
+from .timeline import hta_overlap, step_timeline_backlog
 from .whatif import analyze_whatif
 
 
@@ -30,7 +30,7 @@ def analyze_rank_trace(rt: RankTrace, order_index: int = 0) -> RankFacts:
     pg_config = rt.distributed_info.get("pg_config") if isinstance(rt.distributed_info.get("pg_config"), list) else []
     pg_config = [x for x in pg_config if isinstance(x, dict)]
     assign_roles(colls, pg_config, rt.world_size, ddp=any(n.startswith("DistributedDataParallel.") for n in rt.names))
-    steps = step_timeline(rt, info.steps, colls)
+    steps, backlog = step_timeline_backlog(rt, info.steps, colls)
     n_steps = len(info.steps)
     fsdp = analyze_fsdp(rt, colls, info.steps, n_steps)
     overlap_pct, comm_ms, compute_ms = hta_overlap(rt, info.steps if info.step_method == "ProfilerStep" else None)
@@ -39,6 +39,11 @@ def analyze_rank_trace(rt: RankTrace, order_index: int = 0) -> RankFacts:
     notes = []
     if not gpu_present:
         notes.append("no GPU kernels in this trace (CPU-only run or CPU activity only): GPU timeline metrics are empty")
+    if backlog.ops:
+        notes.append(
+            f"{backlog.ops} GPU activities ({backlog.gpu_ms:.2f} ms of GPU time) at the start of the window were "
+            "launched before the profiler started (the warm-up steps' backlog): counted in no step"
+        )
     if info.step_method != "ProfilerStep":
         notes.append(f"no ProfilerStep annotations: steps from {info.step_method}")
     device_name, device_mem, gpus = _device(rt)
@@ -73,6 +78,8 @@ def analyze_rank_trace(rt: RankTrace, order_index: int = 0) -> RankFacts:
         backend=_text(rt.distributed_info.get("backend")),
         nccl_version=_text(rt.distributed_info.get("nccl_version")),
         workload=workload(info.steps),
+        backlog_ops=backlog.ops,
+        backlog_ms=backlog.gpu_ms,
     )
 
 

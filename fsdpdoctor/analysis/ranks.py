@@ -352,6 +352,8 @@ def fold(
             return _mean([_mean([getattr(s, attr) for s in r.steps]) or 0.0 for r in gpu_ranks]) or 0.0
 
         clocks = [wall_clock(r) for r in gpu_ranks]
+        busy = _mean([sum(s.gpu_busy_ms for s in r.steps) / max(sum(s.step_ms for s in r.steps), 1e-9) for r in gpu_ranks]) or 0.0
+        cpu_share = _mean([sum(cpu_span(s) for s in r.steps) / max(sum(s.step_ms for s in r.steps), 1e-9) for r in gpu_ranks]) or 0.0
         rf.timeline = TimelineSummary(
             gpu_window_ms=m("gpu_window_ms"),
             compute_ms=m("compute_ms"),
@@ -359,12 +361,22 @@ def fold(
             exposed_comm_ms=m("exposed_comm_ms"),
             memcpy_ms=m("memcpy_ms"),
             idle_ms=m("idle_ms"),
+            idle_cpu_blocked_ms=m("idle_cpu_blocked_ms"),
             outside_window_ms=m("outside_window_ms"),
             other_steps_ms=m("other_steps_ms"),
-            cpu_step_ms=m("step_ms"),
+            cpu_step_ms=_mean([_mean([cpu_span(s) for s in r.steps]) or 0.0 for r in gpu_ranks]) or 0.0,
             wall_ms=_mean([w for w, _ in clocks]) or 0.0,
             gpu_behind_ms=_mean([b for _, b in clocks]) or 0.0,
+            backlog_ms=_mean([r.backlog_ms for r in gpu_ranks]) or 0.0,
+            backlog_ops=_mean([float(r.backlog_ops) for r in gpu_ranks]) or 0.0,
+            gpu_busy_ms=m("gpu_busy_ms"),
+            bound=bound_side(busy, cpu_share),
         )
+        if rf.timeline.backlog_ops:
+            rf.notes.append(
+                f"the GPU was still running {rf.timeline.backlog_ms:.2f} ms of work launched before the profiler's window "
+                "(the warm-up steps' backlog, no launch event in the trace): it is counted in no step"
+            )
     kinds_of_work = {r.workload for r in ranks if r.workload}
     rf.workload = "training" if "training" in kinds_of_work else ("inference" if kinds_of_work else None)
     rf.collectives = _fold_collectives(ranks)
@@ -401,18 +413,31 @@ def fold(
     return rf
 
 
+GPU_BOUND_BUSY = 0.9  # the GPU busy with the step's own work this share of the step time: GPU-bound
+CPU_BOUND_SPAN = 0.9  # else the CPU span this share of it: CPU-bound
+
+
+def cpu_span(s) -> float:
+    """A step's CPU ProfilerStep span (facts saved before it was kept apart: the step time)."""
+    return s.cpu_span_ms or s.step_ms
+
+
+def bound_side(gpu_busy_share: float, cpu_span_share: float) -> str:
+    """"gpu", "cpu" or "mixed" from the shares of the step time (see :class:`TimelineSummary`)."""
+    if gpu_busy_share >= GPU_BOUND_BUSY:
+        return "gpu"
+    return "cpu" if cpu_span_share >= CPU_BOUND_SPAN else "mixed"
+
+
 def wall_clock(r: RankFacts) -> tuple[float, float]:
-    """(wall-clock ms per step, ms by which the last step's GPU work ends after its CPU span) of
-    one rank: from the first step's CPU start to the later of the last step's CPU end and the end
-    of the GPU work of any step, over the number of steps (:class:`TimelineSummary`)."""
+    """(step time in ms, ms by which the last step's GPU work ends after its CPU span) of one
+    rank: the mean of its steps' times (the interval at which they complete, see
+    :func:`fsdpdoctor.analysis.timeline.step_clock`)."""
     steps = r.steps
-    cpu_end = max(s.start_us + s.step_ms * 1e3 for s in steps)
-    gpu = [s.gpu_start_us + s.gpu_window_ms * 1e3 for s in steps if s.gpu_start_us is not None]
-    end = max([cpu_end, *gpu])
     last = steps[-1]
-    behind = ((last.gpu_start_us + last.gpu_window_ms * 1e3) - (last.start_us + last.step_ms * 1e3)) / 1e3 \
-        if last.gpu_start_us is not None else 0.0
-    return (end - steps[0].start_us) / 1e3 / len(steps), behind
+    cpu_end = last.start_us + cpu_span(last) * 1e3
+    behind = ((last.gpu_start_us + last.gpu_window_ms * 1e3) - cpu_end) / 1e3 if last.gpu_start_us is not None else 0.0
+    return sum(s.step_ms for s in steps) / len(steps), behind
 
 
 def partial_run_line(rf: RunFacts) -> str:

@@ -279,7 +279,7 @@ def inputs_from_facts(facts: RunFacts, gpus_per_node: int | None = None) -> Plan
     else:
         src["inter_busbw_gbps"] = "assumed"
     inp.current = current_strategy(facts)
-    inp.measured_step_ms = facts.timeline.gpu_window_ms or facts.steps.mean_ms
+    inp.measured_step_ms = facts.step_clock_ms
     inp.sources = src
     return inp
 

@@ -20,7 +20,7 @@ import numpy as np
 from ..facts import StepFacts
 from ..ingest.kineto import RankTrace
 from . import intervals as iv
-from .comms import COMM_NAME_RX, MEMORY_NAME_RX, NOT_COMPUTE_RX, Collective, comm_kernel_mask, launch_rows
+from .comms import COMM_NAME_RX, LAUNCH_CATS, MEMORY_NAME_RX, NOT_COMPUTE_RX, SYNC_NAMES, Collective, comm_kernel_mask, launch_rows
 from .labels import phase_from_labels
 from .steps import PHASES, StepWindow, locate, microbatch_of
 
@@ -34,6 +34,10 @@ class GpuClasses:
     compute: np.ndarray
     memory: np.ndarray
     launch_ts: np.ndarray  # CPU time of the launch (own ts when no launch was found)
+    # GPU work launched before the profiler's window opened (its launch call is not in the trace,
+    # so Kineto wrote it without a correlated runtime event): the warm-up steps' backlog. All
+    # False when the trace links no GPU work to a launch at all (then GPU times place the work).
+    backlog: np.ndarray
 
 
 def launch_times(rt: RankTrace, rows: np.ndarray, with_found: bool = False):
@@ -56,7 +60,9 @@ def classify_gpu(rt: RankTrace) -> GpuClasses:
     comm = comm_all[rows]
     memory = (mem_name | rt.mask_cat("gpu_memcpy", "gpu_memset"))[rows] & ~comm
     compute = is_kernel[rows] & ~comm & ~memory & ~not_compute[rows]
-    return GpuClasses(rows, comm, compute, memory, launch_times(rt, rows))
+    lt, found = launch_times(rt, rows, with_found=True)
+    backlog = ~found if found.any() else np.zeros(rows.size, dtype=bool)
+    return GpuClasses(rows, comm, compute, memory, lt, backlog)
 
 
 def hta_overlap(rt: RankTrace, steps: list[StepWindow] | None = None) -> tuple[float | None, float, float]:
@@ -88,10 +94,26 @@ def hta_overlap(rt: RankTrace, steps: list[StepWindow] | None = None) -> tuple[f
     return 100.0 * iv.intersect_len(comm, comp) / comm_t, comm_t / 1e3, iv.total(comp) / 1e3
 
 
+@dataclass
+class Backlog:
+    """GPU work of the warm-up steps still running when the profiler's window opened."""
+
+    ops: int = 0
+    gpu_ms: float = 0.0  # |union| of its GPU time
+    end_us: float | None = None  # when the last of it finished
+
+
 def step_timeline(rt: RankTrace, steps: list[StepWindow], colls: list[Collective]) -> list[StepFacts]:
     """Per-step GPU breakdown; also sets ``exposed_us``, ``step`` and ``phase`` on each collective."""
+    return step_timeline_backlog(rt, steps, colls)[0]
+
+
+def step_timeline_backlog(rt: RankTrace, steps: list[StepWindow], colls: list[Collective]) -> tuple[list[StepFacts], Backlog]:
+    """:func:`step_timeline` and the carried-over backlog. GPU work belongs to the step whose CPU
+    span launched it; the backlog (work with no launch in the trace) belongs to no step."""
     g = classify_gpu(rt)
     step_idx, phase_idx = locate(steps, g.launch_ts)
+    step_idx[g.backlog] = -1
     # collectives: step from their CPU issue time; phase from the FSDP hook that issued them,
     # else from the time window it was issued in
     c_ts = np.array([c.cpu_ts for c in colls], dtype=np.float64)
@@ -108,6 +130,7 @@ def step_timeline(rt: RankTrace, steps: list[StepWindow], colls: list[Collective
     e_all = s_all + rt.dur[g.rows]
     classified = g.comm | g.compute | g.memory
     busy_all = iv.merge(s_all[classified], e_all[classified])  # the GPU running anything, of any step
+    blocked = blocking_calls(rt)  # the CPU waiting for the GPU
     out: list[StepFacts] = []
     # rows of each step in one stable sort instead of one full-length comparison per step
     by_step = np.argsort(step_idx, kind="stable")
@@ -116,7 +139,7 @@ def step_timeline(rt: RankTrace, steps: list[StepWindow], colls: list[Collective
               for k in range(len(steps))]
     for k, st in enumerate(steps):
         in_step = by_step[bounds[k] : bounds[k + 1]]
-        sf = StepFacts(number=st.number, start_us=st.start, step_ms=st.dur / 1e3)
+        sf = StepFacts(number=st.number, start_us=st.start, step_ms=st.dur / 1e3, cpu_span_ms=st.dur / 1e3)
         sf.phase_ms = {name: us / 1e3 for name, us in st.phase_us().items()}
         sf.microbatches = st.n_microbatches
         sf.microbatch_phase_ms = [{name: (b - a) / 1e3 for name, (a, b) in mb.items()} for mb in st.microbatches]
@@ -142,8 +165,11 @@ def step_timeline(rt: RankTrace, steps: list[StepWindow], colls: list[Collective
             own = window / 1e3 - sf.compute_ms - sf.exposed_comm_ms - sf.memcpy_ms
             span = iv.merge(np.array([w0]), np.array([w1]))
             sf.idle_ms = min(max((w1 - w0 - iv.intersect_len(span, busy_all)) / 1e3, 0.0), max(own, 0.0))
+            if sf.idle_ms > 0 and blocked[0].size:
+                idle_iv = iv.subtract(span, busy_all)
+                sf.idle_cpu_blocked_ms = min(iv.intersect_len(idle_iv, blocked) / 1e3, sf.idle_ms)
             sf.other_steps_ms = max(own - sf.idle_ms, 0.0)
-            sf.outside_window_ms = max(sf.step_ms - sf.gpu_window_ms, 0.0)
+            sf.gpu_busy_ms = iv.total(iv.union(busy_cc, mem)) / 1e3
             ph = phase_idx[in_step]
             for k_ph, name in enumerate(PHASES):
                 sel = cp & (ph == k_ph)
@@ -171,4 +197,43 @@ def step_timeline(rt: RankTrace, steps: list[StepWindow], colls: list[Collective
             sf.exposed_by_kind = by_kind
             sf.exposed_by_role = by_role
         out.append(sf)
-    return out
+    bl = Backlog()
+    if g.backlog.any():
+        b = g.backlog & classified
+        bl.ops = int(b.sum())
+        if bl.ops:
+            bl.gpu_ms = iv.total(iv.merge(s_all[b], e_all[b])) / 1e3
+            bl.end_us = float(e_all[b].max())
+    step_clock(out, steps, bl.end_us)
+    return out, bl
+
+
+def blocking_calls(rt: RankTrace):
+    """Merged CPU intervals inside calls that block until GPU work is done (synchronizations,
+    synchronous or pageable copies)."""
+    rows = np.flatnonzero(rt.mask_cat(*LAUNCH_CATS) & rt.mask_names(lambda n: n in SYNC_NAMES))
+    return iv.merge(rt.ts[rows].astype(np.float64), (rt.ts[rows] + rt.dur[rows]).astype(np.float64))
+
+
+def step_clock(out: list[StepFacts], steps: list[StepWindow], backlog_end_us: float | None) -> None:
+    """Each step's time is the interval between the completions of consecutive steps, where a step
+    completes when both its CPU span and the GPU work it launched are done: whichever side limits
+    the run, the steps' times add up to the time the run took to do them. The first step starts
+    when its CPU span starts or, when the GPU was still busy with the warm-up steps' backlog, when
+    that backlog finished (the previous step's completion)."""
+    if not out:
+        return
+    prev = steps[0].start if backlog_end_us is None else max(steps[0].start, backlog_end_us)
+    done_prev = None
+    for sf, st in zip(out, steps):
+        done = st.end
+        if sf.gpu_start_us is not None:
+            done = max(done, sf.gpu_start_us + sf.gpu_window_ms * 1e3)
+        if done_prev is not None:
+            done = max(done, done_prev)
+        else:
+            prev = min(prev, done)
+        sf.end_us = done
+        sf.step_ms = (done - prev) / 1e3
+        sf.outside_window_ms = max(sf.step_ms - sf.gpu_window_ms, 0.0) if sf.gpu_start_us is not None else 0.0
+        prev = done_prev = done

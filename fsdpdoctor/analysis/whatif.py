@@ -33,7 +33,7 @@ import numpy as np
 from ..facts import FsdpFacts, WhatIfFacts
 from ..ingest.kineto import RankTrace
 from . import intervals as iv
-from .comms import Collective, comm_kernel_mask, launch_rows
+from .comms import SYNC_NAMES, Collective, comm_kernel_mask, launch_rows
 from .steps import PHASES, StepWindow, locate
 
 GPU_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
@@ -41,9 +41,12 @@ CAP_LAUNCH_US = 30.0  # launch call start -> kernel start when the GPU is free
 CAP_DEP_US = 5.0  # previous work on the stream / awaited work -> start
 CAP_SYNC_US = 20.0  # awaited GPU work end -> blocking call returns
 MIN_SYNC_US = 2.0  # shortest blocking call
-SYNC_NAMES = ("cudaDeviceSynchronize", "cudaStreamSynchronize", "cudaEventSynchronize", "cudaMemcpy",
-              "cudaMemcpyAsync", "hipDeviceSynchronize", "hipStreamSynchronize", "hipEventSynchronize")
 WAIT_NAMES = ("cudaStreamWaitEvent", "hipStreamWaitEvent")
+# kernel launches: one that takes this long waited for room in the launch queue (the GPU runs
+# behind and the queue is full) and is replayed as a blocking call on the GPU work that freed it
+LAUNCH_NAMES = ("cudaLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernel", "cuLaunchKernelEx", "cudaGraphLaunch",
+                "hipLaunchKernel", "hipExtModuleLaunchKernel", "hipModuleLaunchKernel", "hipGraphLaunch")
+LAUNCH_BLOCKED_US = 50.0
 RATE_LIMITER = "FullyShardedDataParallel.rate_limiter"
 
 
@@ -54,6 +57,7 @@ class Graph:
     stream: np.ndarray
     launch: np.ndarray  # CPU µs of the launch call start (nan: none in the trace)
     key: np.ndarray  # CPU position in the replay order (launch, else measured start)
+    backlog: np.ndarray  # bool: launched before the window (no launch in a trace that links launches)
     comm: np.ndarray  # bool: collective kernel
     coll: np.ndarray  # index into the collectives, -1
     pg: np.ndarray  # communicator id, -1
@@ -71,6 +75,9 @@ class Graph:
     ranges: dict[str, list[tuple[float, float]]]  # CPU ranges the fixes need (optimizer, rate limiter)
     device_syncs: set[int]  # rows of cudaDeviceSynchronize calls
     n_wait_edges: int = 0
+    # per op: the measured wait past every constraint the trace explains (≥ UNEXPLAINED_US, else
+    # 0): a dependency the trace does not show, kept as measured after the explained ones
+    g_wait: np.ndarray | None = None
 
 
 @dataclass
@@ -98,6 +105,7 @@ def build_graph(rt: RankTrace, steps: list[StepWindow], colls: list[Collective])
     launch = np.full(rows.size, np.nan)
     launch[has] = rt.ts[lr[has]]
     key = np.where(has, launch, start)
+    backlog = ~has if has.any() else np.zeros(rows.size, dtype=bool)
     comm = comm_kernel_mask(rt)[rows]
     pos = {int(r): i for i, r in enumerate(rows)}
     coll = np.full(rows.size, -1, dtype=np.int64)
@@ -115,28 +123,21 @@ def build_graph(rt: RankTrace, steps: list[StepWindow], colls: list[Collective])
     st_ends = np.array([s.end for s in steps])
     k = np.searchsorted(st_starts, key, side="right") - 1
     kc = np.maximum(k, 0)
-    step = np.where((k >= 0) & (key < st_ends[kc]), k, -1)
+    step = np.where((k >= 0) & (key < st_ends[kc]) & ~backlog, k, -1)
 
     # measured slack of each constraint, capped
-    g_launch = np.minimum(start - key, CAP_LAUNCH_US)
+    # (never negative: two ops never overlap on one stream or communicator in the replay)
+    g_launch = np.clip(start - key, 0.0, CAP_LAUNCH_US)
     g_launch[~has] = 0.0
-    g_stream = np.full(rows.size, CAP_DEP_US)
-    g_comm = np.full(rows.size, CAP_DEP_US)
-    last_on: dict[int, int] = {}
-    last_pg: dict[int, int] = {}
-    for i in np.argsort(key, kind="stable"):
-        s = int(stream[i])
-        if s in last_on:
-            g_stream[i] = min(start[i] - end[last_on[s]], CAP_DEP_US)
-        last_on[s] = int(i)
-        if pg[i] >= 0:
-            p = int(pg[i])
-            if p in last_pg:
-                g_comm[i] = min(start[i] - end[last_pg[p]], CAP_DEP_US)
-            last_pg[p] = int(i)
+    order = replay_order(key, backlog)
+    prev_s = _prev_in_group(order, stream)
+    prev_p = _prev_in_group(order, pg, skip_negative=True)
+    g_stream = _prev_gaps(prev_s, start, end)
+    g_comm = _prev_gaps(prev_p, start, end)
 
     deps, n_wait = _wait_edges(rt, steps, start, end, stream, key, has, lr)
     syncs = _sync_calls(rt, start, end, key, rows, lr, has)
+    g_wait = _unexplained_waits(start, end, key, stream, backlog, g_launch, prev_s, g_stream, prev_p, g_comm, deps)
     names = [rt.names[c] for c in rt.name[rows]]
     _, ph = locate(steps, key)
     phase = np.array(PHASES, dtype=object)[ph]
@@ -147,9 +148,77 @@ def build_graph(rt: RankTrace, steps: list[StepWindow], colls: list[Collective])
         r = np.flatnonzero(cpu & rt.mask_names(pred))
         ranges[label] = [(float(rt.ts[i]), float(rt.ts[i] + rt.dur[i])) for i in r]
     ranges["hooks"] = _outermost(ranges["hooks"])
-    return Graph(start, end, stream, launch, key, comm, coll, pg, is_compute, step, g_launch, g_stream, g_comm,
+    return Graph(start, end, stream, launch, key, backlog, comm, coll, pg, is_compute, step, g_launch, g_stream, g_comm,
                  deps, syncs, steps, colls, names, phase, ranges,
-                 {row for *_, row in syncs if rt.row_name(row).endswith("DeviceSynchronize")}, n_wait)
+                 {row for *_, row in syncs if rt.row_name(row).endswith("DeviceSynchronize")}, n_wait, g_wait)
+
+
+def replay_order(key: np.ndarray, backlog: np.ndarray) -> np.ndarray:
+    """The one order ops are replayed in: the backlog first (in GPU start order, its key), then
+    every launched op in CPU launch order."""
+    return np.lexsort((key, ~backlog))
+
+
+def _prev_in_group(order: np.ndarray, group: np.ndarray, skip_negative: bool = False) -> np.ndarray:
+    """Per op, the previous op of its group (stream or communicator) in replay order, -1."""
+    out = np.full(order.size, -1, dtype=np.int64)
+    g = group[order]
+    by = np.argsort(g, kind="stable")  # within a group, replay order is kept
+    ops = order[by]
+    same = np.zeros(ops.size, dtype=bool)
+    same[1:] = g[by][1:] == g[by][:-1]
+    if skip_negative:
+        same &= g[by] >= 0
+    out[ops[1:][same[1:]]] = ops[:-1][same[1:]]
+    return out
+
+
+def _prev_gaps(prev: np.ndarray, start: np.ndarray, end: np.ndarray) -> np.ndarray:
+    """Per op, the measured gap after ``prev`` (its predecessor), floored at 0 and capped at
+    CAP_DEP_US (CAP_DEP_US for the first of a group)."""
+    out = np.full(prev.size, CAP_DEP_US)
+    m = prev >= 0
+    out[m] = np.clip(start[m] - end[prev[m]], 0.0, CAP_DEP_US)
+    return out
+
+
+UNEXPLAINED_US = 50.0  # an op that starts this much later than the trace explains waited on something unseen
+
+
+INFER_TOL_US = 10.0  # ... and started within this of the end of work on another stream: it waited for that
+
+
+def _unexplained_waits(start, end, key, stream, backlog, g_launch, prev_s, g_stream, prev_p, g_comm, deps) -> np.ndarray:
+    """Per op, how much later it started than its launch, its stream, its communicator and its
+    cross-stream waits allow (with their capped gaps), where that is ≥ UNEXPLAINED_US; an op that
+    started within INFER_TOL_US of the end of earlier-launched work on another stream gets an
+    edge to it in ``deps`` instead (its wait is then explained)."""
+    c = np.where(backlog, start, key + g_launch)
+    m = prev_s >= 0
+    c[m] = np.maximum(c[m], end[prev_s[m]] + g_stream[m])
+    m = prev_p >= 0
+    c[m] = np.maximum(c[m], end[prev_p[m]] + g_comm[m])
+    for i, dl in deps.items():
+        for a, gap in dl:
+            c[i] = max(c[i], end[a] + gap)
+    w = start - c
+    w[(w < UNEXPLAINED_US) | backlog] = 0.0
+    # an op that started right when work on another stream ended waited for it (an event the
+    # trace does not record): a dependency edge, not a fixed wait
+    late = np.flatnonzero(w > 0)
+    if late.size:
+        by_end = np.argsort(end, kind="stable")
+        ends = end[by_end]
+        for i in late.tolist():
+            lo = int(np.searchsorted(ends, start[i] - INFER_TOL_US, side="left"))
+            hi = int(np.searchsorted(ends, start[i] + 1e-3, side="right"))
+            cand = by_end[lo:hi]
+            cand = cand[(stream[cand] != stream[i]) & (key[cand] <= key[i])]
+            if cand.size:
+                j = int(cand[np.argmax(end[cand])])
+                deps.setdefault(i, []).append((j, float(max(start[i] - end[j], 0.0))))
+                w[i] = 0.0
+    return w
 
 
 def _is_hook(name: str) -> bool:
@@ -222,7 +291,9 @@ def _wait_edges(rt, steps, start, end, stream, key, has, lr):
 
 def _sync_calls(rt, start, end, key, rows, lr, has):
     """Blocking CPU calls: (ts, end, awaited op, gap, row); awaited -1 when it did not block."""
-    calls = np.flatnonzero(rt.mask_cat("cuda_runtime", "cuda_driver") & rt.mask_names(lambda n: n in SYNC_NAMES))
+    runtime = rt.mask_cat("cuda_runtime", "cuda_driver")
+    calls = np.flatnonzero(runtime & (rt.mask_names(lambda n: n in SYNC_NAMES)
+                                      | (rt.mask_names(lambda n: n in LAUNCH_NAMES) & (rt.dur > LAUNCH_BLOCKED_US))))
     out = []
     if calls.size == 0:
         return out
@@ -266,21 +337,27 @@ def _sync_calls(rt, start, end, key, rows, lr, has):
 
 
 def measured_step_ms(g: Graph) -> np.ndarray:
-    """Each step as the replay counts it, in wall-clock time: from its CPU start to the next
-    step's CPU start, and the last step to the later of its CPU end and the end of the GPU work
-    launched in the steps. They add up to the run's wall-clock time (``TimelineSummary.wall_ms``
-    × steps): when the GPU runs behind the CPU (nothing syncs), its lag is counted once, at the
-    end, not again in every step."""
-    starts = np.array([st.start for st in g.steps])
-    valid = g.step >= 0
-    gpu_end = float(g.end[valid].max()) if valid.any() else -np.inf
-    return _step_tiles(starts, g.steps[-1].end, gpu_end)
+    """Each step's measured time as the analysis counts it (``StepFacts.step_ms``): the interval
+    between consecutive steps' completions, a step completing when its CPU span and the GPU work
+    it launched are both done; the first step starts at its CPU start or when the backlog ends."""
+    marks = np.array([x for st in g.steps for x in (st.start, st.end)])
+    return _step_times(g, marks, g.end)
 
 
-def _step_tiles(starts: np.ndarray, last_cpu_end: float, gpu_end: float) -> np.ndarray:
-    """Step times (ms) from the steps' starts (µs) and where the last one ends (see above)."""
-    ends = np.append(starts[1:], max(last_cpu_end, gpu_end))
-    return (ends - starts) / 1e3
+def _step_times(g: Graph, marks: np.ndarray, E: np.ndarray) -> np.ndarray:
+    """Step times (ms) from the steps' CPU (start, end) marks and the ops' end times (µs)."""
+    ns = len(g.steps)
+    n = g.step.size
+    gpu_end = np.full(ns, -np.inf)
+    own = g.step[:n] >= 0
+    np.maximum.at(gpu_end, g.step[:n][own], E[:n][own])
+    done = np.maximum.accumulate(np.maximum(marks[1::2], gpu_end))
+    first = marks[0]
+    bl = g.backlog[:n]
+    if bl.any():
+        first = max(first, float(E[:n][bl].max()))
+    first = min(first, done[0])
+    return np.diff(np.concatenate(([first], done))) / 1e3
 
 
 def replay(g: Graph, fix: Fix | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -309,7 +386,10 @@ def replay(g: Graph, fix: Fix | None = None) -> tuple[np.ndarray, np.ndarray, np
         keys.append(np.array([b for _, b in fix.cpu_cuts]))
         idx.append(np.arange(len(fix.cpu_cuts)))
     kinds_a, keys_a, idx_a = np.concatenate(kinds), np.concatenate(keys), np.concatenate(idx)
-    order = np.lexsort((kinds_a, keys_a))
+    # one order: the backlog first (launched before the window), then everything by CPU time
+    first = np.zeros(kinds_a.size, dtype=bool)
+    first[:n] = g.backlog
+    order = np.lexsort((kinds_a, keys_a, ~first))
     # plain Python lists: the loop below indexes them one element at a time
     S = [0.0] * n
     E = [0.0] * n
@@ -320,15 +400,20 @@ def replay(g: Graph, fix: Fix | None = None) -> tuple[np.ndarray, np.ndarray, np
     marks = [0.0] * (2 * ns)
     key_l, dur_l = key.tolist(), dur.tolist()
     g_launch, g_stream, g_comm = g.g_launch.tolist(), g.g_stream.tolist(), g.g_comm.tolist()
+    g_wait = g.g_wait.tolist() if g.g_wait is not None else [0.0] * n
+    for i in (*fix.move, *fix.drop_deps):  # a moved op's unseen wait is not carried along
+        g_wait[i] = 0.0
     stream, pg, deps = g.stream.tolist(), g.pg.tolist(), g.deps
     if fix.drop_deps:
         deps = {i: d for i, d in deps.items() if i not in fix.drop_deps}
     meas_end = g.end.tolist()
+    start_l, backlog_l = g.start.tolist(), g.backlog.tolist()
     keys_l = keys_a.tolist()
     for kind, i, o in zip(kinds_a[order].tolist(), idx_a[order].tolist(), order.tolist()):
         if kind == 0:
-            # no launch in the trace: no earlier than its measured start (moved with the CPU)
-            t = key_l[i] + shift + g_launch[i]
+            # the backlog starts where it was measured (the GPU's state when the window opened);
+            # other ops no earlier than their launch (or measured start), moved with the CPU
+            t = start_l[i] if backlog_l[i] else key_l[i] + shift + g_launch[i]
             s = stream[i]
             p = stream_last.get(s)
             if p is not None and E[p] + g_stream[i] > t:
@@ -345,6 +430,7 @@ def replay(g: Graph, fix: Fix | None = None) -> tuple[np.ndarray, np.ndarray, np
                 for a, gap in dl:
                     if E[a] + gap > t:
                         t = E[a] + gap
+            t += g_wait[i]
             S[i] = t
             e = t + dur_l[i]
             E[i] = e
@@ -372,9 +458,7 @@ def replay(g: Graph, fix: Fix | None = None) -> tuple[np.ndarray, np.ndarray, np
             a, b = fix.cpu_cuts[i]
             shift -= b - a
     S_a, E_a, mk = np.array(S), np.array(E), np.array(marks)
-    valid = g.step >= 0
-    step_ms = _step_tiles(mk[0::2], mk[-1], float(E_a[valid].max()) if valid.any() else -np.inf)
-    return S_a, E_a, step_ms
+    return S_a, E_a, _step_times(g, mk, E_a)
 
 
 # --------------------------------------------------------------------------------------------
@@ -500,10 +584,10 @@ def _append_ops(g: Graph, src: list[int]) -> tuple[Graph, list[int]]:
     n = g.start.size
     idx = np.array(src, dtype=np.int64)
     cat = lambda a: np.concatenate([a, a[idx]])  # noqa: E731
-    g2 = Graph(cat(g.start), cat(g.end), cat(g.stream), cat(g.launch), cat(g.key), cat(g.comm), cat(g.coll),
+    g2 = Graph(cat(g.start), cat(g.end), cat(g.stream), cat(g.launch), cat(g.key), cat(g.backlog), cat(g.comm), cat(g.coll),
                cat(g.pg), cat(g.is_compute), cat(g.step), cat(g.g_launch), cat(g.g_stream), cat(g.g_comm),
                dict(g.deps), g.syncs, g.steps, g.colls, g.names + [g.names[i] for i in src], cat(g.phase),
-               g.ranges, g.device_syncs, g.n_wait_edges)
+               g.ranges, g.device_syncs, g.n_wait_edges, cat(g.g_wait))
     return g2, list(range(n, n + idx.size))
 
 
@@ -658,6 +742,14 @@ def _applies(fsdp: FsdpFacts | None) -> dict[str, bool]:
     }
 
 
+def step_error_pct(replayed: np.ndarray, measured: np.ndarray) -> float:
+    """The replay's error: the largest per-step |replayed − measured| / measured, in %."""
+    ok = measured > 0
+    if not ok.any():
+        return 0.0
+    return float(100 * np.max(np.abs(replayed[ok] - measured[ok]) / measured[ok]))
+
+
 def analyze_whatif(rt: RankTrace, steps: list[StepWindow], colls: list[Collective],
                    fsdp: FsdpFacts | None = None) -> WhatIfFacts | None:
     """Replay this rank's steps unchanged and with every transformation that applies (all of
@@ -670,7 +762,7 @@ def analyze_whatif(rt: RankTrace, steps: list[StepWindow], colls: list[Collectiv
     out = WhatIfFacts(
         measured_step_ms=float(measured.mean()),
         replayed_step_ms=float(base.mean()),
-        error_pct=float(100 * abs(base.sum() - measured.sum()) / measured.sum()) if measured.sum() > 0 else 0.0,
+        error_pct=step_error_pct(base, measured),
         ops=int(g.start.size),
         wait_edges=g.n_wait_edges,
         blocking_calls=sum(1 for s in g.syncs if s[2] >= 0),

@@ -25,6 +25,7 @@ from plotly.subplots import make_subplots
 
 from .. import __version__
 from ..fmt import mib, ms
+from ..engine import saving_text
 from .sections import Table, all_tables, headline
 
 if TYPE_CHECKING:
@@ -243,7 +244,7 @@ def _findings_html(findings: list) -> str:
         return "\n".join(out)
     for i, fd in enumerate(findings, 1):
         color = SEVERITY_COLORS.get(fd.severity, "#555")
-        saving = f' <span class="saving">— est. saving {_e(ms(fd.est_saving_ms))}/step</span>' if fd.est_saving_ms else ""
+        saving = f' <span class="saving">— est. saving {_e(saving_text(fd))}</span>' if fd.est_saving_ms else ""
         out.append(f'<article class="finding" style="--sev:{color}">')
         out.append(
             f'<h3>{i}. <span class="sev">{_e(fd.severity)}</span> {_e(fd.code)} <code>{_e(fd.slug)}</code>{saving}</h3>'

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from ..fmt import ms
+from ..engine import saving_text
 from .sections import Table, all_tables, headline
 
 if TYPE_CHECKING:
@@ -40,7 +40,7 @@ def render(report: "Report") -> str:
     if not report.findings:
         lines.append("No findings.")
     for i, fd in enumerate(report.findings, 1):
-        saving = f" — est. saving {ms(fd.est_saving_ms)}/step" if fd.est_saving_ms else ""
+        saving = f" — est. saving {saving_text(fd)}" if fd.est_saving_ms else ""
         lines.append(f"### {i}. [{fd.severity}] {fd.code} `{fd.slug}`{saving}")
         lines.append("")
         lines.append(fd.summary)

@@ -83,18 +83,25 @@ def headline(f: RunFacts) -> list[tuple[str, str]]:
 
 
 def steps_text(f: RunFacts) -> str:
-    """Step count and the step's clocks: the CPU span, and on GPU runs the GPU window and the
-    wall-clock time per step (what shares "of the step" in findings are of)."""
+    """Step count, the step time (the interval at which steps complete: what shares "of the step"
+    in findings are of) and what limits it, with the CPU span and the GPU's busy time per step."""
     out = f"{f.steps.count} per rank ({f.steps.method})"
     t = f.timeline
-    if f.gpu_present and t.wall_ms:
-        out += (f"; per step: CPU span {ms(t.cpu_step_ms)}, GPU window {ms(t.gpu_window_ms)}, "
-                f"wall-clock {ms(t.wall_ms)}")
-        if t.gpu_behind_ms > 0.05 * t.wall_ms:
-            out += f" (the GPU runs {ms(t.gpu_behind_ms)} behind the CPU)"
+    if f.gpu_present and f.steps.mean_ms:
+        out += f"; step time {ms(f.steps.mean_ms)}, {bound_text(f)}"
+        if t.backlog_ops:
+            out += f"; {ms(t.backlog_ms)} of GPU work launched before the window (warm-up backlog) counted in no step"
     elif f.steps.mean_ms:
-        out += f", CPU span {ms(f.steps.mean_ms)} per step"
+        out += f", step time {ms(f.steps.mean_ms)} (CPU)"
     return out
+
+
+def bound_text(f: RunFacts) -> str:
+    """"GPU-bound (GPU busy 71.43 ms of it; CPU span 36.74 ms)" and the like."""
+    t = f.timeline
+    figures = f"GPU busy {ms(t.gpu_busy_ms)} of it; CPU span {ms(t.cpu_step_ms)}"
+    label = {"gpu": "GPU-bound", "cpu": "CPU-bound", "mixed": "neither side saturated"}.get(t.bound, "")
+    return f"{label} ({figures})" if label else figures
 
 
 def shape_text(f: RunFacts) -> str:
@@ -193,7 +200,7 @@ def breakdown_table(f: RunFacts) -> Table | None:
         ["idle (nothing running)", ms(t.idle_ms), pct(100 * t.idle_ms / w if w else None)],
         ["GPU step window", ms(w), "100%"],
     ]
-    note = f"CPU step span {ms(t.cpu_step_ms)}; wall-clock time per step {ms(t.wall_ms)} (shares 'of the step' in findings are of it)"
+    note = f"step time {ms(f.steps.mean_ms)} (shares 'of the step' in findings are of it); CPU step span {ms(t.cpu_step_ms)}"
     return Table("Where a step's GPU window goes (mean per step over ranks; shares of the GPU window)", ["part", "time", "share"],
                  t_rows, note)
 

@@ -10,7 +10,8 @@ from rich.panel import Panel
 from rich.table import Table as RichTable
 from rich.text import Text
 
-from ..fmt import mib, ms
+from ..fmt import mib
+from ..engine import saving_text
 from .sections import Table, all_tables, headline
 
 if TYPE_CHECKING:
@@ -45,7 +46,7 @@ def render(report: "Report", console: Console) -> None:
         ft.add_column("finding", ratio=1)
         ft.add_column("saving/step", justify="right", no_wrap=True)
         for fd in report.findings[:8]:
-            saving = ms(fd.est_saving_ms) if fd.est_saving_ms else (mib(fd.est_saving_bytes) if fd.est_saving_bytes else "–")
+            saving = saving_text(fd).replace("/step", "") if fd.est_saving_ms else (mib(fd.est_saving_bytes) if fd.est_saving_bytes else "–")
             ft.add_row(
                 Text(fd.severity, style=SEVERITY_STYLE.get(fd.severity, "")),
                 fd.code,

@@ -1,0 +1,177 @@
+"""The step clock on GPU-bound runs: the real H100 recordings and the public traces.
+
+The truth is read here from the raw trace with plain ``json`` and none of fsdpdoctor's code
+(:func:`raw_clock`): a step's GPU work is what its CPU ``ProfilerStep#N`` span launched (the
+runtime call with the same correlation id); a step completes when its span and that work are
+both done; steps "really finish every" ``mean(completion[k] - completion[k-1])``. GPU work with no
+launch in the trace is the warm-up backlog (launched before the profiler's window opened). A
+trace of one step has no interval: its step then runs from its CPU start, or from the end of the
+backlog when the GPU was still busy with it, to its completion.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import fsdpdoctor
+
+from conftest import public_trace_files
+
+GPU = Path(__file__).resolve().parents[1] / "fixtures" / "recorded" / "gpu"
+GPU_VARIANTS = sorted(p.name for p in GPU.iterdir() if (p / "rank0.json.gz").is_file())
+PUBLIC = public_trace_files()
+STEP_RX = re.compile(r"^ProfilerStep#(\d+)$")
+GPU_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
+
+
+def raw_clock(path: Path) -> dict | None:
+    """Step completion intervals and the backlog, read from the raw Chrome trace."""
+    with gzip.open(path, "rt") as fh:
+        doc = json.load(fh)
+    events = doc["traceEvents"] if isinstance(doc, dict) else doc
+    steps: dict[int, tuple[float, float]] = {}
+    launch: dict[int, float] = {}
+    gpu: list[tuple[float, float, object]] = []
+    for e in events:
+        if e.get("ph") != "X":
+            continue
+        cat, args = e.get("cat"), e.get("args") or {}
+        m = STEP_RX.match(e.get("name", ""))
+        if m and cat in ("user_annotation", "cpu_op"):
+            a, b = float(e["ts"]), float(e["ts"]) + float(e["dur"])
+            k = int(m.group(1))
+            if k not in steps or b - a > steps[k][1] - steps[k][0]:
+                steps[k] = (a, b)
+        elif cat in ("cuda_runtime", "cuda_driver") and "correlation" in args:
+            launch[args["correlation"]] = float(e["ts"])
+        elif cat in GPU_CATS:
+            gpu.append((float(e["ts"]), float(e["ts"]) + float(e.get("dur", 0)), args.get("correlation")))
+    spans = sorted(steps.values())
+    if not spans:
+        return None
+    gpu_end = [None] * len(spans)
+    backlog_end, backlog_n = None, 0
+    for s, t, corr in gpu:
+        lt = launch.get(corr)
+        if lt is None:
+            backlog_n += 1
+            backlog_end = t if backlog_end is None else max(backlog_end, t)
+            continue
+        for i, (a, b) in enumerate(spans):
+            if a <= lt < b:
+                gpu_end[i] = t if gpu_end[i] is None else max(gpu_end[i], t)
+                break
+    done = [max(b, g if g is not None else b) for (a, b), g in zip(spans, gpu_end)]
+    intervals = [(done[i] - done[i - 1]) / 1e3 for i in range(1, len(done))]
+    first = (done[0] - max(spans[0][0], backlog_end if backlog_end is not None else spans[0][0])) / 1e3
+    return {
+        "finish_every_ms": sum(intervals) / len(intervals) if intervals else first,
+        "cpu_span_ms": sum(b - a for a, b in spans) / len(spans) / 1e3,
+        "backlog_ops": backlog_n,
+        "steps": len(spans),
+    }
+
+
+@pytest.fixture(scope="module")
+def analyzed():
+    cache: dict[Path, object] = {}
+
+    def get(path: Path):
+        if path not in cache:
+            cache[path] = fsdpdoctor.analyze(path)
+        return cache[path]
+
+    return get
+
+
+@pytest.mark.parametrize("variant", GPU_VARIANTS)
+def test_step_time_is_the_rate_steps_finish_on_the_gpu_recordings(variant, analyzed):
+    truth = raw_clock(GPU / variant / "rank0.json.gz")
+    f = analyzed(GPU / variant).facts
+    assert f.steps.mean_ms == pytest.approx(truth["finish_every_ms"], rel=0.03)
+    assert f.step_clock_ms == f.steps.mean_ms
+    assert f.timeline.cpu_step_ms == pytest.approx(truth["cpu_span_ms"], rel=1e-6)
+    # the backlog: every GPU activity without a launch in the window, counted in no step
+    assert f.rank_facts[0].backlog_ops == truth["backlog_ops"]
+    # the unchanged what-if replay reproduces every measured step within 2%
+    assert f.whatif is not None and f.whatif.error_pct <= 2.0
+
+
+def test_gpu_bound_recordings_say_so(analyzed):
+    """fsdp2 (fp32 on CUDA cores) keeps the GPU busy all step, 36.7 ms of CPU span against a
+    72 ms step; its bf16 twin runs at the CPU's pace."""
+    slow, fast = analyzed(GPU / "fsdp2").facts, analyzed(GPU / "fsdp2-bf16").facts
+    assert slow.timeline.bound == "gpu" and fast.timeline.bound == "cpu"
+    assert slow.steps.mean_ms > 1.8 * slow.timeline.cpu_step_ms
+    assert slow.timeline.backlog_ops > 100 and slow.timeline.backlog_ms > 10
+    assert any("backlog" in n for n in slow.notes)
+
+
+@pytest.mark.parametrize("path", PUBLIC, ids=lambda p: f"{p.parent.name}/{p.name[:24]}")
+def test_step_time_is_the_rate_steps_finish_on_public_traces(path, analyzed):
+    truth = raw_clock(path)
+    f = analyzed(path).facts
+    if truth is not None:
+        assert f.steps.mean_ms == pytest.approx(truth["finish_every_ms"], rel=0.03)
+    assert f.whatif is None or f.whatif.error_pct <= 2.0
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "fsdpdoctor", *args], capture_output=True, text=True, timeout=300)
+
+
+def test_compare_real_pairs_on_the_step_clock():
+    """compare reports the steps as they really finish, not the CPU spans (33.9 / 36.7 ms)."""
+    from fsdpdoctor.analysis.compare import compare
+
+    runs = {v: fsdpdoctor.analyze(GPU / v).facts for v in ("fsdp2-bf16", "fsdp2", "fsdp2-ac", "fsdp2-offload")}
+    clock = {v: raw_clock(GPU / v / "rank0.json.gz")["finish_every_ms"] for v in runs}
+    c = compare(runs["fsdp2-bf16"], runs["fsdp2"])
+    assert c.step_before_ms == pytest.approx(clock["fsdp2-bf16"], rel=0.03)
+    assert c.step_after_ms == pytest.approx(clock["fsdp2"], rel=0.03)
+    assert c.step_time_delta_pct > 100
+    c = compare(runs["fsdp2"], runs["fsdp2-ac"])
+    assert c.step_time_delta_pct == pytest.approx(100 * (clock["fsdp2-ac"] / clock["fsdp2"] - 1), abs=2.0)
+    c = compare(runs["fsdp2"], runs["fsdp2-offload"])
+    assert c.step_after_ms == pytest.approx(clock["fsdp2-offload"], rel=0.03)
+    assert c.primary_cause == "cpu-offload-stall"
+
+
+def test_check_gates_on_the_step_clock(tmp_path):
+    """fsdp2 vs an fsdp1 baseline: +2.5% on the step clock (the CPU spans say +13%): passes;
+    fsdp2-ac vs an fsdp2 baseline: +20% (recompute): fails the step-time gate."""
+    b1, b2 = tmp_path / "fsdp1.json", tmp_path / "fsdp2.json"
+    for v, b in (("fsdp1", b1), ("fsdp2", b2)):
+        r = _cli("analyze", str(GPU / v), "--save-baseline", str(b), "--format", "json", "-o", str(tmp_path / f"{v}.report.json"))
+        assert r.returncode == 0, r.stderr
+    r = _cli("check", str(GPU / "fsdp2"), "--baseline", str(b1), "--fail-on-new", "never")
+    assert r.returncode == 0, r.stdout + r.stderr
+    r = _cli("check", str(GPU / "fsdp2-ac"), "--baseline", str(b2), "--fail-on-new", "never")
+    assert r.returncode == 1
+    assert "FAIL step-time-regression" in r.stdout + r.stderr
+
+
+def test_host_bound_needs_the_gpu_to_wait_for_the_cpu(shared_traces, analyzed):
+    """The A100 send/recv trace: the GPU idles while the CPU sits in blocking copies waiting for
+    it (both wait on the other ranks) — that is not a host-bound step."""
+    rep = analyzed(shared_traces / "hta-sendrecv-a100-16ranks" / "rank-0.json.gz")
+    t = rep.facts.timeline
+    assert t.idle_cpu_blocked_ms > 0.5 * t.idle_ms
+    assert "host-bound" not in {f.slug for f in rep.findings}
+
+
+def test_savings_say_where_they_come_from(analyzed):
+    """A saving from the replay carries its error bar; the offload saving on the real pair is the
+    replay's (529.6 ms) within 5% of what the twin without offload really saves."""
+    f = analyzed(GPU / "fsdp2-offload")
+    real = raw_clock(GPU / "fsdp2-offload" / "rank0.json.gz")["finish_every_ms"] - raw_clock(GPU / "fsdp2" / "rank0.json.gz")["finish_every_ms"]
+    stall = next(x for x in f.findings if x.slug == "cpu-offload-stall")
+    assert stall.saving_basis == "replay" and stall.saving_error_pct is not None and stall.saving_error_pct <= 2.0
+    assert stall.est_saving_ms == pytest.approx(real, rel=0.05)
