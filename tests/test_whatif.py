@@ -91,6 +91,38 @@ def test_primary_saving_matches_the_twin_within_15pct(name, run):
     assert all((f.est_saving_ms or 0.0) <= rep.facts.steps.mean_ms for f in rep.findings)
 
 
+# the GPU-bound regime: no per-step sync, a launch queue of 96 ops that fills, two warm-up steps
+# whose work is still running when the window opens (written without launch calls). The
+# generator's queue model (a count of outstanding ops) is not the replay's (blocked launches
+# read from their measured duration), so the twins can disagree with the replay.
+GPU_BOUND = {"sync_every_step": False, "warmup_steps": 2, "launch_queue_depth": 96}
+GPU_BOUND_TWINS = ("no-backward-prefetch-fsdp1", "no-backward-prefetch-fsdp2", "too-coarse", "slow-rank")
+
+
+@pytest.mark.parametrize("name", GPU_BOUND_TWINS)
+def test_gpu_bound_twins(name, run):
+    knobs, fix, slug = TWINS[name]
+    cfg = dataclasses.replace(gen.PRESETS[name], **GPU_BOUND)
+    rep, truth = run(cfg, name + "-gpu-bound")
+    _, twin_truth = run(dataclasses.replace(cfg, **knobs), name + "-gpu-bound-twin")
+    f = rep.facts
+    # the regime is what it claims: a backlog at the window's start, the GPU the bottleneck
+    ranks = truth["ranks"]
+    assert all(v["backlog_ops"] > 0 for v in (ranks.values() if isinstance(ranks, dict) else ranks))
+    assert f.timeline.bound == "gpu" and f.timeline.backlog_ops > 0
+    want = _truth_step_ms(truth)
+    for rf in f.rank_facts:
+        assert rf.steps and sum(s.step_ms for s in rf.steps) / len(rf.steps) == pytest.approx(want[rf.rank], rel=0.01)
+    assert f.whatif.error_pct < 2.0
+    real = max(want.values()) - max(_truth_step_ms(twin_truth).values())
+    assert real > 1.0
+    primary = next(x for x in rep.findings if x.slug == slug)
+    assert primary.est_saving_ms == pytest.approx(real, rel=0.15)
+    assert primary.saving_basis == "replay"
+    fixable = [x for x in rep.findings if x.code not in STRATEGY]
+    assert fixable[0].slug == slug, [(x.slug, x.est_saving_ms) for x in rep.findings]
+
+
 def test_exposed_reduce_scatter_is_folded_into_missing_prefetch(run):
     rep, _ = run(gen.PRESETS["no-backward-prefetch-fsdp1"], "no-backward-prefetch-fsdp1")
     w = rep.facts.whatif
