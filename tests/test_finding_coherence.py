@@ -109,23 +109,22 @@ def test_public_multi_rank_runs(name):
     check_report(rep, name)
 
 
-def test_dlrm_rank1_computes_most_but_waits_most_so_no_straggler():
-    """The issue's case: rank 1 computes 17% longer than the median, and also waits the longest
-    at collectives (11.3 ms per step against 5.3 ms for the others). The others do not wait for
-    it: no straggler finding."""
+def test_dlrm_rank1_waits_most_and_no_straggler():
+    """The issue's case: rank 1 seemed to compute 17% longer than the median, but 64 of its GPU
+    kernels were the warm-up backlog (launched before the profiler's window: no launch call in
+    its file), which belongs to no step. Left out, no rank computes much longer than the median,
+    rank 1 waits the longest at collectives, and there is no straggler finding."""
     d = PUBLIC_TRACES / "param-dlrm-v100-8ranks"
     if not d.is_dir():
         pytest.skip("../shared/traces/public is absent")
     rep = fsdpdoctor.analyze(d)
     f = rep.facts
     compute = {r.rank: statistics.fmean(s.compute_ms for s in r.steps) for r in f.rank_facts}
-    slowest = max(compute, key=compute.get)
     median = statistics.median(compute.values())
-    # it computes longest (17% over the median with the 64 warm-up backlog kernels that ran at the
-    # window's start; 6.7% without them, now that the backlog is counted in no step)
-    assert compute[slowest] > median
+    assert max(compute.values()) < median * (1 + CFG["straggler_pct"] / 100)
+    assert next(r for r in f.rank_facts if r.rank == 1).backlog_ops == 64  # launch-less kernels in worker1's file
     wait = {w.rank: w.wait_ms_per_step for w in f.cross_rank.ranks}
-    assert wait[slowest] == max(wait.values())  # ... and waits longest
+    assert max(wait, key=wait.get) == 1
     assert "straggler-rank" not in {x.slug for x in rep.findings}
 
 

@@ -51,6 +51,7 @@ COLORS = {
     "other_steps": "#B8C4D6",
     "exposed": "#E45756",
     "cpu_step": "#333333",
+    "step_time": "#d62728",
     "forward": "#A0CBE8",
     "backward": "#FFBE7D",
     "optimizer": "#D4A6C8",
@@ -286,7 +287,7 @@ def _steps_figure(f) -> tuple[go.Figure | None, str]:
     fig = go.Figure()
     cpu_hover = "%{x}<br>CPU step span %{y:.3f} ms<extra></extra>"
     if not f.gpu_present:
-        fig.add_bar(x=x, y=[s.step_ms for s in steps], name="step time (CPU ProfilerStep span)",
+        fig.add_bar(x=x, y=[s.step_ms for s in steps], name="step time (CPU ProfilerStep spans)",
                     marker_color=COLORS["cpu_step"], hovertemplate=cpu_hover)
         note = "No GPU kernels in these traces (CPU-only run): only the CPU step time is shown."
         fig.update_layout(yaxis_title="ms")
@@ -302,13 +303,17 @@ def _steps_figure(f) -> tuple[go.Figure | None, str]:
         for name, ys, color in series:
             fig.add_bar(x=x, y=ys, name=name, marker_color=color,
                         hovertemplate=f"{_e(name)}: %{{y:.3f}} ms<extra></extra>")
-        fig.add_scatter(x=x, y=[s.step_ms for s in steps], name="step time (CPU span)", mode="markers",
-                        marker=dict(symbol="diamond", size=7, color=COLORS["cpu_step"]),
+        fig.add_scatter(x=x, y=[s.step_ms for s in steps], name="step time", mode="markers",
+                        marker=dict(symbol="diamond", size=8, color=COLORS["step_time"]),
+                        hovertemplate="%{x}<br>step time %{y:.3f} ms<extra></extra>")
+        fig.add_scatter(x=x, y=[s.cpu_span_ms or s.step_ms for s in steps], name="CPU span", mode="markers",
+                        marker=dict(symbol="line-ew-open", size=12, color=COLORS["cpu_step"]),
                         hovertemplate=cpu_hover)
         note = ("Per step, on the GPU activity the CPU launched in that step: compute + exposed communication "
                 "(by collective) + exposed memcpy/memset + other steps' GPU work + idle = the step's GPU window "
                 "(idle: nothing running at all; other steps' work: the GPU runs behind the CPU and the next step's "
-                "work fills this window). Diamonds: the CPU ProfilerStep span.")
+                "work fills this window). Diamonds: the step time (from the previous step's completion to this "
+                "one's: CPU span and GPU work both done); dashes: the CPU ProfilerStep span.")
         fig.update_layout(yaxis_title="ms", barmode="stack", hovermode="x unified")
     n = len(steps)
     fig.update_layout(height=420, margin=dict(l=60, r=20, t=30, b=60 if multi else 50),
