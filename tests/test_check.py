@@ -304,3 +304,28 @@ def test_exposed_comm_noise_floor(runs):
     facts.exposed_comm.mean_ms_per_step = base.facts.exposed_comm.mean_ms_per_step + 0.01  # +0.4%, tiny
     res = run_check(LoadedRun(facts, base.findings, "c", "t"), base, check_defaults() | {"max_exposed_comm_regression_pct": 0.1})
     assert {x.name: x for x in res.gates}["exposed-comm-regression"].status == "pass"
+
+
+@pytest.mark.parametrize("queue", [96, 0], ids=["queue-fills", "queue-never-fills"])
+def test_a_gpu_twice_as_slow_fails_the_step_gate_on_a_gpu_bound_run(tmp_path, iso, queue):
+    """GPU-bound (the generator's gpu-bound preset: no per-step sync, a warm-up backlog), the
+    same run with the GPU at half its throughput. With a launch queue that fills, the CPU spans
+    grow with the GPU; with one that never fills (queue 0) the CPU runs ahead and its spans barely
+    move: the step clock sees the GPU either way. The generator's truth gives the rise."""
+    base = dataclasses.replace(gen.PRESETS["gpu-bound"], launch_queue_depth=queue)
+    slow = dataclasses.replace(base, gpu_tflops=base.gpu_tflops / 2)
+    d0, d1 = gen.generate(base, tmp_path / "base"), gen.generate(slow, tmp_path / "slow")
+    saved = tmp_path / "base.json"
+    saved.write_text(fsdpdoctor.analyze(d0).to_json())
+
+    def step(d):
+        ranks = gen.read_truth(d)["ranks"]
+        return max(v["wall_ms_per_step"] for v in (ranks.values() if isinstance(ranks, dict) else ranks))
+
+    rise = 100 * (step(d1) / step(d0) - 1)
+    assert rise > 20
+    r = cli("check", d1, "--baseline", saved, "--format", "json", cwd=iso)
+    assert r.returncode == 1, r.stdout + r.stderr
+    gate = next(g for g in json.loads(r.stdout)["gates"] if g["name"] == "step-time-regression")
+    assert gate["status"] == "fail"
+    assert gate["value"] == pytest.approx(rise, abs=1.0)
