@@ -78,6 +78,8 @@ class Graph:
     # per op: the measured wait past every constraint the trace explains (≥ UNEXPLAINED_US, else
     # 0): a dependency the trace does not show, kept as measured after the explained ones
     g_wait: np.ndarray | None = None
+    name_code: np.ndarray | None = None  # per op: index into ``code_names`` (name tests once per distinct name)
+    code_names: list[str] | None = None
 
 
 @dataclass
@@ -150,7 +152,8 @@ def build_graph(rt: RankTrace, steps: list[StepWindow], colls: list[Collective])
     ranges["hooks"] = _outermost(ranges["hooks"])
     return Graph(start, end, stream, launch, key, backlog, comm, coll, pg, is_compute, step, g_launch, g_stream, g_comm,
                  deps, syncs, steps, colls, names, phase, ranges,
-                 {row for *_, row in syncs if rt.row_name(row).endswith("DeviceSynchronize")}, n_wait, g_wait)
+                 {row for *_, row in syncs if rt.row_name(row).endswith("DeviceSynchronize")}, n_wait, g_wait,
+                 rt.name[rows].astype(np.int64), rt.names)
 
 
 def replay_order(key: np.ndarray, backlog: np.ndarray) -> np.ndarray:
@@ -209,9 +212,9 @@ def _unexplained_waits(start, end, key, stream, backlog, g_launch, prev_s, g_str
     if late.size:
         by_end = np.argsort(end, kind="stable")
         ends = end[by_end]
-        for i in late.tolist():
-            lo = int(np.searchsorted(ends, start[i] - INFER_TOL_US, side="left"))
-            hi = int(np.searchsorted(ends, start[i] + 1e-3, side="right"))
+        los = np.searchsorted(ends, start[late] - INFER_TOL_US, side="left")
+        his = np.searchsorted(ends, start[late] + 1e-3, side="right")
+        for i, lo, hi in zip(late.tolist(), los.tolist(), his.tolist()):
             cand = by_end[lo:hi]
             cand = cand[(stream[cand] != stream[i]) & (key[cand] <= key[i])]
             if cand.size:
@@ -526,6 +529,16 @@ def _in_ranges(t: float, ranges: list[tuple[float, float]]) -> bool:
     return any(a <= t < b for a, b in ranges)
 
 
+def _name_mask(g: Graph, pred) -> np.ndarray:
+    """``pred(name)`` for every op, evaluated once per distinct name."""
+    if g.name_code is None or g.code_names is None:
+        return np.fromiter((pred(n) for n in g.names), dtype=bool, count=len(g.names))
+    used = np.unique(g.name_code)
+    table = np.zeros(len(g.code_names), dtype=bool)
+    table[used] = [bool(pred(g.code_names[c])) for c in used.tolist()]
+    return table[g.name_code]
+
+
 def fix_offload_off(g: Graph) -> Fix | None:
     """CPU offload off: FSDP's host<->device copies of parameters and gradients go away (those
     launched outside the optimizer and not on the compute stream: the batch copy stays), and an
@@ -533,9 +546,9 @@ def fix_offload_off(g: Graph) -> Fix | None:
     calls that waited for a dropped copy no longer block."""
     fx = Fix("offload_off")
     comp_stream = _compute_stream(g)
-    for i, n in enumerate(g.names):
-        if n.startswith(("Memcpy HtoD", "Memcpy DtoH")) and g.stream[i] != comp_stream and g.phase[i] != "optimizer":
-            fx.scale[i] = 0.0
+    host = _name_mask(g, lambda n: n.startswith(("Memcpy HtoD", "Memcpy DtoH")))
+    for i in np.flatnonzero(host & (g.stream != comp_stream) & (g.phase != "optimizer")).tolist():
+        fx.scale[i] = 0.0
     dropped = set(fx.scale)
     for ts, te, a, gap, row in g.syncs:
         if a in dropped and row not in g.device_syncs:
@@ -569,10 +582,10 @@ def fix_mixed_precision(g: Graph) -> Fix | None:
             fx.scale[int(i)] = 0.5
     if not fx.scale:
         return None
-    for i in np.flatnonzero(g.is_compute):
-        n = g.names[i]
-        if g.phase[i] in ("forward", "backward") and any(t in n for t in _FP32) and not any(t in n for t in _LOW):
-            fx.scale[int(i)] = 0.5
+    fp32 = _name_mask(g, lambda n: any(t in n for t in _FP32) and not any(t in n for t in _LOW))
+    fwd_bwd = (g.phase == "forward") | (g.phase == "backward")
+    for i in np.flatnonzero(g.is_compute & fwd_bwd & fp32).tolist():
+        fx.scale[i] = 0.5
     return fx
 
 
@@ -587,7 +600,8 @@ def _append_ops(g: Graph, src: list[int]) -> tuple[Graph, list[int]]:
     g2 = Graph(cat(g.start), cat(g.end), cat(g.stream), cat(g.launch), cat(g.key), cat(g.backlog), cat(g.comm), cat(g.coll),
                cat(g.pg), cat(g.is_compute), cat(g.step), cat(g.g_launch), cat(g.g_stream), cat(g.g_comm),
                dict(g.deps), g.syncs, g.steps, g.colls, g.names + [g.names[i] for i in src], cat(g.phase),
-               g.ranges, g.device_syncs, g.n_wait_edges, cat(g.g_wait))
+               g.ranges, g.device_syncs, g.n_wait_edges, cat(g.g_wait),
+               cat(g.name_code) if g.name_code is not None else None, g.code_names)
     return g2, list(range(n, n + idx.size))
 
 
@@ -670,11 +684,18 @@ def fix_hooks_off(g: Graph) -> Fix | None:
     """FSDP hooks free on the CPU: the CPU time of the outermost FSDP hook ranges is cut (less
     the blocking calls inside them, which wait for the GPU, not for Python). What fewer, larger
     units would save at most on the host side; a saving means the hooks sit on the critical path."""
-    cuts = []
-    for a, b in g.ranges.get("hooks", []):
-        blocked = sum(te - ts for ts, te, *_ in g.syncs if a <= ts < b)
-        if b - a - blocked > 0:
-            cuts.append((b - (b - a - blocked), b))
+    hooks = np.array(g.ranges.get("hooks", []), dtype=np.float64).reshape(-1, 2)
+    if not hooks.size:
+        return None
+    # blocked time inside each hook: prefix sums over the blocking calls in start order
+    sy = np.array([(ts, te) for ts, te, *_ in g.syncs], dtype=np.float64).reshape(-1, 2)
+    sy = sy[np.argsort(sy[:, 0], kind="stable")]
+    csum = np.concatenate(([0.0], np.cumsum(sy[:, 1] - sy[:, 0])))
+    lo = np.searchsorted(sy[:, 0], hooks[:, 0], side="left")
+    hi = np.searchsorted(sy[:, 0], hooks[:, 1], side="left")
+    own = hooks[:, 1] - hooks[:, 0] - (csum[hi] - csum[lo])
+    keep = own > 0
+    cuts = list(zip((hooks[keep, 1] - own[keep]).tolist(), hooks[keep, 1].tolist()))
     return Fix("hooks_off", cpu_cuts=cuts) if cuts else None
 
 
