@@ -118,6 +118,11 @@ def step_timeline_backlog(rt: RankTrace, steps: list[StepWindow], colls: list[Co
     # else from the time window it was issued in
     c_ts = np.array([c.cpu_ts for c in colls], dtype=np.float64)
     c_step, c_phase = locate(steps, c_ts)
+    if g.backlog.any():  # a collective known only by its backlog kernels belongs to no step
+        backlog_rows = set(g.rows[g.backlog].tolist())
+        for ci, c in enumerate(colls):
+            if c.cpu_row < 0 and c.kernel_rows and all(int(k) in backlog_rows for k in c.kernel_rows):
+                c_step[ci] = -1
     c_mb = microbatch_of(steps, c_step, c_ts)
     for c, k, p, mb in zip(colls, c_step, c_phase, c_mb):
         c.step, c.microbatch = int(k), int(mb)
