@@ -52,6 +52,7 @@ THRESHOLDS: dict[str, tuple[float, str]] = {
     "strategy_min_saving_pct": (5.0, "sharding-strategy / ddp-would-be-faster: estimated saving as % of the step"),
     "fine_latency_share": (0.5, "auto-wrap-too-fine: fixed-latency share of the median collective (fit duration = a + bytes/bw) that counts as latency-bound"),
     "fine_hook_saving_pct": (5.0, "auto-wrap-too-fine: step saving (% of the step) of the what-if replay with FSDP hook CPU time removed that puts the hooks on the critical path"),
+    "recompute_min_pct": (3.0, "activation-recompute: GPU time of recomputed forward ops per step as % of the step"),
     "hook_overhead_pct": (30.0, "auto-wrap-too-fine: CPU time in FSDP hooks as % of the step that counts as evidence"),
 }
 

@@ -15,8 +15,9 @@ What the runner does with every finding, whatever the rule (so that no rule can 
   step) or the wall-clock time per step (:attr:`RunFacts.step_clock_ms`); on CPU-only traces,
   the CPU step. A capped estimate says so in its evidence.
 * **Severity** of a finding with an estimated saving comes from the saving's share of the step
-  (wall-clock time per step): ``severity_critical_pct`` and ``severity_warning_pct`` in the
-  thresholds table; below the warning share it is info. A finding without an estimate (CPU-only
+  (the step time): ``severity_critical_pct`` and ``severity_warning_pct`` in the
+  thresholds table; below the warning share it is info; never above its rule's ``MAX_SEVERITY``
+  (trade-off findings such as activation checkpointing's recompute). A finding without an estimate (CPU-only
   traces, memory findings) keeps the severity its rule gave it.
 """
 
@@ -105,10 +106,14 @@ def run_rules(facts: RunFacts, config: dict[str, Any] | None = None) -> list[Fin
     findings = _fold(findings)
     clocks = {m.SLUG: getattr(m, "SAVES_ON", "gpu") for m in mods}
     replays = {m.SLUG: getattr(m, "REPLAY_FIX", None) for m in mods}
+    caps = {m.SLUG: getattr(m, "MAX_SEVERITY", None) for m in mods}
     for f in findings:
         bound_saving(f, facts, clocks.get(f.slug, "gpu"))
         mark_basis(f, facts, replays.get(f.slug))
         grade(f, facts, cfg)
+        cap = caps.get(f.slug)
+        if cap in SEVERITIES and SEVERITIES.index(f.severity) < SEVERITIES.index(cap):
+            f.severity = cap  # a trade-off finding (its rule's MAX_SEVERITY) is never graded above it
     sev = {s: i for i, s in enumerate(SEVERITIES)}
     findings.sort(key=lambda f: (-(f.est_saving_ms or 0.0), sev.get(f.severity, 9), f.code))
     return findings

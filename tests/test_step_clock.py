@@ -139,6 +139,8 @@ def test_compare_real_pairs_on_the_step_clock():
     assert c.step_time_delta_pct > 100
     c = compare(runs["fsdp2"], runs["fsdp2-ac"])
     assert c.step_time_delta_pct == pytest.approx(100 * (clock["fsdp2-ac"] / clock["fsdp2"] - 1), abs=2.0)
+    assert c.primary_cause == "activation-recompute"  # checkpointing's recompute, not "compute"
+    assert c.primary.delta_ms == pytest.approx(c.step_time_delta_ms, rel=0.05)
     c = compare(runs["fsdp2"], runs["fsdp2-offload"])
     assert c.step_after_ms == pytest.approx(clock["fsdp2-offload"], rel=0.03)
     assert c.primary_cause == "cpu-offload-stall"
