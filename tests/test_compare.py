@@ -171,7 +171,7 @@ def test_outputs(generated):
     assert all({"slug", "delta_ms"} <= set(x) for x in d["causes"])
     assert sum(x["delta_ms"] for x in d["causes"]) == pytest.approx(d["step_time_delta_ms"], abs=1e-6)
     assert sum(v["delta_ms"] for v in d["components"].values()) == pytest.approx(d["step_time_delta_ms"], abs=1e-6)
-    assert "ProfilerStep" in d["basis_definition"]
+    assert "step completions" in d["basis_definition"]
     md = render_markdown(c)
     assert md.startswith("# Step time 76.")
     assert "Primary cause: `missing-backward-prefetch`" in md

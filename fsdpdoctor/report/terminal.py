@@ -46,7 +46,7 @@ def render(report: "Report", console: Console) -> None:
         ft.add_column("finding", ratio=1)
         ft.add_column("saving/step", justify="right", no_wrap=True)
         for fd in report.findings[:8]:
-            saving = saving_text(fd).replace("/step", "") if fd.est_saving_ms else (mib(fd.est_saving_bytes) if fd.est_saving_bytes else "–")
+            saving = saving_text(fd).replace("/step (", "\n(") if fd.est_saving_ms else (mib(fd.est_saving_bytes) if fd.est_saving_bytes else "–")
             ft.add_row(
                 Text(fd.severity, style=SEVERITY_STYLE.get(fd.severity, "")),
                 fd.code,
