@@ -267,8 +267,8 @@ class WhatIfFacts:
     ``measured_step_ms`` counts a step in wall-clock time, from its CPU start to the next step's,
     the last one to the later of its CPU end and the end of the steps' GPU work (the mean is
     ``TimelineSummary.wall_ms``; = the ProfilerStep span when each step ends in a sync);
-    ``replayed_step_ms`` is the unchanged graph's replay; ``error_pct`` = |Σ replayed − Σ measured|
-    / Σ measured over the steps (per run: the worst rank), the error bar of every saving.
+    ``replayed_step_ms`` is the unchanged graph's replay; ``error_pct`` = the largest per-step
+    |replayed − measured| / measured (per run: the worst rank), the error bar of every saving.
     ``step_ms[fix]`` is the replayed mean step time with the fix applied, ``saving_ms[fix]`` the
     replayed step time without it minus with it (per run: the maximum over ranks, since the
     slowest rank sets the step). ``exposed_rs_ms[fix]`` is the exposed reduce-scatter per step
@@ -281,6 +281,12 @@ class WhatIfFacts:
     ops: int = 0
     wait_edges: int = 0
     blocking_calls: int = 0
+    # ops that started later than anything in the trace explains: an edge inferred where the op
+    # started just as work on another stream ended, else the measured wait kept as is
+    inferred_edges: int = 0
+    unexplained_waits: int = 0
+    unexplained_wait_ms: float = 0.0  # Σ of the kept waits per step
+    backlog_ops: int = 0  # GPU ops replayed where they were measured (launched before the window)
     step_ms: dict[str, float] = field(default_factory=dict)
     saving_ms: dict[str, float] = field(default_factory=dict)
     exposed_rs_ms: dict[str, float] = field(default_factory=dict)

@@ -136,5 +136,7 @@ def replayed_saving(facts: RunFacts, fix: str) -> float | None:
 def replay_evidence(facts: RunFacts, fix: str, what: str) -> str:
     """One evidence line: the replayed saving and the replay's own error bar."""
     w = facts.whatif
+    kept = (f"; {w.unexplained_waits} waits the trace does not explain kept as measured ({w.unexplained_wait_ms:.2f} ms per step)"
+            if w.unexplained_waits else "")
     return (f"what-if replay: {what} takes the step from {w.replayed_step_ms:.1f} to {w.step_ms.get(fix, 0.0):.1f} ms "
-            f"(unchanged replay within {w.error_pct:.2f}% of the measured step)")
+            f"(unchanged replay within {w.error_pct:.2f}% of every measured step{kept})")

@@ -81,7 +81,7 @@ def check(facts, cfg):
     if replayed is not None:
         saving = replayed
         evidence.append(f"what-if replay: {facts.whatif.evidence.get('straggler', '')}; the slowest rank sets the step "
-                        f"(unchanged replay within {facts.whatif.error_pct:.2f}% of the measured step)")
+                        f"(unchanged replay within {facts.whatif.error_pct:.2f}% of every measured step)")
     return [
         finding(
             __name__,

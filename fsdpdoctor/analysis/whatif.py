@@ -75,6 +75,7 @@ class Graph:
     ranges: dict[str, list[tuple[float, float]]]  # CPU ranges the fixes need (optimizer, rate limiter)
     device_syncs: set[int]  # rows of cudaDeviceSynchronize calls
     n_wait_edges: int = 0
+    n_inferred: int = 0
     # per op: the measured wait past every constraint the trace explains (≥ UNEXPLAINED_US, else
     # 0): a dependency the trace does not show, kept as measured after the explained ones
     g_wait: np.ndarray | None = None
@@ -139,7 +140,9 @@ def build_graph(rt: RankTrace, steps: list[StepWindow], colls: list[Collective])
 
     deps, n_wait = _wait_edges(rt, steps, start, end, stream, key, has, lr)
     syncs = _sync_calls(rt, start, end, key, rows, lr, has)
+    n_deps = sum(len(v) for v in deps.values())
     g_wait = _unexplained_waits(start, end, key, stream, backlog, g_launch, prev_s, g_stream, prev_p, g_comm, deps)
+    n_inferred = sum(len(v) for v in deps.values()) - n_deps
     names = [rt.names[c] for c in rt.name[rows]]
     _, ph = locate(steps, key)
     phase = np.array(PHASES, dtype=object)[ph]
@@ -152,7 +155,7 @@ def build_graph(rt: RankTrace, steps: list[StepWindow], colls: list[Collective])
     ranges["hooks"] = _outermost(ranges["hooks"])
     return Graph(start, end, stream, launch, key, backlog, comm, coll, pg, is_compute, step, g_launch, g_stream, g_comm,
                  deps, syncs, steps, colls, names, phase, ranges,
-                 {row for *_, row in syncs if rt.row_name(row).endswith("DeviceSynchronize")}, n_wait, g_wait,
+                 {row for *_, row in syncs if rt.row_name(row).endswith("DeviceSynchronize")}, n_wait, n_inferred, g_wait,
                  rt.name[rows].astype(np.int64), rt.names)
 
 
@@ -600,7 +603,7 @@ def _append_ops(g: Graph, src: list[int]) -> tuple[Graph, list[int]]:
     g2 = Graph(cat(g.start), cat(g.end), cat(g.stream), cat(g.launch), cat(g.key), cat(g.backlog), cat(g.comm), cat(g.coll),
                cat(g.pg), cat(g.is_compute), cat(g.step), cat(g.g_launch), cat(g.g_stream), cat(g.g_comm),
                dict(g.deps), g.syncs, g.steps, g.colls, g.names + [g.names[i] for i in src], cat(g.phase),
-               g.ranges, g.device_syncs, g.n_wait_edges, cat(g.g_wait),
+               g.ranges, g.device_syncs, g.n_wait_edges, g.n_inferred, cat(g.g_wait),
                cat(g.name_code) if g.name_code is not None else None, g.code_names)
     return g2, list(range(n, n + idx.size))
 
@@ -787,6 +790,10 @@ def analyze_whatif(rt: RankTrace, steps: list[StepWindow], colls: list[Collectiv
         ops=int(g.start.size),
         wait_edges=g.n_wait_edges,
         blocking_calls=sum(1 for s in g.syncs if s[2] >= 0),
+        inferred_edges=g.n_inferred,
+        unexplained_waits=int((g.g_wait > 0).sum()),
+        unexplained_wait_ms=float(g.g_wait.sum()) / 1e3 / max(len(steps), 1),
+        backlog_ops=int(g.backlog.sum()),
         latency_share=latency_share(colls),
     )
     out.exposed_rs_ms["none"] = _exposed_rs_ms(g, S, E)
@@ -816,6 +823,10 @@ def fold_whatif(ranks: list) -> WhatIfFacts | None:
         ops=sum(w.ops for _, w in ws),
         wait_edges=sum(w.wait_edges for _, w in ws),
         blocking_calls=sum(w.blocking_calls for _, w in ws),
+        inferred_edges=sum(w.inferred_edges for _, w in ws),
+        unexplained_waits=sum(w.unexplained_waits for _, w in ws),
+        unexplained_wait_ms=max(w.unexplained_wait_ms for _, w in ws),
+        backlog_ops=sum(w.backlog_ops for _, w in ws),
         per_rank_error_pct={str(r): w.error_pct for r, w in ws},
     )
     shares = [w.latency_share for _, w in ws if w.latency_share is not None]
