@@ -367,104 +367,161 @@ def _step_times(g: Graph, marks: np.ndarray, E: np.ndarray) -> np.ndarray:
 
 
 def replay(g: Graph, fix: Fix | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Replayed (start, end) of every op and the step times (ms) of ``g.steps``."""
+    """Replayed (start, end) of every op and the step times (ms) of ``g.steps``.
+
+    The arrays are prepared here with numpy; the event loop, a list schedule that does not
+    vectorize (each start depends on ends just computed), is compiled (:func:`_replay_loop`)."""
     fix = fix or Fix("none")
     n = g.start.size
     key = g.key.copy()
-    for i, k in fix.move.items():
-        key[i] = k
+    if fix.move:
+        mv = np.fromiter(fix.move.keys(), dtype=np.int64, count=len(fix.move))
+        key[mv] = np.fromiter(fix.move.values(), dtype=np.float64, count=len(fix.move))
     dur = g.end - g.start
-    for i, f in fix.scale.items():
-        dur[i] = dur[i] * f
-    # the CPU-side event list: ops, blocking calls, step boundaries, cuts; measured CPU order
-    kinds, keys, idx = [], [], []
-    kinds.append(np.zeros(n, dtype=np.int8)); keys.append(key); idx.append(np.arange(n))
-    if g.syncs:
-        kinds.append(np.ones(len(g.syncs), dtype=np.int8))
-        keys.append(np.array([s[0] for s in g.syncs]))
-        idx.append(np.arange(len(g.syncs)))
+    if fix.scale:
+        sc = np.fromiter(fix.scale.keys(), dtype=np.int64, count=len(fix.scale))
+        dur[sc] *= np.fromiter(fix.scale.values(), dtype=np.float64, count=len(fix.scale))
+    sy = _sync_arrays(g)
     ns = len(g.steps)
-    kinds.append(np.full(2 * ns, 2, dtype=np.int8))
-    keys.append(np.array([x for s in g.steps for x in (s.start, s.end)]))
-    idx.append(np.arange(2 * ns))
-    if fix.cpu_cuts:
-        kinds.append(np.full(len(fix.cpu_cuts), 3, dtype=np.int8))
-        keys.append(np.array([b for _, b in fix.cpu_cuts]))
-        idx.append(np.arange(len(fix.cpu_cuts)))
-    kinds_a, keys_a, idx_a = np.concatenate(kinds), np.concatenate(keys), np.concatenate(idx)
-    # one order: the backlog first (launched before the window), then everything by CPU time
+    cuts = np.array(fix.cpu_cuts, dtype=np.float64).reshape(-1, 2)
+    # the CPU-side event list: ops, blocking calls, step boundaries, cuts; one order: the backlog
+    # first (launched before the window), then everything by CPU time
+    kinds_a = np.concatenate((np.zeros(n, np.int8), np.ones(sy["ts"].size, np.int8), np.full(2 * ns, 2, np.int8),
+                              np.full(cuts.shape[0], 3, np.int8)))
+    keys_a = np.concatenate((key, sy["ts"], np.array([x for st in g.steps for x in (st.start, st.end)], dtype=np.float64),
+                             cuts[:, 1]))
+    idx_a = np.concatenate((np.arange(n), np.arange(sy["ts"].size), np.arange(2 * ns), np.arange(cuts.shape[0])))
     first = np.zeros(kinds_a.size, dtype=bool)
     first[:n] = g.backlog
     order = np.lexsort((kinds_a, keys_a, ~first))
-    # plain Python lists: the loop below indexes them one element at a time
-    S = [0.0] * n
-    E = [0.0] * n
-    stream_last: dict[int, int] = {}
-    pg_last: dict[int, int] = {}
+    g_wait = g.g_wait.copy() if g.g_wait is not None else np.zeros(n)
+    moved = [*fix.move, *fix.drop_deps]
+    if moved:  # a moved op's unseen wait is not carried along
+        g_wait[np.array(moved, dtype=np.int64)] = 0.0
+    dep_ptr, dep_op, dep_gap = _deps_csr(g, fix.drop_deps)
+    free = np.isin(sy["row"], np.fromiter(fix.free_syncs, dtype=np.int64, count=len(fix.free_syncs))) \
+        if fix.free_syncs else np.zeros(sy["row"].size, dtype=bool)
+    _, stream_ix = np.unique(g.stream, return_inverse=True)
+    args = (kinds_a[order], idx_a[order], keys_a[order], g.start, key, dur, g.backlog, g.g_launch, g.g_stream, g.g_comm, g_wait,
+            stream_ix.astype(np.int64), int(stream_ix.max()) + 1 if n else 1, g.pg, int(g.pg.max()) + 1 if n else 0,
+            dep_ptr, dep_op, dep_gap, sy["ts"], sy["te"], sy["a"], sy["res"], free, sy["device"], g.end,
+            cuts[:, 1] - cuts[:, 0], 2 * ns, MIN_SYNC_US, CAP_SYNC_US)
+    if kinds_a.size >= JIT_MIN_EVENTS:
+        S, E, marks = _compiled_loop()(*args)
+    else:  # a small graph: the same loop in Python over lists costs less than compiling or loading it
+        S, E, marks = _replay_loop(*[a.tolist() if isinstance(a, np.ndarray) else a for a in args])
+    return S, E, _step_times(g, np.asarray(marks, dtype=np.float64), np.asarray(E, dtype=np.float64))
+
+
+#: events (ops, blocking calls, step marks) from which the replay's loop runs compiled: below,
+#: importing numba and loading the cached machine code (~0.5 s) costs more than the loop itself
+JIT_MIN_EVENTS = 100_000
+_COMPILED = None
+
+
+def _compiled_loop():
+    """:func:`_replay_loop` compiled by numba (machine code cached on disk after the first run)."""
+    global _COMPILED
+    if _COMPILED is None:
+        from numba import njit
+
+        _COMPILED = njit(cache=True, nogil=True)(_replay_loop)
+    return _COMPILED
+
+
+def _sync_arrays(g: Graph) -> dict[str, np.ndarray]:
+    """The blocking calls as arrays (built once per graph)."""
+    cached = getattr(g, "_sync_cache", None)
+    if cached is not None:
+        return cached
+    sy = np.array([(ts, te, a, res, row) for ts, te, a, res, row in g.syncs], dtype=np.float64).reshape(-1, 5)
+    rows = sy[:, 4].astype(np.int64)
+    out = {"ts": sy[:, 0].copy(), "te": sy[:, 1].copy(), "a": sy[:, 2].astype(np.int64), "res": sy[:, 3].copy(), "row": rows,
+           "device": np.isin(rows, np.fromiter(g.device_syncs, dtype=np.int64, count=len(g.device_syncs)))}
+    g._sync_cache = out  # type: ignore[attr-defined]
+    return out
+
+
+def _deps_csr(g: Graph, drop: set[int]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The cross-stream edges as CSR arrays (ptr per op, awaited op, gap), without ``drop``'s."""
+    n = g.start.size
+    owner = np.fromiter((i for i, dl in g.deps.items() for _ in dl), dtype=np.int64)
+    op = np.fromiter((a for dl in g.deps.values() for a, _ in dl), dtype=np.int64, count=owner.size)
+    gap = np.fromiter((x for dl in g.deps.values() for _, x in dl), dtype=np.float64, count=owner.size)
+    if drop:
+        keep = ~np.isin(owner, np.fromiter(drop, dtype=np.int64, count=len(drop)))
+        owner, op, gap = owner[keep], op[keep], gap[keep]
+    srt = np.argsort(owner, kind="stable")
+    ptr = np.zeros(n + 1, dtype=np.int64)
+    np.cumsum(np.bincount(owner, minlength=n)[:n], out=ptr[1:])
+    return ptr, op[srt], gap[srt]
+
+
+def _replay_loop(ev_kind, ev_idx, ev_key, start, key, dur, backlog, g_launch, g_stream, g_comm, g_wait,
+                 stream, n_streams, pg, n_pgs, dep_ptr, dep_op, dep_gap,
+                 sy_ts, sy_te, sy_a, sy_res, sy_free, sy_device, meas_end, cut_len, n_marks, min_sync, cap_sync):
+    """The replay's event loop (see :func:`replay`; the module docstring gives the model). Plain
+    code over arrays or lists: numba compiles it for large graphs (:func:`_compiled_loop`)."""
+    n = len(start)
+    S = np.zeros(n)
+    E = np.zeros(n)
+    stream_last = np.full(n_streams, -1, np.int64)
+    pg_last = np.full(max(n_pgs, 1), -1, np.int64)
+    marks = np.zeros(n_marks)
     shift = 0.0
     last_end = -np.inf
-    marks = [0.0] * (2 * ns)
-    key_l, dur_l = key.tolist(), dur.tolist()
-    g_launch, g_stream, g_comm = g.g_launch.tolist(), g.g_stream.tolist(), g.g_comm.tolist()
-    g_wait = g.g_wait.tolist() if g.g_wait is not None else [0.0] * n
-    for i in (*fix.move, *fix.drop_deps):  # a moved op's unseen wait is not carried along
-        g_wait[i] = 0.0
-    stream, pg, deps = g.stream.tolist(), g.pg.tolist(), g.deps
-    if fix.drop_deps:
-        deps = {i: d for i, d in deps.items() if i not in fix.drop_deps}
-    meas_end = g.end.tolist()
-    start_l, backlog_l = g.start.tolist(), g.backlog.tolist()
-    keys_l = keys_a.tolist()
-    for kind, i, o in zip(kinds_a[order].tolist(), idx_a[order].tolist(), order.tolist()):
+    for o in range(len(ev_kind)):
+        kind = ev_kind[o]
+        i = ev_idx[o]
         if kind == 0:
             # the backlog starts where it was measured (the GPU's state when the window opened);
             # other ops no earlier than their launch (or measured start), moved with the CPU
-            t = start_l[i] if backlog_l[i] else key_l[i] + shift + g_launch[i]
+            t = start[i] if backlog[i] else key[i] + shift + g_launch[i]
             s = stream[i]
-            p = stream_last.get(s)
-            if p is not None and E[p] + g_stream[i] > t:
+            p = stream_last[s]
+            if p >= 0 and E[p] + g_stream[i] > t:
                 t = E[p] + g_stream[i]
             stream_last[s] = i
             c = pg[i]
             if c >= 0:
-                p = pg_last.get(c)
-                if p is not None and E[p] + g_comm[i] > t:
+                p = pg_last[c]
+                if p >= 0 and E[p] + g_comm[i] > t:
                     t = E[p] + g_comm[i]
                 pg_last[c] = i
-            dl = deps.get(i)
-            if dl:
-                for a, gap in dl:
-                    if E[a] + gap > t:
-                        t = E[a] + gap
+            for d in range(dep_ptr[i], dep_ptr[i + 1]):
+                v = E[dep_op[d]] + dep_gap[d]
+                if v > t:
+                    t = v
             t += g_wait[i]
             S[i] = t
-            e = t + dur_l[i]
+            e = t + dur[i]
             E[i] = e
             if e > last_end:
                 last_end = e
         elif kind == 1:
-            ts, te, a, residual, row = g.syncs[i]
+            ts = sy_ts[i]
+            te = sy_te[i]
+            a = sy_a[i]
+            residual = sy_res[i]
             t0 = ts + shift
-            if row in fix.free_syncs:
-                new_end = t0 + min(te - ts, MIN_SYNC_US)
+            if sy_free[i]:
+                new_end = t0 + min(te - ts, min_sync)
             elif a < 0:
                 new_end = t0 + (te - ts)
             else:
-                done = last_end if row in g.device_syncs else E[a]  # a device sync waits for everything
+                done = last_end if sy_device[i] else E[a]  # a device sync waits for everything
                 if meas_end[a] > ts:  # it blocked: returns when the work is done; time the trace does
                     # not explain (waiting on work outside the graph) is kept as measured
-                    new_end = max(t0 + min(te - ts, MIN_SYNC_US), done + min(residual, CAP_SYNC_US))
-                    new_end += max(residual - CAP_SYNC_US, 0.0)
+                    new_end = max(t0 + min(te - ts, min_sync), done + min(residual, cap_sync))
+                    new_end += max(residual - cap_sync, 0.0)
                 else:  # the work was done before the call: it may have to wait now
-                    new_end = max(t0 + (te - ts), done + MIN_SYNC_US)
+                    new_end = max(t0 + (te - ts), done + min_sync)
             shift = new_end - te
         elif kind == 2:
-            marks[i] = keys_l[o] + shift
+            marks[i] = ev_key[o] + shift
         else:
-            a, b = fix.cpu_cuts[i]
-            shift -= b - a
-    S_a, E_a, mk = np.array(S), np.array(E), np.array(marks)
-    return S_a, E_a, _step_times(g, mk, E_a)
+            shift -= cut_len[i]
+    return S, E, marks
 
 
 # --------------------------------------------------------------------------------------------
