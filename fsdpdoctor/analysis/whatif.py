@@ -110,16 +110,17 @@ def build_graph(rt: RankTrace, steps: list[StepWindow], colls: list[Collective])
     key = np.where(has, launch, start)
     backlog = ~has if has.any() else np.zeros(rows.size, dtype=bool)
     comm = comm_kernel_mask(rt)[rows]
-    pos = {int(r): i for i, r in enumerate(rows)}
+    pos = np.full(len(rt.ts), -1, dtype=np.int64)  # trace row -> op
+    pos[rows] = np.arange(rows.size)
     coll = np.full(rows.size, -1, dtype=np.int64)
     pg = np.full(rows.size, -1, dtype=np.int64)
     pg_ids: dict[str, int] = {}
     for ci, c in enumerate(colls):
         g = pg_ids.setdefault(c.pg_name or "", len(pg_ids))
-        for k in c.kernel_rows:
-            if k in pos:
-                coll[pos[k]] = ci
-                pg[pos[k]] = g
+        ks = pos[np.asarray(c.kernel_rows, dtype=np.int64)] if c.kernel_rows else np.zeros(0, dtype=np.int64)
+        ks = ks[ks >= 0]
+        coll[ks] = ci
+        pg[ks] = g
     kernel = rt.mask_cat("kernel")[rows]
     is_compute = kernel & ~comm
     st_starts = np.array([s.start for s in steps])
@@ -254,45 +255,38 @@ def _wait_edges(rt, steps, start, end, stream, key, has, lr):
     launched, lthread = launched[order], lthread[order]
     lkey = key[launched]
     st_starts = np.array([s.start for s in steps])
-
-    def step_of(x: float) -> int:
-        return int(np.searchsorted(st_starts, x, side="right"))
-
-    by_stream = {}
-    for s in np.unique(stream[launched]):
-        ix = launched[stream[launched] == s]
-        by_stream[int(s)] = (ix, key[ix], np.maximum.accumulate(end[ix]))
-    by_thread = {int(t): launched[lthread == t] for t in np.unique(lthread)}
-    thread_keys = {t: key[ix] for t, ix in by_thread.items()}
-    n = 0
-    for w in waits:
-        t = float(rt.ts[w])
-        # the waiting stream is that of the next GPU work launched, by this thread or, where the
-        # thread hands over (end of backward), by the next one
-        th = int(rt.thread[w])
-        ops = by_thread.get(th)
-        j = np.searchsorted(lkey, t, side="right")
-        if j >= launched.size:
+    t = rt.ts[waits].astype(np.float64)
+    # the waiting stream is that of the next GPU work launched, by this thread or, where the
+    # thread hands over (end of backward), by the next one
+    j = np.searchsorted(lkey, t, side="right")
+    ok = j < launched.size
+    t, th, j = t[ok], rt.thread[waits][ok], j[ok]
+    y = launched[j]
+    for code in np.unique(th):
+        ops = launched[lthread == code]
+        if not ops.size:
             continue
-        y = int(launched[j])
-        if ops is not None:
-            jj = np.searchsorted(thread_keys[th], t, side="right")
-            if jj < ops.size and step_of(key[ops[jj]]) == step_of(t):
-                y = int(ops[jj])
-        best, best_end = -1, -np.inf
-        for s, (ix, kk, _) in by_stream.items():
-            if s == stream[y]:
-                continue
-            p = np.searchsorted(kk, t, side="left") - 1
-            if p < 0:
-                continue
-            x = int(ix[p])
-            if end[x] <= start[y] + 1e-3 and end[x] > best_end:
-                best, best_end = x, end[x]
-        if best >= 0:
-            deps.setdefault(y, []).append((best, min(start[y] - end[best], CAP_DEP_US)))
-            n += 1
-    return deps, n
+        m = th == code
+        jj = np.searchsorted(key[ops], t[m], side="right")
+        inside = jj < ops.size
+        cand = ops[np.minimum(jj, ops.size - 1)]
+        same_step = np.searchsorted(st_starts, key[cand], side="right") == np.searchsorted(st_starts, t[m], side="right")
+        y[m] = np.where(inside & same_step, cand, y[m])
+    # the awaited op: the latest-ending op of another stream launched last before the wait
+    best = np.full(y.size, -1, dtype=np.int64)
+    best_end = np.full(y.size, -np.inf)
+    for sid in np.unique(stream[launched]):
+        ix = launched[stream[launched] == sid]
+        p = np.searchsorted(key[ix], t, side="left") - 1
+        x = ix[np.maximum(p, 0)]
+        take = (p >= 0) & (stream[y] != sid) & (end[x] <= start[y] + 1e-3) & (end[x] > best_end)
+        best = np.where(take, x, best)
+        best_end = np.where(take, end[x], best_end)
+    hit = best >= 0
+    gaps = np.minimum(start[y[hit]] - end[best[hit]], CAP_DEP_US)
+    for yi, bi, gi in zip(y[hit].tolist(), best[hit].tolist(), gaps.tolist()):
+        deps.setdefault(yi, []).append((bi, gi))
+    return deps, int(hit.sum())
 
 
 def _sync_calls(rt, start, end, key, rows, lr, has):
@@ -300,46 +294,48 @@ def _sync_calls(rt, start, end, key, rows, lr, has):
     runtime = rt.mask_cat("cuda_runtime", "cuda_driver")
     calls = np.flatnonzero(runtime & (rt.mask_names(lambda n: n in SYNC_NAMES)
                                       | (rt.mask_names(lambda n: n in LAUNCH_NAMES) & (rt.dur > LAUNCH_BLOCKED_US))))
-    out = []
     if calls.size == 0:
-        return out
-    by_end = np.flatnonzero(has)
-    by_end = by_end[np.argsort(end[by_end], kind="stable")]
-    ends = end[by_end]
-    own = {int(rt.correlation[r]): int(i) for i, r in zip(np.flatnonzero(has), lr[has])}
-    lorder = np.flatnonzero(has)
-    lorder = lorder[np.argsort(key[lorder], kind="stable")]
-    lkey_sorted = key[lorder]
-    # prefix arg-max of the end times in launch order (what a device sync waits for)
-    lend = end[lorder]
-    run_max = np.maximum.accumulate(lend) if lend.size else lend
-    arg_run = np.zeros(lend.size, dtype=np.int64)
-    if lend.size:
+        return []
+    ts = rt.ts[calls].astype(np.float64)
+    te = ts + rt.dur[calls]
+    a = np.full(calls.size, -1, dtype=np.int64)
+    lops = np.flatnonzero(has)
+    # synchronous / pageable copies return when their own copy is done
+    copy = rt.mask_names(lambda n: n.startswith(("cudaMemcpy", "hipMemcpy")))[calls]
+    if copy.any() and lops.size:
+        corr = rt.correlation[lr[lops]]
+        srt = np.argsort(corr, kind="stable")
+        corr, by_corr = corr[srt], lops[srt]
+        cc = rt.correlation[calls[copy]]
+        k = np.minimum(np.searchsorted(corr, cc), corr.size - 1)
+        i = by_corr[k]
+        own = (corr[k] == cc) & (ts[copy] < end[i]) & (end[i] <= te[copy] + 1e-3)
+        a[np.flatnonzero(copy)[own]] = i[own]
+    # a device synchronization waits for everything launched before it
+    device = rt.mask_names(lambda n: n.endswith("DeviceSynchronize"))[calls]
+    if device.any() and lops.size:
+        lorder = lops[np.argsort(key[lops], kind="stable")]
+        lend = end[lorder]
+        run_max = np.maximum.accumulate(lend)
         is_new = np.concatenate(([True], lend[1:] > run_max[:-1]))
         arg_run = np.maximum.accumulate(np.where(is_new, np.arange(lend.size), 0))
-    for c in calls:
-        ts, te = float(rt.ts[c]), float(rt.ts[c] + rt.dur[c])
-        name = rt.row_name(int(c))
-        a = -1
-        if name.startswith(("cudaMemcpy", "hipMemcpy")):
-            # the call returns when its own copy is done (pageable / synchronous copies)
-            i = own.get(int(rt.correlation[c]), -1)
-            if i >= 0 and ts < end[i] <= te + 1e-3:
-                a = i
-        elif name.endswith("DeviceSynchronize"):
-            # waits for everything launched before it
-            lo = int(np.searchsorted(lkey_sorted, ts, side="left"))
-            if lo > 0:
-                a = int(lorder[arg_run[lo - 1]])
-        else:
-            # the latest-ending GPU work launched before the call that ended while it blocked
-            lo, hi = np.searchsorted(ends, ts, side="right"), np.searchsorted(ends, te + 1e-3, side="right")
-            cand = by_end[lo:hi]
-            cand = cand[key[cand] < ts]
-            if cand.size:
-                a = int(cand[np.argmax(end[cand])])
-        out.append((ts, te, a, te - end[a] if a >= 0 else 0.0, int(c)))
-    return out
+        lo = np.searchsorted(key[lorder], ts[device], side="left")
+        a[np.flatnonzero(device)[lo > 0]] = lorder[arg_run[lo[lo > 0] - 1]]
+    # the rest (stream / event synchronizations, launches that waited for the queue): the
+    # latest-ending GPU work launched before the call that ended while it blocked
+    rest = np.flatnonzero(~copy & ~device)
+    if rest.size and lops.size:
+        by_end = lops[np.argsort(end[lops], kind="stable")]
+        ends = end[by_end]
+        los = np.searchsorted(ends, ts[rest], side="right")
+        his = np.searchsorted(ends, te[rest] + 1e-3, side="right")
+        for r, lo, hi in zip(rest.tolist(), los.tolist(), his.tolist()):
+            for q in range(hi - 1, lo - 1, -1):  # by end, latest first: the first launched before the call
+                if key[by_end[q]] < ts[r]:
+                    a[r] = by_end[q]
+                    break
+    gap = np.where(a >= 0, te - end[np.maximum(a, 0)], 0.0)
+    return list(zip(ts.tolist(), te.tolist(), a.tolist(), gap.tolist(), calls.tolist()))
 
 
 def measured_step_ms(g: Graph) -> np.ndarray:
