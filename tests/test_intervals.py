@@ -63,3 +63,20 @@ def test_clip_and_empty_sets():
     assert iv.total(iv.EMPTY) == 0.0
     assert iv.intersect_len(a, iv.EMPTY) == 0.0
     assert iv.total(iv.subtract(iv.EMPTY, a)) == 0.0
+
+
+def test_window_is_the_intersection_with_the_window():
+    rng = np.random.default_rng(7)
+    for _ in range(50):
+        s = np.sort(rng.uniform(0, 100, 30))
+        merged = iv.merge(s, s + rng.uniform(0, 5, 30))
+        lo, hi = sorted(rng.uniform(-10, 110, 2))
+        got = iv.window(merged, lo, hi)
+        # brute force on a 0.01 grid: covered by the set and inside [lo, hi]
+        x = np.arange(-10, 110, 0.01) + 0.005
+        inside = np.zeros(x.size, dtype=bool)
+        for a, b in zip(*merged):
+            inside |= (x >= a) & (x < b)
+        want = 0.01 * np.count_nonzero(inside & (x >= lo) & (x < hi))
+        assert iv.total(got) == pytest.approx(want, abs=0.03)
+        assert np.all(got[0] >= lo) and np.all(got[1] <= hi) and np.all(got[1] > got[0])

@@ -65,6 +65,17 @@ def intersect_len(a: Intervals, b: Intervals) -> float:
     return float(np.sum(measure_below(b, a[1]) - measure_below(b, a[0])))
 
 
+def window(iv: Intervals, lo: float, hi: float) -> Intervals:
+    """The part of a merged set inside [lo, hi], found by binary search (cost independent of the
+    set's size outside the window)."""
+    s, e = iv
+    i = int(np.searchsorted(e, lo, side="right"))
+    j = int(np.searchsorted(s, hi, side="left"))
+    if j <= i:
+        return EMPTY
+    return np.maximum(s[i:j], lo), np.minimum(e[i:j], hi)
+
+
 def clip(iv: Intervals, lo: float, hi: float) -> Intervals:
     """The part of ``iv`` inside [lo, hi]."""
     s, e = iv

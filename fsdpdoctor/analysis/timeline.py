@@ -169,10 +169,11 @@ def step_timeline_backlog(rt: RankTrace, steps: list[StepWindow], colls: list[Co
             w1 = float(e.max()) if nxt is None else min(float(e.max()), max(nxt, w0))
             own = window / 1e3 - sf.compute_ms - sf.exposed_comm_ms - sf.memcpy_ms
             span = iv.merge(np.array([w0]), np.array([w1]))
-            sf.idle_ms = min(max((w1 - w0 - iv.intersect_len(span, busy_all)) / 1e3, 0.0), max(own, 0.0))
+            busy_here = iv.window(busy_all, w0, w1)  # the GPU running anything, inside [w0, w1]
+            sf.idle_ms = min(max((w1 - w0 - iv.total(busy_here)) / 1e3, 0.0), max(own, 0.0))
             if sf.idle_ms > 0 and blocked[0].size:
-                idle_iv = iv.subtract(span, busy_all)
-                sf.idle_cpu_blocked_ms = min(iv.intersect_len(idle_iv, blocked) / 1e3, sf.idle_ms)
+                idle_iv = iv.subtract(span, busy_here)
+                sf.idle_cpu_blocked_ms = min(iv.intersect_len(idle_iv, iv.window(blocked, w0, w1)) / 1e3, sf.idle_ms)
             sf.other_steps_ms = max(own - sf.idle_ms, 0.0)
             sf.gpu_busy_ms = iv.total(iv.union(busy_cc, mem)) / 1e3
             ph = phase_idx[in_step]
