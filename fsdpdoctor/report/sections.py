@@ -89,7 +89,7 @@ def steps_text(f: RunFacts) -> str:
     t = f.timeline
     if f.gpu_present and f.steps.mean_ms:
         out += f"; step time {ms(f.steps.mean_ms)}, {bound_text(f)}"
-        if t.backlog_ops:
+        if t.backlog_ms >= 0.05 * f.steps.mean_ms:  # (a smaller backlog is only in the notes)
             out += f"; {ms(t.backlog_ms)} of GPU work launched before the window (warm-up backlog) counted in no step"
     elif f.steps.mean_ms:
         out += f", step time {ms(f.steps.mean_ms)} (CPU)"
