@@ -185,9 +185,10 @@ def analyze(
             facts.notes.append(f"sidecar {fs_name(side_path)} read: facts marked 'sidecar' came from it")
         else:
             facts.notes.append(problem)
-    if memory:
-        attach_memory(facts, memory)
-    else:  # no snapshot: the allocator totals the trace recorded, if it did (profile_memory=True)
+    found = [] if memory else _found_snapshots(list(paths), facts)
+    if memory or found:
+        attach_memory(facts, memory or found, found=bool(found))
+    if facts.memory is None:  # no snapshot: the allocator totals the trace recorded, if it did (profile_memory=True)
         traced = [r.memory_trace for r in facts.rank_facts if r.memory_trace is not None]
         if traced:
             facts.memory = max(traced, key=lambda m: m.peak_allocated_bytes)
@@ -230,17 +231,43 @@ def memory_files(paths: str | Path | Iterable[str | Path]) -> list[Path]:
     return out
 
 
-def attach_memory(facts: RunFacts, memory: str | Path | Iterable[str | Path]) -> None:
-    """Analyse every snapshot; keep the one with the highest peak in ``facts.memory``."""
+def _found_snapshots(paths: list, facts: RunFacts) -> list[Path]:
+    """Memory snapshots lying beside the traces (:func:`fsdpdoctor.ingest.discover.snapshots_beside`)."""
+    from .ingest.discover import snapshots_beside
+
+    return snapshots_beside(paths)
+
+
+def attach_memory(facts: RunFacts, memory: str | Path | Iterable[str | Path], *, found: bool = False) -> None:
+    """Analyse every snapshot; keep the one with the highest peak in ``facts.memory``.
+
+    ``found``: the snapshots were found beside the traces, not named with ``--memory``: the
+    notes say which were read, and one that cannot be read is a note, not an error."""
     from .analysis.memory import analyze_memory
 
+    import re
+
     best = None
+    read = []
     for f in memory_files(memory):
-        mf = analyze_memory(f)
+        try:
+            mf = analyze_memory(f)
+        except InputError as exc:
+            if not found:
+                raise
+            facts.notes.append(f"memory snapshot {Path(f).name} beside the traces not read: {exc.problem}")
+            continue
+        read.append(Path(f).name)
+        m = re.search(r"rank[_-]?(\d+)", Path(str(f)).name)
+        mf.rank = int(m.group(1)) if m else None
+        mf.discovered = found
         facts.memory_per_input[str(f)] = mf.peak_allocated_bytes
         if best is None or mf.peak_allocated_bytes > best.peak_allocated_bytes:
             best = mf
     facts.memory = best
+    if found and read:
+        facts.notes.insert(0, "memory snapshot" + ("s " if len(read) > 1 else " ") + ", ".join(read)
+                           + " found beside the traces and read (no --memory needed)")
 
 
 def analyze_memory_only(memory: str | Path | Iterable[str | Path], config: dict[str, Any] | None = None) -> Report:

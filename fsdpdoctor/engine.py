@@ -86,7 +86,7 @@ def find_rule(key: str) -> ModuleType | None:
 
 
 def run_rules(facts: RunFacts, config: dict[str, Any] | None = None) -> list[Finding]:
-    """All findings, ranked by estimated saving (largest first), then severity."""
+    """All findings, in the one ranking of :func:`rank`."""
     cfg = config or {}
     from .config import defaults
 
@@ -102,9 +102,33 @@ def run_rules(facts: RunFacts, config: dict[str, Any] | None = None) -> list[Fin
     for f in findings:
         bound_saving(f, facts, clocks.get(f.slug, "gpu"))
         grade(f, facts, cfg)
+    crash = {m.SLUG for m in mods if getattr(m, "CRASH", False)}
+    return rank(findings, crash)
+
+
+def rank(findings: list[Finding], crash: set[str] | frozenset[str] = frozenset({"oom"})) -> list[Finding]:
+    """The one order every report shows findings in (terminal, Markdown, HTML, JSON).
+
+    1. What made the run crash (a rule with ``CRASH = True``, the OOM) comes first.
+    2. Then by severity: a finding without a saving never outranks a critical one.
+    3. Within a severity, findings with a time saving by milliseconds saved per step (largest
+       first), then memory findings by bytes freed (largest first), then the rest by code.
+
+    Severity of a finding with a time saving comes from its share of the step (:func:`grade`),
+    so ordering by severity first keeps time findings in the order of their savings.
+    """
     sev = {s: i for i, s in enumerate(SEVERITIES)}
-    findings.sort(key=lambda f: (-(f.est_saving_ms or 0.0), sev.get(f.severity, 9), f.code))
-    return findings
+
+    def key(f: Finding) -> tuple:
+        if f.est_saving_ms is not None:
+            kind, amount = 0, -f.est_saving_ms
+        elif f.est_saving_bytes:
+            kind, amount = 1, -float(f.est_saving_bytes)
+        else:
+            kind, amount = 2, 0.0
+        return (f.slug not in crash, sev.get(f.severity, 9), kind, amount, f.code)
+
+    return sorted(findings, key=key)
 
 
 def saving_bound(facts: RunFacts, clock: str = "gpu") -> tuple[float, str]:

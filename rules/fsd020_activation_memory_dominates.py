@@ -17,7 +17,7 @@ Fix
 
 from fsdpdoctor.fmt import mib, pct
 
-from ._util import finding
+from ._util import finding, oom_cause
 
 CODE = "FSD020"
 SLUG = "activation-memory-dominates"
@@ -35,6 +35,8 @@ apply_activation_checkpointing(model, check_fn=lambda m: isinstance(m, Transform
 def check(facts, cfg):
     m = facts.memory
     if m is None or not m.peak_allocated_bytes:
+        return []
+    if oom_cause(facts)[0] == "outside":  # the run crashed on memory held outside PyTorch: checkpointing cannot help
         return []
     act = m.categories.get("activations", 0)
     share = 100 * act / m.peak_allocated_bytes

@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from ..facts import RunFacts
 from ..fmt import mib, ms, pct
+
+if TYPE_CHECKING:
+    from ..engine import Finding
 
 
 @dataclass
@@ -14,6 +20,70 @@ class Table:
     headers: list[str]
     rows: list[list[str]] = field(default_factory=list)
     note: str = ""
+
+
+_SHELL_LINE = re.compile(r"^(export\s|[A-Z_][A-Z0-9_]*=|nvidia-smi\b|torchrun\b|pip\s|python3?\s+-m\b|kill\b|ps\b|\$\s)")
+
+
+def fix_language(code: str) -> str:
+    """The language a fix is written in, for syntax highlighting: "bash" when every line that is
+    not a comment is a shell command (``export PYTORCH_CUDA_ALLOC_CONF=...``, ``nvidia-smi``),
+    else "python"."""
+    lines = [ln.strip() for ln in code.splitlines() if ln.strip() and not ln.strip().startswith("#")]
+    return "bash" if lines and all(_SHELL_LINE.match(ln) for ln in lines) else "python"
+
+
+def saving_text(fd: "Finding", f: RunFacts) -> str:
+    """What a finding saves, in its own unit: milliseconds per step (with the what-if replay's
+    error bar when the estimate comes from the replay) or bytes freed at the memory peak; "" when
+    the finding has no estimate."""
+    if fd.est_saving_ms is not None:
+        out = f"saves ~{ms(fd.est_saving_ms)}/step"
+        w = f.whatif
+        if w is not None and any("replay" in e for e in fd.evidence) and f.step_clock_ms:
+            out += f" ± {ms(w.error_pct / 100 * f.step_clock_ms)} (replay error {w.error_pct:.2f}%)"
+        if fd.saving_pct_of_step is not None:
+            out += f", {pct(fd.saving_pct_of_step)} of the step"
+        return out
+    if fd.est_saving_bytes:
+        return f"frees ~{mib(fd.est_saving_bytes)} at the memory peak"
+    return ""
+
+
+def limit_text(f: RunFacts) -> str:
+    """What limits the step, from the facts there are (the step clock's own verdict replaces this
+    when RunFacts carries one)."""
+    t = f.timeline
+    if not f.gpu_present or not t.wall_ms:
+        return "CPU-only trace (no GPU timeline)"
+    if t.gpu_behind_ms > 0.05 * t.wall_ms:
+        return f"GPU-bound: the GPU runs {ms(t.gpu_behind_ms)} behind the CPU"
+    w = t.gpu_window_ms or 0.0
+    busy = t.compute_ms + t.exposed_comm_ms + t.memcpy_ms + t.other_steps_ms
+    if t.wall_ms and busy < 0.5 * t.wall_ms:
+        return f"CPU-bound: the GPU is busy {pct(100 * busy / t.wall_ms)} of the step"
+    parts = [("compute", t.compute_ms), ("exposed communication", t.exposed_comm_ms), ("memory copies", t.memcpy_ms),
+             ("GPU idle", t.idle_ms)]
+    name, v = max(parts, key=lambda kv: kv[1])
+    return f"limited by {name}: {pct(100 * v / w) if w else '–'} of the GPU window"
+
+
+def ticket_headline(f: RunFacts) -> list[tuple[str, str]]:
+    """The few lines the terminal ticket opens with: what was analysed, the step time and what
+    limits it, MFU where known, overlap, exposed communication, memory peak. Extend here: each
+    item is a (label, text) pair, in display order."""
+    if not f.rank_facts:
+        return memory_headline(f) or [("Run", "no traces")]
+    full = dict(headline(f))
+    items = [("Run", full["Run"] + " · " + full["FSDP"])]
+    if f.step_clock_ms:
+        items.append(("Step", f"{ms(f.step_clock_ms)} ({f.steps.count} steps per rank) · {limit_text(f)}"))
+    # MFU: the compute-efficiency facts (RunFacts.compute) add their ("MFU", ...) item here.
+    if not f.collectives:
+        items.append(("Comm", f"no collectives in the traces (world size {f.world_size or len(f.ranks)})"))
+    elif f.gpu_present:
+        items.append(("Comm", f"{pct(f.overlap.pct)} hidden behind compute · exposed {ms(f.exposed_comm.mean_ms_per_step)} per step"))
+    return items + memory_headline(f)
 
 
 def memory_headline(f: RunFacts) -> list[tuple[str, str]]:
@@ -28,13 +98,15 @@ def memory_headline(f: RunFacts) -> list[tuple[str, str]]:
     top = sorted(((k, v) for k, v in m.categories.items() if v), key=lambda kv: -kv[1])[:2]
     if top and m.peak_allocated_bytes:
         peak += "; " + ", ".join(f"{k} {pct(100 * v / m.peak_allocated_bytes)}" for k, v in top)
+    if m.path:
+        peak += f" · {m.source} {Path(m.path).name}" + (", found beside the traces" if m.discovered else "")
     lines = [("Memory", peak)]
     if m.peak_active_bytes and m.peak_active_bytes != m.peak_allocated_bytes:
         lines.append(("Active peak", f"{mib(m.peak_active_bytes)} (memory_viz: freed blocks still in use on another stream count)"))
     if m.history_missing:
         lines.append(("", "snapshot has no allocation history: categories from segments only"))
     if m.oom:
-        lines.append(("OOM", f"requested {mib(m.oom.get('requested_bytes') or m.oom.get('size'))}"))
+        lines.append(("OOM", f"the run ran out of memory requesting {mib(m.oom.get('requested_bytes') or m.oom.get('size'))} (see the oom finding)"))
     return lines
 
 
