@@ -114,7 +114,7 @@ def test_cpu_recording_page(cpu_report, tmp_path):
         assert htmlmod.escape(fd.summary, quote=True) in page
         assert f"<code>{fd.slug}</code>" in page
         for code in fd.fix.values():
-            assert f"<pre><code>{htmlmod.escape(code.rstrip(), quote=True)}</code></pre>" in page
+            assert f'<pre><code class="language-python">{htmlmod.escape(code.rstrip(), quote=True)}</code></pre>' in page
     for u in cpu_report.facts.fsdp.units:  # unit names reach the units chart
         assert json.dumps(u.fqn or "(root)") in page
     assert 'id="fig-steps"' in page and 'id="fig-units"' in page and 'id="fig-timeline"' in page

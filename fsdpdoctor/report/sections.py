@@ -270,8 +270,19 @@ def breakdown_table(f: RunFacts) -> Table | None:
                  t_rows, note)
 
 
+def no_collectives(f: RunFacts) -> str:
+    """One line saying why there is no communication to show, "" when there is some."""
+    if not f.rank_facts or f.collectives:
+        return ""
+    ws = f.world_size or len(f.ranks)
+    why = "one GPU: FSDP has nothing to gather or reduce across ranks" if ws == 1 else "the traces record no NCCL/Gloo kernels"
+    return f"no collectives in the traces (world size {ws}; {why})"
+
+
 def phase_table(f: RunFacts) -> Table | None:
     if not f.gpu_present or f.exposed_comm.mean_ms_per_step is None:
+        return None
+    if no_collectives(f):  # the collectives table says why
         return None
     rows = [[p, ms(v)] for p, v in f.exposed_comm.by_phase.items() if v > 0 or p != "other"]
     roles = {k: v for k, v in f.exposed_comm.by_role.items() if v > 0}
@@ -282,7 +293,8 @@ def phase_table(f: RunFacts) -> Table | None:
 
 def collectives_table(f: RunFacts) -> Table | None:
     if not f.collectives:
-        return None
+        why = no_collectives(f)
+        return Table("Collectives (per step, mean over ranks)", [], [], why) if why else None
     rows = []
     for c in f.collectives:
         rows.append(
@@ -303,6 +315,9 @@ def units_table(f: RunFacts, limit: int = 12) -> Table | None:
     units = f.fsdp.units
     if not units:
         return None
+    if no_collectives(f):
+        return Table(f"FSDP units ({f.fsdp.unit_source})", [], [],
+                     f"{len(units)} units, no all-gathers or reduce-scatters to show (no collectives in the traces)")
     rows = []
     for u in units[:limit]:
         rows.append(

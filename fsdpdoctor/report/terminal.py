@@ -25,8 +25,8 @@ def rich_table(t: Table, right: Callable[[int, str], bool] = lambda i, _h: i >= 
     """The one rich table renderer (analyze, compare); ``right(index, header)`` picks the
     right-aligned columns. Cells are plain Text, so strings from a trace are never read as markup."""
     rt = RichTable(title=t.title, title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False, caption=t.note or None)
-    for i, h in enumerate(t.headers):
-        rt.add_column(h, justify="right" if right(i, h) else "left", overflow="fold")
+    for i, h in enumerate(t.headers):  # a header never wraps: its column is at least as wide
+        rt.add_column(h, justify="right" if right(i, h) else "left", overflow="fold", min_width=len(h))
     for row in t.rows:
         rt.add_row(*[Text(x) for x in row])
     return rt
@@ -63,8 +63,12 @@ def _finding_line(fd, f) -> Text:
 
 def print_table(t: Table, console: Console) -> None:
     """A detail table, or, when it has no rows, its title and the one line saying why."""
-    if t.rows:
-        console.print(rich_table(t))
+    if t.rows:  # title and note as full-width lines: a narrow table would wrap them
+        console.print(Text(t.title, style="italic"))
+        console.print(rich_table(Table("", t.headers, t.rows)))
+        if t.note:
+            console.print(Text(t.note, style="dim"))
+        console.print()
     else:
         console.print(Text.assemble((t.title, "italic"), ": ", t.note or "nothing to show"))
 
