@@ -42,8 +42,12 @@ def _finding_full(fd, f, console: Console) -> None:
         body.append(Text.assemble(("= ", "dim"), (saving, "bold")))
     if fd.evidence:
         body.append(Text("evidence:", style="bold"))
+        bullets = RichTable.grid(padding=(0, 1))  # a hanging indent: wrapped lines stay under their text
+        bullets.add_column(no_wrap=True)
+        bullets.add_column()
         for e in fd.evidence:
-            body.append(Padding(Text("• " + e), (0, 0, 0, 2)))
+            bullets.add_row("•", Text(e))
+        body.append(Padding(bullets, (0, 0, 0, 2)))
     if fd.cause:
         body.append(Text.assemble(("likely cause: ", "bold"), fd.cause))
     for flavour, code in fd.fix.items():
