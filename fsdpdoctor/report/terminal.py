@@ -52,8 +52,10 @@ def _finding_full(fd, f, console: Console) -> None:
         body.append(Text.assemble(("likely cause: ", "bold"), fd.cause))
     for flavour, code in fd.fix.items():
         body.append(Text(f"fix ({flavour}):", style="bold"))
+        # a line too long for the terminal wraps: then line numbers show where each line starts
+        wraps = max(map(len, code.rstrip().splitlines() or [""])) > console.width - 4
         body.append(Padding(Syntax(code.rstrip(), fix_language(code), theme="ansi_dark", background_color="default",
-                                   word_wrap=True), (0, 0, 0, 2)))
+                                   word_wrap=True, line_numbers=wraps), (0, 0, 0, 2)))
     console.print(Padding(Group(*body), (0, 0, 1, 2)))
 
 
@@ -116,7 +118,7 @@ def render(report: "Report", console: Console, *, brief: bool = False, details: 
         for n in f.notes:
             console.print(Text(f"note: {n}", style="dim"))
     elif tables:
-        console.print(Text(f"{len(tables)} detail tables (step breakdown, collectives, units, memory...): --details shows them.",
-                           style="dim"))
+        names = "; ".join(t.title.split(" (")[0] for t in tables)
+        console.print(Text(f"--details adds {len(tables)} table{'s' if len(tables) != 1 else ''}: {names}.", style="dim"))
         if f.notes:
-            console.print(Text(f"{len(f.notes)} note{'s' if len(f.notes) != 1 else ''}: --details shows them.", style="dim"))
+            console.print(Text(f"--details adds {len(f.notes)} note{'s' if len(f.notes) != 1 else ''}.", style="dim"))
