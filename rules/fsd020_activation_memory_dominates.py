@@ -9,6 +9,8 @@ Why it hurts
 How it shows in a trace
     In the memory snapshot, the blocks alive at the peak were allocated by forward ops
     (autograd-saved tensors) and are freed during backward; the peak sits at the end of forward.
+    Silent when the run crashed on memory held outside PyTorch's allocator (see FSD024 ``oom``):
+    checkpointing cannot help that crash.
 
 Fix
     Activation checkpointing per transformer block (recompute in backward), then a smaller

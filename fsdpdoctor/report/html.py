@@ -617,7 +617,7 @@ def render(report: "Report", timeline: "StepTimeline | None" = None) -> str:
     page.add(f'<h2 id="memory">{_e(TITLES["memory"])}</h2>')
     m = getattr(f, "memory", None)
     if m is None:
-        page.add('<p class="missing">No memory snapshot given (use <code>--memory</code>).</p>')
+        page.add('<p class="missing">No memory snapshot given (use <code>--memory</code>) or found beside the traces.</p>')
     else:
         for i, (title, fig, note) in enumerate(_memory_figures(m)):
             page.add(f"<h3>{_e(title)}</h3>")

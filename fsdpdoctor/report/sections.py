@@ -148,7 +148,9 @@ def headline(f: RunFacts) -> list[tuple[str, str]]:
     shape = shape_text(f)
     if shape:
         lines.append(("Shape", shape))
-    if f.gpu_present:
+    if no_collectives(f):
+        lines.append(("Comm", no_collectives(f)))
+    elif f.gpu_present:
         lines.append(("Overlap", f"{pct(f.overlap.pct)} of communication hidden behind compute (mean over ranks)"))
         lines.append(("Exposed comm", f"{ms(f.exposed_comm.mean_ms_per_step)} per step"))
     return lines + memory_headline(f)
