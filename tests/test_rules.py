@@ -111,6 +111,8 @@ def analyzed(recorded_run, tmp_path_factory):
         if key not in cache:
             if source == "recorded":
                 cache[key] = [fsdpdoctor.analyze(recorded_run(name))]
+            elif source == "gpu-recorded":  # the committed H100 recordings (fixtures/recorded/gpu), snapshots beside them
+                cache[key] = [fsdpdoctor.analyze(Path(__file__).resolve().parents[1] / "fixtures" / "recorded" / "gpu" / name)]
             elif source == "public":
                 files = public_trace_files()
                 if not files:
