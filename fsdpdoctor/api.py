@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterable
@@ -185,9 +186,17 @@ def analyze(
             facts.notes.append(f"sidecar {fs_name(side_path)} read: facts marked 'sidecar' came from it")
         else:
             facts.notes.append(problem)
-    found = [] if memory else _found_snapshots(list(paths), facts)
-    if memory or found:
-        attach_memory(facts, memory or found, found=bool(found))
+    fetched: dict[str, str] = {}  # snapshots fetched from object storage: local copy → URL
+    found = [] if memory else _found_snapshots(list(paths), facts, fetched)
+    try:
+        if memory or found:
+            attach_memory(facts, memory or found, found=bool(found))
+    finally:
+        for local in fetched:
+            shutil.rmtree(Path(local).parent, ignore_errors=True)
+    if facts.memory is not None and facts.memory.path in fetched:
+        facts.memory.path = fetched[facts.memory.path]
+    facts.memory_per_input = {fetched.get(k, k): v for k, v in facts.memory_per_input.items()}
     if facts.memory is None:  # no snapshot: the allocator totals the trace recorded, if it did (profile_memory=True)
         traced = [r.memory_trace for r in facts.rank_facts if r.memory_trace is not None]
         if traced:
@@ -231,11 +240,33 @@ def memory_files(paths: str | Path | Iterable[str | Path]) -> list[Path]:
     return out
 
 
-def _found_snapshots(paths: list, facts: RunFacts) -> list[Path]:
-    """Memory snapshots lying beside the traces (:func:`fsdpdoctor.ingest.discover.snapshots_beside`)."""
+def _found_snapshots(paths: list, facts: RunFacts, fetched: dict[str, str]) -> list[Path]:
+    """Memory snapshots lying beside the traces (:func:`fsdpdoctor.ingest.discover.snapshots_beside`);
+    one in object storage is fetched into a temporary folder under its own name first (``fetched``:
+    local copy → URL)."""
+    import tempfile
+
+    from .ingest import fs
+    from .ingest._io import InputStream
     from .ingest.discover import snapshots_beside
 
-    return snapshots_beside(paths)
+    out = []
+    for p in snapshots_beside(paths):
+        if not isinstance(p, str):
+            out.append(p)
+            continue
+        try:
+            raw, size = fs.open_url(p)
+            with InputStream.wrap(p, raw, size, describe=fs.problem) as st:
+                data = st.read_all()
+        except InputError as exc:
+            facts.notes.append(f"memory snapshot {p} beside the traces not read: {exc.problem}")
+            continue
+        local = Path(tempfile.mkdtemp(prefix="fsdpdoctor-snap-")) / fs.name(p).removesuffix(".gz")
+        local.write_bytes(data)
+        fetched[str(local)] = p
+        out.append(local)
+    return out
 
 
 def attach_memory(facts: RunFacts, memory: str | Path | Iterable[str | Path], *, found: bool = False) -> None:

@@ -172,3 +172,18 @@ def test_cli_brief_and_details():
     r = CliRunner().invoke(main, ["analyze", str(OOM), "--brief"])
     assert r.exit_code == 0, r.output
     assert r.output.splitlines()[0].startswith("critical[FSD024] oom:")
+
+
+def test_snapshot_found_in_a_url_directory():
+    fsspec = pytest.importorskip("fsspec")
+    mem = fsspec.filesystem("memory")
+    for name in ("rank0.json.gz", "fsdpdoctor_meta.json", "rank0.memory.pickle.gz"):
+        mem.pipe(f"/ticket-oom/{name}", (OOM / name).read_bytes())
+    try:
+        rep = fsdpdoctor.analyze("memory://ticket-oom")
+    finally:
+        mem.rm("/ticket-oom", recursive=True)
+    m = rep.facts.memory
+    assert m is not None and m.discovered and m.path.startswith("memory://") and m.path.endswith("rank0.memory.pickle.gz")
+    assert rep.findings[0].slug == "oom"
+    assert "outside PyTorch" in rep.findings[0].cause

@@ -181,13 +181,43 @@ def looks_like_snapshot(p: Path) -> bool:
     return head in _PICKLE_MAGIC
 
 
-def snapshots_beside(paths: list[str | Path]) -> list[Path]:
-    """Memory snapshots in the local directories (or among the files a glob matches) that
-    ``paths`` name, recognised by content (:func:`looks_like_snapshot`), in a stable order."""
-    out: list[Path] = []
+def _url_snapshot_head(url: str) -> bytes:
+    """The first two (gunzipped) bytes of an object, b"" when it cannot be read."""
+    from ._io import InputStream
+
+    try:
+        raw, size = fs.open_url(url)
+        with InputStream.wrap(url, raw, size, describe=fs.problem) as st:
+            return st.read(2)
+    except (InputError, OSError):
+        return b""
+
+
+def _url_listing(url: str) -> list[str]:
+    """The objects directly in a URL directory or matching a URL glob, as full URLs ([] for one
+    object, or when the store cannot list)."""
+    try:
+        fsys, root = fs._filesystem(url)
+        if any(ch in root for ch in "*?["):
+            found = [p for p in fsys.glob(root) if fsys.isfile(p)]
+        elif fsys.isdir(root):
+            found = [p for p in fsys.ls(root, detail=False) if fsys.isfile(p)]
+        else:
+            return []
+        return sorted(p if fs.scheme(p) else fsys.unstrip_protocol(p) for p in found)
+    except Exception:  # noqa: BLE001 - a store that cannot list has no snapshots to offer
+        return []
+
+
+def snapshots_beside(paths: list[str | Path]) -> list[Path | str]:
+    """Memory snapshots in the directories (or among the files a glob matches) that ``paths``
+    name, local or URL, recognised by content (:func:`looks_like_snapshot`), in a stable order;
+    URLs come back as URL strings."""
+    out: list[Path | str] = []
     for raw in paths:
         raw = fs.localize(raw)
         if fs.is_url(raw):
+            out.extend(u for u in _url_listing(str(raw)) if not _is_trace_name(Path(u)) and _url_snapshot_head(u) in _PICKLE_MAGIC)
             continue
         s = str(raw)
         p = Path(s)
