@@ -238,6 +238,16 @@ def _headline_html(pairs: Iterable[tuple[str, str]]) -> str:
     return f'<table class="headline">{rows}</table>'
 
 
+def _highlight(code: str, lang: str) -> str:
+    """Fix code as HTML, syntax-highlighted in its language with inline styles (Pygments, as the
+    terminal's rich does; the page stays one self-contained file)."""
+    from pygments import highlight
+    from pygments.formatters import HtmlFormatter
+    from pygments.lexers import get_lexer_by_name
+
+    return highlight(code, get_lexer_by_name(lang), HtmlFormatter(nowrap=True, noclasses=True, style="default")).rstrip("\n")
+
+
 def _findings_html(findings: list, facts) -> str:
     out = [f'<h2 id="findings">{_e(TITLES["findings"])}</h2>']
     if not findings:
@@ -258,7 +268,7 @@ def _findings_html(findings: list, facts) -> str:
             out.append(f"<p><b>Likely cause:</b> {_e(fd.cause)}</p>")
         for flavour, code in fd.fix.items():
             lang = fix_language(code)
-            out.append(f'<h4>Fix ({_e(flavour)})</h4><pre><code class="language-{lang}">{_e(code.rstrip())}</code></pre>')
+            out.append(f'<h4>Fix ({_e(flavour)})</h4><pre><code class="language-{lang}">{_highlight(code.rstrip(), lang)}</code></pre>')
         meta = [f"confidence {fd.confidence:.0%}"]
         if fd.where:
             meta.append("where: " + ", ".join(f"{k}={v}" for k, v in fd.where.items()))

@@ -38,7 +38,7 @@ def saving_text(fd: "Finding", f: RunFacts) -> str:
     error bar when the estimate comes from the replay) or bytes freed at the memory peak; "" when
     the finding has no estimate."""
     if fd.est_saving_ms is not None:
-        out = f"saves ~{ms(fd.est_saving_ms)}/step"
+        out = f"saves ~{ms(fd.est_saving_ms)}/step" if fd.est_saving_ms >= 0.005 else "saves < 0.01 ms/step"
         w = f.whatif
         if w is not None and any("replay" in e for e in fd.evidence) and f.step_clock_ms:
             out += f" ± {ms(w.error_pct / 100 * f.step_clock_ms)} (replay error {w.error_pct:.2f}%)"
