@@ -187,3 +187,12 @@ def test_snapshot_found_in_a_url_directory():
     assert m is not None and m.discovered and m.path.startswith("memory://") and m.path.endswith("rank0.memory.pickle.gz")
     assert rep.findings[0].slug == "oom"
     assert "outside PyTorch" in rep.findings[0].cause
+
+
+def test_fix_language_of_every_rules_fix_strings():
+    from fsdpdoctor.report.sections import fix_language
+
+    assert fix_language("# before the first CUDA allocation\nexport PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True") == "bash"
+    assert fix_language("nvidia-smi --query-compute-apps=pid --format=csv") == "bash"
+    assert fix_language("model = torch.compile(model)") == "python"
+    assert fix_language("# No code fix is known for this setup.") == "python"
