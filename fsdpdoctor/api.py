@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterable
@@ -185,9 +186,18 @@ def analyze(
             facts.notes.append(f"sidecar {fs_name(side_path)} read: facts marked 'sidecar' came from it")
         else:
             facts.notes.append(problem)
-    if memory:
-        attach_memory(facts, memory)
-    else:  # no snapshot: the allocator totals the trace recorded, if it did (profile_memory=True)
+    fetched: dict[str, str] = {}  # snapshots fetched from object storage: local copy → URL
+    found = [] if memory else _found_snapshots(list(paths), facts, fetched)
+    try:
+        if memory or found:
+            attach_memory(facts, memory or found, found=bool(found))
+    finally:
+        for local in fetched:
+            shutil.rmtree(Path(local).parent, ignore_errors=True)
+    if facts.memory is not None and facts.memory.path in fetched:
+        facts.memory.path = fetched[facts.memory.path]
+    facts.memory_per_input = {fetched.get(k, k): v for k, v in facts.memory_per_input.items()}
+    if facts.memory is None:  # no snapshot: the allocator totals the trace recorded, if it did (profile_memory=True)
         traced = [r.memory_trace for r in facts.rank_facts if r.memory_trace is not None]
         if traced:
             facts.memory = max(traced, key=lambda m: m.peak_allocated_bytes)
@@ -230,17 +240,65 @@ def memory_files(paths: str | Path | Iterable[str | Path]) -> list[Path]:
     return out
 
 
-def attach_memory(facts: RunFacts, memory: str | Path | Iterable[str | Path]) -> None:
-    """Analyse every snapshot; keep the one with the highest peak in ``facts.memory``."""
+def _found_snapshots(paths: list, facts: RunFacts, fetched: dict[str, str]) -> list[Path]:
+    """Memory snapshots lying beside the traces (:func:`fsdpdoctor.ingest.discover.snapshots_beside`);
+    one in object storage is fetched into a temporary folder under its own name first (``fetched``:
+    local copy → URL)."""
+    import tempfile
+
+    from .ingest import fs
+    from .ingest._io import InputStream
+    from .ingest.discover import snapshots_beside
+
+    out = []
+    for p in snapshots_beside(paths):
+        if not isinstance(p, str):
+            out.append(p)
+            continue
+        try:
+            raw, size = fs.open_url(p)
+            with InputStream.wrap(p, raw, size, describe=fs.problem) as st:
+                data = st.read_all()
+        except InputError as exc:
+            facts.notes.append(f"memory snapshot {p} beside the traces not read: {exc.problem}")
+            continue
+        local = Path(tempfile.mkdtemp(prefix="fsdpdoctor-snap-")) / fs.name(p).removesuffix(".gz")
+        local.write_bytes(data)
+        fetched[str(local)] = p
+        out.append(local)
+    return out
+
+
+def attach_memory(facts: RunFacts, memory: str | Path | Iterable[str | Path], *, found: bool = False) -> None:
+    """Analyse every snapshot; keep the one with the highest peak in ``facts.memory``.
+
+    ``found``: the snapshots were found beside the traces, not named with ``--memory``: the
+    notes say which were read, and one that cannot be read is a note, not an error."""
     from .analysis.memory import analyze_memory
 
+    import re
+
     best = None
+    read = []
     for f in memory_files(memory):
-        mf = analyze_memory(f)
+        try:
+            mf = analyze_memory(f)
+        except InputError as exc:
+            if not found:
+                raise
+            facts.notes.append(f"memory snapshot {Path(f).name} beside the traces not read: {exc.problem}")
+            continue
+        read.append(Path(f).name)
+        m = re.search(r"rank[_-]?(\d+)", Path(str(f)).name)
+        mf.rank = int(m.group(1)) if m else None
+        mf.discovered = found
         facts.memory_per_input[str(f)] = mf.peak_allocated_bytes
         if best is None or mf.peak_allocated_bytes > best.peak_allocated_bytes:
             best = mf
     facts.memory = best
+    if found and read:
+        facts.notes.insert(0, "memory snapshot" + ("s " if len(read) > 1 else " ") + ", ".join(read)
+                           + " found beside the traces and read (no --memory needed)")
 
 
 def analyze_memory_only(memory: str | Path | Iterable[str | Path], config: dict[str, Any] | None = None) -> Report:

@@ -24,6 +24,8 @@ from .errors import InputError
 @click.option("--memory", "memory", multiple=True, type=click.Path(path_type=Path), help="CUDA memory snapshot(s).")
 @click.option("--set", "settings", multiple=True, metavar="KEY=VALUE", help="Override a rule threshold (see 'fsdpdoctor rules --thresholds').")
 @click.option("--disable", multiple=True, metavar="RULE", help="Skip a rule (code or slug); repeatable.")
+@click.option("--brief", is_flag=True, help="Terminal: one line per finding (CI logs).")
+@click.option("--details", is_flag=True, help="Terminal: also print the detail tables and notes.")
 @click.option("--save-baseline", type=click.Path(dir_okay=False, path_type=Path), help="Also write the facts (with findings) for a later 'check --baseline'.")
 @input_limit_option
 @scale_options
@@ -32,7 +34,7 @@ def analyze(
     paths: tuple[str, ...], fmt: str, output: Path | None, jobs: int | None, memory: tuple[Path, ...],
     settings: tuple[str, ...], disable: tuple[str, ...], save_baseline: Path | None,
     timeline_rank: int | None, timeline_step: int | None, scheduler: str | None, strict: bool, cycle: int | None,
-    allow_mixed_runs: bool,
+    allow_mixed_runs: bool, brief: bool = False, details: bool = False,
 ) -> None:
     """Analyse trace files, directories of rank traces, or globs: local paths or URLs
     (s3://, gs://, az://, http(s)://, file://).
@@ -53,7 +55,7 @@ def analyze(
     warn_partial(report.facts)
     if save_baseline is not None:
         _write(report.to_json(), save_baseline)
-    _emit(report, fmt, output)
+    _emit(report, fmt, output, brief=brief, details=details)
 
 
 @main.command()
@@ -66,10 +68,10 @@ def memory(paths: tuple[str, ...], fmt: str, output: Path | None) -> None:
     """Analyse CUDA memory snapshots (or profiler memory timelines) alone."""
     from .api import analyze_memory_only
 
-    _emit(analyze_memory_only(list(paths), config=rule_config()), fmt, output)
+    _emit(analyze_memory_only(list(paths), config=rule_config()), fmt, output, details=True)
 
 
-def _emit(report, fmt: str, output: Path | None) -> None:
+def _emit(report, fmt: str, output: Path | None, *, brief: bool = False, details: bool = False) -> None:
     """Write ``report`` in ``fmt`` to ``output`` (stdout when None)."""
     if fmt == "html":
         from .report.html import render as render_html
@@ -82,7 +84,7 @@ def _emit(report, fmt: str, output: Path | None) -> None:
     else:
         from .report.terminal import render
 
-        render_console(lambda con: render(report, con), output)
+        render_console(lambda con: render(report, con, brief=brief, details=details), output)
 
 
 @main.command("rules")

@@ -92,7 +92,7 @@ def find_rule(key: str) -> ModuleType | None:
 
 
 def run_rules(facts: RunFacts, config: dict[str, Any] | None = None) -> list[Finding]:
-    """All findings, ranked by estimated saving (largest first), then severity."""
+    """All findings, in the one ranking of :func:`rank`."""
     cfg = config or {}
     from .config import defaults
 
@@ -114,9 +114,33 @@ def run_rules(facts: RunFacts, config: dict[str, Any] | None = None) -> list[Fin
         cap = caps.get(f.slug)
         if cap in SEVERITIES and SEVERITIES.index(f.severity) < SEVERITIES.index(cap):
             f.severity = cap  # a trade-off finding (its rule's MAX_SEVERITY) is never graded above it
+    crash = {m.SLUG for m in mods if getattr(m, "CRASH", False)}
+    return rank(findings, crash)
+
+
+def rank(findings: list[Finding], crash: set[str] | frozenset[str] = frozenset({"oom"})) -> list[Finding]:
+    """The one order every report shows findings in (terminal, Markdown, HTML, JSON).
+
+    1. What made the run crash (a rule with ``CRASH = True``, the OOM) comes first.
+    2. Then by severity: a finding without a saving never outranks a critical one.
+    3. Within a severity, findings with a time saving by milliseconds saved per step (largest
+       first), then memory findings by bytes freed (largest first), then the rest by code.
+
+    Severity of a finding with a time saving comes from its share of the step (:func:`grade`),
+    so ordering by severity first keeps time findings in the order of their savings.
+    """
     sev = {s: i for i, s in enumerate(SEVERITIES)}
-    findings.sort(key=lambda f: (-(f.est_saving_ms or 0.0), sev.get(f.severity, 9), f.code))
-    return findings
+
+    def key(f: Finding) -> tuple:
+        if f.est_saving_ms is not None:
+            kind, amount = 0, -f.est_saving_ms
+        elif f.est_saving_bytes:
+            kind, amount = 1, -float(f.est_saving_bytes)
+        else:
+            kind, amount = 2, 0.0
+        return (f.slug not in crash, sev.get(f.severity, 9), kind, amount, f.code)
+
+    return sorted(findings, key=key)
 
 
 def saving_bound(facts: RunFacts, clock: str = "gpu") -> tuple[float, str]:
@@ -151,14 +175,6 @@ def mark_basis(f: Finding, facts: RunFacts, fix: str | None) -> None:
         f"the what-if replay misses a measured step by {w.error_pct:.1f}% (more than {REPLAY_MAX_ERROR_PCT:g}%): "
         "this saving is the rule's estimate from measured figures, not a replay"
     )
-
-
-def saving_text(f: Finding) -> str:
-    """"12.30 ms/step (replay ±0.2%)", "12.30 ms/step (estimate)"; "" without a time saving."""
-    if not f.est_saving_ms:
-        return ""
-    basis = {"replay": f"replay ±{f.saving_error_pct or 0.0:.1f}%", "heuristic-replay-off": "estimate; replay off"}
-    return f"{ms(f.est_saving_ms)}/step ({basis.get(f.saving_basis, 'estimate')})"
 
 
 def bound_saving(f: Finding, facts: RunFacts, clock: str = "gpu") -> None:

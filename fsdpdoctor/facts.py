@@ -56,6 +56,8 @@ class MemoryFacts:
     source: str
     path: str | None = None
     device: int | None = None
+    rank: int | None = None  # the rank the snapshot belongs to (from its file name), when known
+    discovered: bool = False  # found beside the traces (not named with --memory)
     devices: list[dict] = field(default_factory=list)
     history_missing: bool = False
     n_events: int = 0

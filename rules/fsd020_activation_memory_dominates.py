@@ -9,6 +9,8 @@ Why it hurts
 How it shows in a trace
     In the memory snapshot, the blocks alive at the peak were allocated by forward ops
     (autograd-saved tensors) and are freed during backward; the peak sits at the end of forward.
+    Silent when the run crashed on memory held outside PyTorch's allocator (see FSD024 ``oom``):
+    checkpointing cannot help that crash.
 
 Fix
     Activation checkpointing per transformer block (recompute in backward), then a smaller
@@ -17,7 +19,7 @@ Fix
 
 from fsdpdoctor.fmt import mib, pct
 
-from ._util import finding
+from ._util import finding, oom_cause
 
 CODE = "FSD020"
 SLUG = "activation-memory-dominates"
@@ -35,6 +37,8 @@ apply_activation_checkpointing(model, check_fn=lambda m: isinstance(m, Transform
 def check(facts, cfg):
     m = facts.memory
     if m is None or not m.peak_allocated_bytes:
+        return []
+    if oom_cause(facts)[0] == "outside":  # the run crashed on memory held outside PyTorch: checkpointing cannot help
         return []
     act = m.categories.get("activations", 0)
     share = 100 * act / m.peak_allocated_bytes

@@ -14,7 +14,7 @@ import pytest
 
 import fsdpdoctor
 import fsdpdoctor.api
-from conftest import REPO, public_trace_files
+from conftest import public_trace_files
 from fsdpdoctor.config import THRESHOLDS, defaults
 from fsdpdoctor.engine import find_rule, load_rules, run_rules
 
@@ -111,8 +111,8 @@ def analyzed(recorded_run, tmp_path_factory):
         if key not in cache:
             if source == "recorded":
                 cache[key] = [fsdpdoctor.analyze(recorded_run(name))]
-            elif source == "gpu":  # the real H100 recordings in fixtures/recorded/gpu/
-                cache[key] = [fsdpdoctor.analyze(REPO / "fixtures" / "recorded" / "gpu" / name)]
+            elif source == "gpu-recorded":  # the committed H100 recordings (fixtures/recorded/gpu), snapshots beside them
+                cache[key] = [fsdpdoctor.analyze(Path(__file__).resolve().parents[1] / "fixtures" / "recorded" / "gpu" / name)]
             elif source == "public":
                 files = public_trace_files()
                 if not files:

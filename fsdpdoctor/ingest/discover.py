@@ -155,3 +155,80 @@ def discover(
     if not unique:
         raise InputError(" ".join(map(str, paths)) or "(no paths)", "no trace files given")
     return unique
+
+
+# --------------------------------------------------------------------------- memory snapshots beside traces
+
+#: pickle protocols 2-5 start with PROTO (0x80) and the protocol number; torch writes 4 or 5
+_PICKLE_MAGIC = tuple(bytes([0x80, v]) for v in range(2, 6))
+
+
+def looks_like_snapshot(p: Path) -> bool:
+    """Whether a file is a pickle (plain or gzip'd), by its first bytes: what
+    ``torch.cuda.memory._dump_snapshot`` writes. Its content is then read by the safe unpickler
+    of :mod:`.snapshot`, which refuses anything but plain data."""
+    import gzip
+
+    try:
+        with open(p, "rb") as fh:
+            head = fh.read(2)
+            if head == b"\x1f\x8b":
+                fh.seek(0)
+                with gzip.GzipFile(fileobj=fh) as gz:
+                    head = gz.read(2)
+    except (OSError, EOFError):
+        return False
+    return head in _PICKLE_MAGIC
+
+
+def _url_snapshot_head(url: str) -> bytes:
+    """The first two (gunzipped) bytes of an object, b"" when it cannot be read."""
+    from ._io import InputStream
+
+    try:
+        raw, size = fs.open_url(url)
+        with InputStream.wrap(url, raw, size, describe=fs.problem) as st:
+            return st.read(2)
+    except (InputError, OSError):
+        return b""
+
+
+def _url_listing(url: str) -> list[str]:
+    """The objects directly in a URL directory or matching a URL glob, as full URLs ([] for one
+    object, or when the store cannot list)."""
+    try:
+        fsys, root = fs._filesystem(url)
+        if any(ch in root for ch in "*?["):
+            found = [p for p in fsys.glob(root) if fsys.isfile(p)]
+        elif fsys.isdir(root):
+            found = [p for p in fsys.ls(root, detail=False) if fsys.isfile(p)]
+        else:
+            return []
+        return sorted(p if fs.scheme(p) else fsys.unstrip_protocol(p) for p in found)
+    except Exception:  # noqa: BLE001 - a store that cannot list has no snapshots to offer
+        return []
+
+
+def snapshots_beside(paths: list[str | Path]) -> list[Path | str]:
+    """Memory snapshots in the directories (or among the files a glob matches) that ``paths``
+    name, local or URL, recognised by content (:func:`looks_like_snapshot`), in a stable order;
+    URLs come back as URL strings."""
+    out: list[Path | str] = []
+    for raw in paths:
+        raw = fs.localize(raw)
+        if fs.is_url(raw):
+            out.extend(u for u in _url_listing(str(raw)) if not _is_trace_name(Path(u)) and _url_snapshot_head(u) in _PICKLE_MAGIC)
+            continue
+        s = str(raw)
+        p = Path(s)
+        if p.is_dir():
+            try:
+                cands = sorted(q for q in p.iterdir() if q.is_file() and not _is_trace_name(q))
+            except OSError:
+                continue
+        elif not p.exists() and any(ch in s for ch in "*?["):
+            cands = sorted(Path(q) for q in glob.glob(s) if Path(q).is_file() and not _is_trace_name(Path(q)))
+        else:
+            continue
+        out.extend(q for q in cands if looks_like_snapshot(q))
+    return list(dict.fromkeys(out))

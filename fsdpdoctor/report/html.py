@@ -25,8 +25,7 @@ from plotly.subplots import make_subplots
 
 from .. import __version__
 from ..fmt import mib, ms
-from ..engine import saving_text
-from .sections import Table, all_tables, headline
+from .sections import Table, all_tables, fix_language, headline, no_collectives, saving_text
 
 if TYPE_CHECKING:
     from ..analysis.timeline_extract import StepTimeline
@@ -222,6 +221,8 @@ def _table_html(t: Table) -> str:
     def cls(i: int) -> str:
         return ' class="text"' if i >= 2 and i < len(text_col) and text_col[i] else ""
 
+    if not t.rows:  # nothing to show: the title and the one line saying why
+        return "\n".join(([f"<h3>{_e(t.title)}</h3>"] if t.title else []) + [f'<p class="missing">{_e(t.note or "nothing to show")}</p>'])
     out = ([f"<h3>{_e(t.title)}</h3>"] if t.title else []) + ["<table>", "<thead><tr>"]
     out += [f"<th{cls(i)}>{_e(h)}</th>" for i, h in enumerate(t.headers)]
     out.append("</tr></thead><tbody>")
@@ -238,14 +239,25 @@ def _headline_html(pairs: Iterable[tuple[str, str]]) -> str:
     return f'<table class="headline">{rows}</table>'
 
 
-def _findings_html(findings: list) -> str:
+def _highlight(code: str, lang: str) -> str:
+    """Fix code as HTML, syntax-highlighted in its language with inline styles (Pygments, as the
+    terminal's rich does; the page stays one self-contained file)."""
+    from pygments import highlight
+    from pygments.formatters import HtmlFormatter
+    from pygments.lexers import get_lexer_by_name
+
+    return highlight(code, get_lexer_by_name(lang), HtmlFormatter(nowrap=True, noclasses=True, style="default")).rstrip("\n")
+
+
+def _findings_html(findings: list, facts) -> str:
     out = [f'<h2 id="findings">{_e(TITLES["findings"])}</h2>']
     if not findings:
         out.append('<p class="ok">No findings.</p>')
         return "\n".join(out)
     for i, fd in enumerate(findings, 1):
         color = SEVERITY_COLORS.get(fd.severity, "#555")
-        saving = f' <span class="saving">— est. saving {_e(saving_text(fd))}</span>' if fd.est_saving_ms else ""
+        saving = saving_text(fd, facts)
+        saving = f' <span class="saving">— {_e(saving)}</span>' if saving else ""
         out.append(f'<article class="finding" style="--sev:{color}">')
         out.append(
             f'<h3>{i}. <span class="sev">{_e(fd.severity)}</span> {_e(fd.code)} <code>{_e(fd.slug)}</code>{saving}</h3>'
@@ -256,7 +268,8 @@ def _findings_html(findings: list) -> str:
         if fd.cause:
             out.append(f"<p><b>Likely cause:</b> {_e(fd.cause)}</p>")
         for flavour, code in fd.fix.items():
-            out.append(f"<h4>Fix ({_e(flavour)})</h4><pre><code>{_e(code.rstrip())}</code></pre>")
+            lang = fix_language(code)
+            out.append(f'<h4>Fix ({_e(flavour)})</h4><pre><code class="language-{lang}">{_highlight(code.rstrip(), lang)}</code></pre>')
         meta = [f"confidence {fd.confidence:.0%}"]
         if fd.where:
             meta.append("where: " + ", ".join(f"{k}={v}" for k, v in fd.where.items()))
@@ -594,7 +607,7 @@ def render(report: "Report", timeline: "StepTimeline | None" = None) -> str:
     if inputs:
         page.add(f'<p class="sub">{_e(inputs if len(inputs) < 300 else inputs[:297] + "…")}</p>')
     page.add(_headline_html(headline(f)))
-    page.add(_findings_html(report.findings))
+    page.add(_findings_html(report.findings, f))
 
     if f.rank_facts:
         page.add(f'<h2 id="steps">{_e(TITLES["steps"])}</h2>')
@@ -610,6 +623,8 @@ def render(report: "Report", timeline: "StepTimeline | None" = None) -> str:
         fig, note = _units_figure(f)
         if fig is None:
             page.add('<p class="missing">No FSDP units found in the traces.</p>')
+        elif no_collectives(f):
+            page.add(f'<p class="missing">{_e(f"{len(f.fsdp.units)} FSDP units, no all-gathers or reduce-scatters to draw: " + no_collectives(f))}.</p>')
         else:
             page.add(f'<p class="sub">{_e(note)}</p>')
             page.figure(fig, "fig-units")
@@ -617,7 +632,7 @@ def render(report: "Report", timeline: "StepTimeline | None" = None) -> str:
     page.add(f'<h2 id="memory">{_e(TITLES["memory"])}</h2>')
     m = getattr(f, "memory", None)
     if m is None:
-        page.add('<p class="missing">No memory snapshot given (use <code>--memory</code>).</p>')
+        page.add('<p class="missing">No memory snapshot given (use <code>--memory</code>) or found beside the traces.</p>')
     else:
         for i, (title, fig, note) in enumerate(_memory_figures(m)):
             page.add(f"<h3>{_e(title)}</h3>")

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from ..engine import saving_text
-from .sections import Table, all_tables, headline
+from .sections import Table, all_tables, fix_language, headline, saving_text
 
 if TYPE_CHECKING:
     from ..api import Report
@@ -40,7 +39,8 @@ def render(report: "Report") -> str:
     if not report.findings:
         lines.append("No findings.")
     for i, fd in enumerate(report.findings, 1):
-        saving = f" — est. saving {saving_text(fd)}" if fd.est_saving_ms else ""
+        saving = saving_text(fd, f)
+        saving = f" — {saving}" if saving else ""
         lines.append(f"### {i}. [{fd.severity}] {fd.code} `{fd.slug}`{saving}")
         lines.append("")
         lines.append(fd.summary)
@@ -51,7 +51,7 @@ def render(report: "Report") -> str:
         if fd.cause:
             lines += ["", f"**Likely cause:** {fd.cause}"]
         for flavour, code in fd.fix.items():
-            lines += ["", f"**Fix ({flavour}):**", "", "```python", code.rstrip(), "```"]
+            lines += ["", f"**Fix ({flavour}):**", "", f"```{fix_language(code)}", code.rstrip(), "```"]
         lines.append("")
     lines.append("## Details")
     lines.append("")

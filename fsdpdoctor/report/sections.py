@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from ..facts import RunFacts
 from ..fmt import mib, ms, pct
+
+if TYPE_CHECKING:
+    from ..engine import Finding
 
 
 @dataclass
@@ -14,6 +20,64 @@ class Table:
     headers: list[str]
     rows: list[list[str]] = field(default_factory=list)
     note: str = ""
+
+
+_SHELL_LINE = re.compile(r"^(export\s|[A-Z_][A-Z0-9_]*=|nvidia-smi\b|torchrun\b|pip\s|python3?\s+-m\b|kill\b|ps\b|\$\s)")
+
+
+def fix_language(code: str) -> str:
+    """The language a fix is written in, for syntax highlighting: "bash" when every line that is
+    not a comment is a shell command (``export PYTORCH_CUDA_ALLOC_CONF=...``, ``nvidia-smi``),
+    else "python"."""
+    lines = [ln.strip() for ln in code.splitlines() if ln.strip() and not ln.strip().startswith("#")]
+    return "bash" if lines and all(_SHELL_LINE.match(ln) for ln in lines) else "python"
+
+
+def saving_text(fd: "Finding", f: RunFacts) -> str:
+    """What a finding saves, in its own unit: milliseconds per step with where the figure comes
+    from (the what-if replay and its error bar, or the rule's estimate — and that the replay was
+    set aside when it missed the measured steps) or bytes freed at the memory peak; "" when the
+    finding has no estimate."""
+    if fd.est_saving_ms is not None:
+        out = f"saves ~{ms(fd.est_saving_ms)}/step" if fd.est_saving_ms >= 0.005 else "saves < 0.01 ms/step"
+        err = fd.saving_error_pct
+        if fd.saving_basis == "replay" and err is not None and f.step_clock_ms:
+            out += f" ± {ms(err / 100 * f.step_clock_ms)} (what-if replay, error {err:.2f}%)"
+        elif fd.saving_basis == "heuristic-replay-off":
+            out += f" (estimate: the replay misses the measured steps by {err or 0.0:.1f}%)"
+        elif fd.saving_basis:
+            out += " (estimate)"
+        if fd.saving_pct_of_step is not None:
+            out += f", {pct(fd.saving_pct_of_step)} of the step"
+        return out
+    if fd.est_saving_bytes:
+        return f"frees ~{mib(fd.est_saving_bytes)} at the memory peak"
+    return ""
+
+
+def limit_text(f: RunFacts) -> str:
+    """What limits the step (:attr:`TimelineSummary.bound`) with its figures."""
+    if not f.gpu_present or not f.timeline.bound:
+        return "CPU-only trace (no GPU timeline)"
+    return bound_text(f)
+
+
+def ticket_headline(f: RunFacts) -> list[tuple[str, str]]:
+    """The few lines the terminal ticket opens with: what was analysed, the step time and what
+    limits it, MFU where known, overlap, exposed communication, memory peak. Extend here: each
+    item is a (label, text) pair, in display order."""
+    if not f.rank_facts:
+        return memory_headline(f) or [("Run", "no traces")]
+    full = dict(headline(f))
+    items = [("Run", full["Run"] + " · " + full["FSDP"])]
+    if f.step_clock_ms:
+        items.append(("Step", f"{ms(f.step_clock_ms)} ({f.steps.count} steps per rank) · {limit_text(f)}"))
+    # MFU: the compute-efficiency facts (RunFacts.compute) add their ("MFU", ...) item here.
+    if not f.collectives:
+        items.append(("Comm", f"no collectives in the traces (world size {f.world_size or len(f.ranks)})"))
+    elif f.gpu_present:
+        items.append(("Comm", f"{pct(f.overlap.pct)} hidden behind compute · exposed {ms(f.exposed_comm.mean_ms_per_step)} per step"))
+    return items + memory_headline(f)
 
 
 def memory_headline(f: RunFacts) -> list[tuple[str, str]]:
@@ -28,13 +92,15 @@ def memory_headline(f: RunFacts) -> list[tuple[str, str]]:
     top = sorted(((k, v) for k, v in m.categories.items() if v), key=lambda kv: -kv[1])[:2]
     if top and m.peak_allocated_bytes:
         peak += "; " + ", ".join(f"{k} {pct(100 * v / m.peak_allocated_bytes)}" for k, v in top)
+    if m.path:
+        peak += f" · {m.source} {Path(m.path).name}" + (", found beside the traces" if m.discovered else "")
     lines = [("Memory", peak)]
     if m.peak_active_bytes and m.peak_active_bytes != m.peak_allocated_bytes:
         lines.append(("Active peak", f"{mib(m.peak_active_bytes)} (memory_viz: freed blocks still in use on another stream count)"))
     if m.history_missing:
         lines.append(("", "snapshot has no allocation history: categories from segments only"))
     if m.oom:
-        lines.append(("OOM", f"requested {mib(m.oom.get('requested_bytes') or m.oom.get('size'))}"))
+        lines.append(("OOM", f"the run ran out of memory requesting {mib(m.oom.get('requested_bytes') or m.oom.get('size'))} (see the oom finding)"))
     return lines
 
 
@@ -76,7 +142,9 @@ def headline(f: RunFacts) -> list[tuple[str, str]]:
     shape = shape_text(f)
     if shape:
         lines.append(("Shape", shape))
-    if f.gpu_present:
+    if no_collectives(f):
+        lines.append(("Comm", no_collectives(f)))
+    elif f.gpu_present:
         lines.append(("Overlap", f"{pct(f.overlap.pct)} of communication hidden behind compute (mean over ranks)"))
         lines.append(("Exposed comm", f"{ms(f.exposed_comm.mean_ms_per_step)} per step"))
     return lines + memory_headline(f)
@@ -205,8 +273,19 @@ def breakdown_table(f: RunFacts) -> Table | None:
                  t_rows, note)
 
 
+def no_collectives(f: RunFacts) -> str:
+    """One line saying why there is no communication to show, "" when there is some."""
+    if not f.rank_facts or f.collectives:
+        return ""
+    ws = f.world_size or len(f.ranks)
+    why = "one GPU: FSDP has nothing to gather or reduce across ranks" if ws == 1 else "the traces record no NCCL/Gloo kernels"
+    return f"no collectives in the traces (world size {ws}; {why})"
+
+
 def phase_table(f: RunFacts) -> Table | None:
     if not f.gpu_present or f.exposed_comm.mean_ms_per_step is None:
+        return None
+    if no_collectives(f):  # the collectives table says why
         return None
     rows = [[p, ms(v)] for p, v in f.exposed_comm.by_phase.items() if v > 0 or p != "other"]
     roles = {k: v for k, v in f.exposed_comm.by_role.items() if v > 0}
@@ -217,7 +296,8 @@ def phase_table(f: RunFacts) -> Table | None:
 
 def collectives_table(f: RunFacts) -> Table | None:
     if not f.collectives:
-        return None
+        why = no_collectives(f)
+        return Table("Collectives (per step, mean over ranks)", [], [], why) if why else None
     rows = []
     for c in f.collectives:
         rows.append(
@@ -238,6 +318,9 @@ def units_table(f: RunFacts, limit: int = 12) -> Table | None:
     units = f.fsdp.units
     if not units:
         return None
+    if no_collectives(f):
+        return Table(f"FSDP units ({f.fsdp.unit_source})", [], [],
+                     f"{len(units)} units, no all-gathers or reduce-scatters to show (no collectives in the traces)")
     rows = []
     for u in units[:limit]:
         rows.append(
