@@ -383,6 +383,12 @@ def fold(
     rf.collectives = _fold_collectives(ranks)
     rf.whatif = fold_whatif(ranks)
     rf.compute = fold_compute([r.compute for r in ranks], rf.step_clock_ms)
+    if rf.compute is None and rf.gpu_present:
+        rf.notes.append("FLOPs and MFU not computed: no matmul or attention op with recorded shapes "
+                        "(profile with record_shapes=True)")
+    elif rf.compute is not None and rf.compute.peak_tflops is None:
+        rf.notes.append(f"MFU not computed: no peak known for device {rf.compute.device!r} and dtype "
+                        f"{rf.compute.compute_dtype} (give one with --peak-tflops)")
     if cross_rank is _UNSET:
         cross = CrossRankFold()
         for r in ranks:

@@ -62,6 +62,26 @@ def limit_text(f: RunFacts) -> str:
     return bound_text(f)
 
 
+def mfu_text(f: RunFacts) -> str:
+    """"10.0% of the H100 SXM's 989 TFLOP/s BF16 dense peak (99.0 TFLOP/s; 3,367 GFLOP per step;
+    GEMMs on bf16 tensor cores)"."""
+    c = f.compute
+    out = (f"{pct(c.mfu_pct)} of the {c.peak_label}'s {c.peak_tflops:,.0f} TFLOP/s {(c.peak_dtype or '').upper()} dense peak "
+           f"({c.achieved_tflops:.1f} TFLOP/s; {c.model_flops_per_step / 1e9:,.0f} GFLOP per step")
+    if c.recompute_flops_per_step:
+        out += f", HFU {pct(c.hfu_pct)} with the recompute"
+    if c.peak_dtype not in ("bf16", "fp16", None) and c.mfu_bf16_pct is not None:
+        out += f"; {pct(c.mfu_bf16_pct)} of the BF16 peak"
+    top = max(c.dtype_mix, key=c.dtype_mix.get) if c.dtype_mix else None
+    if top:
+        out += f"; {pct(c.dtype_mix[top])} of GEMM time {ENGINE_TEXT.get(top, top)}"
+    return out + ")"
+
+
+ENGINE_TEXT = {"fp32-simt": "in fp32 on CUDA cores", "fp32": "in fp32", "tf32": "on TF32 tensor cores",
+               "bf16": "on BF16 tensor cores", "fp16": "on FP16 tensor cores", "fp8": "on FP8 tensor cores"}
+
+
 def ticket_headline(f: RunFacts) -> list[tuple[str, str]]:
     """The few lines the terminal ticket opens with: what was analysed, the step time and what
     limits it, MFU where known, overlap, exposed communication, memory peak. Extend here: each
@@ -72,7 +92,8 @@ def ticket_headline(f: RunFacts) -> list[tuple[str, str]]:
     items = [("Run", full["Run"] + " · " + full["FSDP"])]
     if f.step_clock_ms:
         items.append(("Step", f"{ms(f.step_clock_ms)} ({f.steps.count} steps per rank) · {limit_text(f)}"))
-    # MFU: the compute-efficiency facts (RunFacts.compute) add their ("MFU", ...) item here.
+    if f.compute is not None and f.compute.mfu_pct is not None:
+        items.append(("MFU", mfu_text(f)))
     if not f.collectives:
         items.append(("Comm", f"no collectives in the traces (world size {f.world_size or len(f.ranks)})"))
     elif f.gpu_present:
@@ -147,6 +168,8 @@ def headline(f: RunFacts) -> list[tuple[str, str]]:
     elif f.gpu_present:
         lines.append(("Overlap", f"{pct(f.overlap.pct)} of communication hidden behind compute (mean over ranks)"))
         lines.append(("Exposed comm", f"{ms(f.exposed_comm.mean_ms_per_step)} per step"))
+    if f.compute is not None and f.compute.mfu_pct is not None:
+        lines.append(("MFU", mfu_text(f)))
     return lines + memory_headline(f)
 
 
