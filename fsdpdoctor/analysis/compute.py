@@ -43,7 +43,6 @@ ENGINES = ("fp32-simt", "fp32", "tf32", "bf16", "fp16", "fp8")
 TENSOR_CORE = frozenset({"tf32", "bf16", "fp16", "fp8"})
 _DTYPE = {"float": "fp32", "c10::BFloat16": "bf16", "c10::Half": "fp16", "c10::Float8_e4m3fn": "fp8",
           "c10::Float8_e5m2": "fp8", "c10::Float8_e4m3fnuz": "fp8", "c10::Float8_e5m2fnuz": "fp8", "double": "fp64"}
-_TENSILE = re.compile(r"_(BB|HH|SS|BS|HS|F8)S?_|_(B|H|S)B?_B?H?")
 
 
 def kernel_engine(name: str, op_dtype: str | None) -> str:
@@ -62,12 +61,12 @@ def _engine_from_name(name: str, op_dtype: str | None) -> str:
         return "fp8"
     if "simt" in n or "ffma" in n or ("sgemm" in n and "tensorop" not in n) or ("fmha_cutlass" in n and "f32" in n):
         return "fp32-simt"
-    if "tf32" in n or "xf32" in n or "s1688" in n or "s16816" in n:
-        return "tf32"
     if "bf16" in n or "bfloat16" in n or "_bbs_" in n or "_bb_" in n:
         return "bf16"
     if "fp16" in n or "h1688" in n or "h16816" in n or "_hhs_" in n or "half" in n or re.search(r"(?<!b)f16", n):
         return "fp16"
+    if "tf32" in n or "xf32" in n or "s1688" in n or "s16816" in n:  # fp32 inputs on tensor cores (CUTLASS "s" = single)
+        return "tf32"
     if op_dtype in ("bf16", "fp16", "fp8"):
         return op_dtype
     return "fp32" if op_dtype == "fp32" else (op_dtype or "fp32")
