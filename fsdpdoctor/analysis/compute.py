@@ -278,7 +278,7 @@ def finish(cf: ComputeFacts, step_ms: float | None, peak_override: float | None 
     """Achieved TFLOP/s and MFU / HFU on the step clock (``step_ms``), against the device's dense
     peak for the compute dtype (or ``peak_override`` TFLOP/s, which then also stands for BF16)."""
     if peak_override:
-        cf.peak_tflops, cf.peak_dtype, cf.peak_label = float(peak_override), cf.peak_dtype or "given", "--peak-tflops"
+        cf.peak_tflops, cf.peak_label = float(peak_override), "--peak-tflops"
         cf.bf16_peak_tflops = float(peak_override)
     cf.step_ms = step_ms or 0.0
     if not step_ms or not cf.flops_per_step:

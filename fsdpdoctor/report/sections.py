@@ -66,8 +66,9 @@ def mfu_text(f: RunFacts) -> str:
     """"10.0% of the H100 SXM's 989 TFLOP/s BF16 dense peak (99.0 TFLOP/s; 3,367 GFLOP per step;
     GEMMs on bf16 tensor cores)"."""
     c = f.compute
-    out = (f"{pct(c.mfu_pct)} of the {c.peak_label}'s {c.peak_tflops:,.0f} TFLOP/s {(c.peak_dtype or '').upper()} dense peak "
-           f"({c.achieved_tflops:.1f} TFLOP/s; {c.model_flops_per_step / 1e9:,.0f} GFLOP per step")
+    peak = (f"the {c.peak_tflops:,.0f} TFLOP/s peak given with --peak-tflops" if c.peak_label == "--peak-tflops" else
+            f"the {c.peak_label}'s {c.peak_tflops:,.0f} TFLOP/s {(c.peak_dtype or '').upper()} dense peak")
+    out = f"{pct(c.mfu_pct)} of {peak} ({c.achieved_tflops:.1f} TFLOP/s; {c.model_flops_per_step / 1e9:,.0f} GFLOP per step"
     if c.recompute_flops_per_step:
         out += f", HFU {pct(c.hfu_pct)} with the recompute"
     if c.peak_dtype not in ("bf16", "fp16", None) and c.mfu_bf16_pct is not None:
@@ -78,6 +79,8 @@ def mfu_text(f: RunFacts) -> str:
     return out + ")"
 
 
+ENGINE_LABEL = {"fp32-simt": "fp32, CUDA cores", "fp32": "fp32, engine unknown", "tf32": "TF32 tensor cores",
+                "bf16": "BF16 tensor cores", "fp16": "FP16 tensor cores", "fp8": "FP8 tensor cores"}
 ENGINE_TEXT = {"fp32-simt": "in fp32 on CUDA cores", "fp32": "in fp32", "tf32": "on TF32 tensor cores",
                "bf16": "on BF16 tensor cores", "fp16": "on FP16 tensor cores", "fp8": "on FP8 tensor cores"}
 
@@ -404,6 +407,29 @@ def strategy_tables(f: RunFacts) -> list[Table]:
     ]
 
 
+def compute_table(f: RunFacts) -> Table | None:
+    """GEMM + attention kernel time and achieved TFLOP/s by engine, against the device's dense
+    peak for that engine's dtype (a roofline's ceiling per kernel family)."""
+    c = f.compute
+    if c is None or not c.engine_ms_per_step:
+        return None
+    from ..analysis.peaks import device_peaks
+
+    peaks = (device_peaks(c.device) or ("", {}))[1]
+    dtype = {"fp32-simt": "fp32", "fp32": "fp32"}
+    rows = []
+    for e, t in sorted(c.engine_ms_per_step.items(), key=lambda kv: -kv[1]):
+        rate = c.engine_tflops.get(e)
+        peak = peaks.get(dtype.get(e, e))
+        rows.append([ENGINE_LABEL.get(e, e), ms(t), pct(c.dtype_mix.get(e)), f"{rate:.1f}" if rate else "–",
+                     f"{peak:,.0f}" if peak else "–", pct(100 * rate / peak) if rate and peak else "–"])
+    note = (f"{c.model_flops_per_step / 1e9:,.1f} GFLOP per step of matmuls and attention (model; "
+            f"{c.recompute_flops_per_step / 1e9:,.1f} recomputed); by phase: "
+            + ", ".join(f"{k} {v / 1e9:,.1f}" for k, v in c.flops_by_phase.items()))
+    return Table("GEMM and attention kernels by engine (per step)", ["engine", "time", "share", "TFLOP/s", "peak", "of peak"],
+                 rows, note)
+
+
 def all_tables(f: RunFacts) -> list[Table]:
-    tables = [breakdown_table(f), phase_table(f), collectives_table(f), units_table(f), ranks_table(f)]
+    tables = [breakdown_table(f), compute_table(f), phase_table(f), collectives_table(f), units_table(f), ranks_table(f)]
     return [t for t in tables if t] + memory_tables(f) + strategy_tables(f)
