@@ -172,6 +172,11 @@ def analyze(
         raise InputError(load.ranks[1].path if len(load.ranks) > 1 else files[0],
                          "not one run: " + "; ".join(mixed) + " (--allow-mixed-runs analyses them together)")
     facts = fold(load.ranks, load.excluded, load.cross_rank)
+    if config and config.get("peak_tflops") and facts.compute is not None:  # --peak-tflops
+        from .analysis.compute import finish
+
+        finish(facts.compute, facts.step_clock_ms, float(config["peak_tflops"]))
+        facts.notes = [n for n in facts.notes if not n.startswith("MFU not computed")]
     if mixed:
         facts.mixed_runs = mixed
         facts.notes.insert(0, "inputs from different runs analysed together (--allow-mixed-runs): " + "; ".join(mixed))

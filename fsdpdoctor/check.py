@@ -16,6 +16,8 @@ max_step_regression_pct = 5           # vs baseline
 max_overlap_drop_pts = 5              # percentage points vs baseline
 max_exposed_comm_regression_pct = 10  # vs baseline
 max_memory_regression_pct = 5         # peak allocated bytes vs baseline
+min_mfu = 30                          # % (absolute; traces with recorded shapes)
+max_mfu_drop_pct = 5                  # relative MFU drop vs baseline
 fail_on_new = "critical"              # critical | warning | never
 ```
 """
@@ -56,6 +58,8 @@ CHECK_SETTINGS: dict[str, tuple[Any, str]] = {
     "max_exposed_comm_regression_pct": (10.0, "fail when exposed communication per step rose more than this % over the baseline"),
     "exposed_comm_noise_ms": (0.05, "… but only when it also rose by more than this many ms per step"),
     "max_memory_regression_pct": (5.0, "fail when peak allocated memory rose more than this % over the baseline"),
+    "min_mfu": (None, "fail when MFU (model FLOPs / step time / the device's dense peak for the compute dtype, %) is below this; absolute"),
+    "max_mfu_drop_pct": (5.0, "fail when MFU fell more than this % (relative) below the baseline's"),
     "fail_on_new": ("critical", "fail when a finding of this severity or worse appears that the baseline did not have (critical | warning | never); without a baseline every finding counts as new"),
 }
 FAIL_ON_NEW = ("critical", "warning", "never")
@@ -372,6 +376,15 @@ def run_check(
 
     step_a = step_time_ms(cur)
     step_b = step_time_ms(base) if base else None
+    mfu_a = cur.compute.mfu_pct if cur.compute is not None else None
+    mfu_b = base.compute.mfu_pct if base is not None and base.compute is not None else None
+
+    def mfu_at_least(b, a, lim):
+        return a < lim, f"MFU {pct(a)} {'≥' if a >= lim else '<'} {lim:g}%", ""
+
+    def mfu_drop(b, a, lim):
+        d = 100 * (b - a) / b if b else 0.0
+        return d > lim, f"MFU {pct(b)} → {pct(a)} ({'fell' if d > 0 else 'rose'} {abs(d):.1f}%; limit {lim:g}%)", f" ({_signed(-d)}%)", d
     gates: list[Gate] = [
         _gate("min-overlap", "overlap", s.get("min_overlap"), "≥ {:g}%", None, ov, "%", "--min-overlap", None,
               missing("overlap", " (no GPU communication in the trace)"), at_least, value=ov),
@@ -385,6 +398,10 @@ def run_check(
         _gate("exposed-comm-regression", "exposed comm rise", s.get("max_exposed_comm_regression_pct"), "≤ +{:g}%",
               base.exposed_comm.mean_ms_per_step if gpu_base else None, ex, "ms", "--max-exposed-comm-regression-pct",
               base is not None, missing("exposed communication"), exposed_rise),
+        _gate("min-mfu", "MFU", s.get("min_mfu"), "≥ {:g}%", None, mfu_a, "%", "--min-mfu", None,
+              missing("MFU", " (no matmul shapes recorded, or an unknown device: --peak-tflops)"), mfu_at_least, value=mfu_a),
+        _gate("mfu-drop", "MFU drop", s.get("max_mfu_drop_pct"), "≤ {:g}%", mfu_b, mfu_a, "%", "--max-mfu-drop-pct",
+              base is not None, missing("MFU"), mfu_drop),
         _gate("memory-regression", "peak memory", s.get("max_memory_regression_pct"), "≤ +{:g}%",
               _peak_memory(base) if base is not None else None, _peak_memory(cur), "B", "--max-memory-regression-pct",
               base is not None, missing("peak memory", " (no memory snapshot)"), rise(mib, "peak allocated")),

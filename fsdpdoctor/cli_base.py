@@ -81,8 +81,20 @@ def main() -> None:
     """Diagnose PyTorch FSDP runs from profiler traces and CUDA memory snapshots."""
 
 
+def _keep_peak(ctx, _param, value):
+    if value is not None:
+        ctx.meta["peak_tflops"] = value
+    return value
+
+
 def scale_options(fn):
-    """--scheduler, --strict, --cycle and --allow-mixed-runs, shared by analyze, compare and check."""
+    """--scheduler, --strict, --cycle, --allow-mixed-runs and --peak-tflops, shared by analyze,
+    compare and check."""
+    fn = click.option(
+        "--peak-tflops", type=click.FloatRange(min=0, min_open=True), default=None, expose_value=False, callback=_keep_peak,
+        metavar="TFLOPS",
+        help="Dense peak TFLOP/s of the GPU for MFU (default: from the built-in table by device name and compute dtype).",
+    )(fn)
     fn = click.option(
         "--allow-mixed-runs", is_flag=True,
         help="Analyse traces together even when they look like different runs (world size, device, backend or "
@@ -127,6 +139,9 @@ def rule_config(settings: tuple[str, ...] = (), disable: tuple[str, ...] = ()) -
 
     cfg = load_config(list(settings))
     cfg["disable"] = list(cfg.get("disable", [])) + list(disable)
+    ctx = click.get_current_context(silent=True)
+    if ctx is not None and ctx.meta.get("peak_tflops"):
+        cfg["peak_tflops"] = ctx.meta["peak_tflops"]
     return cfg
 
 

@@ -73,6 +73,8 @@ def compare(
 @click.option("--max-overlap-drop-pts", metavar="PTS", help="Fail when overlap dropped more than PTS points (default 5; 'off').")
 @click.option("--max-exposed-comm-regression-pct", metavar="PCT", help="Fail when exposed comm rose more than PCT % (default 10; 'off').")
 @click.option("--max-memory-regression-pct", metavar="PCT", help="Fail when peak memory rose more than PCT % (default 5; 'off').")
+@click.option("--min-mfu", metavar="PCT", help="Fail when MFU is below PCT % (absolute gate; traces with recorded shapes).")
+@click.option("--max-mfu-drop-pct", metavar="PCT", help="Fail when MFU fell more than PCT % below the baseline's (default 5; 'off').")
 @click.option("--fail-on-new", type=click.Choice(["critical", "warning", "never"]), default=None, help="Fail on new findings of this severity or worse (default critical).")
 @click.option("--markdown", "markdown_out", type=click.Path(dir_okay=False, path_type=Path), help="Also write a Markdown summary (PR comment) to FILE.")
 @click.option("--junit", "junit_out", type=click.Path(dir_okay=False, path_type=Path), help="Also write JUnit XML (one test case per gate) to FILE.")
@@ -88,7 +90,7 @@ def compare(
 def check(
     paths: tuple[str, ...], baseline: str | None, min_overlap: str | None, max_exposed_comm_ms: str | None,
     max_step_regression_pct: str | None, max_overlap_drop_pts: str | None, max_exposed_comm_regression_pct: str | None,
-    max_memory_regression_pct: str | None, fail_on_new: str | None, markdown_out: Path | None, junit_out: Path | None,
+    max_memory_regression_pct: str | None, min_mfu: str | None, max_mfu_drop_pct: str | None, fail_on_new: str | None, markdown_out: Path | None, junit_out: Path | None,
     fmt: str, jobs: int | None, memory: tuple[Path, ...], settings: tuple[str, ...], disable: tuple[str, ...],
     allow_missing_ranks: bool, scheduler: str | None, strict: bool, cycle: int | None, allow_mixed_runs: bool,
 ) -> None:
@@ -109,6 +111,8 @@ def check(
             "max_overlap_drop_pts": max_overlap_drop_pts,
             "max_exposed_comm_regression_pct": max_exposed_comm_regression_pct,
             "max_memory_regression_pct": max_memory_regression_pct,
+            "min_mfu": min_mfu,
+            "max_mfu_drop_pct": max_mfu_drop_pct,
             "fail_on_new": fail_on_new,
         }
     )

@@ -53,6 +53,8 @@ THRESHOLDS: dict[str, tuple[float, str]] = {
     "fine_latency_share": (0.5, "auto-wrap-too-fine: fixed-latency share of the median collective (fit duration = a + bytes/bw) that counts as latency-bound"),
     "fine_hook_saving_pct": (5.0, "auto-wrap-too-fine: step saving (% of the step) of the what-if replay with FSDP hook CPU time removed that puts the hooks on the critical path"),
     "recompute_min_pct": (3.0, "activation-recompute: GPU time of recomputed forward ops per step as % of the step"),
+    "wrong_engine_min_pct": (20.0, "matmul-wrong-engine: GEMM + attention kernel time on fp32 engines (CUDA cores, no TF32) as % of all of it, on a GPU with tensor cores"),
+    "peak_tflops": (0.0, "compute: the device's dense peak TFLOP/s MFU is measured against (0: from the peak table by device name and compute dtype; --peak-tflops)"),
     "hook_overhead_pct": (30.0, "auto-wrap-too-fine: CPU time in FSDP hooks as % of the step that counts as evidence"),
 }
 

@@ -263,6 +263,48 @@ class CollectiveStats:
 
 
 @dataclass
+class ComputeFacts:
+    """Compute efficiency (fsdpdoctor.analysis.compute): FLOPs from recorded shapes, GEMM and
+    attention kernel time by engine, achieved TFLOP/s and MFU. Per rank, or the run's (means over
+    ranks, per device). ``flops_per_step`` counts hardware FLOPs (activation-checkpointing
+    recompute included); ``model_flops_per_step`` leaves the recompute out. ``mfu_pct`` /
+    ``hfu_pct`` are model / hardware FLOPs per step over (step time × the device's dense peak for
+    the compute dtype); ``mfu_bf16_pct`` is against the BF16 dense peak (the usual convention).
+    ``dtype_mix``: engine → % of GEMM + attention kernel time (engines: fp32-simt, fp32, tf32,
+    bf16, fp16, fp8). ``source`` is "shapes", or "" when no counted op had recorded shapes."""
+
+    source: str = ""
+    device: str | None = None
+    flops_per_step: float = 0.0
+    model_flops_per_step: float = 0.0
+    matmul_flops_per_step: float = 0.0
+    attention_flops_per_step: float = 0.0
+    recompute_flops_per_step: float = 0.0
+    flops_by_phase: dict[str, float] = field(default_factory=dict)
+    gemm_ms_per_step: float = 0.0  # |union| of the GEMM kernels of counted ops
+    attention_ms_per_step: float = 0.0
+    gemm_tflops: float | None = None  # GEMM FLOPs / GEMM kernel time
+    attention_tflops: float | None = None
+    engine_ms_per_step: dict[str, float] = field(default_factory=dict)  # Σ kernel time by engine
+    engine_tflops: dict[str, float] = field(default_factory=dict)  # achieved by the kernels of each engine
+    dtype_mix: dict[str, float] = field(default_factory=dict)
+    compute_dtype: str | None = None  # the engine with the most GEMM + attention time
+    tensor_cores: bool = False  # the device has matrix units much faster than fp32
+    step_ms: float = 0.0  # the step time the rates below are on
+    achieved_tflops: float | None = None  # model FLOPs per step / step time
+    hardware_tflops: float | None = None
+    peak_label: str | None = None
+    peak_dtype: str | None = None
+    peak_tflops: float | None = None
+    bf16_peak_tflops: float | None = None
+    mfu_pct: float | None = None
+    hfu_pct: float | None = None
+    mfu_bf16_pct: float | None = None
+    ops_with_shapes: int = 0
+    ops_without_shapes: int = 0
+
+
+@dataclass
 class WhatIfFacts:
     """What-if replay of one rank's steps (fsdpdoctor.analysis.whatif), or the run's summary.
 
@@ -344,6 +386,7 @@ class RankFacts:
     # event in the trace): counted in no step
     backlog_ops: int = 0
     backlog_ms: float = 0.0
+    compute: ComputeFacts | None = None  # FLOPs, engines and MFU (traces with recorded shapes)
 
     @property
     def step_ms(self) -> list[float]:
@@ -518,6 +561,7 @@ class RunFacts:
     memory_per_input: dict[str, int] = field(default_factory=dict)  # snapshot path → peak allocated bytes
     memory_expected: dict[str, float] = field(default_factory=dict)  # ZeRO arithmetic, per rank, by category
     whatif: WhatIfFacts | None = None  # what-if replay summary over ranks (GPU traces)
+    compute: ComputeFacts | None = None  # compute efficiency (FLOPs, engines, MFU) over ranks
     notes: list[str] = field(default_factory=list)
     rank_facts: list[RankFacts] = field(default_factory=list)
     # partial runs: ranks left out, and how many ranks the run has (analysed + left out)

@@ -30,7 +30,8 @@ REGRESSIONS = {
     "slow-rank": {"slow_rank": 2, "slow_factor": 1.35},
     "fp32-collectives": {"collective_dtype": "fp32"},
 }
-GATES = ["min-overlap", "max-exposed-comm", "step-time-regression", "overlap-drop", "exposed-comm-regression", "memory-regression", "new-findings"]
+GATES = ["min-overlap", "max-exposed-comm", "step-time-regression", "overlap-drop", "exposed-comm-regression", "min-mfu", "mfu-drop",
+         "memory-regression", "new-findings"]
 
 
 def cli(*args, cwd=None):

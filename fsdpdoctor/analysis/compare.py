@@ -371,6 +371,7 @@ def structure_diff(b: RunFacts, a: RunFacts) -> list[Change]:
     row("cpu_offload", "CPU offload", lambda f: "yes" if f.fsdp.cpu_offload.detected else "no")
     row("mixed_precision", "low-precision all-gathers", lambda f: _yn(f.fsdp.mixed_precision))
     row("activation_checkpointing", "activation checkpointing", lambda f: _yn(f.fsdp.activation_checkpointing))
+    row("compute_dtype", "GEMMs run", lambda f: f.compute.compute_dtype if f.compute is not None and f.compute.compute_dtype else "unknown")
     kinds = sorted({c.kind for f in (b, a) for c in f.collectives} | {k for f in (b, a) for k in f.fsdp.collective_dtypes})
     for k in kinds:
         row(f"dtype.{k}", f"{k.replace('_', '-')} dtype", lambda f, k=k: ", ".join(sorted(f.fsdp.collective_dtypes.get(k, []))) or _dtypes_of(f, k))

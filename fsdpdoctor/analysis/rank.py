@@ -9,6 +9,7 @@ import numpy as np
 
 from ..facts import CollectiveFacts, CollectiveStats, RankFacts
 from ..ingest.kineto import RankTrace, load_trace
+from .compute import analyze_compute, finish
 from .comms import Collective, assign_roles, find_collectives, issue_rows, parallelism_facts
 from .fsdp import analyze_fsdp
 from .labels import enclosing, label_rows
@@ -47,6 +48,15 @@ def analyze_rank_trace(rt: RankTrace, order_index: int = 0) -> RankFacts:
     if info.step_method != "ProfilerStep":
         notes.append(f"no ProfilerStep annotations: steps from {info.step_method}")
     device_name, device_mem, gpus = _device(rt)
+    compute, kflops = analyze_compute(rt, info.steps, device_name, n_steps)
+    if compute.source:
+        finish(compute, sum(s.step_ms for s in steps) / len(steps) if steps else None)
+    elif gpu_present:
+        notes.append(
+            "no matmul or attention op with recorded shapes in this trace: FLOPs and MFU not computed "
+            "(profile with record_shapes=True)" if not compute.ops_without_shapes else
+            f"{compute.ops_without_shapes} matmul/attention ops without usable shapes: FLOPs and MFU not computed"
+        )
     opt = next((n.split("#", 1)[1].split(".")[0] for n in rt.names if n.startswith("Optimizer.step#")), None)
     return RankFacts(
         rank=int(rank),
@@ -73,7 +83,8 @@ def analyze_rank_trace(rt: RankTrace, order_index: int = 0) -> RankFacts:
         gpus_per_node=gpus,
         device_memory_bytes=device_mem,
         memory_trace=memory_from_events(rt.path, rt.memory_events),
-        whatif=analyze_whatif(rt, info.steps, colls, fsdp) if gpu_present else None,
+        whatif=analyze_whatif(rt, info.steps, colls, fsdp, kflops=kflops, compute=compute) if gpu_present else None,
+        compute=compute if compute.source else None,
         start_unix_s=start_unix_s(rt),
         backend=_text(rt.distributed_info.get("backend")),
         nccl_version=_text(rt.distributed_info.get("nccl_version")),

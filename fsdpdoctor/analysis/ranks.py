@@ -31,6 +31,7 @@ from ..facts import (
 )
 from .crossrank import CrossRankFold, RankPart, part_of
 from .rank import analyze_rank, most_common
+from .compute import fold as fold_compute
 from .whatif import fold_whatif
 from .steps import PHASES
 
@@ -381,6 +382,13 @@ def fold(
     rf.workload = "training" if "training" in kinds_of_work else ("inference" if kinds_of_work else None)
     rf.collectives = _fold_collectives(ranks)
     rf.whatif = fold_whatif(ranks)
+    rf.compute = fold_compute([r.compute for r in ranks], rf.step_clock_ms)
+    if rf.compute is None and rf.gpu_present:
+        rf.notes.append("FLOPs and MFU not computed: no matmul or attention op with recorded shapes "
+                        "(profile with record_shapes=True)")
+    elif rf.compute is not None and rf.compute.peak_tflops is None:
+        rf.notes.append(f"MFU not computed: no peak known for device {rf.compute.device!r} and dtype "
+                        f"{rf.compute.compute_dtype} (give one with --peak-tflops)")
     if cross_rank is _UNSET:
         cross = CrossRankFold()
         for r in ranks:

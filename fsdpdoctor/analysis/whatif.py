@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..facts import FsdpFacts, WhatIfFacts
+from ..facts import ComputeFacts, FsdpFacts, WhatIfFacts
 from ..ingest.kineto import RankTrace
 from . import intervals as iv
 from .comms import SYNC_NAMES, Collective, comm_kernel_mask, launch_rows
@@ -81,6 +81,7 @@ class Graph:
     g_wait: np.ndarray | None = None
     name_code: np.ndarray | None = None  # per op: index into ``code_names`` (name tests once per distinct name)
     code_names: list[str] | None = None
+    rows: np.ndarray | None = None  # per op: its row in the trace
 
 
 @dataclass
@@ -157,7 +158,7 @@ def build_graph(rt: RankTrace, steps: list[StepWindow], colls: list[Collective])
     return Graph(start, end, stream, launch, key, backlog, comm, coll, pg, is_compute, step, g_launch, g_stream, g_comm,
                  deps, syncs, steps, colls, names, phase, ranges,
                  {row for *_, row in syncs if rt.row_name(row).endswith("DeviceSynchronize")}, n_wait, n_inferred, g_wait,
-                 rt.name[rows].astype(np.int64), rt.names)
+                 rt.name[rows].astype(np.int64), rt.names, rows)
 
 
 def replay_order(key: np.ndarray, backlog: np.ndarray) -> np.ndarray:
@@ -200,7 +201,8 @@ def _unexplained_waits(start, end, key, stream, backlog, g_launch, prev_s, g_str
     cross-stream waits allow (with their capped gaps), where that is ≥ UNEXPLAINED_US; an op that
     started within INFER_TOL_US of the end of earlier-launched work on another stream gets an
     edge to it in ``deps`` instead (its wait is then explained)."""
-    c = np.where(backlog, start, key + g_launch)
+    # the backlog: the first op of it on a stream is where it was measured, the rest queued behind
+    c = np.where(backlog, np.where(prev_s < 0, start, -np.inf), key + g_launch)
     m = prev_s >= 0
     c[m] = np.maximum(c[m], end[prev_s[m]] + g_stream[m])
     m = prev_p >= 0
@@ -209,7 +211,7 @@ def _unexplained_waits(start, end, key, stream, backlog, g_launch, prev_s, g_str
         for a, gap in dl:
             c[i] = max(c[i], end[a] + gap)
     w = start - c
-    w[(w < UNEXPLAINED_US) | backlog] = 0.0
+    w[(w < UNEXPLAINED_US) | ~np.isfinite(w)] = 0.0
     # an op that started right when work on another stream ended waited for it (an event the
     # trace does not record): a dependency edge, not a fixed wait
     late = np.flatnonzero(w > 0)
@@ -376,7 +378,19 @@ def replay(g: Graph, fix: Fix | None = None) -> tuple[np.ndarray, np.ndarray, np
     dur = g.end - g.start
     if fix.scale:
         sc = np.fromiter(fix.scale.keys(), dtype=np.int64, count=len(fix.scale))
-        dur[sc] *= np.fromiter(fix.scale.values(), dtype=np.float64, count=len(fix.scale))
+        f = np.ones(n)
+        f[sc] = np.fromiter(fix.scale.values(), dtype=np.float64, count=len(fix.scale))
+        if g.backlog.any() and g.name_code is not None:
+            # the backlog is earlier steps' work: the same kernels, changed as the fix changes
+            # theirs (the mean factor of the launched ops of the same name; unchanged if none)
+            launched = ~g.backlog
+            codes = g.name_code[:n]
+            tot = np.bincount(codes[launched], weights=f[launched], minlength=codes.max() + 1)
+            cnt = np.bincount(codes[launched], minlength=codes.max() + 1)
+            mean_f = np.where(cnt > 0, tot / np.maximum(cnt, 1), 1.0)
+            bl = np.flatnonzero(g.backlog)
+            f[bl] = np.where(np.isin(bl, sc), f[bl], mean_f[codes[bl]])
+        dur *= f
     sy = _sync_arrays(g)
     ns = len(g.steps)
     cuts = np.array(fix.cpu_cuts, dtype=np.float64).reshape(-1, 2)
@@ -470,11 +484,15 @@ def _replay_loop(ev_kind, ev_idx, ev_key, start, key, dur, backlog, g_launch, g_
         kind = ev_kind[o]
         i = ev_idx[o]
         if kind == 0:
-            # the backlog starts where it was measured (the GPU's state when the window opened);
-            # other ops no earlier than their launch (or measured start), moved with the CPU
-            t = start[i] if backlog[i] else key[i] + shift + g_launch[i]
+            # the backlog runs from where the first of it on each stream was measured (the GPU's
+            # state when the window opened), the rest of it queued behind; other ops no earlier
+            # than their launch (or measured start), moved with the CPU
             s = stream[i]
             p = stream_last[s]
+            if backlog[i]:
+                t = start[i] if p < 0 else -np.inf
+            else:
+                t = key[i] + shift + g_launch[i]
             if p >= 0 and E[p] + g_stream[i] > t:
                 t = E[p] + g_stream[i]
             stream_last[s] = i
@@ -657,7 +675,8 @@ def _append_ops(g: Graph, src: list[int]) -> tuple[Graph, list[int]]:
                cat(g.pg), cat(g.is_compute), cat(g.step), cat(g.g_launch), cat(g.g_stream), cat(g.g_comm),
                dict(g.deps), g.syncs, g.steps, g.colls, g.names + [g.names[i] for i in src], cat(g.phase),
                g.ranges, g.device_syncs, g.n_wait_edges, g.n_inferred, cat(g.g_wait),
-               cat(g.name_code) if g.name_code is not None else None, g.code_names)
+               cat(g.name_code) if g.name_code is not None else None, g.code_names,
+               cat(g.rows) if g.rows is not None else None)
     return g2, list(range(n, n + idx.size))
 
 
@@ -755,6 +774,46 @@ def fix_hooks_off(g: Graph) -> Fix | None:
     return Fix("hooks_off", cpu_cuts=cuts) if cuts else None
 
 
+#: the rate assumed for fp32 GEMM / attention kernels moved onto tensor cores: this share of the
+#: device's dense BF16 peak (large bf16 GEMMs reach 60-80% of it, attention less)
+TENSOR_CORE_SHARE = 0.5
+TENSOR_CORE_MIN_SHARE = 5.0  # % of GEMM + attention time on fp32 engines for the replay to try it
+
+
+def fp32_share(cf: ComputeFacts) -> float:
+    """% of GEMM + attention kernel time on fp32 engines (CUDA cores, or fp32 of unknown engine)."""
+    return cf.dtype_mix.get("fp32-simt", 0.0) + cf.dtype_mix.get("fp32", 0.0)
+
+
+def fix_tensor_cores(g: Graph, kf, cf: ComputeFacts) -> Fix | None:
+    """bf16 mixed precision for a run whose matmuls run in fp32 on a GPU with tensor cores: every
+    fp32 GEMM / attention kernel takes its FLOPs at TENSOR_CORE_SHARE of the device's dense BF16
+    peak (never longer than measured), and the forward / backward fp32 elementwise kernels move
+    half the bytes (× 0.5, bf16 activations). The optimizer keeps fp32."""
+    if not cf.tensor_cores or not cf.bf16_peak_tflops or g.rows is None or kf.rows.size == 0:
+        return None
+    rate = TENSOR_CORE_SHARE * cf.bf16_peak_tflops * 1e6  # FLOPs per µs
+    pos = {int(r): i for i, r in enumerate(g.rows.tolist())}
+    fx = Fix("tensor_cores")
+    dur = g.end - g.start
+    gemm_ops = set()
+    for r, fl, eng in zip(kf.rows.tolist(), kf.flops.tolist(), kf.engine):
+        i = pos.get(int(r))
+        if i is None:
+            continue
+        gemm_ops.add(i)
+        if eng in ("fp32-simt", "fp32") and dur[i] > 0 and fl > 0:
+            fx.scale[i] = min(1.0, fl / rate / dur[i])
+    if not fx.scale:
+        return None
+    fp32 = _name_mask(g, lambda n: any(t in n for t in _FP32) and not any(t in n for t in _LOW))
+    fwd_bwd = (g.phase == "forward") | (g.phase == "backward")
+    for i in np.flatnonzero(g.is_compute & fwd_bwd & fp32).tolist():
+        if i not in gemm_ops:
+            fx.scale[i] = 0.5
+    return fx
+
+
 def latency_share(colls: list[Collective]) -> float | None:
     """Share of the median all-gather's / reduce-scatter's duration that is fixed cost, from a
     least-squares fit duration = a + bytes / bandwidth over this rank's collectives of those
@@ -828,7 +887,7 @@ def step_error_pct(replayed: np.ndarray, measured: np.ndarray) -> float:
 
 
 def analyze_whatif(rt: RankTrace, steps: list[StepWindow], colls: list[Collective],
-                   fsdp: FsdpFacts | None = None) -> WhatIfFacts | None:
+                   fsdp: FsdpFacts | None = None, kflops=None, compute: ComputeFacts | None = None) -> WhatIfFacts | None:
     """Replay this rank's steps unchanged and with every transformation that applies (all of
     them when ``fsdp`` is None)."""
     g = build_graph(rt, steps, colls)
@@ -852,6 +911,8 @@ def analyze_whatif(rt: RankTrace, steps: list[StepWindow], colls: list[Collectiv
     out.exposed_rs_ms["none"] = _exposed_rs_ms(g, S, E)
     applies = _applies(fsdp)
     fixes = [(name, make(g)) for name, make in FIXES.items() if applies.get(name, True)]
+    if kflops is not None and compute is not None and fp32_share(compute) >= TENSOR_CORE_MIN_SHARE:
+        fixes.append(("tensor_cores", fix_tensor_cores(g, kflops, compute)))
     fixes += [(f"compute×{f}", fix_compute_scale(g, f)) for f in STRAGGLER_FACTORS]
     for name, fx in fixes:
         if fx is None:

@@ -224,10 +224,6 @@ def _ids(getter, args: list, n: int) -> np.ndarray:
     return out
 
 
-def _is_c10d(name: str) -> bool:
-    return name.startswith("c10d::") or name == "record_param_comms"
-
-
 class KeyTable:
     """Codes for (cat, name, pid, tid) keys, persistent across the blocks one process decodes.
 
@@ -317,7 +313,7 @@ def extract(evs: list, table: KeyTable, counted: int | None = None) -> Part:
         rare = list(map(_RARE, args))
         cand = [] if rare.count(_NONE3) == n else [np.flatnonzero(np.fromiter(map(ne, rare, repeat(_NONE3)), dtype=bool, count=n))]
         del rare
-        c10d = [code for code, k in enumerate(table.values) if _is_c10d(k[1])]
+        c10d = [code for code, k in enumerate(table.values) if K.keeps_shapes(k[1])]
         if c10d:
             rows = np.flatnonzero(np.isin(key, c10d)).tolist()
             cand.append(np.array([i for i in rows if args[i].input_dims is not None], dtype=np.intp))
@@ -414,7 +410,7 @@ def _public_args(a: _A) -> K.Args:
     if isinstance(kw["nbytes"], str):
         kw["nbytes"] = K._to_int(kw["nbytes"])
     # a Raw points into the block's buffer; keep private copies of the few we retain
-    for f in ("input_dims", "input_type"):
+    for f in K.RAW_FIELDS:
         if kw[f] is not None:
             kw[f] = kw[f].copy()
     return K.Args(**kw)

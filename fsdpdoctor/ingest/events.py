@@ -40,7 +40,26 @@ ARG_FIELDS: tuple[tuple[str, Any, str], ...] = (
     # msgspec cannot decode ``Raw | None`` (it accepts only null): plain Raw, None when absent
     ("input_dims", msgspec.Raw, "Input Dims"),
     ("input_type", msgspec.Raw, "Input type"),
+    ("concrete_inputs", msgspec.Raw, "Concrete Inputs"),  # scalar / list arguments (convolution strides)
 )
+#: the undecoded (Raw) shape fields: copied out of the file's buffer for the few rows kept
+RAW_FIELDS = ("input_dims", "input_type", "concrete_inputs")
+#: CPU ops whose recorded shapes (``Input Dims`` / ``Input type``) are kept besides the c10d
+#: collectives': the matmul and attention operators whose FLOPs fsdpdoctor.analysis.compute counts
+GEMM_OPS = frozenset({"aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::_scaled_mm", "aten::_addmm_activation"})
+ATTN_FWD_OPS = frozenset({"aten::_scaled_dot_product_efficient_attention", "aten::_scaled_dot_product_flash_attention",
+                          "aten::_scaled_dot_product_cudnn_attention"})
+ATTN_BWD_OPS = frozenset(n + "_backward" for n in ATTN_FWD_OPS)
+CONV_OPS = frozenset({"aten::convolution", "aten::convolution_backward"})
+FLOP_OPS = GEMM_OPS | ATTN_FWD_OPS | ATTN_BWD_OPS | CONV_OPS
+
+
+def keeps_shapes(name: str) -> bool:
+    """Whether an op's recorded shapes are kept: c10d collectives (their sizes on gloo) and the
+    ops whose FLOPs are counted."""
+    return name.startswith("c10d::") or name == "record_param_comms" or name in FLOP_OPS
+
+
 #: Top-level keys of a trace document that the analysis reads besides ``traceEvents`` (both
 #: decoders: the head before the event array and the tail after it). ``baseTimeNanoseconds``
 #: (Kineto, torch 2.1+) is the wall-clock time that event timestamps (µs) count from.

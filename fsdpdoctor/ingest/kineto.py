@@ -35,6 +35,7 @@ from ._io import short as _short
 from .events import (
     DROPPED_CATEGORIES,
     OVERFLOW,
+    RAW_FIELDS,
     TOO_DEEP,
     Args,
     META_KEYS,
@@ -42,6 +43,7 @@ from .events import (
     _coerce_event,
     _to_int,
     decode_lenient_utf8,
+    keeps_shapes,
     memory_array,
     memory_row,
 )
@@ -322,15 +324,14 @@ def _build(path: Path, events: list[Event], meta: dict, mode: str) -> RankTrace:
         if a.stream is not None:
             stream[i] = a.stream
         if a.collective is not None or a.nbytes is not None or a.out_nelems is not None or (
-            a.input_dims is not None and (e.name.startswith("c10d::") or e.name == "record_param_comms")
+            a.input_dims is not None and keeps_shapes(e.name)
         ):
             if isinstance(a.nbytes, str):
                 a.nbytes = _to_int(a.nbytes)
             # a Raw pins the whole file's buffer; keep private copies of the few we retain
-            if a.input_dims is not None:
-                a.input_dims = a.input_dims.copy()
-            if a.input_type is not None:
-                a.input_type = a.input_type.copy()
+            for f in RAW_FIELDS:
+                if getattr(a, f) is not None:
+                    setattr(a, f, getattr(a, f).copy())
             keep[i] = a
     return _make_trace(
         path, meta, mode, cat_codes, name_codes, thr_codes, ts, dur, ext, corr, stream,

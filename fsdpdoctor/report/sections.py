@@ -62,6 +62,29 @@ def limit_text(f: RunFacts) -> str:
     return bound_text(f)
 
 
+def mfu_text(f: RunFacts) -> str:
+    """"10.0% of the H100 SXM's 989 TFLOP/s BF16 dense peak (99.0 TFLOP/s; 3,367 GFLOP per step;
+    GEMMs on bf16 tensor cores)"."""
+    c = f.compute
+    peak = (f"the {c.peak_tflops:,.0f} TFLOP/s peak given with --peak-tflops" if c.peak_label == "--peak-tflops" else
+            f"the {c.peak_label}'s {c.peak_tflops:,.0f} TFLOP/s {(c.peak_dtype or '').upper()} dense peak")
+    out = f"{pct(c.mfu_pct)} of {peak} ({c.achieved_tflops:.1f} TFLOP/s; {c.model_flops_per_step / 1e9:,.0f} GFLOP per step"
+    if c.recompute_flops_per_step:
+        out += f", HFU {pct(c.hfu_pct)} with the recompute"
+    if c.peak_dtype not in ("bf16", "fp16", None) and c.mfu_bf16_pct is not None:
+        out += f"; {pct(c.mfu_bf16_pct)} of the BF16 peak"
+    top = max(c.dtype_mix, key=c.dtype_mix.get) if c.dtype_mix else None
+    if top:
+        out += f"; {pct(c.dtype_mix[top])} of GEMM time {ENGINE_TEXT.get(top, top)}"
+    return out + ")"
+
+
+ENGINE_LABEL = {"fp32-simt": "fp32, CUDA cores", "fp32": "fp32, engine unknown", "tf32": "TF32 tensor cores",
+                "bf16": "BF16 tensor cores", "fp16": "FP16 tensor cores", "fp8": "FP8 tensor cores"}
+ENGINE_TEXT = {"fp32-simt": "in fp32 on CUDA cores", "fp32": "in fp32", "tf32": "on TF32 tensor cores",
+               "bf16": "on BF16 tensor cores", "fp16": "on FP16 tensor cores", "fp8": "on FP8 tensor cores"}
+
+
 def ticket_headline(f: RunFacts) -> list[tuple[str, str]]:
     """The few lines the terminal ticket opens with: what was analysed, the step time and what
     limits it, MFU where known, overlap, exposed communication, memory peak. Extend here: each
@@ -72,7 +95,8 @@ def ticket_headline(f: RunFacts) -> list[tuple[str, str]]:
     items = [("Run", full["Run"] + " · " + full["FSDP"])]
     if f.step_clock_ms:
         items.append(("Step", f"{ms(f.step_clock_ms)} ({f.steps.count} steps per rank) · {limit_text(f)}"))
-    # MFU: the compute-efficiency facts (RunFacts.compute) add their ("MFU", ...) item here.
+    if f.compute is not None and f.compute.mfu_pct is not None:
+        items.append(("MFU", mfu_text(f)))
     if not f.collectives:
         items.append(("Comm", f"no collectives in the traces (world size {f.world_size or len(f.ranks)})"))
     elif f.gpu_present:
@@ -147,6 +171,8 @@ def headline(f: RunFacts) -> list[tuple[str, str]]:
     elif f.gpu_present:
         lines.append(("Overlap", f"{pct(f.overlap.pct)} of communication hidden behind compute (mean over ranks)"))
         lines.append(("Exposed comm", f"{ms(f.exposed_comm.mean_ms_per_step)} per step"))
+    if f.compute is not None and f.compute.mfu_pct is not None:
+        lines.append(("MFU", mfu_text(f)))
     return lines + memory_headline(f)
 
 
@@ -381,6 +407,29 @@ def strategy_tables(f: RunFacts) -> list[Table]:
     ]
 
 
+def compute_table(f: RunFacts) -> Table | None:
+    """GEMM + attention kernel time and achieved TFLOP/s by engine, against the device's dense
+    peak for that engine's dtype (a roofline's ceiling per kernel family)."""
+    c = f.compute
+    if c is None or not c.engine_ms_per_step:
+        return None
+    from ..analysis.peaks import device_peaks
+
+    peaks = (device_peaks(c.device) or ("", {}))[1]
+    dtype = {"fp32-simt": "fp32", "fp32": "fp32"}
+    rows = []
+    for e, t in sorted(c.engine_ms_per_step.items(), key=lambda kv: -kv[1]):
+        rate = c.engine_tflops.get(e)
+        peak = peaks.get(dtype.get(e, e))
+        rows.append([ENGINE_LABEL.get(e, e), ms(t), pct(c.dtype_mix.get(e)), f"{rate:.1f}" if rate else "–",
+                     f"{peak:,.0f}" if peak else "–", pct(100 * rate / peak) if rate and peak else "–"])
+    note = (f"{c.model_flops_per_step / 1e9:,.1f} GFLOP per step of matmuls and attention (model; "
+            f"{c.recompute_flops_per_step / 1e9:,.1f} recomputed); by phase: "
+            + ", ".join(f"{k} {v / 1e9:,.1f}" for k, v in c.flops_by_phase.items()))
+    return Table("GEMM and attention kernels by engine (per step)", ["engine", "time", "share", "TFLOP/s", "peak", "of peak"],
+                 rows, note)
+
+
 def all_tables(f: RunFacts) -> list[Table]:
-    tables = [breakdown_table(f), phase_table(f), collectives_table(f), units_table(f), ranks_table(f)]
+    tables = [breakdown_table(f), compute_table(f), phase_table(f), collectives_table(f), units_table(f), ranks_table(f)]
     return [t for t in tables if t] + memory_tables(f) + strategy_tables(f)

@@ -1,0 +1,328 @@
+"""Compute efficiency of one rank: FLOPs from recorded shapes, the engine each GEMM ran on, MFU.
+
+FLOPs follow ``torch.utils.flop_counter.FlopCounterMode``: a matrix product of (M, K) by (K, N)
+is 2·M·K·N (``mm``, ``addmm``, ``_scaled_mm``, batched for ``bmm`` / ``baddbmm``); scaled dot
+product attention forward is two batched products, 4·B·H·Sq·Sk·D, its backward five,
+2·B·H·Sq·Sk·(3·D + 2·Dv); causal masking is not discounted. They are counted on the operators
+that carry the shapes (``record_shapes=True``: ``Input Dims`` / ``Input type``) and attributed to
+the GPU kernels those operators launched (the kernel's ``External id`` names its innermost CPU
+op; attention kernels are launched by an inner op of the counted SDPA op). Composite ops
+(``aten::linear``, ``aten::matmul``) are not counted: the ``addmm`` / ``mm`` inside them are.
+
+A GEMM or attention op found inside the backward pass *under a forward composite*
+(``aten::linear``, ``aten::matmul``, ``aten::scaled_dot_product_attention``) is activation
+checkpointing's recompute: hardware FLOPs (HFU) count it, model FLOPs (MFU) do not.
+
+Each such kernel is put on an engine from its name (cuBLAS / CUTLASS / xmma / nvjet on NVIDIA,
+rocBLAS / hipBLASLt / Tensile on AMD) and, where the name does not say, the op's input dtype:
+``fp32-simt`` (fp32 FMA on CUDA cores), ``tf32``, ``bf16``, ``fp16``, ``fp8`` (tensor cores),
+``fp32`` (fp32 inputs, engine unknown).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+import msgspec
+import numpy as np
+
+from ..facts import ComputeFacts
+from ..ingest.events import ATTN_BWD_OPS, ATTN_FWD_OPS, CONV_OPS, FLOP_OPS
+from ..ingest.kineto import RankTrace
+from . import intervals as iv
+from .labels import enclosing
+from .peaks import device_peaks, has_tensor_cores
+from .steps import PHASES, StepWindow, locate
+
+#: a forward op found under one of these inside backward is checkpointing's recompute
+FORWARD_COMPOSITES = frozenset({"aten::linear", "aten::matmul", "aten::scaled_dot_product_attention", "aten::einsum",
+                                "aten::conv1d", "aten::conv2d", "aten::conv3d"})
+
+ENGINES = ("fp32-simt", "fp32", "tf32", "bf16", "fp16", "fp8")
+TENSOR_CORE = frozenset({"tf32", "bf16", "fp16", "fp8"})
+_DTYPE = {"float": "fp32", "c10::BFloat16": "bf16", "c10::Half": "fp16", "c10::Float8_e4m3fn": "fp8",
+          "c10::Float8_e5m2": "fp8", "c10::Float8_e4m3fnuz": "fp8", "c10::Float8_e5m2fnuz": "fp8", "double": "fp64"}
+
+
+def kernel_engine(name: str, op_dtype: str | None) -> str:
+    """The engine a GEMM / attention kernel ran on, from its name, else its op's input dtype
+    (which also tells bf16 from fp16 where a 16-bit kernel's name does not: cuDNN and MIOpen
+    name bf16 kernels ``f16`` / ``half``)."""
+    e = _engine_from_name(name, op_dtype)
+    if e in ("bf16", "fp16") and op_dtype in ("bf16", "fp16"):
+        return op_dtype
+    return e
+
+
+def _engine_from_name(name: str, op_dtype: str | None) -> str:
+    n = name.lower()
+    if any(k in n for k in ("e4m3", "e5m2", "fp8", "f8f6f4", "_f8_")):
+        return "fp8"
+    if "simt" in n or "ffma" in n or ("sgemm" in n and "tensorop" not in n) or ("fmha_cutlass" in n and "f32" in n):
+        return "fp32-simt"
+    if "bf16" in n or "bfloat16" in n or "_bbs_" in n or "_bb_" in n:
+        return "bf16"
+    if "fp16" in n or "h1688" in n or "h16816" in n or "_hhs_" in n or "half" in n or re.search(r"(?<!b)f16", n):
+        return "fp16"
+    if "tf32" in n or "xf32" in n or "s1688" in n or "s16816" in n:  # fp32 inputs on tensor cores (CUTLASS "s" = single)
+        return "tf32"
+    if op_dtype in ("bf16", "fp16", "fp8"):
+        return op_dtype
+    return "fp32" if op_dtype == "fp32" else (op_dtype or "fp32")
+
+
+def _dims(raw) -> list:
+    try:
+        d = msgspec.json.decode(raw) if raw is not None else None
+    except msgspec.DecodeError:
+        return []
+    return d if isinstance(d, list) else []
+
+
+def _prod(xs) -> int:
+    out = 1
+    for x in xs:
+        out *= int(x)
+    return out
+
+
+def _ints(v) -> list[int] | None:
+    """A concrete list argument ("[2, 2]" or [2, 2]) as ints."""
+    if isinstance(v, str):
+        try:
+            v = msgspec.json.decode(v.encode()) if v else None
+        except msgspec.DecodeError:
+            return None
+    if isinstance(v, int):
+        return [v]
+    return [int(x) for x in v] if isinstance(v, list) and all(isinstance(x, int) for x in v) else None
+
+
+def conv_flops(dims: list, concrete: list | None, backward: bool) -> float | None:
+    """A convolution: 2 · N · prod(output spatial) · prod(weight) (FlopCounterMode's conv_flop);
+    its backward (grad input and grad weight) twice that. The forward's output size needs the
+    strides, padding and dilation from ``Concrete Inputs``; the backward has it as grad_output."""
+    if backward:  # grad_output, input, weight, ...
+        go, w = dims[0], dims[2]
+        return 2.0 * 2.0 * go[0] * _prod(go[2:]) * _prod(w)
+    x, w = dims[0], dims[1]  # input, weight, bias, stride, padding, dilation, transposed, output_padding, groups
+    c = concrete or []
+    stride, pad, dil = (_ints(c[i]) if len(c) > i else None for i in (3, 4, 5))
+    if not stride or pad is None or not dil or len(x) < 3:
+        return None
+    nsp = len(x) - 2
+    stride, pad, dil = ((v * nsp) if len(v) == 1 else v for v in (stride, pad, dil))
+    out = [(x[2 + i] + 2 * pad[i] - dil[i] * (w[2 + i] - 1) - 1) // stride[i] + 1 for i in range(nsp)]
+    return 2.0 * x[0] * _prod(out) * _prod(w)
+
+
+def op_flops(name: str, dims: list, concrete: list | None = None) -> float | None:
+    """FLOPs of one counted op from its input dims (None: the shapes do not fit the op)."""
+    try:
+        if name in CONV_OPS:
+            return conv_flops(dims, concrete, name.endswith("_backward"))
+        t = [d for d in dims if isinstance(d, list)]
+        if name in ("aten::mm", "aten::_scaled_mm"):
+            (m, k), (k2, n) = t[0], t[1]
+            return 2.0 * m * k * n
+        if name in ("aten::addmm", "aten::_addmm_activation"):
+            (m, k), (k2, n) = t[1], t[2]
+            return 2.0 * m * k * n
+        if name == "aten::bmm":
+            (b, m, k), (b2, k2, n) = t[0], t[1]
+            return 2.0 * b * m * k * n
+        if name == "aten::baddbmm":
+            (b, m, k), (b2, k2, n) = t[1], t[2]
+            return 2.0 * b * m * k * n
+        if name in ATTN_FWD_OPS:  # q, k, v: (B, H, S, D)
+            q, k, v = t[0], t[1], t[2]
+            b, h, sq, d = q
+            return 2.0 * b * h * sq * k[2] * d + 2.0 * b * h * sq * k[2] * v[3]
+        if name in ATTN_BWD_OPS:  # grad_out, q, k, v
+            q, k, v = t[1], t[2], t[3]
+            b, h, sq, d = q
+            return 2.0 * b * h * sq * k[2] * (3 * d + 2 * v[3])
+    except (ValueError, TypeError, IndexError):
+        return None
+    return None
+
+
+def _op_dtype(raw) -> str | None:
+    for x in _dims(raw):
+        if isinstance(x, str) and x:
+            return _DTYPE.get(x, x)
+    return None
+
+
+@dataclass
+class KernelFlops:
+    """Per GPU kernel row of the trace that a counted op launched: its FLOPs and engine."""
+
+    rows: np.ndarray  # kernel rows
+    flops: np.ndarray  # FLOPs attributed to each (the op's, split by kernel duration)
+    engine: list[str]
+    attention: np.ndarray  # bool
+    recompute: np.ndarray  # bool
+
+
+def analyze_compute(rt: RankTrace, steps: list[StepWindow], device_name: str | None, n_steps: int) -> tuple[ComputeFacts, KernelFlops]:
+    """FLOPs, kernel time by engine and achieved throughput of one rank (step time filled in by
+    :func:`finish`, which needs the run's step clock)."""
+    cf = ComputeFacts(device=device_name)
+    cpu = rt.mask_cat("cpu_op")
+    counted = np.flatnonzero(cpu & rt.mask_names(lambda n: n in FLOP_OPS))
+    empty = KernelFlops(np.zeros(0, np.int64), np.zeros(0), [], np.zeros(0, bool), np.zeros(0, bool))
+    if counted.size == 0:
+        return cf, empty
+    names = [rt.row_name(int(r)) for r in counted]
+    flops = np.zeros(counted.size)
+    dtypes: list[str | None] = []
+    missing = 0
+    for i, (r, n) in enumerate(zip(counted.tolist(), names)):
+        a = rt.args.get(r)
+        f = op_flops(n, _dims(a.input_dims), _dims(a.concrete_inputs)) if a is not None and a.input_dims is not None else None
+        if f is None:
+            missing += 1
+        flops[i] = f or 0.0
+        dtypes.append(_op_dtype(a.input_type) if a is not None and a.input_type is not None else None)
+    cf.ops_with_shapes = int(counted.size - missing)
+    cf.ops_without_shapes = int(missing)
+    if cf.ops_with_shapes == 0:
+        return cf, empty
+    is_attn = np.array([n in ATTN_FWD_OPS or n in ATTN_BWD_OPS for n in names])
+    fwd_op = np.array([n not in ATTN_BWD_OPS for n in names])
+    # recompute: a forward op under a forward composite, inside the backward pass
+    comp_rows = np.flatnonzero(cpu & rt.mask_names(lambda n: n in FORWARD_COMPOSITES))
+    chains = enclosing(rt, comp_rows, counted)
+    step_idx, phase_idx = locate(steps, rt.ts[counted])
+    backward = phase_idx == PHASES.index("backward")
+    under = np.array([bool(chains.get(int(r))) for r in counted])
+    recompute = backward & under & fwd_op
+    # kernels of each counted op: the kernel's External id names its innermost op; that op is
+    # the counted op or lies inside it
+    kern = np.flatnonzero(rt.mask_cat("kernel") & (rt.external_id >= 0))
+    ops_all = np.flatnonzero(cpu & (rt.external_id >= 0))
+    srt = ops_all[np.argsort(rt.external_id[ops_all], kind="stable")]
+    sext = rt.external_id[srt]
+    k = np.searchsorted(sext, rt.external_id[kern])
+    k = np.minimum(k, max(sext.size - 1, 0))
+    hit = sext.size > 0
+    launcher = np.where(hit & (sext[k] == rt.external_id[kern]), srt[k], -1) if hit else np.full(kern.size, -1)
+    kern, launcher = kern[launcher >= 0], launcher[launcher >= 0]
+    pos = {int(r): i for i, r in enumerate(counted.tolist())}
+    owner = np.array([pos.get(int(x), -1) for x in launcher.tolist()], dtype=np.int64)
+    inner = np.flatnonzero(owner < 0)
+    if inner.size:
+        up = enclosing(rt, counted, np.unique(launcher[inner]))
+        for j in inner.tolist():
+            chain = up.get(int(launcher[j]), [])
+            owner[j] = pos[chain[-1]] if chain else -1
+    kern, owner = kern[owner >= 0], owner[owner >= 0]
+    if kern.size == 0:
+        return cf, empty
+    kdur = rt.dur[kern].astype(np.float64)
+    tot = np.bincount(owner, weights=kdur, minlength=counted.size)
+    kflops = np.where(tot[owner] > 0, flops[owner] * kdur / np.where(tot[owner] > 0, tot[owner], 1.0), 0.0)
+    engines = [kernel_engine(rt.row_name(int(r)), dtypes[o]) for r, o in zip(kern.tolist(), owner.tolist())]
+    n = max(n_steps, 1)
+    in_step = step_idx >= 0
+    cf.flops_per_step = float(flops[in_step].sum()) / n
+    cf.recompute_flops_per_step = float(flops[in_step & recompute].sum()) / n
+    cf.model_flops_per_step = cf.flops_per_step - cf.recompute_flops_per_step
+    cf.attention_flops_per_step = float(flops[in_step & is_attn].sum()) / n
+    cf.matmul_flops_per_step = cf.flops_per_step - cf.attention_flops_per_step
+    for p, name in enumerate(PHASES):
+        v = float(flops[in_step & (phase_idx == p)].sum()) / n
+        if v:
+            cf.flops_by_phase[name] = v
+    kstep = step_idx[owner] >= 0
+    ks, ke = rt.ts[kern].astype(np.float64), (rt.ts[kern] + rt.dur[kern]).astype(np.float64)
+    attn_k = is_attn[owner]
+    gemm_t = iv.total(iv.merge(ks[kstep & ~attn_k], ke[kstep & ~attn_k])) / 1e3 / n
+    attn_t = iv.total(iv.merge(ks[kstep & attn_k], ke[kstep & attn_k])) / 1e3 / n
+    cf.gemm_ms_per_step, cf.attention_ms_per_step = gemm_t, attn_t
+    gf = float(kflops[kstep & ~attn_k].sum()) / n
+    af = float(kflops[kstep & attn_k].sum()) / n
+    cf.gemm_tflops = gf / (gemm_t * 1e9) if gemm_t > 0 else None
+    cf.attention_tflops = af / (attn_t * 1e9) if attn_t > 0 else None
+    by_engine: dict[str, float] = {}
+    by_engine_flops: dict[str, float] = {}
+    eng = np.array(engines, dtype=object)
+    for e in sorted(set(engines)):
+        m = kstep & (eng == e)
+        by_engine[e] = float(kdur[m].sum()) / 1e3 / n
+        by_engine_flops[e] = float(kflops[m].sum()) / n
+    total_t = sum(by_engine.values())
+    cf.dtype_mix = {e: 100.0 * v / total_t for e, v in by_engine.items()} if total_t else {}
+    cf.engine_ms_per_step = by_engine
+    cf.engine_tflops = {e: by_engine_flops[e] / (by_engine[e] * 1e9) for e in by_engine if by_engine[e] > 0}
+    cf.compute_dtype = max(by_engine, key=by_engine.get) if by_engine else None
+    cf.tensor_cores = has_tensor_cores(device_name)
+    peaks = device_peaks(device_name)
+    if peaks is not None:
+        cf.peak_label = peaks[0]
+        pd = _peak_dtype(cf.compute_dtype)
+        cf.peak_dtype = pd if pd in peaks[1] else None
+        cf.peak_tflops = peaks[1].get(pd) if pd else None
+        cf.bf16_peak_tflops = peaks[1].get("bf16") or peaks[1].get("fp16")
+    cf.source = "shapes"
+    return cf, KernelFlops(kern, kflops, engines, attn_k, recompute[owner])
+
+
+def _peak_dtype(engine: str | None) -> str | None:
+    return {"fp32-simt": "fp32", "fp32": "fp32", "tf32": "tf32", "bf16": "bf16", "fp16": "fp16", "fp8": "fp8"}.get(engine or "")
+
+
+def finish(cf: ComputeFacts, step_ms: float | None, peak_override: float | None = None) -> ComputeFacts:
+    """Achieved TFLOP/s and MFU / HFU on the step clock (``step_ms``), against the device's dense
+    peak for the compute dtype (or ``peak_override`` TFLOP/s, which then also stands for BF16)."""
+    if peak_override:
+        cf.peak_tflops, cf.peak_label = float(peak_override), "--peak-tflops"
+        cf.bf16_peak_tflops = float(peak_override)
+    cf.step_ms = step_ms or 0.0
+    if not step_ms or not cf.flops_per_step:
+        return cf
+    cf.achieved_tflops = cf.model_flops_per_step / (step_ms * 1e9)
+    cf.hardware_tflops = cf.flops_per_step / (step_ms * 1e9)
+    if cf.peak_tflops:
+        cf.mfu_pct = 100.0 * cf.achieved_tflops / cf.peak_tflops
+        cf.hfu_pct = 100.0 * cf.hardware_tflops / cf.peak_tflops
+    if cf.bf16_peak_tflops:
+        cf.mfu_bf16_pct = 100.0 * cf.achieved_tflops / cf.bf16_peak_tflops
+    return cf
+
+
+def fold(per_rank: list[ComputeFacts], step_ms: float | None, peak_override: float | None = None) -> ComputeFacts | None:
+    """The run's compute facts: per-device means over the ranks that have them, on the run's
+    step clock."""
+    rs = [c for c in per_rank if c is not None and c.source == "shapes"]
+    if not rs:
+        return None
+    out = ComputeFacts(device=rs[0].device, source="shapes")
+
+    def mean(attr):
+        vals = [getattr(c, attr) for c in rs if getattr(c, attr) is not None]
+        return float(np.mean(vals)) if vals else None
+
+    for attr in ("flops_per_step", "model_flops_per_step", "matmul_flops_per_step", "attention_flops_per_step",
+                 "recompute_flops_per_step", "gemm_ms_per_step", "attention_ms_per_step"):
+        setattr(out, attr, mean(attr) or 0.0)
+    out.gemm_tflops, out.attention_tflops = mean("gemm_tflops"), mean("attention_tflops")
+    out.ops_with_shapes = sum(c.ops_with_shapes for c in rs)
+    out.ops_without_shapes = sum(c.ops_without_shapes for c in per_rank if c is not None)
+    for attr in ("flops_by_phase", "engine_ms_per_step", "engine_tflops"):
+        keys = sorted({k for c in rs for k in getattr(c, attr)})
+        setattr(out, attr, {k: float(np.mean([getattr(c, attr).get(k, 0.0) for c in rs])) for k in keys})
+    total = sum(out.engine_ms_per_step.values())
+    out.dtype_mix = {e: 100.0 * v / total for e, v in out.engine_ms_per_step.items()} if total else {}
+    out.compute_dtype = max(out.engine_ms_per_step, key=out.engine_ms_per_step.get) if out.engine_ms_per_step else None
+    out.tensor_cores = rs[0].tensor_cores
+    peaks = device_peaks(out.device)
+    if peaks is not None:
+        out.peak_label = peaks[0]
+        pd = _peak_dtype(out.compute_dtype)
+        out.peak_dtype = pd if pd in peaks[1] else None
+        out.peak_tflops = peaks[1].get(pd) if pd else None
+        out.bf16_peak_tflops = peaks[1].get("bf16") or peaks[1].get("fp16")
+    return finish(out, step_ms, peak_override)

@@ -1,0 +1,104 @@
+"""What it detects
+    Matrix products (GEMMs) and attention running in fp32 on CUDA cores on a GPU whose tensor
+    cores would run them many times faster: no mixed precision, no autocast, TF32 off.
+
+Why it hurts
+    An H100 does 67 TFLOP/s of fp32 on CUDA cores and 989 of dense BF16 on tensor cores (495
+    TF32). A model trained in fp32 without TF32 leaves the matrix units idle and is usually
+    GPU-bound on its matmuls: the step can drop to a third or less.
+
+How it shows in a trace
+    GEMM kernels named ``…simt_sgemm…``, ``…gemm_f32f32…ffma…`` (and fp32 memory-efficient
+    attention ``fmha_cutlass…f32``) under ``aten::mm`` / ``aten::addmm`` with ``float`` input
+    types; achieved TFLOP/s of those kernels near the fp32 peak, far below the BF16 one
+    (``RunFacts.compute``: ``dtype_mix``, ``engine_tflops``).
+
+Fix
+    FSDP2 ``MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)``;
+    FSDP1 ``MixedPrecision(param_dtype=torch.bfloat16, reduce_dtype=torch.float32, ...)``; DDP or
+    plain models ``torch.autocast("cuda", dtype=torch.bfloat16)``; where bf16 is not wanted, TF32
+    (``torch.backends.cuda.matmul.allow_tf32 = True`` or
+    ``torch.set_float32_matmul_precision("high")``).
+"""
+
+from fsdpdoctor.fmt import ms, pct
+
+from ._util import finding, fix_for, replay_evidence, replayed_saving
+
+CODE = "FSD015"
+SLUG = "matmul-wrong-engine"
+TITLE = "Matmuls run in fp32 on CUDA cores, tensor cores idle"
+SEVERITY = "warning"
+REPLAY_FIX = "tensor_cores"  # the what-if replay transformation its saving comes from (fsdpdoctor.analysis.whatif)
+THRESHOLDS = ("wrong_engine_min_pct",)
+
+# compare: when a run's matmuls moved to (off) the tensor cores, the compute change is this
+EXPLAINS = {"gpu": [("compute", None)], "cpu": []}
+CONFIG_KEYS = ("compute_dtype",)  # it explains a change only when the compute engine changed
+CLAIM_PRIORITY = 40
+
+TF32 = """# keep fp32 parameters but run matmuls on tensor cores in TF32 (about 8x the fp32 FMA rate on H100)
+torch.backends.cuda.matmul.allow_tf32 = True
+torch.backends.cudnn.allow_tf32 = True
+"""
+FIX_FSDP2 = """from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+for block in model.layers:
+    fully_shard(block, mp_policy=mp)
+fully_shard(model, mp_policy=mp)
+""" + "\n" + TF32
+FIX_FSDP1 = """from torch.distributed.fsdp import FullyShardedDataParallel as FSDP, MixedPrecision
+
+model = FSDP(model, auto_wrap_policy=policy,
+             mixed_precision=MixedPrecision(param_dtype=torch.bfloat16, reduce_dtype=torch.float32,
+                                            buffer_dtype=torch.bfloat16))
+""" + "\n" + TF32
+FIX_AUTOCAST = """with torch.autocast("cuda", dtype=torch.bfloat16):   # matmuls and attention on tensor cores
+    loss = model(batch).loss
+loss.backward()
+""" + "\n" + TF32
+
+
+def check(facts, cfg):
+    c = facts.compute
+    if c is None or not facts.gpu_present or not c.tensor_cores:
+        return []
+    fp32 = c.dtype_mix.get("fp32-simt", 0.0) + c.dtype_mix.get("fp32", 0.0)
+    if fp32 < cfg["wrong_engine_min_pct"]:
+        return []
+    fp32_ms = c.engine_ms_per_step.get("fp32-simt", 0.0) + c.engine_ms_per_step.get("fp32", 0.0)
+    rate = c.engine_tflops.get("fp32-simt") or c.engine_tflops.get("fp32")
+    evidence = [
+        f"{pct(fp32)} of GEMM + attention kernel time runs in fp32 without tensor cores: {ms(fp32_ms)} per step "
+        f"(CUDA-core kernels such as simt_sgemm / gemm_f32f32…ffma)",
+    ]
+    if rate and c.bf16_peak_tflops:
+        evidence.append(f"those kernels achieve {rate:.1f} TFLOP/s; the {c.peak_label} does {c.bf16_peak_tflops:.0f} TFLOP/s "
+                        f"of dense BF16 on tensor cores ({100 * rate / c.bf16_peak_tflops:.1f}% of it)")
+    if c.mfu_bf16_pct is not None:
+        evidence.append(f"MFU {c.mfu_bf16_pct:.1f}% of the BF16 dense peak ({c.model_flops_per_step / 1e9:,.0f} GFLOP per "
+                        f"{ms(c.step_ms)} step)")
+    saving = replayed_saving(facts, REPLAY_FIX)
+    if saving is not None:
+        from fsdpdoctor.analysis.whatif import TENSOR_CORE_SHARE
+
+        evidence.append(replay_evidence(
+            facts, REPLAY_FIX,
+            f"those kernels at {100 * TENSOR_CORE_SHARE:.0f}% of the BF16 dense peak "
+            f"({TENSOR_CORE_SHARE * (c.bf16_peak_tflops or 0):.0f} TFLOP/s, assumed) and fp32 elementwise kernels at half "
+            "the bytes"))
+    else:
+        saving = fp32_ms * 0.8  # the replay is off or absent: most of that kernel time
+    return [
+        finding(
+            __name__,
+            f"Matmuls run in fp32 on CUDA cores ({pct(fp32)} of GEMM + attention time) while the {c.peak_label} tensor cores "
+            "sit idle: use bf16 mixed precision (or at least TF32).",
+            evidence=evidence,
+            cause="no MixedPrecisionPolicy / MixedPrecision / autocast, and TF32 off (PyTorch's default for matmuls)",
+            fix=fix_for(facts, fsdp2=FIX_FSDP2, fsdp1=FIX_FSDP1, ddp=FIX_AUTOCAST, training=FIX_AUTOCAST, inference=FIX_AUTOCAST),
+            confidence=0.85,
+            est_saving_ms=saving,
+        )
+    ]
