@@ -66,13 +66,17 @@ def mfu_text(f: RunFacts) -> str:
     """"10.0% of the H100 SXM's 989 TFLOP/s BF16 dense peak (99.0 TFLOP/s; 3,367 GFLOP per step;
     GEMMs on bf16 tensor cores)"."""
     c = f.compute
-    peak = (f"the {c.peak_tflops:,.0f} TFLOP/s peak given with --peak-tflops" if c.peak_label == "--peak-tflops" else
-            f"the {c.peak_label}'s {c.peak_tflops:,.0f} TFLOP/s {(c.peak_dtype or '').upper()} dense peak")
-    out = f"{pct(c.mfu_pct)} of {peak} ({c.achieved_tflops:.1f} TFLOP/s; {c.model_flops_per_step / 1e9:,.0f} GFLOP per step"
+    if c.peak_label == "--peak-tflops":
+        out = f"{pct(c.mfu_pct)} of the {c.peak_tflops:,.0f} TFLOP/s peak given with --peak-tflops"
+    elif c.peak_dtype in ("fp32", "tf32") and c.tensor_cores and c.mfu_bf16_pct is not None:
+        # an fp32 run against its own fp32 peak looks efficient; against what the GPU offers it is not
+        out = (f"{pct(c.mfu_bf16_pct)} of the {c.peak_label}'s {c.bf16_peak_tflops:,.0f} TFLOP/s BF16 dense peak, "
+               f"{pct(c.mfu_pct)} of its {c.peak_tflops:,.0f} TFLOP/s {c.peak_dtype.upper()} peak")
+    else:
+        out = f"{pct(c.mfu_pct)} of the {c.peak_label}'s {c.peak_tflops:,.0f} TFLOP/s {(c.peak_dtype or '').upper()} dense peak"
+    out += f" ({c.achieved_tflops:.1f} TFLOP/s; {c.model_flops_per_step / 1e9:,.0f} GFLOP per step"
     if c.recompute_flops_per_step:
         out += f", HFU {pct(c.hfu_pct)} with the recompute"
-    if c.peak_dtype not in ("bf16", "fp16", None) and c.mfu_bf16_pct is not None:
-        out += f"; {pct(c.mfu_bf16_pct)} of the BF16 peak"
     top = max(c.dtype_mix, key=c.dtype_mix.get) if c.dtype_mix else None
     if top:
         out += f"; {pct(c.dtype_mix[top])} of GEMM time {ENGINE_TEXT.get(top, top)}"
