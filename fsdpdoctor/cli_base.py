@@ -10,6 +10,7 @@ Bad input is one line on stderr naming the file and the problem, never a traceba
 from __future__ import annotations
 
 import functools
+import warnings
 import os
 import sys
 from pathlib import Path
@@ -18,7 +19,7 @@ import click
 from rich.console import Console
 
 from . import __version__
-from .errors import InputError
+from .errors import AnalysisBug, InputError
 
 EXIT_BAD_INPUT = 2
 EXIT_INTERNAL = 3
@@ -29,13 +30,28 @@ def _fail(msg: str, code: int = EXIT_BAD_INPUT) -> None:
     sys.exit(code)
 
 
+def _show_warning(message, category, filename, lineno, file=None, line=None) -> None:
+    """Warnings meant for users (a rule plugin that failed to load) as one stderr line each."""
+    from .engine import PluginLoadWarning
+
+    if issubclass(category, PluginLoadWarning):
+        click.echo(f"fsdpdoctor: warning: {message}", err=True)
+    else:
+        _default_showwarning(message, category, filename, lineno, file, line)
+
+
+_default_showwarning = warnings.showwarning
+
+
 def guarded(fn):
     """Turn InputError into one stderr line + exit 2, and any other crash into one line + exit 3."""
 
     @functools.wraps(fn)
     def wrapper(*a, **kw):
         try:
-            return fn(*a, **kw)
+            with warnings.catch_warnings():
+                warnings.showwarning = _show_warning
+                return fn(*a, **kw)
         except InputError as exc:
             _fail(str(exc))
         except (click.exceptions.Exit, click.ClickException, SystemExit, KeyboardInterrupt):
@@ -46,6 +62,11 @@ def guarded(fn):
             sys.exit(0)
         except MemoryError:
             _fail("out of memory while analysing the input", EXIT_INTERNAL)
+        except AnalysisBug as exc:  # a bug met on one file: said as one, with the file named
+            if os.environ.get("FSDPDOCTOR_DEBUG"):
+                raise
+            _fail(f"internal error while analysing {exc.path}: {exc.what} "
+                  "(a bug, not a problem with the file; set FSDPDOCTOR_DEBUG=1 for a traceback)", EXIT_INTERNAL)
         except Exception as exc:  # noqa: BLE001 - the contract is: no tracebacks for users
             if os.environ.get("FSDPDOCTOR_DEBUG"):
                 raise

@@ -76,11 +76,33 @@ def load_rules() -> list[ModuleType]:
     for ep in entry_points(group="fsdpdoctor.rules"):
         try:
             mod = ep.load()
-        except Exception:  # a broken plugin must not break the tool
+        except Exception as exc:  # noqa: BLE001 - a broken plugin must not break the tool, nor go unsaid
+            msg = str(exc).strip().splitlines()[0][:160] if str(exc).strip() else ""
+            _plugin_problem(ep, f"failed to load ({type(exc).__name__}{': ' + msg if msg else ''})")
             continue
         if isinstance(mod, ModuleType) and _is_rule(mod):
             mods.setdefault(mod.CODE, mod)
+        else:
+            _plugin_problem(ep, "is not a rule module (it needs CODE, SLUG and check)")
     return [mods[k] for k in sorted(mods)]
+
+
+class PluginLoadWarning(UserWarning):
+    """A rule plugin (entry point ``fsdpdoctor.rules``) could not be used; its rules do not run."""
+
+
+#: entry point -> why it was not used, for every plugin that could not be (warned once each)
+PLUGIN_PROBLEMS: dict[str, str] = {}
+
+
+def _plugin_problem(ep, why: str) -> None:
+    key = f"{ep.name} = {ep.value}"
+    if key in PLUGIN_PROBLEMS:
+        return
+    PLUGIN_PROBLEMS[key] = why
+    import warnings
+
+    warnings.warn(PluginLoadWarning(f"rule plugin '{key}' {why}; its rules did not run"), stacklevel=3)
 
 
 def find_rule(key: str) -> ModuleType | None:

@@ -176,3 +176,28 @@ def oom_cause(facts: RunFacts) -> tuple[str, int | None, int | None]:
     if free is not None and cached + free >= req:
         return "cache", total, outside
     return "allocated", total, outside
+
+
+def tensor_parallel_degree(facts: RunFacts) -> dict[str, int]:
+    """FSDP unit → tensor-parallel degree, for units whose parameters are TP-sharded DTensors.
+
+    On a 2-D (dp, tp) mesh FSDP gathers each parameter's *TP-local* shard, so a unit's gathered
+    elements understate its parameters by up to the TP degree while units without TP (the root:
+    embeddings, head, norms) are counted whole. A unit is TP-sharded when the forward pass runs
+    tensor-parallel collectives (``role == "tensor_parallel"``) after its all-gather and before
+    the next unit's: the Colwise/Rowwise plans all-reduce inside the modules they shard.
+    Read from the first rank with collectives, first step only."""
+    for rf in facts.rank_facts:
+        colls = [c for c in rf.collectives if c.step == min((x.step for x in rf.collectives if x.step >= 0), default=0)
+                 and c.phase == "forward"]
+        tp = [c for c in colls if c.role == "tensor_parallel" and c.group_size and c.group_size > 1]
+        if not tp:
+            continue
+        gathers = sorted((c.cpu_ts_us, c.unit) for c in colls if c.kind == "all_gather" and c.unit is not None)
+        out: dict[str, int] = {}
+        for c in tp:
+            before = [u for ts, u in gathers if ts <= c.cpu_ts_us]
+            if before:
+                out[before[-1]] = max(out.get(before[-1], 1), int(c.group_size))
+        return out
+    return {}

@@ -19,7 +19,7 @@ Fix
 
 from fsdpdoctor.fmt import mib, ms, pct
 
-from ._util import finding, fix_for, is_fsdp, replay_evidence, replayed_saving
+from ._util import finding, fix_for, is_fsdp, replay_evidence, replayed_saving, tensor_parallel_degree
 
 CODE = "FSD002"
 SLUG = "auto-wrap-too-coarse"
@@ -53,11 +53,14 @@ def check(facts, cfg):
     if not is_fsdp(facts):
         return []
     units = [u for u in facts.fsdp.units if u.unsharded_numel]
-    total = sum(u.unsharded_numel for u in units)
+    # TP + FSDP: a tensor-parallel unit gathers its TP-local shard; judged at up to its full size
+    tp = tensor_parallel_degree(facts)
+    size = {u.fqn: u.unsharded_numel * tp.get(u.fqn, 1) for u in units}
+    total = sum(size.values())
     if not total:
         return []
-    big = max(units, key=lambda u: u.unsharded_numel)
-    share = big.unsharded_numel / total
+    big = max(units, key=lambda u: size[u.fqn])
+    share = size[big.fqn] / total
     if share < cfg["coarse_max_unit_share"]:
         return []
     name = big.fqn or "(root)"
@@ -65,6 +68,8 @@ def check(facts, cfg):
         f"unit '{name}' gathers {big.unsharded_numel:,} elements = {pct(100 * share)} of all parameters",
         f"{len(facts.fsdp.units)} FSDP unit(s) in total ({facts.fsdp.unit_source})",
     ]
+    if tp:
+        evidence.append(f"{len(tp)} unit(s) tensor-parallel (x{max(tp.values())}), counted at up to their full size")
     if big.all_gather_bytes:
         evidence.append(f"its all-gathers move {mib(big.all_gather_bytes)} per step")
     saving = None

@@ -127,6 +127,13 @@ def named_cases(work: Path, baseline: Path | None) -> list[Case]:
     d = copy.deepcopy(doc)
     d["traceEvents"][0]["ts"] = BIG
     trace("bigint_ts.json", json.dumps(d).encode(), "bigint")
+    # a float clock no profiler writes (issue 26): on a step span, on a kernel-side event's duration
+    d = copy.deepcopy(doc)
+    next(e for e in d["traceEvents"] if str(e.get("name", "")).startswith("ProfilerStep"))["ts"] = 1e30
+    trace("ts_1e30.json", json.dumps(d).encode(), "bigint")
+    d = copy.deepcopy(doc)
+    [e for e in d["traceEvents"] if e.get("ph") == "X"][-1]["dur"] = 1e30
+    trace("dur_1e30.json", json.dumps(d).encode(), "bigint")
     d = copy.deepcopy(doc)
     d["distributedInfo"] = {"rank": BIG, "world_size": BIG}
     trace("bigint_rank.json", json.dumps(d).encode(), "bigint")
@@ -151,6 +158,13 @@ def named_cases(work: Path, baseline: Path | None) -> list[Case]:
         "bomb",
     )
     trace("bomb_zeros.json.gz", gz_members(b"", b"\0" * (64 << 20), b"", repeat_middle=32), "bomb")
+    # issue 26: ~1 GB of real events from a small repeated pattern, decoded by the parallel
+    # block reader (no -j 1): the refusal must not be lost to the ring's buffer still exported
+    evs = b", ".join([json.dumps(e).encode() for e in doc["traceEvents"] if e.get("ph") == "X"][:8])
+    pattern = (evs + b", ") * max(1, (8 << 20) // (len(evs) + 2))
+    p = t / "bomb_events.json.gz"
+    p.write_bytes(gz_members(head + b'"traceEvents": [', pattern, tail, repeat_middle=(1 << 30) // len(pattern)))
+    cases.append(Case("bomb_events.json.gz", ["analyze", str(p)], str(p), "bomb"))
     # 5. special files
     fifo = t / "fifo.json"
     if not fifo.exists():
@@ -199,6 +213,17 @@ def named_cases(work: Path, baseline: Path | None) -> list[Case]:
     memory("memo_bomb_put.pickle", data=b"\x80\x02]p268435456\n0N.", family="pickle")
     memory("bytes8_claim.pickle", data=b"\x80\x04\x8e" + struct.pack("<Q", 1 << 40) + b"xx.", family="pickle")
     memory("frame_claim.pickle", data=b"\x80\x04\x95" + struct.pack("<Q", 1 << 40) + b"N.", family="pickle")
+    # memo fan-out (issue 26): one 1,000-frame list shared by 10**6 entries, 10**9 frames from 5 MB
+    o = copy.deepcopy(snap)
+    e0 = dict(o["device_traces"][0][0])
+    e0["frames"] = [{"name": "forward", "filename": "model.py", "line": 1}] * 1000
+    o["device_traces"] = [[e0] * 1_000_000]
+    memory("memo_fanout_frames.pickle", o, family="pickle")
+    o = copy.deepcopy(snap)
+    s0 = o["segments"][0]
+    s0["blocks"] = [s0["blocks"][0]] * 1000
+    o["segments"] = [s0] * 1_000_000
+    memory("memo_fanout_blocks.pickle", o, family="pickle")
     # 200k nested lists (APPENDS into each other): the unpickler does not recurse; not a snapshot
     memory("deep_pickle.pickle", data=b"\x80\x04" + b"]" * 200_000 + b"a" * 199_999 + b".", family="pickle")
     # 100k-deep lists where the snapshot holds free-form data (the unpickler builds them without

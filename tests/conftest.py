@@ -46,8 +46,10 @@ def scenario_case(tmp_path_factory):
             out = tmp_path_factory.mktemp(name)
             gen.generate(gen.PRESETS[name], out)
             cache[name] = (fsdpdoctor.analyze(out), gen.read_truth(out))
+            get.dirs[name] = out  # the generated rank files, for tests that read them raw
         return cache[name]
 
+    get.dirs = {}
     return get
 
 

@@ -67,3 +67,22 @@ def test_capture_cycles_are_grouped(tmp_path):
     assert any("capture cycle 0" in n for n in last["notes"])
     r = subprocess.run([sys.executable, "-m", "fsdpdoctor", "analyze", str(tmp_path), "--cycle", "5"], capture_output=True, text=True)
     assert r.returncode == 2 and "cycles [0, 1], not 5" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_a_large_non_trace_json_is_skipped_by_content_whatever_its_size(tmp_path):
+    """Issue 26: the 1,024-rank benchmark's own truth.json (MBs, an object without traceEvents)
+    beside the traces was counted as a failed rank. Judged from its head, it is listed, not a rank."""
+    for p in _traces("per-block"):
+        shutil.copy(p, tmp_path / p.name)
+    truth = {"scenario": "bench", "ranks": [{"rank": r, "step_ms": [12.5] * 64} for r in range(8192)]}
+    (tmp_path / "truth.json").write_text(json.dumps(truth))
+    assert (tmp_path / "truth.json").stat().st_size > 2 << 20  # past the bytes read to judge it
+    with gzip.open(tmp_path / "big_list.json.gz", "wt") as f:  # a large gzip non-trace too
+        json.dump({"rows": list(range(600_000))}, f)
+    skipped: list[tuple[str, str]] = []
+    files = discover([tmp_path], skipped=skipped)
+    assert [p.name for p in files] == [p.name for p in _traces("per-block")]
+    assert sorted(Path(p).name for p, _ in skipped) == ["big_list.json.gz", "truth.json"]
+    rep = fsdpdoctor.analyze(tmp_path)
+    assert rep.facts.ranks == [0, 1] and not rep.facts.inputs_excluded
+    assert any("2 file(s) beside the traces not analysed" in n for n in rep.facts.notes)

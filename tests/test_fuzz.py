@@ -94,6 +94,11 @@ def test_named_hostile_inputs(work, baseline):
     # the bombs are refused for what they are, not for what the bytes they produced look like
     for cid in ("bomb_ws.json.gz", "bomb_in_array.json.gz", "bomb_between_events.json.gz", "snap_gz_bomb.pickle.gz"):
         assert "likely a gzip bomb" in by_id[cid]["stderr"], by_id[cid]["stderr"]
+    assert "likely a gzip bomb" in by_id["bomb_events.json.gz"]["stderr"], by_id["bomb_events.json.gz"]["stderr"]
+    for cid, field in (("ts_1e30.json", "'ts'"), ("dur_1e30.json", "'dur'")):
+        assert field in by_id[cid]["stderr"] and "range of a trace clock" in by_id[cid]["stderr"], by_id[cid]["stderr"]
+    for cid in ("memo_fanout_frames.pickle", "memo_fanout_blocks.pickle"):
+        assert "shared references" in by_id[cid]["stderr"], by_id[cid]["stderr"]
     assert "named pipe" in by_id["fifo_trace"]["stderr"] and "character device" in by_id["dev_zero_trace"]["stderr"]
     assert "regenerate it with 'fsdpdoctor analyze" in by_id["schema_str.json:check"]["stderr"]
 

@@ -124,16 +124,16 @@ def op_flops(name: str, dims: list, concrete: list | None = None) -> float | Non
             return conv_flops(dims, concrete, name.endswith("_backward"))
         t = [d for d in dims if isinstance(d, list)]
         if name in ("aten::mm", "aten::_scaled_mm"):
-            (m, k), (k2, n) = t[0], t[1]
+            (m, k), (_, n) = t[0], t[1]
             return 2.0 * m * k * n
         if name in ("aten::addmm", "aten::_addmm_activation"):
-            (m, k), (k2, n) = t[1], t[2]
+            (m, k), (_, n) = t[1], t[2]
             return 2.0 * m * k * n
         if name == "aten::bmm":
-            (b, m, k), (b2, k2, n) = t[0], t[1]
+            (b, m, k), (_, _, n) = t[0], t[1]
             return 2.0 * b * m * k * n
         if name == "aten::baddbmm":
-            (b, m, k), (b2, k2, n) = t[1], t[2]
+            (b, m, k), (_, _, n) = t[1], t[2]
             return 2.0 * b * m * k * n
         if name in ATTN_FWD_OPS:  # q, k, v: (B, H, S, D)
             q, k, v = t[0], t[1], t[2]

@@ -14,7 +14,7 @@ from typing import Any, Callable
 import msgspec
 
 from .. import __version__
-from ..errors import InputError
+from ..errors import AnalysisBug, InputError
 from ..ingest import fs
 from ..ingest.kineto import parallel_decode, progress_hook, rank_from_filename
 from ..facts import (
@@ -99,11 +99,15 @@ def rank_task(path: str, idx: int, detail: bool = True) -> Result | InputError:
 
 
 def url_error(path: str, exc: Exception) -> InputError:
-    """A URL's back-end error (network, HTTP status) as the InputError of that file; anything
-    else, or on a local path, is re-raised (an internal error). Back-end errors often cannot be
-    pickled back from a worker process (aiohttp's carry the response headers)."""
-    if not fs.is_url(path):
+    """A URL's I/O or back-end error (network, HTTP status, auth) as the InputError of that file
+    (back-end errors often cannot be pickled back from a worker: aiohttp's carry the response
+    headers). Anything else is a bug and raised as one, naming the file (:class:`AnalysisBug`);
+    on a local file, whose read errors are InputErrors already, every other exception is one.
+    Running out of memory stays what it is."""
+    if isinstance(exc, MemoryError):
         raise exc
+    if not fs.is_url(path) or not fs.is_backend_error(exc):
+        raise AnalysisBug.of(path, exc) from exc
     return InputError(path, fs.problem(exc))
 
 

@@ -824,7 +824,10 @@ class _Stream:
                 mv[start : start + n] = pending[:n]
                 pending = pending[n:]
             else:
-                n = self.src.readinto(mv[start : start + CHUNK_BYTES])
+                # the slice is released even when the read raises (a refused bomb, a corrupt
+                # stream): a traceback that still held it would keep the ring from closing
+                with mv[start : start + CHUNK_BYTES] as dst:
+                    n = self.src.readinto(dst)
             if n == 0:
                 break
             end = start + n

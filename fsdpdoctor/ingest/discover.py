@@ -27,11 +27,12 @@ _CYCLE = re.compile(r"\.cycle(\d+)\.json(?:\.gz)?$")  # fsdpdoctor.capture(repea
 def looks_like_trace(p: Path | str) -> bool:
     """Whether a JSON file beside the traces is one of them.
 
-    Not a trace: a document that is not an object (a memory-timeline export is a list), or a
-    whole object read without a trace's top-level keys (``traceEvents``, ``schemaVersion``: a
-    training config, a generator's ``truth.json``). Everything else counts as a trace, so its
-    reader names what is wrong with it: an unreadable, empty or truncated file, or an object too
-    large to judge from its first MiB."""
+    Decided by content, whatever the file's size, from at most its first ``SNIFF_BYTES``
+    (decompressed; never the whole of a large file). Not a trace: a document that is not an
+    object (a memory-timeline export is a list), or an object without a trace's top-level keys
+    (``traceEvents``, ``schemaVersion``) in that head: a training config, a generator's
+    ``truth.json`` of any size (profilers write ``schemaVersion`` and the small metadata first).
+    An unreadable, empty or truncated file counts as a trace, so its reader names the problem."""
     from ._io import InputStream
 
     try:
@@ -49,9 +50,7 @@ def looks_like_trace(p: Path | str) -> bool:
         return True
     if start != b"{":
         return False
-    if b'"traceEvents"' in head or b'"schemaVersion"' in head:
-        return True
-    return len(head) >= SNIFF_BYTES  # read whole without the keys: not a trace
+    return b'"traceEvents"' in head or b'"schemaVersion"' in head
 
 
 def _traces_among(found: list, cycle: int | None, skipped: list[tuple[str, str]]) -> list:
@@ -63,7 +62,7 @@ def _traces_among(found: list, cycle: int | None, skipped: list[tuple[str, str]]
         if looks_like_trace(q):
             kept.append(q)
         else:
-            skipped.append((str(q), "not a profiler trace (no traceEvents)"))
+            skipped.append((str(q), f"not a profiler trace (no traceEvents in its first {SNIFF_BYTES >> 20} MiB)"))
     return _pick_cycle(kept, cycle, skipped) if kept else kept
 
 

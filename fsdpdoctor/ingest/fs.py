@@ -71,6 +71,21 @@ def _filesystem(url: str):
     return fs, root
 
 
+# Packages whose exceptions are I/O or back-end failures of a remote read (network, HTTP, auth,
+# cloud SDKs): those make a URL input unreadable. Anything else raised while analysing is a bug.
+_BACKEND_PACKAGES = frozenset({
+    "fsspec", "aiohttp", "requests", "urllib3", "http", "ssl", "socket", "botocore", "boto3", "s3fs",
+    "aiobotocore", "gcsfs", "google", "adlfs", "azure", "huggingface_hub",
+})
+
+
+def is_backend_error(exc: BaseException) -> bool:
+    """Whether ``exc`` is an I/O or storage back-end error (not a bug of the analysis)."""
+    if isinstance(exc, (OSError, EOFError)):
+        return True
+    return any(k.__module__.split(".")[0] in _BACKEND_PACKAGES for k in type(exc).__mro__)
+
+
 def problem(exc: BaseException) -> str:
     """One line for an error a back-end raised while opening or reading a URL."""
     status = getattr(exc, "status", None)  # aiohttp's ClientResponseError (HTTP status)

@@ -339,12 +339,39 @@ def _build(path: Path, events: list[Event], meta: dict, mode: str) -> RankTrace:
     )
 
 
+#: The most a Kineto clock field (µs) may hold: 2**53 µs (~285 years) is where a float64 stops
+#: resolving a microsecond. Epoch-based timestamps are ~1.8e15, a step's events far below.
+CLOCK_MAX_US = float(1 << 53)
+
+
+def _check_clock(path, field: str, col: np.ndarray, names: list[str] | None, name_codes: np.ndarray | None,
+                 what: str = "") -> None:
+    """Refuse a time field that no clock produces (1e30, inf, NaN): one line naming the file,
+    the field and the first event holding it, instead of silently wrong (or overflowing) sums."""
+    bad = ~(np.abs(col) <= CLOCK_MAX_US)  # also catches NaN
+    if not bad.any():
+        return
+    i = int(np.argmax(bad))
+    if not what:
+        label = names[int(name_codes[i])] if names is not None and name_codes is not None else ""
+        what = f"event {label[:60]!r}" if label else f"event {i}"
+    raise InputError(
+        path,
+        f"wrong structure: {what} has '{field}' = {col[i]:.6g}, outside the range of a trace clock "
+        f"(|{field}| <= 2**53 µs); the file is corrupt",
+    )
+
+
 def _make_trace(
     path: Path, meta: dict, mode: str, cat: np.ndarray, name: np.ndarray, thread: np.ndarray,
     ts: np.ndarray, dur: np.ndarray, ext: np.ndarray, corr: np.ndarray, stream: np.ndarray,
     cats: list[str], names: list[str], threads: list[tuple[Any, Any]], keep: dict[int, Args],
     thread_names: dict[tuple[Any, Any], str], event_count: int, memory_events: np.ndarray | None = None,
 ) -> RankTrace:
+    _check_clock(path, "ts", ts, names, name)
+    _check_clock(path, "dur", dur, names, name)
+    if memory_events is not None and len(memory_events):
+        _check_clock(path, "ts", memory_events[:, 0], None, None, "a [memory] event")
     np.maximum(dur, 0.0, out=dur)
     dinfo = distributed_info(meta.get("distributedInfo"))
     rank = _to_int(dinfo.get("rank")) if dinfo else None

@@ -270,6 +270,72 @@ def _unpickle(path: Path, data: bytes) -> Any:
         ) from None
 
 
+# --------------------------------------------------------------------------- work bound
+
+# A pickle's memo lets one list be referenced many times for two bytes each: real snapshots do
+# it (every entry with the same traceback shares one frames list), a hostile one nests it (a
+# 1,000-frame list shared by 10**6 entries: 10**9 frames to read from 5 MB). What the loader and
+# the analysis walk — entries, blocks and their frames, counted per reference — is bounded by the
+# pickle's size: real snapshots walk < 0.2 items per byte (the GPU corpus, the public one).
+WALK_ITEMS_PER_BYTE = 8
+WALK_FLOOR = 4_000_000
+
+
+def _walk_items(obj: Any) -> int:
+    """How many entries, blocks and frames reading ``obj`` visits, each shared list counted at
+    every reference — computed once per distinct list, so this costs what the pickle holds."""
+    cost: dict[int, int] = {}
+
+    def frames(v: Any) -> int:
+        return len(v) if isinstance(v, list) else 0
+
+    def entries(lst: Any, per_item) -> int:
+        if not isinstance(lst, list):
+            return 0
+        k = id(lst)
+        if k not in cost:
+            cost[k] = len(lst) + sum(map(per_item, lst))
+        return cost[k]
+
+    def entry(e: Any) -> int:
+        return entries(e.get("frames"), lambda _: 0) if isinstance(e, dict) else 0
+
+    def block(b: Any) -> int:
+        if not isinstance(b, dict):
+            return 0
+        hist = b.get("history")
+        return frames(b.get("frames")) + (entries(hist, entry) if isinstance(hist, list) else 0)
+
+    def segment(sg: Any) -> int:
+        return (entries(sg.get("blocks"), block) + frames(sg.get("frames"))) if isinstance(sg, dict) else 0
+
+    if isinstance(obj, list):
+        return entries(obj, segment)
+    if not isinstance(obj, dict):
+        return 0
+    total = entries(obj.get("segments"), segment)
+    traces = obj.get("device_traces", obj.get("traces"))
+    if isinstance(traces, list):
+        total += entries(traces, lambda t: entries(t, entry))
+    annotations = obj.get("external_annotations")
+    if isinstance(annotations, list):
+        total += len(annotations)
+    return total
+
+
+def _bounded(obj: Any, path: Any, nbytes: int) -> Any:
+    """Refuse a pickle whose shared references would make reading it cost far more than its size."""
+    limit = max(WALK_FLOOR, WALK_ITEMS_PER_BYTE * nbytes)
+    n = _walk_items(obj)
+    if n > limit:
+        raise SnapshotError(
+            path,
+            f"refused: its shared references (pickle memo) expand to {n:.3g} entries, blocks and frames "
+            f"from {nbytes} bytes (at most {limit:.3g} read); a memory snapshot this size holds far fewer",
+        )
+    return obj
+
+
 # --------------------------------------------------------------------------- snapshot structure
 
 
@@ -473,7 +539,7 @@ def load_snapshot(path: str | Path) -> Snapshot:
     """Read a ``_dump_snapshot`` pickle (plain or gzip) safely; raise :class:`SnapshotError` on any problem."""
     path = Path(path)
     data = _read(path)
-    return snapshot_from_object(_unpickle(path, data), path)
+    return snapshot_from_object(_bounded(_unpickle(path, data), path, len(data)), path)
 
 
 # --------------------------------------------------------------------------- memory timeline
@@ -552,4 +618,4 @@ def load_memory(path: str | Path) -> Snapshot | MemoryTimeline:
             problem = "truncated JSON" if "truncated" in str(exc) else f"invalid JSON ({_short(exc)})"
             raise SnapshotError(path, problem) from None
         return _timeline_from_json(obj, path)
-    return snapshot_from_object(_unpickle(path, data), path)
+    return snapshot_from_object(_bounded(_unpickle(path, data), path, len(data)), path)
