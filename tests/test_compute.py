@@ -168,3 +168,22 @@ def test_public_traces_with_shapes_get_flops(shared_traces):
         assert c is not None and c.flops_per_step > 0 and c.mfu_pct is not None, path
     c = fsdpdoctor.analyze(shared_traces / "tracelens-mi300-ddp" / "resnet_act_checkpoint.json.gz").facts.compute
     assert c.peak_label == "MI300X" and c.recompute_flops_per_step > 0  # the checkpointed convolutions
+
+
+@pytest.mark.parametrize("name", ["healthy-fsdp2", "fp32-collectives", "ac-fsdp2", "ga-fsdp2", "healthy-fsdp1", "ddp"])
+def test_generated_runs_flops_equal_the_generators_truth(name, scenario_case):
+    """The generator writes record_shapes' Input Dims / Input type on its matmul and attention ops;
+    its truth (the model's arithmetic, gen.flops_truth) is what fsdpdoctor must count."""
+    rep, truth = scenario_case(name)
+    want = truth["model"]["flops_per_step"]
+    c = rep.facts.compute
+    assert c is not None
+    assert c.flops_per_step == pytest.approx(want["matmul"] + want["attention"] + want["recompute"], rel=1e-6)
+    assert c.model_flops_per_step == pytest.approx(want["matmul"] + want["attention"], rel=1e-6)
+    assert c.recompute_flops_per_step == pytest.approx(want["recompute"], rel=1e-6)
+    # MFU on the generator's step time and the H100 SXM peak of the run's compute dtype
+    steps = [s["step_time_ms"] for r in truth["ranks"].values() for s in r["steps"]]
+    step = sum(steps) / len(steps)
+    peak = {"bf16": 989.0, "tf32": 495.0, "fp32-simt": 67.0}[c.compute_dtype]
+    assert c.mfu_pct == pytest.approx(100 * (want["matmul"] + want["attention"]) / (step * 1e-3) / (peak * 1e12), rel=0.01)
+
