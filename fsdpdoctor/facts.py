@@ -283,6 +283,7 @@ class ComputeFacts:
     flops_by_phase: dict[str, float] = field(default_factory=dict)
     gemm_ms_per_step: float = 0.0  # |union| of the GEMM kernels of counted ops
     attention_ms_per_step: float = 0.0
+    recompute_ms_per_step: float = 0.0  # |union| of the GEMM / attention kernels of recomputed ops
     gemm_tflops: float | None = None  # GEMM FLOPs / GEMM kernel time
     attention_tflops: float | None = None
     engine_ms_per_step: dict[str, float] = field(default_factory=dict)  # Σ kernel time by engine

@@ -187,3 +187,35 @@ def test_generated_runs_flops_equal_the_generators_truth(name, scenario_case):
     peak = {"bf16": 989.0, "tf32": 495.0, "fp32-simt": 67.0}[c.compute_dtype]
     assert c.mfu_pct == pytest.approx(100 * (want["matmul"] + want["attention"]) / (step * 1e-3) / (peak * 1e12), rel=0.01)
 
+
+
+def test_compare_splits_the_compute_change(run, tmp_path):
+    """compare's compute split, its parts adding up to the GPU compute change: the bf16 → fp32 pair
+    is the engine; fsdp2 → fsdp2-ac is the recompute (the recomputed kernels' own time); a
+    generated pair whose batch doubles is FLOPs (the generator's FLOPs truth doubles)."""
+    import dataclasses
+
+    from fixtures.scenarios import generator as gen
+    from fsdpdoctor.analysis.compare import compare
+
+    def check_sum(c, b, a):
+        assert sum(c.compute_split.values()) == pytest.approx(a.timeline.compute_ms - b.timeline.compute_ms, abs=1e-6)
+
+    b, a = run("fsdp2-bf16").facts, run("fsdp2").facts
+    c = compare(b, a)
+    check_sum(c, b, a)
+    assert c.compute_split["engine"] > 0.9 * (a.timeline.compute_ms - b.timeline.compute_ms)
+    b, a = run("fsdp2").facts, run("fsdp2-ac").facts
+    c = compare(b, a)
+    check_sum(c, b, a)
+    assert c.compute_split["recompute"] > 0.9 * (a.timeline.compute_ms - b.timeline.compute_ms)
+    base = gen.PRESETS["healthy-fsdp2"]
+    d0 = gen.generate(base, tmp_path / "b1")
+    d1 = gen.generate(dataclasses.replace(base, batch_size=2 * base.batch_size), tmp_path / "b2")
+    t0, t1 = gen.read_truth(d0)["model"]["flops_per_step"], gen.read_truth(d1)["model"]["flops_per_step"]
+    assert t1["matmul"] == pytest.approx(2 * t0["matmul"])
+    b, a = fsdpdoctor.analyze(d0).facts, fsdpdoctor.analyze(d1).facts
+    c = compare(b, a)
+    check_sum(c, b, a)
+    gemm_delta = (a.compute.gemm_ms_per_step + a.compute.attention_ms_per_step) - (b.compute.gemm_ms_per_step + b.compute.attention_ms_per_step)
+    assert c.compute_split["flops"] == pytest.approx(gemm_delta, rel=0.1)

@@ -206,6 +206,8 @@ class Comparison:
     alignment: dict[str, Any]
     notes: list[str] = field(default_factory=list)
     fsdp_versions: tuple[int | None, int | None] = (None, None)
+    # the GPU compute change split by what changed (:func:`compute_split`); empty without FLOPs
+    compute_split: dict[str, float] = field(default_factory=dict)
 
     # -- headline numbers ------------------------------------------------------------------
     @property
@@ -332,6 +334,46 @@ def step_time_ms(f: RunFacts) -> float | None:
     if not ranks:
         return None
     return _mean([_mean([s.step_ms for s in r.steps]) for r in ranks])
+
+
+COMPUTE_SPLIT = {
+    "flops": "FLOPs changed (model, batch or sequence)",
+    "recompute": "activation-checkpointing recompute added or removed",
+    "engine": "GEMM / attention on another engine or dtype",
+    "efficiency": "same engine, another achieved TFLOP/s",
+    "other_kernels": "other compute kernels (elementwise, norms, optimizer)",
+}
+
+
+def compute_split(before: RunFacts, after: RunFacts) -> dict[str, float]:
+    """The change in GPU compute per step (``timeline.compute_ms``) split by what changed, the
+    parts adding up to it exactly (ms):
+
+    * *recompute*: the change in the measured time of the recomputed GEMM / attention kernels
+      (activation checkpointing);
+    * *flops*: the after run's model FLOPs minus the before run's, at the before run's achieved
+      rate (model FLOPs per ms of its non-recomputed GEMM + attention kernels);
+    * *engine* (the GEMM engine changed, ``compute.compute_dtype``) or *efficiency* (it did not):
+      the after run's non-recomputed GEMM + attention time minus what its model FLOPs would take
+      at the before rate;
+    * *other_kernels*: the rest of the compute change (non-GEMM kernels).
+
+    Empty when either run has no FLOPs (no recorded shapes)."""
+    b, a = before.compute, after.compute
+    if b is None or a is None:
+        return {}
+    gb = b.gemm_ms_per_step + b.attention_ms_per_step - b.recompute_ms_per_step
+    ga = a.gemm_ms_per_step + a.attention_ms_per_step - a.recompute_ms_per_step
+    if gb <= 0 or not b.model_flops_per_step:
+        return {}
+    rate = b.model_flops_per_step / gb  # model FLOPs per ms of GEMM + attention kernels, before
+    flops = (a.model_flops_per_step - b.model_flops_per_step) / rate
+    recompute = a.recompute_ms_per_step - b.recompute_ms_per_step
+    kind = "engine" if (a.compute_dtype or "") != (b.compute_dtype or "") else "efficiency"
+    total = after.timeline.compute_ms - before.timeline.compute_ms
+    out = {"flops": flops, "recompute": recompute, kind: ga - gb - flops}
+    out["other_kernels"] = total - sum(out.values())
+    return out
 
 
 # ------------------------------------------------------------------------------------------
@@ -724,7 +766,9 @@ def compare(
     primary = None
     if causes and (any_finding_change or (sb and abs(delta) / sb >= 0.01) or (not sb and abs(delta) > 0)):
         primary = causes[0].slug
+    split = compute_split(before, after) if basis == "gpu" else {}
     return Comparison(
+        compute_split=split,
         before_label=before_label,
         after_label=after_label,
         basis=basis,

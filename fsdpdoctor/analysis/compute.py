@@ -242,6 +242,8 @@ def analyze_compute(rt: RankTrace, steps: list[StepWindow], device_name: str | N
     gemm_t = iv.total(iv.merge(ks[kstep & ~attn_k], ke[kstep & ~attn_k])) / 1e3 / n
     attn_t = iv.total(iv.merge(ks[kstep & attn_k], ke[kstep & attn_k])) / 1e3 / n
     cf.gemm_ms_per_step, cf.attention_ms_per_step = gemm_t, attn_t
+    rk = kstep & recompute[owner]
+    cf.recompute_ms_per_step = iv.total(iv.merge(ks[rk], ke[rk])) / 1e3 / n
     gf = float(kflops[kstep & ~attn_k].sum()) / n
     af = float(kflops[kstep & attn_k].sum()) / n
     cf.gemm_tflops = gf / (gemm_t * 1e9) if gemm_t > 0 else None
@@ -306,7 +308,7 @@ def fold(per_rank: list[ComputeFacts], step_ms: float | None, peak_override: flo
         return float(np.mean(vals)) if vals else None
 
     for attr in ("flops_per_step", "model_flops_per_step", "matmul_flops_per_step", "attention_flops_per_step",
-                 "recompute_flops_per_step", "gemm_ms_per_step", "attention_ms_per_step"):
+                 "recompute_flops_per_step", "gemm_ms_per_step", "attention_ms_per_step", "recompute_ms_per_step"):
         setattr(out, attr, mean(attr) or 0.0)
     out.gemm_tflops, out.attention_tflops = mean("gemm_tflops"), mean("attention_tflops")
     out.ops_with_shapes = sum(c.ops_with_shapes for c in rs)

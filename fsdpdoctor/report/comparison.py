@@ -89,6 +89,7 @@ def to_dict(c: Comparison) -> dict[str, Any]:
         "components_sum_delta_ms": c.components_sum_ms,
         "primary_cause": c.primary_cause,
         "primary_fix": prim.fix if prim else {},
+        "compute_split_ms": dict(c.compute_split),
         "causes": [
             {
                 "slug": k.slug,
@@ -303,9 +304,23 @@ def collectives_table(c: Comparison, limit: int = 16) -> Table | None:
     return Table("Collectives that changed (by unit, phase and kind; per step, mean over ranks)", ["unit", "phase", "kind", "count", "bytes", "exposed"], rows, note)
 
 
+def compute_split_table(c: Comparison) -> Table | None:
+    """The compute change split by what changed (analysis.compare.compute_split)."""
+    from ..analysis.compare import COMPUTE_SPLIT
+
+    if not c.compute_split:
+        return None
+    total = sum(c.compute_split.values())
+    rows = [[COMPUTE_SPLIT.get(k, k), dms(v), _share(c, v)] for k, v in sorted(c.compute_split.items(), key=lambda kv: -abs(kv[1]))]
+    return Table("Where the compute change comes from (per step)", ["part", "Δ", "share of Δ step"], rows,
+                 f"the parts add up to the GPU compute change, {dms(total)} per step; FLOP-driven parts at the before "
+                 "run's achieved GEMM + attention rate")
+
+
 def all_tables(c: Comparison, compact: bool = False) -> list[Table]:
     ts = [
         causes_table(c, compact),
+        compute_split_table(c),
         parts_table(c),
         phase_table(c),
         structure_table(c),

@@ -25,7 +25,7 @@ from plotly.subplots import make_subplots
 
 from .. import __version__
 from ..fmt import mib, ms
-from .sections import Table, all_tables, fix_language, headline, no_collectives, saving_text
+from .sections import ENGINE_LABEL, Table, all_tables, fix_language, headline, no_collectives, saving_text
 
 if TYPE_CHECKING:
     from ..analysis.timeline_extract import StepTimeline
@@ -80,6 +80,7 @@ TITLES = {
     "memory": "Memory",
     "memory_stack": "Memory at the peak by category",
     "memory_curve": "Allocated and reserved memory over time",
+    "compute": "Compute: achieved TFLOP/s by engine against the peak, and MFU per step",
     "details": "Details",
     "notes": "Notes",
     "compare": "Step-time change from before to after",
@@ -452,6 +453,48 @@ def _timeline_figure(tl: "StepTimeline") -> go.Figure:
     return fig
 
 
+def _compute_figure(f) -> tuple[go.Figure | None, str]:
+    """A roofline's ceilings: achieved TFLOP/s of the GEMM / attention kernels of each engine
+    (bars) against the device's dense peak for that engine's dtype (markers), and MFU per step
+    (the step time of each step of the first rank with FLOPs)."""
+    from ..analysis.peaks import device_peaks
+
+    c = f.compute
+    if not f.gpu_present:
+        return None, "No GPU activity in these traces: FLOPs and MFU are measured on the GPU kernels of matmuls and attention."
+    if c is None or not c.engine_tflops:
+        return None, "No FLOPs: the traces carry no recorded shapes of matmul or attention ops (profile with record_shapes=True)."
+    peaks = (device_peaks(c.device) or ("", {}))[1]
+    engines = sorted(c.engine_tflops, key=lambda e: -c.engine_ms_per_step.get(e, 0.0))
+    labels = [ENGINE_LABEL.get(e, e) for e in engines]
+    fig = make_subplots(rows=1, cols=2, column_widths=[0.55, 0.45], horizontal_spacing=0.12,
+                        subplot_titles=("TFLOP/s by engine", "MFU per step"))
+    fig.add_bar(x=labels, y=[c.engine_tflops[e] for e in engines], name="achieved", marker_color=COLORS["compute"],
+                hovertemplate="%{x}: %{y:.1f} TFLOP/s achieved<extra></extra>", row=1, col=1)
+    pk = [peaks.get({"fp32-simt": "fp32"}.get(e, e)) for e in engines]
+    fig.add_scatter(x=labels, y=pk, name="dense peak", mode="markers", marker=dict(symbol="line-ew-open", size=28, color="#333"),
+                    hovertemplate="%{x}: %{y:.0f} TFLOP/s peak<extra></extra>", row=1, col=1)
+    if c.bf16_peak_tflops:
+        fig.add_hline(y=c.bf16_peak_tflops, line_dash="dot", line_color=COLORS["exposed"], row=1, col=1,
+                      annotation_text=f"BF16 dense peak {c.bf16_peak_tflops:,.0f}", annotation_position="top left")
+    # an fp32 run on a GPU with tensor cores is measured against the BF16 peak it leaves unused, as the headline does
+    bf16_ref = c.peak_dtype in ("fp32", "tf32") and c.tensor_cores and c.bf16_peak_tflops and c.peak_label != "--peak-tflops"
+    ref_peak, ref_name = (c.bf16_peak_tflops, "BF16") if bf16_ref else (c.peak_tflops, (c.peak_dtype or "").upper())
+    r = next((r for r in f.rank_facts if r.compute is not None), None)
+    if r is not None and ref_peak:
+        mfu = [100 * r.compute.model_flops_per_step / (s.step_ms * 1e9) / ref_peak if s.step_ms else None for s in r.steps]
+        fig.add_scatter(x=[f"#{s.number}" for s in r.steps], y=mfu, name=f"MFU (rank {r.rank})", mode="lines+markers",
+                        marker_color=COLORS["step_time"], hovertemplate="step %{x}: MFU %{y:.1f}%<extra></extra>", row=1, col=2)
+    fig.update_yaxes(title_text="TFLOP/s", type="log", row=1, col=1)
+    fig.update_yaxes(title_text=f"% of the {ref_name} dense peak", rangemode="tozero", row=1, col=2)
+    fig.update_layout(height=380, margin=dict(l=60, r=20, t=40, b=60), legend=dict(orientation="h", y=-0.2, x=0))
+    note = (f"{c.model_flops_per_step / 1e9:,.1f} GFLOP per step of matmuls and attention (model), MFU "
+            f"{100 * c.achieved_tflops / ref_peak:.1f}% of the {c.peak_label if c.peak_label != '--peak-tflops' else 'given'} "
+            f"{ref_name} dense peak" if ref_peak and c.achieved_tflops is not None
+            else f"{c.model_flops_per_step / 1e9:,.1f} GFLOP per step; no peak known for this device (--peak-tflops)")
+    return fig, note + "; per step, the rank's FLOPs per step over that step's time."
+
+
 def _units_figure(f) -> tuple[go.Figure | None, str]:
     units = f.fsdp.units
     if not units:
@@ -617,6 +660,13 @@ def render(report: "Report", timeline: "StepTimeline | None" = None) -> str:
         if fig is not None:
             page.figure(fig, "fig-steps")
     _timeline_section(page, tl, f)
+
+    if f.rank_facts:
+        page.add(f'<h2 id="compute">{_e(TITLES["compute"])}</h2>')
+        fig, note = _compute_figure(f)
+        page.add(f'<p class="{"sub" if fig is not None else "missing"}">{_e(note)}</p>')
+        if fig is not None:
+            page.figure(fig, "fig-compute")
 
     if f.rank_facts:
         page.add(f'<h2 id="units">{_e(TITLES["units"])}</h2>')
