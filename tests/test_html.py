@@ -141,7 +141,8 @@ def test_public_gpu_trace_page(gpu_report, tmp_path):
 def test_generated_fsdp_gpu_page(fsdp_gpu_report, tmp_path):
     page = render(fsdp_gpu_report)
     _write(tmp_path, "fsdp.html", page)
-    assert_self_contained(page, n_figures=3)
+    assert_self_contained(page, n_figures=4)  # steps, timeline, compute (the generator records shapes), units
+    assert htmlmod.escape(TITLES["compute"], quote=True) in page and "TFLOP/s by engine" in page
     assert "FSDP unit starts (GPU)" in page and '"layers.0"' in page
     assert '"all-gather"' in page and '"reduce-scatter"' in page
     assert "rank 1, step index" in page
@@ -584,7 +585,7 @@ def test_browser_cpu_recording(cpu_report, tmp_path):
 
 @needs_browser
 def test_browser_fsdp_gpu(fsdp_gpu_report, tmp_path):
-    img = _check_in_browser(render(fsdp_gpu_report), "fsdp.html", 3, tmp_path)
+    img = _check_in_browser(render(fsdp_gpu_report), "fsdp.html", 4, tmp_path)
     rgb = img[..., :3].astype(int)
     for hex_colour in ("#4C78A8", "#54A24B"):  # compute bars and all-gather bars were painted
         target = np.array([int(hex_colour[i:i + 2], 16) for i in (1, 3, 5)])
