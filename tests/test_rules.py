@@ -181,8 +181,14 @@ def test_findings_json_shape_and_ranking(recorded_run):
     for f in d["findings"]:
         for key in ("slug", "code", "severity", "summary", "evidence", "fix", "est_saving_ms"):
             assert key in f
-    savings = [f.est_saving_ms or 0.0 for f in rep.findings]
-    assert savings == sorted(savings, reverse=True)
+    # the one ranking (engine.rank): by severity, then by the time saved within a severity
+    from fsdpdoctor.engine import SEVERITIES
+
+    sev = [SEVERITIES.index(f.severity) for f in rep.findings]
+    assert sev == sorted(sev)
+    for level in set(sev):
+        savings = [f.est_saving_ms for f in rep.findings if SEVERITIES.index(f.severity) == level and f.est_saving_ms is not None]
+        assert savings == sorted(savings, reverse=True)
 
 
 def test_thresholds_override_and_disable(recorded_run):
