@@ -201,3 +201,19 @@ def tensor_parallel_degree(facts: RunFacts) -> dict[str, int]:
                 out[before[-1]] = max(out.get(before[-1], 1), int(c.group_size))
         return out
     return {}
+
+
+#: The mixed-precision fixes (bf16 parameters for compute and all-gathers, fp32 gradient reduction)
+#: that more than one rule proposes.
+MIXED_PRECISION_FSDP2 = """from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+for block in model.layers:
+    fully_shard(block, mp_policy=mp)
+fully_shard(model, mp_policy=mp)
+"""
+MIXED_PRECISION_FSDP1 = """from torch.distributed.fsdp import FullyShardedDataParallel as FSDP, MixedPrecision
+
+model = FSDP(model, auto_wrap_policy=policy,
+             mixed_precision=MixedPrecision(param_dtype=torch.bfloat16, reduce_dtype=torch.float32))
+"""

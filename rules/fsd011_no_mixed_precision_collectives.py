@@ -16,7 +16,8 @@ Fix
 
 from fsdpdoctor.fmt import mib, ms
 
-from ._util import ALL_COMM, exposed_ms, finding, fix_for, is_fsdp, replay_evidence, replayed_saving
+from ._util import (ALL_COMM, MIXED_PRECISION_FSDP1, MIXED_PRECISION_FSDP2, exposed_ms, finding, fix_for, is_fsdp,
+                    replay_evidence, replayed_saving)
 
 CODE = "FSD011"
 SLUG = "no-mixed-precision-collectives"
@@ -38,18 +39,8 @@ CONFIG_KEYS = ("mixed_precision", "dtype.")  # a configuration finding: it expla
 CLAIM_PRIORITY = 80  # specific findings claim before the general ones that they explain
 
 
-FIX_FSDP2 = """from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
-
-mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
-for block in model.layers:
-    fully_shard(block, mp_policy=mp)
-fully_shard(model, mp_policy=mp)
-"""
-FIX_FSDP1 = """from torch.distributed.fsdp import FullyShardedDataParallel as FSDP, MixedPrecision
-
-model = FSDP(model, auto_wrap_policy=policy,
-             mixed_precision=MixedPrecision(param_dtype=torch.bfloat16, reduce_dtype=torch.float32))
-"""
+FIX_FSDP2 = MIXED_PRECISION_FSDP2
+FIX_FSDP1 = MIXED_PRECISION_FSDP1
 
 
 def check(facts, cfg):

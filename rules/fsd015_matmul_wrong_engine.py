@@ -23,7 +23,7 @@ Fix
 
 from fsdpdoctor.fmt import ms, pct
 
-from ._util import finding, fix_for, replay_evidence, replayed_saving
+from ._util import MIXED_PRECISION_FSDP1, MIXED_PRECISION_FSDP2, finding, fix_for, replay_evidence, replayed_saving
 
 CODE = "FSD015"
 SLUG = "matmul-wrong-engine"
@@ -41,19 +41,8 @@ TF32 = """# keep fp32 parameters but run matmuls on tensor cores in TF32 (about 
 torch.backends.cuda.matmul.allow_tf32 = True
 torch.backends.cudnn.allow_tf32 = True
 """
-FIX_FSDP2 = """from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
-
-mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
-for block in model.layers:
-    fully_shard(block, mp_policy=mp)
-fully_shard(model, mp_policy=mp)
-""" + "\n" + TF32
-FIX_FSDP1 = """from torch.distributed.fsdp import FullyShardedDataParallel as FSDP, MixedPrecision
-
-model = FSDP(model, auto_wrap_policy=policy,
-             mixed_precision=MixedPrecision(param_dtype=torch.bfloat16, reduce_dtype=torch.float32,
-                                            buffer_dtype=torch.bfloat16))
-""" + "\n" + TF32
+FIX_FSDP2 = MIXED_PRECISION_FSDP2 + "\n" + TF32
+FIX_FSDP1 = MIXED_PRECISION_FSDP1 + "\n" + TF32
 FIX_AUTOCAST = """with torch.autocast("cuda", dtype=torch.bfloat16):   # matmuls and attention on tensor cores
     loss = model(batch).loss
 loss.backward()

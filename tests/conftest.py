@@ -27,6 +27,23 @@ pytest_plugins = ["_recording"]
 os.environ["FSDPDOCTOR_CHECK_SCHEMA"] = "1"
 
 
+def cli_in_process(argv: list[str]) -> tuple[int, str]:
+    """Run the fsdpdoctor CLI in this process: (exit code, what it wrote on stderr)."""
+    import contextlib
+    import io
+
+    from fsdpdoctor.cli import main
+
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+        try:
+            main.main(args=argv, prog_name="fsdpdoctor", standalone_mode=True)
+            code = 0
+        except SystemExit as exc:
+            code = exc.code if isinstance(exc.code, int) else 1
+    return code, err.getvalue()
+
+
 def public_trace_files() -> list[Path]:
     if not PUBLIC_TRACES.is_dir():
         return []

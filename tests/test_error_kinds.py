@@ -4,27 +4,16 @@ failure of a URL stays an input problem; a rule plugin that fails to load is a w
 
 from __future__ import annotations
 
-import contextlib
-import io
 from pathlib import Path
 
 import fsspec
 import pytest
+from conftest import cli_in_process
 
 REC = Path(__file__).resolve().parents[1] / "fixtures" / "recorded" / "per-block"
 
 
-def _cli(argv: list[str]) -> tuple[int, str]:
-    from fsdpdoctor.cli import main
-
-    err = io.StringIO()
-    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
-        try:
-            main.main(args=argv, prog_name="fsdpdoctor", standalone_mode=True)
-            code = 0
-        except SystemExit as exc:
-            code = exc.code if isinstance(exc.code, int) else 1
-    return code, err.getvalue()
+_cli = cli_in_process  # (conftest)
 
 
 @pytest.fixture

@@ -24,6 +24,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import cli_in_process
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _fuzz_cases import RECORDED, Case, named_cases, seeded_cases, trace_doc  # noqa: E402
@@ -137,10 +138,8 @@ def test_invalid_utf8_in_labels_keeps_every_event(work):
 # Each example must end in exit 0, 1 or 2, never in the internal-error handler (exit 3). CI runs a
 # few derandomized examples per kind; FSDPDOCTOR_FUZZ_EXAMPLES=2000 for a long local run.
 
-import contextlib  # noqa: E402
 import copy  # noqa: E402
 import gzip  # noqa: E402
-import io  # noqa: E402
 import pickle  # noqa: E402
 
 from hypothesis import HealthCheck, given, settings  # noqa: E402
@@ -163,17 +162,7 @@ json_values = st.recursive(
 )
 
 
-def _cli_code(argv: list[str]) -> tuple[int, str]:
-    from fsdpdoctor.cli import main
-
-    err = io.StringIO()
-    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
-        try:
-            main.main(args=argv, prog_name="fsdpdoctor", standalone_mode=True)
-            code = 0
-        except SystemExit as exc:
-            code = exc.code if isinstance(exc.code, int) else 1
-    return code, err.getvalue()
+_cli_code = cli_in_process  # (conftest)
 
 
 def _replace(obj, path_choice: int, value):

@@ -255,19 +255,10 @@ def analyze_compute(rt: RankTrace, steps: list[StepWindow], device_name: str | N
         m = kstep & (eng == e)
         by_engine[e] = float(kdur[m].sum()) / 1e3 / n
         by_engine_flops[e] = float(kflops[m].sum()) / n
-    total_t = sum(by_engine.values())
-    cf.dtype_mix = {e: 100.0 * v / total_t for e, v in by_engine.items()} if total_t else {}
     cf.engine_ms_per_step = by_engine
     cf.engine_tflops = {e: by_engine_flops[e] / (by_engine[e] * 1e9) for e in by_engine if by_engine[e] > 0}
-    cf.compute_dtype = max(by_engine, key=by_engine.get) if by_engine else None
     cf.tensor_cores = has_tensor_cores(device_name)
-    peaks = device_peaks(device_name)
-    if peaks is not None:
-        cf.peak_label = peaks[0]
-        pd = _peak_dtype(cf.compute_dtype)
-        cf.peak_dtype = pd if pd in peaks[1] else None
-        cf.peak_tflops = peaks[1].get(pd) if pd else None
-        cf.bf16_peak_tflops = peaks[1].get("bf16") or peaks[1].get("fp16")
+    _engines_and_peak(cf)
     cf.source = "shapes"
     return cf, KernelFlops(kern, kflops, engines, attn_k, recompute[owner])
 
@@ -316,15 +307,21 @@ def fold(per_rank: list[ComputeFacts], step_ms: float | None, peak_override: flo
     for attr in ("flops_by_phase", "engine_ms_per_step", "engine_tflops"):
         keys = sorted({k for c in rs for k in getattr(c, attr)})
         setattr(out, attr, {k: float(np.mean([getattr(c, attr).get(k, 0.0) for c in rs])) for k in keys})
-    total = sum(out.engine_ms_per_step.values())
-    out.dtype_mix = {e: 100.0 * v / total for e, v in out.engine_ms_per_step.items()} if total else {}
-    out.compute_dtype = max(out.engine_ms_per_step, key=out.engine_ms_per_step.get) if out.engine_ms_per_step else None
     out.tensor_cores = rs[0].tensor_cores
-    peaks = device_peaks(out.device)
-    if peaks is not None:
-        out.peak_label = peaks[0]
-        pd = _peak_dtype(out.compute_dtype)
-        out.peak_dtype = pd if pd in peaks[1] else None
-        out.peak_tflops = peaks[1].get(pd) if pd else None
-        out.bf16_peak_tflops = peaks[1].get("bf16") or peaks[1].get("fp16")
+    _engines_and_peak(out)
     return finish(out, step_ms, peak_override)
+
+
+def _engines_and_peak(cf: ComputeFacts) -> None:
+    """From the kernel time by engine: the dtype mix, the compute dtype (the engine with the most
+    time) and the device's dense peak for it (and for BF16)."""
+    total = sum(cf.engine_ms_per_step.values())
+    cf.dtype_mix = {e: 100.0 * v / total for e, v in cf.engine_ms_per_step.items()} if total else {}
+    cf.compute_dtype = max(cf.engine_ms_per_step, key=cf.engine_ms_per_step.get) if cf.engine_ms_per_step else None
+    peaks = device_peaks(cf.device)
+    if peaks is not None:
+        cf.peak_label = peaks[0]
+        pd = _peak_dtype(cf.compute_dtype)
+        cf.peak_dtype = pd if pd in peaks[1] else None
+        cf.peak_tflops = peaks[1].get(pd) if pd else None
+        cf.bf16_peak_tflops = peaks[1].get("bf16") or peaks[1].get("fp16")
