@@ -195,6 +195,7 @@ def test_pyproject_thresholds_and_cli_precedence(runs, tmp_path):
         "max_step_regression_pct = 50\n"
         "max-overlap-drop-pts = 60\n"
         'max_exposed_comm_regression_pct = "off"\n'
+        "max_mfu_drop_pct = 40\n"  # same FLOPs in a slower step: MFU falls with the step time
         'fail_on_new = "never"\n'
     )
     lost, base = runs["prefetch-lost"][0], runs["healthy"][1]
@@ -203,6 +204,10 @@ def test_pyproject_thresholds_and_cli_precedence(runs, tmp_path):
     res = json.loads(r.stdout)
     assert res["settings"]["max_step_regression_pct"] == 50
     assert res["settings"]["max_exposed_comm_regression_pct"] is None
+    assert res["settings"]["max_mfu_drop_pct"] == 40
+    # the regression shows in MFU too: same FLOPs, longer step
+    mfu = next(g for g in res["gates"] if g["name"] == "mfu-drop")
+    assert mfu["status"] == "pass" and mfu["value"] > 5
     # the command line wins over pyproject
     assert cli("check", lost, "--baseline", base, "--max-step-regression-pct", 10, cwd=tmp_path).returncode == 1
 
@@ -327,6 +332,10 @@ def test_a_gpu_twice_as_slow_fails_the_step_gate_on_a_gpu_bound_run(tmp_path, is
     assert rise > 20
     r = cli("check", d1, "--baseline", saved, "--format", "json", cwd=iso)
     assert r.returncode == 1, r.stdout + r.stderr
-    gate = next(g for g in json.loads(r.stdout)["gates"] if g["name"] == "step-time-regression")
+    gates = {g["name"]: g for g in json.loads(r.stdout)["gates"]}
+    gate = gates["step-time-regression"]
     assert gate["status"] == "fail"
     assert gate["value"] == pytest.approx(rise, abs=1.0)
+    # MFU falls by the same factor (same FLOPs, generator truth): 1 − step before / step after
+    assert gates["mfu-drop"]["status"] == "fail"
+    assert gates["mfu-drop"]["value"] == pytest.approx(100 * (1 - step(d0) / step(d1)), abs=1.0)
