@@ -16,7 +16,7 @@ from .analysis.runs import differences as run_differences
 from .engine import Finding, run_rules
 from .errors import InputError
 from .ingest._io import short
-from .facts import RunFacts
+from .facts import RANK_DETAIL, RunFacts
 from .analysis.sidecar import apply_sidecar
 from .analysis.strategy import advise, expected_memory, inputs_from_facts
 from .ingest.discover import discover
@@ -34,27 +34,32 @@ class Report:
     facts: RunFacts
     findings: list[Finding] = field(default_factory=list)
     timeline: Any = None  # StepTimeline of one step of one rank (analyze(..., timeline_step=...)), or None
+    rank_detail: str = "auto"  # which ranks' RankFacts to_json writes (fsdpdoctor.facts.RANK_DETAIL)
 
     # -- machine contract ------------------------------------------------------------------
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self, rank_detail: str | None = None) -> dict[str, Any]:
         """The report as one JSON document: every fact once, then the findings.
 
         Its JSON Schema is :func:`fsdpdoctor.schema.report_schema` (``fsdpdoctor schema``).
+        ``rank_detail`` (default: :attr:`rank_detail`) says which ranks' RankFacts it holds
+        (:meth:`fsdpdoctor.facts.RunFacts.ranks_to_write`); every rank has its summary.
         """
-        d = self.facts.to_dict()
-        d["findings"] = msgspec.to_builtins(self.findings)
-        return d
+        return msgspec.json.decode(self.to_json(indent=0, rank_detail=rank_detail))
 
-    def to_json(self, indent: int = 2) -> str:
+    def to_json(self, indent: int = 2, rank_detail: str | None = None) -> str:
         """:meth:`to_dict` as JSON. The per-rank facts are encoded straight from their dataclasses
         (the same JSON, without a second copy of every rank as Python objects)."""
         facts = self.facts
-        ranks, facts.rank_facts = facts.rank_facts, []
+        ranks, sums, policy = facts.ranks_to_write(rank_detail or self.rank_detail)
+        kept = facts.rank_facts, facts.rank_summaries
+        facts.rank_facts, facts.rank_summaries = [], []
         try:
             d = facts.to_dict()
         finally:
-            facts.rank_facts = ranks
+            facts.rank_facts, facts.rank_summaries = kept
         d["rank_facts"] = ranks
+        d["rank_summaries"] = sums
+        d["rank_detail"] = policy
         d["findings"] = self.findings
         return msgspec.json.format(msgspec.json.encode(d), indent=indent).decode()
 
@@ -133,6 +138,7 @@ def analyze(
     strict: bool = False,
     cycle: int | None = None,
     allow_mixed_runs: bool = False,
+    rank_detail: str = "auto",
 ) -> Report:
     """Analyse traces (files, directories or globs) and return the :class:`Report`.
 
@@ -161,12 +167,20 @@ def analyze(
     they start more than an hour apart; :mod:`fsdpdoctor.analysis.runs`) raise an InputError
     naming what differs; ``allow_mixed_runs=True`` analyses them together and lists the
     differences in ``facts.mixed_runs`` (cross-rank findings such as stragglers are then not drawn).
+
+    ``rank_detail`` ("auto", "all", "none"; :data:`fsdpdoctor.facts.RANK_DETAIL`) is which ranks'
+    full RankFacts the JSON report holds (every rank has its summary line); "all" also keeps every
+    rank's list of collectives, which runs of more than
+    :data:`~fsdpdoctor.analysis.ranks.DETAIL_RANKS` ranks otherwise leave on the workers.
     """
+    if rank_detail not in RANK_DETAIL:
+        raise ValueError(f"rank_detail must be one of {RANK_DETAIL}, not {rank_detail!r}")
     if isinstance(paths, (str, Path)):
         paths = [paths]
     skipped: list[tuple[str, str]] = []
     files = discover(list(paths), cycle=cycle, skipped=skipped)
-    load = load_ranks(files, jobs=jobs, progress=progress, strict=strict, scheduler=scheduler)
+    load = load_ranks(files, jobs=jobs, progress=progress, strict=strict, scheduler=scheduler,
+                      **({"detail_ranks": None} if rank_detail == "all" else {}))
     mixed = run_differences(load.ranks)
     if mixed and not allow_mixed_runs:
         raise InputError(load.ranks[1].path if len(load.ranks) > 1 else files[0],
@@ -212,7 +226,7 @@ def analyze(
             facts.strategy = advise(plan_inputs)
         if facts.memory is not None:
             facts.memory_expected = expected_memory(plan_inputs, plan_inputs.current)
-    report = _checked(Report(facts=facts, findings=run_rules(facts, config)))
+    report = _checked(Report(facts=facts, findings=run_rules(facts, config), rank_detail=rank_detail))
     if timeline_step is not None:
         from .analysis.timeline_extract import extract_for_facts
 

@@ -27,6 +27,10 @@ from .errors import InputError
 @click.option("--brief", is_flag=True, help="Terminal: one line per finding (CI logs).")
 @click.option("--details", is_flag=True, help="Terminal: also print the detail tables and notes.")
 @click.option("--save-baseline", type=click.Path(dir_okay=False, path_type=Path), help="Also write the facts (with findings) for a later 'check --baseline'.")
+@click.option("--rank-detail", type=click.Choice(["auto", "all", "none"]), default="auto", show_default=True,
+              help="JSON report and baseline: which ranks' per-step and per-collective detail to write. auto: every rank in "
+              "runs of up to 16 ranks, else the ranks that matter (slowest, fastest, straggler, lowest overlap, worst "
+              "replay, first); all: every rank (and every rank's collectives); none: none. Every rank has a summary line.")
 @input_limit_option
 @scale_options
 @guarded
@@ -34,7 +38,7 @@ def analyze(
     paths: tuple[str, ...], fmt: str, output: Path | None, jobs: int | None, memory: tuple[Path, ...],
     settings: tuple[str, ...], disable: tuple[str, ...], save_baseline: Path | None,
     timeline_rank: int | None, timeline_step: int | None, scheduler: str | None, strict: bool, cycle: int | None,
-    allow_mixed_runs: bool, brief: bool = False, details: bool = False,
+    allow_mixed_runs: bool, brief: bool = False, details: bool = False, rank_detail: str = "auto",
 ) -> None:
     """Analyse trace files, directories of rank traces, or globs: local paths or URLs
     (s3://, gs://, az://, http(s)://, file://).
@@ -50,7 +54,7 @@ def analyze(
     with load_progress() as progress:
         report = run(
             list(paths), memory=list(memory) or None, jobs=jobs, config=cfg, timeline_step=tl_step, progress=progress,
-            scheduler=scheduler, strict=strict, cycle=cycle, allow_mixed_runs=allow_mixed_runs,
+            scheduler=scheduler, strict=strict, cycle=cycle, allow_mixed_runs=allow_mixed_runs, rank_detail=rank_detail,
         )
     warn_partial(report.facts)
     if save_baseline is not None:

@@ -18,7 +18,10 @@ import msgspec
 
 #: 2: the report is one document (every RunFacts field once, at the top level, plus ``findings``);
 #: 1 wrote the summaries at the top level and all facts again under ``facts``. Both load.
-SCHEMA_VERSION = 3  # 3: StepFacts.step_ms is the interval between step completions (was the CPU span)
+#: 3: StepFacts.step_ms is the interval between step completions (was the CPU span).
+#: 4: ``rank_summaries`` (one line per rank) and ``rank_detail``: ``rank_facts`` may hold only the
+#: ranks that matter (``--rank-detail auto``); 3 and older wrote every rank's RankFacts.
+SCHEMA_VERSION = 4
 OLDEST_SCHEMA_VERSION = 1  # the oldest saved report / baseline this version still reads
 
 
@@ -394,6 +397,57 @@ class RankFacts:
         return [s.step_ms for s in self.steps]
 
 
+#: ``rank_detail`` policies: every rank's RankFacts / the ranks that matter (all of them in runs of
+#: up to AUTO_FULL_RANKS ranks) / none. Every rank has its RankSummary under each.
+RANK_DETAIL = ("auto", "all", "none")
+AUTO_FULL_RANKS = 16
+
+
+@dataclass
+class RankSummary:
+    """One rank in a few numbers, written for every rank whatever ``rank_detail`` (a few hundred
+    bytes; its RankFacts, with per-step and per-collective detail, is ~10-20 KB).
+
+    ``detail`` says whether this rank's RankFacts is in ``rank_facts`` ("full") or not
+    ("summary"); ``detail_reasons`` why ``--rank-detail auto`` keeps it: "slowest" / "fastest"
+    (mean step time), "straggler" (waited least at collectives: the others waited for it),
+    "lowest-overlap", "worst-replay" (largest what-if replay error), "first" (the lowest rank id,
+    the one single-rank figures quote). ``mean_step`` is the per-field mean of its steps
+    (``number`` −1, ``start_us`` the first step's, ``end_us`` the last's): with
+    ``exposed_ms_by_phase_kind`` it is what ``compare`` reads for a rank without its RankFacts.
+    """
+
+    rank: int
+    path: str
+    gpu_present: bool
+    steps: int
+    step_numbers: list[int] = field(default_factory=list)
+    step_ms: float | None = None  # mean step time (StepFacts.step_ms)
+    step_min_ms: float | None = None
+    step_max_ms: float | None = None
+    overlap_pct: float | None = None  # RankFacts.overlap_pct
+    backlog_ms: float = 0.0
+    wait_ms_per_step: float | None = None  # waited at collectives for later peers (cross_rank)
+    replay_error_pct: float | None = None  # what-if replay's largest per-step error
+    mfu_pct: float | None = None
+    collectives: int = 0  # collectives traced on this rank
+    detail: str = "full"
+    detail_reasons: list[str] = field(default_factory=list)
+    mean_step: StepFacts | None = None
+    exposed_ms_by_phase_kind: dict[str, dict[str, float]] = field(default_factory=dict)  # per step
+
+    def stand_in(self) -> RankFacts:
+        """A RankFacts with this rank's mean step as its only step (none without steps) and its
+        exposed ms by phase and kind: per-rank means over it equal those over the rank's steps."""
+        return RankFacts(
+            rank=self.rank, rank_source="", path=self.path, world_size=None, device_name=None, gpu_present=self.gpu_present,
+            decode_mode="", event_count=0, step_method="", phase_method="", steps=[self.mean_step] if self.mean_step else [],
+            overlap_pct=self.overlap_pct, comm_ms_total=0.0, compute_ms_total=0.0, collectives=[], collective_stats=[],
+            fsdp=FsdpFacts(), collectives_dropped=self.collectives, exposed_ms_by_phase_kind=self.exposed_ms_by_phase_kind,
+            backlog_ms=self.backlog_ms,
+        )
+
+
 @dataclass
 class InputFacts:
     path: str
@@ -572,6 +626,10 @@ class RunFacts:
     workload: str | None = None  # "training" / "inference" (no backward pass or optimizer step in any step) / None
     # inputs that look like different runs, analysed together with --allow-mixed-runs: what differs
     mixed_runs: list[str] = field(default_factory=list)
+    # one line per rank (every rank, whatever the detail); which ranks' RankFacts are written:
+    # "all" (every rank), "auto" (those with detail reasons, or all in small runs), "none"
+    rank_summaries: list[RankSummary] = field(default_factory=list)
+    rank_detail: str = "all"
 
     @property
     def step_clock_ms(self) -> float:
@@ -580,14 +638,49 @@ class RunFacts:
         measured on it."""
         return self.steps.mean_ms or self.timeline.wall_ms or 0.0
 
+    def all_ranks(self) -> list[RankFacts]:
+        """Every rank's RankFacts, by rank: those written, and for a rank written as a summary only
+        (``--rank-detail auto|none``) a stand-in holding its mean step as its one step
+        (:meth:`RankSummary.stand_in`), which gives the same per-rank means."""
+        have = {r.rank for r in self.rank_facts}
+        extra = [s.stand_in() for s in self.rank_summaries if s.rank not in have]
+        return sorted([*self.rank_facts, *extra], key=lambda r: r.rank) if extra else self.rank_facts
+
+    def step_numbers(self) -> dict[str, list[int]]:
+        """rank → the numbers of its steps (from the summaries when its RankFacts is not written)."""
+        out = {str(s.rank): list(s.step_numbers) for s in self.rank_summaries}
+        out.update({str(r.rank): [s.number for s in r.steps] for r in self.rank_facts})
+        return out
+
     # -- serialisation -------------------------------------------------------------------
-    def to_dict(self) -> dict[str, Any]:
-        d = msgspec.to_builtins(self)
+    def ranks_to_write(self, rank_detail: str = "all") -> tuple[list[RankFacts], list[RankSummary], str]:
+        """(RankFacts, summaries, policy) of a document written with ``rank_detail`` (see
+        :data:`RANK_DETAIL`): "all" every rank's RankFacts; "auto" those of the ranks with a
+        ``detail_reasons`` entry, or every rank in runs of up to :data:`AUTO_FULL_RANKS`;
+        "none" no RankFacts. Every rank keeps its summary, ``detail`` saying which."""
+        if rank_detail not in RANK_DETAIL:
+            raise ValueError(f"rank_detail must be one of {RANK_DETAIL}, not {rank_detail!r}")
+        # facts read from a document that was already cut keep the stricter policy
+        policy = max(rank_detail, self.rank_detail, key=("all", "auto", "none").index)
+        if policy == "all" or (policy == "auto" and len(self.rank_summaries) <= AUTO_FULL_RANKS):
+            ranks = self.rank_facts
+        elif policy == "auto":
+            chosen = {s.rank for s in self.rank_summaries if s.detail_reasons}
+            ranks = [r for r in self.rank_facts if r.rank in chosen]
+        else:
+            ranks = []
+        kept = {r.rank for r in ranks}
+        sums = [dataclasses.replace(s, detail="full" if s.rank in kept else "summary") for s in self.rank_summaries]
+        return ranks, sums, policy
+
+    def to_dict(self, rank_detail: str = "all") -> dict[str, Any]:
+        ranks, sums, policy = self.ranks_to_write(rank_detail)
+        d = msgspec.to_builtins(dataclasses.replace(self, rank_facts=ranks, rank_summaries=sums, rank_detail=policy))
         d["fsdp"]["unit_count"] = self.fsdp.unit_count
         return d
 
-    def to_json(self, indent: int = 2) -> str:
-        return msgspec.json.format(msgspec.json.encode(self.to_dict()), indent=indent).decode()
+    def to_json(self, indent: int = 2, rank_detail: str = "all") -> str:
+        return msgspec.json.format(msgspec.json.encode(self.to_dict(rank_detail)), indent=indent).decode()
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "RunFacts":

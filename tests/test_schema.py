@@ -39,7 +39,7 @@ def test_cli_json_is_one_document_valid_against_the_schema():
     assert r.returncode == 0, r.stderr
     doc = json.loads(r.stdout)
     validate(doc)
-    assert doc["schema_version"] == SCHEMA_VERSION == 3
+    assert doc["schema_version"] == SCHEMA_VERSION == 4
     assert "facts" not in doc  # no second copy
     # each summary once: the per-rank facts are under rank_facts only
     assert doc["fsdp"]["unit_count"] == len(doc["fsdp"]["units"])
@@ -62,7 +62,7 @@ def test_report_round_trips_as_a_baseline(tmp_path):
     p = tmp_path / "baseline.json"
     p.write_text(rep.to_json())
     back = RunFacts.load(p)
-    assert back.to_dict() == rep.facts.to_dict()
+    assert back.to_dict() == rep.facts.to_dict(rep.rank_detail)
 
 
 def test_version_1_reports_still_load(tmp_path):

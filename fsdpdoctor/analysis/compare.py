@@ -309,7 +309,7 @@ def _rank_cells(r: RankFacts, basis: str) -> dict[tuple[str, str], float]:
 
 
 def _ranks_for(f: RunFacts, basis: str) -> list[RankFacts]:
-    rs = [r for r in f.rank_facts if r.steps]
+    rs = [r for r in f.all_ranks() if r.steps]
     if basis == "gpu":
         rs = [r for r in rs if r.gpu_present] or rs
     return rs
@@ -461,8 +461,8 @@ def findings_diff(before: list[Finding], after: list[Finding]) -> list[FindingCh
 
 
 def _rank_rows(b: RunFacts, a: RunFacts, basis: str) -> list[RankRow]:
-    bm = {r.rank: r for r in b.rank_facts}
-    am = {r.rank: r for r in a.rank_facts}
+    bm = {r.rank: r for r in b.all_ranks()}
+    am = {r.rank: r for r in a.all_ranks()}
 
     def m(r: RankFacts | None, attr: str) -> float | None:
         if r is None or not r.steps:
@@ -550,12 +550,9 @@ def _alignment(b: RunFacts, a: RunFacts) -> dict[str, Any]:
     rb, ra = set(b.ranks), set(a.ranks)
     ub, ua = {u.fqn for u in b.fsdp.units}, {u.fqn for u in a.fsdp.units}
 
-    def steps(f: RunFacts) -> dict[str, list[int]]:
-        return {str(r.rank): [s.number for s in r.steps] for r in f.rank_facts}
-
     return {
         "ranks": {"common": sorted(rb & ra), "only_before": sorted(rb - ra), "only_after": sorted(ra - rb)},
-        "steps": {"before": steps(b), "after": steps(a), "note": "steps are averaged per rank, then over ranks; step numbers need not match"},
+        "steps": {"before": b.step_numbers(), "after": a.step_numbers(), "note": "steps are averaged per rank, then over ranks; step numbers need not match"},
         "units": {"common": sorted(ub & ua), "only_before": sorted(ub - ua), "only_after": sorted(ua - ub)},
     }
 
@@ -725,9 +722,9 @@ def compare(
                          "on different clocks: regenerate it with 'fsdpdoctor analyze TRACES --save-baseline FILE'")
     sb, cb = breakdown(before, basis)
     sa, ca = breakdown(after, basis)
-    if not before.rank_facts or not any(r.steps for r in before.rank_facts):
+    if not any(r.steps for r in before.all_ranks()):
         notes.append(f"{before_label}: no steps found, step time taken as 0")
-    if not after.rank_facts or not any(r.steps for r in after.rank_facts):
+    if not any(r.steps for r in after.all_ranks()):
         notes.append(f"{after_label}: no steps found, step time taken as 0")
     names = GPU_COMPONENTS if basis == "gpu" else CPU_COMPONENTS
     phase_order = {p: i for i, p in enumerate((*PHASES, ALL))}

@@ -31,6 +31,7 @@ from ..facts import (
 )
 from .crossrank import CrossRankFold, RankPart, part_of
 from .rank import analyze_rank, most_common
+from .rank_summary import summarize
 from .compute import fold as fold_compute
 from .whatif import fold_whatif
 from .steps import PHASES
@@ -399,6 +400,7 @@ def fold(
             cross.add(r)
         cross_rank = cross.result()
     rf.cross_rank = cross_rank
+    rf.rank_summaries = summarize(ranks, cross_rank)
     dropped = [r for r in ranks if r.collectives_dropped]
     if dropped:
         rf.notes.append(
