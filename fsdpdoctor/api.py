@@ -44,7 +44,9 @@ class Report:
         ``rank_detail`` (default: :attr:`rank_detail`) says which ranks' RankFacts it holds
         (:meth:`fsdpdoctor.facts.RunFacts.ranks_to_write`); every rank has its summary.
         """
-        return msgspec.json.decode(self.to_json(indent=0, rank_detail=rank_detail))
+        d = self.facts.to_dict(rank_detail or self.rank_detail)
+        d["findings"] = msgspec.to_builtins(self.findings)
+        return d
 
     def to_json(self, indent: int = 2, rank_detail: str | None = None) -> str:
         """:meth:`to_dict` as JSON. The per-rank facts are encoded straight from their dataclasses

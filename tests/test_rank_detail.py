@@ -56,7 +56,7 @@ def runs(tmp_path_factory) -> dict:
     cfg_a, cfg_b = _cfg(), _cfg(slow_factor=1.0)
     a, b = generate(cfg_a, base / "a"), generate(cfg_b, base / "b")
     rep_a, rep_b = analyze([a]), analyze([b])
-    out = {"cfg": cfg_a, "dir": a, "waits": _raw_waits(a)}
+    out = {"cfg": cfg_a, "dir": a, "waits": _raw_waits(a), "report": rep_a}
     for name, rep in (("a", rep_a), ("b", rep_b)):
         for pol in ("all", "auto", "none"):
             p = base / f"{name}-{pol}.json"
@@ -77,6 +77,7 @@ def test_every_policy_validates_and_summarises_every_rank(runs):
         assert d["rank_detail"] == pol
         assert [s["rank"] for s in d["rank_summaries"]] == list(range(cfg.world_size))
         assert all(s["steps"] == cfg.steps for s in d["rank_summaries"])
+        assert d == json.loads(json.dumps(runs["report"].to_dict(pol)))  # to_json encodes what to_dict holds
         full = {r["rank"] for r in d["rank_facts"]}
         assert {s["rank"] for s in d["rank_summaries"] if s["detail"] == "full"} == full
     assert len(_doc(runs["a", "all"])["rank_facts"]) == cfg.world_size
