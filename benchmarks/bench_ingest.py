@@ -38,8 +38,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import gen_traces
+from _docs import PERFORMANCE, replace_section
 
 PY = sys.executable
+REPO = Path(__file__).resolve().parents[1]
+FSDP2_SOURCE = REPO / "fixtures" / "recorded" / "gpu" / "fsdp2" / "rank0.json.gz"
 
 BARE_DECODE = r"""
 import gc, os, sys, time
@@ -78,7 +81,38 @@ logging.disable(logging.CRITICAL)
 t0 = time.perf_counter()
 from hta.trace_analysis import TraceAnalysis
 t = TraceAnalysis(trace_dir=sys.argv[1])
-print(f"ranks={len(t.t.traces)} inner_s={time.perf_counter() - t0:.2f}", flush=True)
+t1 = time.perf_counter()
+ov = t.get_comm_comp_overlap(visualize=False)  # the figure fsdpdoctor's overlap reproduces
+pct = float(ov["comp_comm_overlap_pctg"].iloc[0]) if len(ov) else float("nan")
+print(f"ranks={len(t.t.traces)} load_s={t1 - t0:.2f} overlap_s={time.perf_counter() - t1:.2f} overlap={pct:.1f}%", flush=True)
+os._exit(0)
+"""
+
+# ``fsdpdoctor analyze FILE --format json -o /dev/null`` in this process, with the time spent in
+# the what-if replay (graph build and every replay, per rank) and in reading the trace (ingest:
+# read, gunzip, block decode into columns) summed by wrappers, so one run gives the total and
+# the replay's share. A single file is analysed in the calling process (its blocks decoded by
+# worker processes), so the wrappers see all of it.
+ANALYZE_TIMED = r"""
+import os, sys, time
+t0 = time.perf_counter()
+import fsdpdoctor.analysis.rank as rank
+from fsdpdoctor.cli import main
+spent = {"replay": 0.0, "ingest": 0.0}
+def timed(fn, key):
+    def wrapper(*a, **k):
+        t = time.perf_counter()
+        try:
+            return fn(*a, **k)
+        finally:
+            spent[key] += time.perf_counter() - t
+    return wrapper
+rank.analyze_whatif = timed(rank.analyze_whatif, "replay")
+rank.load_trace = timed(rank.load_trace, "ingest")
+try:
+    main.main(args=["analyze", *sys.argv[1:], "--format", "json", "-o", os.devnull], standalone_mode=False)
+finally:
+    print(f"ingest_s={spent['ingest']:.2f} replay_s={spent['replay']:.2f} inner_s={time.perf_counter() - t0:.2f}", flush=True)
 os._exit(0)
 """
 
@@ -169,7 +203,7 @@ def measure(cmd: list[str], label: str, tool: str, timeout: float) -> Result:
 
 
 def fsdpdoctor_cmd(target: Path, jobs: int | None = None) -> list[str]:
-    cmd = [PY, "-m", "fsdpdoctor", "analyze", str(target), "--format", "json", "-o", os.devnull]
+    cmd = [PY, "-c", ANALYZE_TIMED, str(target)]
     return cmd + ["-j", str(jobs)] if jobs else cmd
 
 
@@ -269,9 +303,38 @@ def ratios(results: list[Result], sizes: dict[str, int]) -> list[str]:
     return out
 
 
+def single_file(work: Path, size_mb: float, tpl, args, sizes: dict[str, int]) -> list[Result]:
+    """One file of ``size_mb`` (uncompressed), as .json and (``--gz``) as .json.gz."""
+    out: list[Result] = []
+    d = work / f"single-{size_mb:g}"
+    d.mkdir()
+    f = d / "rank-0.json"
+    t = time.perf_counter()
+    n = gen_traces.write_trace(f, int(size_mb * 1e6), rank=0, tpl=tpl)
+    print(f"generated {f.name}: {n / 1e6:.0f} MB in {time.perf_counter() - t:.0f} s", flush=True)
+    label = f"1 file, {n / 1e6:.0f} MB .json"
+    sizes[label] = n
+    out += run_set(label, f, [f], args, gz=False)
+    print(table(out), flush=True)
+    if args.gz:
+        gzd = work / f"single-{size_mb:g}-gz"
+        gzd.mkdir()
+        g = gzd / "rank-0.json.gz"
+        _gzip(f, g)
+        f.unlink()  # one copy on disk at a time
+        label = f"1 file, {n / 1e6:.0f} MB .json.gz ({g.stat().st_size / 1e6:.0f} MB)"
+        sizes[label] = n
+        out += run_set(label, g, [g], args, gz=True)
+        print(table(out[-4:]), flush=True)
+        g.unlink()
+    else:
+        f.unlink()
+    return out
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--size-mb", type=float, default=1000, help="size of the single-file trace (uncompressed MB)")
+    ap.add_argument("--size-mb", type=float, nargs="+", default=[300, 1000], help="sizes of the single-file traces (uncompressed MB)")
     ap.add_argument("--ranks", type=int, default=8, help="ranks of the multi-rank set")
     ap.add_argument("--rank-size-mb", type=float, default=200, help="size of each rank file (uncompressed MB)")
     ap.add_argument("--gz", action=argparse.BooleanOptionalAction, default=True, help="also measure the .json.gz of the single file")
@@ -282,7 +345,9 @@ def main() -> int:
     ap.add_argument("--skip-scaling", action="store_true", help="do not also run fsdpdoctor with -j 1 (one process)")
     ap.add_argument("--repeat", type=int, default=1, help="runs of fsdpdoctor and the bare decode (the fastest is kept)")
     ap.add_argument("--timeout", type=float, default=900, help="seconds per measured command")
-    ap.add_argument("--source", type=Path, default=gen_traces.DEFAULT_SOURCE, help="real trace to scale up")
+    ap.add_argument("--source", type=Path, default=FSDP2_SOURCE,
+                    help="real trace to scale up (default: the H100 FSDP2 recording in fixtures/recorded/gpu/fsdp2)")
+    ap.add_argument("--update-docs", action="store_true", help="rewrite the generated table in docs/performance.md")
     ap.add_argument("--tmp", type=Path, default=None, help="parent of the temporary directory")
     ap.add_argument("--keep", action="store_true", help="keep the generated files")
     args = ap.parse_args()
@@ -302,27 +367,8 @@ def main() -> int:
     try:
         tpl = gen_traces.load_template(args.source)
         if not args.skip_single:
-            d = work / "single"
-            d.mkdir()
-            f = d / "rank-0.json"
-            t = time.perf_counter()
-            n = gen_traces.write_trace(f, int(args.size_mb * 1e6), rank=0, tpl=tpl)
-            print(f"generated {f.name}: {n / 1e6:.0f} MB in {time.perf_counter() - t:.0f} s", flush=True)
-            label = f"1 file, {n / 1e6:.0f} MB .json"
-            sizes[label] = n
-            results += run_set(label, f, [f], args, gz=False)
-            print(table(results[-3:]), flush=True)
-            if args.gz:
-                gzd = work / "single-gz"
-                gzd.mkdir()
-                g = gzd / "rank-0.json.gz"
-                _gzip(f, g)
-                f.unlink()  # one copy on disk at a time
-                label = f"1 file, {n / 1e6:.0f} MB .json.gz ({g.stat().st_size / 1e6:.0f} MB)"
-                sizes[label] = n
-                results += run_set(label, g, [g], args, gz=True)
-                print(table(results[-4:]), flush=True)
-                g.unlink()
+            for size_mb in args.size_mb:
+                results += single_file(work, size_mb, tpl, args, sizes)
         if not args.skip_multi:
             d = work / "multi"
             d.mkdir()
@@ -345,7 +391,47 @@ def main() -> int:
     print()
     for line in ratios(results, sizes):
         print(line)
+    md = markdown(results, sizes, args.source)
+    print("\n" + md)
+    if args.update_docs:
+        replace_section(PERFORMANCE, "bench_ingest", md)
+        print(f"updated {PERFORMANCE.relative_to(REPO)}")
     return 0 if all(r.ok for r in results) else 1
+
+
+def _fields(note: str) -> dict[str, str]:
+    return dict(kv.split("=", 1) for kv in note.split() if "=" in kv)
+
+
+def markdown(results: list[Result], sizes: dict[str, int], source: Path) -> str:
+    """The table docs/performance.md shows: per input, every tool on the same file."""
+    by: dict[str, dict[str, Result]] = {}
+    for r in results:
+        by.setdefault(r.label, {})[r.tool.split(",")[0]] = r
+    rows = [
+        f"Source: `{source.relative_to(REPO) if source.is_relative_to(REPO) else source.name}` scaled up; {machine()}.",
+        "",
+        "| input | bare typed decode | `fsdpdoctor analyze` | ÷ bare decode | of which ingest / what-if replay | "
+        "peak RSS ÷ file size | HTA load + overlap |",
+        "|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for label, d in by.items():
+        f, bare, hta = d.get("fsdpdoctor analyze"), d.get("msgspec typed decode"), d.get("HTA TraceAnalysis load")
+        if f is None or not f.ok:
+            continue
+        fx = _fields(f.note)
+        ratio = f"{f.wall_s / bare.wall_s:.2f}×" if bare and bare.ok else "–"
+        split = (f"{float(fx['ingest_s']):.2f} s / {float(fx['replay_s']):.2f} s ({100 * float(fx['replay_s']) / f.wall_s:.0f}%)"
+                 if "replay_s" in fx else "–")
+        if hta and hta.ok:
+            hx = _fields(hta.note)
+            hta_txt = f"{hta.wall_s:.1f} s ({hx.get('load_s', '?')} + {hx.get('overlap_s', '?')} s), {hta.peak_mb / 1024:.2f} GB"
+        else:
+            hta_txt = "not run"
+        bare_txt = f"{bare.wall_s:.2f} s, {bare.peak_mb:.0f} MB" if bare and bare.ok else "–"
+        rows.append(f"| {label} | {bare_txt} | **{f.wall_s:.2f} s**, {f.peak_mb:.0f} MB | {ratio} | {split} | "
+                    f"{f.peak_mb * 2**20 / sizes[label]:.2f} | {hta_txt} |" if sizes.get(label) else "")
+    return "\n".join(r for r in rows if r is not None)
 
 
 if __name__ == "__main__":

@@ -11,7 +11,9 @@ Each analysis runs in a fresh client process that reports: ranks per second (the
 only, not interpreter start-up, nor the JSON report), the client's peak RSS after the analysis
 and after also rendering the JSON report (which holds every rank's facts, so it grows with the
 ranks) (``VmHWM`` of the client process
-alone; pool workers and Dask workers are other processes), and the JSON report's size. The
+alone; pool workers and Dask workers are other processes), and the JSON report's size, by default
+(``--rank-detail auto``: full facts for a few ranks, a summary line for every rank) and with every
+rank's facts (``all``). The
 per-rank summary size is the pickled ``(RankFacts, RankPart)`` that a worker sends back, for a
 rank inside the detail limit (with its collectives) and one beyond it.
 
@@ -37,6 +39,8 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "benchmarks"))
+from _docs import PERFORMANCE, replace_section  # noqa: E402
 
 CLIENT = r"""
 import json, resource, sys, time
@@ -55,10 +59,14 @@ def main():
     rep = api.analyze([path], scheduler=scheduler)
     dt = time.perf_counter() - t
     analyze_peak = peak_rss_mb()
-    text = rep.to_json()
+    text = rep.to_json()  # the default report (--rank-detail auto)
+    auto_mb = len(text) / 2**20
+    del text
+    with_json = peak_rss_mb()
+    all_mb = len(rep.to_json(rank_detail="all")) / 2**20
     print(json.dumps({"seconds": dt, "ranks": len(rep.facts.ranks), "excluded": len(rep.facts.inputs_excluded),
-                      "peak_rss_mb": analyze_peak, "peak_rss_with_json_mb": peak_rss_mb(),
-                      "json_mb": len(text) / 2**20,
+                      "peak_rss_mb": analyze_peak, "peak_rss_with_json_mb": with_json,
+                      "json_mb": auto_mb, "json_all_mb": all_mb,
                       "straggler": rep.facts.cross_rank.ranks[0].rank if rep.facts.cross_rank else None}))
 
 if __name__ == "__main__":
@@ -153,6 +161,7 @@ def main() -> None:
     ap.add_argument("--work", type=Path, default=Path("/tmp/bench_ranks"))
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--json", type=Path, default=None)
+    ap.add_argument("--update-docs", action="store_true", help="rewrite the generated table in docs/performance.md")
     args = ap.parse_args()
     args.work.mkdir(parents=True, exist_ok=True)
     runs = {n: generate_run(n, args.work) for n in args.ranks}
@@ -167,16 +176,25 @@ def main() -> None:
                              "summary_bytes_detail": detail, "summary_bytes_lean": lean})
                 print(f"{n:5d} ranks  {engine:22s} {n / r['seconds']:7.1f} ranks/s  client peak RSS {r['peak_rss_mb']:6.0f} MB",
                       file=sys.stderr)
-    print("| ranks | engine | ranks/s | client peak RSS: analyze | … + JSON report | report JSON | per-rank summary (detail / beyond 64) |")
-    print("|---:|---|---:|---:|---:|---:|---:|")
+    lines = [
+        "| ranks | engine | ranks/s | client peak RSS: analyze | … + JSON report | report JSON (default) | "
+        "report JSON (`--rank-detail all`) | worker → client per rank (detail / beyond 64) |",
+        "|---:|---|---:|---:|---:|---:|---:|---:|",
+    ]
     for r in rows:
-        print(f"| {r['ranks']} | {r['engine']} | {r['ranks_per_s']:.1f} | {r['peak_rss_mb']:.0f} MB | "
-              f"{r['peak_rss_with_json_mb']:.0f} MB | {r['json_mb']:.1f} MB | "
-              f"{r['summary_bytes_detail']:,} B / {r['summary_bytes_lean']:,} B |")
-    for engine in {r["engine"] for r in rows}:
+        lines.append(f"| {r['ranks']} | {r['engine']} | {r['ranks_per_s']:.1f} | {r['peak_rss_mb']:.0f} MB | "
+                     f"{r['peak_rss_with_json_mb']:.0f} MB | {r['json_mb']:.2f} MB | {r['json_all_mb']:.1f} MB | "
+                     f"{r['summary_bytes_detail']:,} B / {r['summary_bytes_lean']:,} B |")
+    for engine in sorted({r["engine"] for r in rows}):
         rss = {r["ranks"]: r["peak_rss_mb"] for r in rows if r["engine"] == engine}
         lo, hi = min(rss), max(rss)
-        print(f"\n{engine}: client peak RSS {rss[hi]:.0f} MB at {hi} ranks / {rss[lo]:.0f} MB at {lo} ranks = {rss[hi] / rss[lo]:.2f}x")
+        lines.append(f"\n{engine}: client peak RSS {rss[hi]:.0f} MB at {hi} ranks / {rss[lo]:.0f} MB at {lo} ranks "
+                     f"= {rss[hi] / rss[lo]:.2f}×")
+    md = "\n".join(lines)
+    print(md)
+    if args.update_docs:
+        replace_section(PERFORMANCE, "bench_ranks", md)
+        print(f"updated {PERFORMANCE.relative_to(REPO)}", file=sys.stderr)
     if args.json:
         args.json.write_text(json.dumps(rows, indent=2))
 

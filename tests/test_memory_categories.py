@@ -28,7 +28,7 @@ from fixtures.snapshots import gen_snapshot as gen
 
 
 HISTORY = [n for n, v in gen.VARIANTS.items() if v.history and not v.bare_list]
-OOM = [n for n in HISTORY if gen.VARIANTS[n].capacity]
+OOM = [n for n in HISTORY if gen.VARIANTS[n].capacity or any(d.oom_in_loss for d in gen.VARIANTS[n].devices)]
 
 
 @pytest.fixture(scope="module")
@@ -98,6 +98,21 @@ def test_activation_oom_in_forward(built, name):
     assert abs(facts.categories["activations"] - truth["categories"]["activations"]) <= 0.01 * truth["peak_allocated_bytes"]
     # no reduce-scatter happened yet: the sharded parameters are found through the unsharded sizes
     assert facts.pre_existing_attributed.get("parameters_sharded") == truth["categories"]["parameters_sharded"]
+
+
+@pytest.mark.parametrize("name", ["fsdp2_loss_oom", "fsdp1_loss_oom"])
+def test_oom_in_the_loss(built, name):
+    """cross_entropy(logits.float(), labels) runs out of memory allocating the log-softmax output:
+    the fp32 copy of the logits, allocated by the user's line, is the statement's temporary (the
+    generator's truth), not an activation, though nothing freed it before the OOM."""
+    facts, truth = built(name)
+    spec = gen.VARIANTS[name].devices[0]
+    cast = gen.round_size(spec.tokens * spec.vocab * 4)
+    assert truth["oom"] is not None and facts.peak_phase == "forward"
+    assert truth["categories"]["temporary"] >= cast > 0.2 * truth["peak_allocated_bytes"]
+    for c in ("activations", "temporary"):
+        assert abs(facts.categories[c] - truth["categories"][c]) <= 0.02 * truth["peak_allocated_bytes"], c
+        assert abs(facts.oom["categories"][c] - truth["oom"]["categories"][c]) <= 0.02 * truth["oom"]["allocated_bytes"], c
 
 
 def test_checkpoint_recompute_is_backward(built):

@@ -26,7 +26,9 @@ Method (see ``notes/memory-categorization.md``):
    without a marker after backward (the next micro-batch). When the recording stops inside
    forward (OOM, dump), a forward block alive at a later FSDP unit boundary is an activation;
    blocks allocated since the last boundary take the fate of the block at the same position and
-   size in the previous unit. FSDP1's per-parameter gradients are recognised by their
+   size in the previous unit. At an OOM, what the failing statement allocated from the user's own
+   line (a cast such as ``logits.float()`` in the loss: no torch frame) is that statement's
+   temporary, not an activation. FSDP1's per-parameter gradients are recognised by their
    concatenation into the flat gradient; an unsharded-size backward block that autograd frees
    before FSDP's next event is a gradient-accumulation temporary.
 5. Blocks allocated before recording are reported as pre-existing and attributed by size where the
@@ -311,6 +313,9 @@ class _Stack:
     # level: the main thread, which is blocked in backward while the autograd thread runs it (whose
     # Python hooks have no `<module>` frame), so such a stack is outside backward
     main_thread: bool = False
+    # Python frames, none of them in torch: the user's own line allocated it (a cast, an
+    # elementwise op, a tensor creation), not a module, a functional or an optimizer
+    user_only: bool = False
 
 
 _NO_STACK = _Stack()
@@ -336,6 +341,7 @@ def _summarize(key: tuple) -> _Stack:
         main_thread=phase == PH_UNKNOWN
         and any(i.script for i in infos if i.python)
         and not any(i.autograd for i in infos),
+        user_only=any(i.python for i in infos) and not any(i.in_torch for i in infos if i.python),
     )
 
 
@@ -777,6 +783,30 @@ def _forward_fates(
     return fates
 
 
+def _failing_statement_temps(r: _Replay, ev: list[_Stack], st: list[_Stack], open_ended: np.ndarray,
+                             traced: np.ndarray) -> set[int]:
+    """Blocks the statement that ran out of memory allocated from the user's own line (a cast such
+    as ``logits.float()``, an elementwise op: no torch frame) and still held at the OOM: that
+    statement's intermediates, which it frees once it completes (autograd keeps what torch's
+    functions return, such as a log-softmax output, not these), so temporaries, however large.
+
+    The statement is the run of trace events up to the OOM whose innermost user frame is the OOM's
+    (frameless events, which C++ code records, inside the run)."""
+    if not r.ooms:
+        return set()
+    i = int(r.ooms[-1]["index"])
+    site = ev[i].site if 0 <= i < len(ev) else None
+    if site is None:
+        return set()
+    j = i
+    while j > 0 and ev[j - 1].site in (site, None):
+        j -= 1
+    return {
+        b for b in traced.tolist()
+        if open_ended[b] and j <= r.alloc_idx[b] < i and st[b].user_only and st[b].site == site
+    }
+
+
 def _concatenated_grads(r: _Replay, candidates: np.ndarray) -> set[int]:
     """FSDP1: autograd computes one gradient per original parameter, then the backward of the
     flat parameter's split concatenates them into the flat gradient and frees them at once. Blocks
@@ -872,6 +902,7 @@ def _label_blocks(r: _Replay, stacks: _StackCache, phase: np.ndarray, trace: lis
                     last_kept[sz] = b
     cat_sizes = {rounded[b] for b in cat_grads}
     rs_input_sizes = {rounded[b] for b in rs_inputs}
+    stmt_temps = _failing_statement_temps(r, ev, st, open_ended, traced)
 
     def lifetime(b: int, ph: int, default_long: bool) -> bool:
         """Whether block b outlives its phase."""
@@ -892,6 +923,8 @@ def _label_blocks(r: _Replay, stacks: _StackCache, phase: np.ndarray, trace: lis
             cat = "reduce_scatter_buffers" if short_lived[b] or is_input else "gradients"
         elif r.entry_category[b] in _PROFILE_ENTRY_CATEGORY:  # pseudo-snapshot: versions, not allocations
             cat = _PROFILE_ENTRY_CATEGORY[r.entry_category[b]]
+        elif b in stmt_temps:
+            cat = "temporary"
         elif lab == _OPT or ph == PH_OPTIM:
             cat = "optimizer_state" if lifetime(b, PH_OPTIM, True) else "temporary"
         elif ph == PH_FORWARD:
