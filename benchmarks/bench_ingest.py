@@ -28,6 +28,7 @@ import argparse
 import os
 import platform
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -165,7 +166,8 @@ def measure(cmd: list[str], label: str, tool: str, timeout: float) -> Result:
         import psutil
     except ImportError:  # pragma: no cover
         psutil = None
-    proc = subprocess.Popen([PY, "-S", "-c", LAUNCHER, *cmd], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen([PY, "-S", "-c", LAUNCHER, *cmd], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
     peak = 0
     stop = threading.Event()
 
@@ -186,8 +188,9 @@ def measure(cmd: list[str], label: str, tool: str, timeout: float) -> Result:
     try:
         out, err = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
-        proc.kill()
+        os.killpg(proc.pid, signal.SIGKILL)  # the launcher and the command it forked
         out, err = proc.communicate()
+        err += f"\ntimed out after {timeout:.0f} s"
     finally:
         stop.set()
         th.join()
@@ -426,6 +429,8 @@ def markdown(results: list[Result], sizes: dict[str, int], source: Path) -> str:
         if hta and hta.ok:
             hx = _fields(hta.note)
             hta_txt = f"{hta.wall_s:.1f} s ({hx.get('load_s', '?')} + {hx.get('overlap_s', '?')} s), {hta.peak_mb / 1024:.2f} GB"
+        elif hta:
+            hta_txt = f"failed: {hta.note}"
         else:
             hta_txt = "not run"
         bare_txt = f"{bare.wall_s:.2f} s, {bare.peak_mb:.0f} MB" if bare and bare.ok else "–"

@@ -21,6 +21,8 @@ rocBLAS / hipBLASLt / Tensile on AMD) and, where the name does not say, the op's
 
 from __future__ import annotations
 
+import functools
+
 import re
 from dataclasses import dataclass
 
@@ -45,6 +47,7 @@ _DTYPE = {"float": "fp32", "c10::BFloat16": "bf16", "c10::Half": "fp16", "c10::F
           "c10::Float8_e5m2": "fp8", "c10::Float8_e4m3fnuz": "fp8", "c10::Float8_e5m2fnuz": "fp8", "double": "fp64"}
 
 
+@functools.lru_cache(maxsize=4096)  # a trace repeats a few hundred kernel names many thousand times
 def kernel_engine(name: str, op_dtype: str | None) -> str:
     """The engine a GEMM / attention kernel ran on, from its name, else its op's input dtype
     (which also tells bf16 from fp16 where a 16-bit kernel's name does not: cuDNN and MIOpen
