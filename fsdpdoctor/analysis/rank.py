@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import os
 from collections import Counter
 from typing import Any
 
 import numpy as np
 
 from ..facts import CollectiveFacts, CollectiveStats, RankFacts
-from ..ingest import fs
 from ..ingest.kineto import RankTrace, load_trace
 from .compute import analyze_compute, finish
 from .comms import Collective, assign_roles, find_collectives, issue_rows, parallelism_facts
@@ -18,15 +16,10 @@ from .labels import enclosing, label_rows
 from .memory_events import memory_from_events
 from .steps import find_steps
 from .timeline import hta_overlap, step_timeline_backlog
-from .whatif import analyze_whatif, prewarm
+from .whatif import analyze_whatif
 
 
 def analyze_rank(path: str, order_index: int = 0) -> RankFacts:
-    if not fs.is_url(path):
-        try:
-            prewarm(os.path.getsize(path), str(path).endswith(".gz"))
-        except OSError:  # the read below says what is wrong with the file
-            pass
     return analyze_rank_trace(load_trace(path), order_index)
 
 

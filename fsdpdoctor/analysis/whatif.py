@@ -26,7 +26,6 @@ module (:class:`fsdpdoctor.facts.WhatIfFacts`), never the graph.
 
 from __future__ import annotations
 
-import threading
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -427,43 +426,17 @@ def replay(g: Graph, fix: Fix | None = None) -> tuple[np.ndarray, np.ndarray, np
 #: events (ops, blocking calls, step marks) from which the replay's loop runs compiled: below,
 #: importing numba and loading the cached machine code (~0.5 s) costs more than the loop itself
 JIT_MIN_EVENTS = 100_000
-#: trace files from this size (bytes as stored; gzip ~10× smaller) have graphs that large
-PREWARM_BYTES = 30_000_000
-PREWARM_GZ_BYTES = 3_000_000
 _COMPILED = None
-_PREWARM: threading.Thread | None = None
 
 
 def _compiled_loop():
     """:func:`_replay_loop` compiled by numba (machine code cached on disk after the first run)."""
     global _COMPILED
-    if _PREWARM is not None and _PREWARM.is_alive() and threading.current_thread() is not _PREWARM:
-        _PREWARM.join()
     if _COMPILED is None:
         from numba import njit
 
         _COMPILED = njit(cache=True, nogil=True)(_replay_loop)
     return _COMPILED
-
-
-def prewarm(stored_bytes: int, gz: bool) -> None:
-    """For a trace large enough for the compiled replay, import numba and set up its CPU target
-    (~0.9 s) in a background thread while the trace is read, instead of after."""
-    global _PREWARM
-    if _COMPILED is not None or _PREWARM is not None or stored_bytes < (PREWARM_GZ_BYTES if gz else PREWARM_BYTES):
-        return
-
-    def work() -> None:
-        try:
-            _compiled_loop()
-            from numba.core.registry import cpu_target  # the target's registries: loaded on first use
-
-            cpu_target.target_context.refresh()
-        except Exception:  # noqa: BLE001 - only a head start: the replay imports it again and says why
-            pass
-
-    _PREWARM = threading.Thread(target=work, name="fsdpdoctor-numba-prewarm", daemon=True)
-    _PREWARM.start()
 
 
 def _sync_arrays(g: Graph) -> dict[str, np.ndarray]:
