@@ -435,8 +435,8 @@ def markdown(results: list[Result], sizes: dict[str, int], source: Path) -> str:
             hta_txt = "not run"
         bare_txt = f"{bare.wall_s:.2f} s, {bare.peak_mb:.0f} MB" if bare and bare.ok else "–"
         rows.append(f"| {label} | {bare_txt} | **{f.wall_s:.2f} s**, {f.peak_mb:.0f} MB | {ratio} | {split} | "
-                    f"{f.peak_mb * 2**20 / sizes[label]:.2f} | {hta_txt} |" if sizes.get(label) else "")
-    return "\n".join(r for r in rows if r is not None)
+                    f"{f.peak_mb * 2**20 / sizes[label]:.2f} | {hta_txt} |")
+    return "\n".join(rows)
 
 
 if __name__ == "__main__":

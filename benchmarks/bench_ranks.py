@@ -9,8 +9,7 @@ and the per-rank overhead is what is measured) of 64, 256 and 1024 ranks are ana
 
 Each analysis runs in a fresh client process that reports: ranks per second (the analyze call
 only, not interpreter start-up, nor the JSON report), the client's peak RSS after the analysis
-and after also rendering the JSON report (which holds every rank's facts, so it grows with the
-ranks) (``VmHWM`` of the client process
+and after also rendering the default JSON report (``VmHWM`` of the client process
 alone; pool workers and Dask workers are other processes), and the JSON report's size, by default
 (``--rank-detail auto``: full facts for a few ranks, a summary line for every rank) and with every
 rank's facts (``all``). The

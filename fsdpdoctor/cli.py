@@ -13,6 +13,7 @@ import click
 
 from .cli_base import _write, guarded, input_limit_option, main, render_console, rule_config, scale_options, warn_partial
 from .errors import InputError
+from .facts import AUTO_FULL_RANKS, RANK_DETAIL
 
 @main.command()
 @click.argument("paths", nargs=-1, required=True)
@@ -27,9 +28,9 @@ from .errors import InputError
 @click.option("--brief", is_flag=True, help="Terminal: one line per finding (CI logs).")
 @click.option("--details", is_flag=True, help="Terminal: also print the detail tables and notes.")
 @click.option("--save-baseline", type=click.Path(dir_okay=False, path_type=Path), help="Also write the facts (with findings) for a later 'check --baseline'.")
-@click.option("--rank-detail", type=click.Choice(["auto", "all", "none"]), default="auto", show_default=True,
+@click.option("--rank-detail", type=click.Choice(RANK_DETAIL), default="auto", show_default=True,
               help="JSON report and baseline: which ranks' per-step and per-collective detail to write. auto: every rank in "
-              "runs of up to 16 ranks, else the ranks that matter (slowest, fastest, straggler, lowest overlap, worst "
+              f"runs of up to {AUTO_FULL_RANKS} ranks, else the ranks that matter (slowest, fastest, straggler, lowest overlap, worst "
               "replay, first); all: every rank (and every rank's collectives); none: none. Every rank has a summary line.")
 @input_limit_option
 @scale_options

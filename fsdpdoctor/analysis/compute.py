@@ -22,7 +22,6 @@ rocBLAS / hipBLASLt / Tensile on AMD) and, where the name does not say, the op's
 from __future__ import annotations
 
 import functools
-
 import re
 from dataclasses import dataclass
 

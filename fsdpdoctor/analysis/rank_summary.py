@@ -44,8 +44,8 @@ def mean_step(steps: list[StepFacts]) -> StepFacts | None:
 
 
 def exposed_by_phase_kind(r: RankFacts) -> dict[str, dict[str, float]]:
-    """Exposed collective ms per step by phase → kind (kept by the worker when the rank's
-    collectives were dropped)."""
+    """Exposed collective ms per step by phase → kind, from the rank's collectives (or what the
+    worker kept of them when it dropped the list)."""
     if r.exposed_ms_by_phase_kind is not None:
         return {p: dict(k) for p, k in r.exposed_ms_by_phase_kind.items()}
     n = max(len(r.steps), 1)

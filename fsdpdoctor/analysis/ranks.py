@@ -31,7 +31,7 @@ from ..facts import (
 )
 from .crossrank import CrossRankFold, RankPart, part_of
 from .rank import analyze_rank, most_common
-from .rank_summary import summarize
+from .rank_summary import exposed_by_phase_kind, summarize
 from .compute import fold as fold_compute
 from .whatif import fold_whatif
 from .steps import PHASES
@@ -61,13 +61,7 @@ def analyze_one(path: str, idx: int, detail: bool = True) -> Result:
     rf = analyze_rank(path, idx)
     part = part_of(rf)
     if not detail:
-        n = max(len(rf.steps), 1)
-        by_pk: dict[str, dict[str, float]] = {}
-        for c in rf.collectives:
-            if c.step >= 0 and c.exposed_us > 0:
-                d = by_pk.setdefault(c.phase, {})
-                d[c.kind] = d.get(c.kind, 0.0) + c.exposed_us / 1e3 / n
-        rf.exposed_ms_by_phase_kind = by_pk
+        rf.exposed_ms_by_phase_kind = exposed_by_phase_kind(rf)
         rf.collectives_dropped = len(rf.collectives)
         rf.collectives = []
         part.where = {}
@@ -336,17 +330,10 @@ def fold(
         by_kind = {k: _mean([_mean([s.exposed_by_kind.get(k, 0.0) for s in r.steps]) or 0.0 for r in gpu_ranks]) or 0.0 for k in kinds}
         by_pk: dict[str, dict[str, float]] = {}
         for r in gpu_ranks:
-            n = max(len(r.steps), 1)
-            if r.exposed_ms_by_phase_kind is not None:  # a rank whose collectives stayed on the worker
-                for ph, kinds in r.exposed_ms_by_phase_kind.items():
-                    d = by_pk.setdefault(ph, {})
-                    for kind, v in kinds.items():
-                        d[kind] = d.get(kind, 0.0) + v / len(gpu_ranks)
-                continue
-            for c in r.collectives:
-                if c.step >= 0 and c.exposed_us > 0:
-                    d = by_pk.setdefault(c.phase, {})
-                    d[c.kind] = d.get(c.kind, 0.0) + c.exposed_us / 1e3 / n / len(gpu_ranks)
+            for ph, kinds in exposed_by_phase_kind(r).items():
+                d = by_pk.setdefault(ph, {})
+                for kind, v in kinds.items():
+                    d[kind] = d.get(kind, 0.0) + v / len(gpu_ranks)
         roles = sorted({k for r in gpu_ranks for s in r.steps for k in s.exposed_by_role})
         by_role = {k: _mean([_mean([s.exposed_by_role.get(k, 0.0) for s in r.steps]) or 0.0 for r in gpu_ranks]) or 0.0 for k in roles}
         rf.exposed_comm = ExposedSummary(
