@@ -86,6 +86,8 @@ def check(facts, cfg):
         if replayed is not None:
             saving = replayed
             evidence.append(replay_evidence(facts, "wrap", "splitting its collectives into per-block ones that overlap compute"))
+            if facts.whatif.evidence.get("wrap"):
+                evidence.append(f"replayed with {facts.whatif.evidence['wrap']}")
     return [
         finding(
             __name__,

@@ -34,6 +34,7 @@ from ..facts import ComputeFacts, FsdpFacts, WhatIfFacts
 from ..ingest.kineto import RankTrace
 from . import intervals as iv
 from .comms import SYNC_NAMES, Collective, comm_kernel_mask, launch_rows
+from .layers import RepeatedBlocks, repeated_blocks
 from .steps import PHASES, StepWindow, locate
 
 GPU_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
@@ -94,6 +95,7 @@ class Fix:
     drop_deps: set[int] = field(default_factory=set)  # ops whose cross-stream waits are re-derived
     cpu_cuts: list[tuple[float, float]] = field(default_factory=list)  # measured CPU time removed
     free_syncs: set[int] = field(default_factory=set)  # blocking calls that no longer block (rows)
+    note: str = ""  # how the transformation was built, for the finding's evidence
 
 
 def build_graph(rt: RankTrace, steps: list[StepWindow], colls: list[Collective]) -> Graph | None:
@@ -687,12 +689,17 @@ def _chunks(ops: np.ndarray, dur: np.ndarray, k: int) -> list[np.ndarray]:
     return [x for x in np.split(ops, cut) if x.size]
 
 
-def fix_wrap(g: Graph) -> tuple[Graph, Fix] | None:
-    """Per-block wrapping of the unit that holds most parameters: its forward all-gather is split
-    into WRAP_SPLIT equal all-gathers, all issued where it was (the CPU runs ahead), the j-th
-    gating the j-th of WRAP_SPLIT equal-time slices of forward compute; its backward
-    reduce-scatter is split the same way, the j-th issued after the j-th slice of backward
-    compute. Backward all-gathers that per-block units add are prefetched and assumed hidden."""
+def fix_wrap(g: Graph, blocks: RepeatedBlocks | None = None) -> tuple[Graph, Fix] | None:
+    """Per-block wrapping of the unit that holds most parameters.
+
+    With the model's repeated blocks known from its GEMM shapes (:mod:`.layers`), the unit's
+    forward all-gather becomes the root's (what no block holds: embeddings, head, norms; issued
+    where it was) followed by one all-gather per block, issued with it (the CPU runs ahead), the
+    j-th gating block j's first GEMM; its backward reduce-scatter becomes one per block, issued
+    when the block's backward is done (blocks last to first), then the root's where it was. Each
+    piece moves its share of the unit's elements. Without shapes: WRAP_SPLIT equal pieces, the
+    j-th gating the j-th of WRAP_SPLIT equal-time slices of compute. Backward all-gathers that
+    per-block units add are prefetched and assumed hidden."""
     ci = [i for i in np.flatnonzero(g.coll >= 0)]
     if not ci:
         return None
@@ -707,8 +714,13 @@ def fix_wrap(g: Graph) -> tuple[Graph, Fix] | None:
     unit = max(by_unit, key=by_unit.get)
     if by_unit[unit] < 0.5 * total:
         return None
-    k = WRAP_SPLIT
+    share = _block_share(g, ci, unit, blocks)
     fx = Fix("wrap")
+    if share is not None:
+        fx.note = (f"the unit split as per-block wrapping would: {blocks.count} repeated blocks found from GEMM shapes, "
+                   f"{100 * share:.1f}% of its elements each, the root keeping {100 * (1 - blocks.count * share):.1f}%")
+    else:
+        fx.note = f"the unit split into {WRAP_SPLIT} equal units (no repeated blocks found from GEMM shapes: record_shapes=True tells them)"
     new_src, plan = [], []
     dur = g.end - g.start
     for st in range(len(g.steps)):
@@ -716,43 +728,83 @@ def fix_wrap(g: Graph) -> tuple[Graph, Fix] | None:
             ops = [int(i) for i in ci if g.step[i] == st and g.colls[int(g.coll[i])].kind == kind
                    and g.colls[int(g.coll[i])].phase == phase and g.colls[int(g.coll[i])].unit == unit]
             comp = np.flatnonzero(g.is_compute & (g.step == st) & (g.phase == phase))
-            if not ops or comp.size < k:
+            if not ops:
                 continue
             op = ops[0] if kind == "all_gather" else ops[-1]
             comp = comp[np.argsort(g.key[comp])]
             comp = comp[g.key[comp] > g.key[op]] if kind == "all_gather" else comp[g.key[comp] < g.key[op]]
-            if comp.size < k:
-                continue
-            groups = _chunks(comp, dur[comp], k)
-            plan.append((kind, op, groups))
-            new_src += [op] * (len(groups) - 1)
+            pieces = _block_pieces(g, comp, kind, st, blocks, share) if share is not None else None
+            if pieces is None:
+                if comp.size < WRAP_SPLIT:
+                    continue
+                groups = _chunks(comp, dur[comp], WRAP_SPLIT)
+                m = len(groups)
+                anchors = [int(x[0]) for x in groups[1:]] if kind == "all_gather" else [int(x[-1]) for x in groups[:-1]]
+                pieces = (1.0 / m, [(1.0 / m, a) for a in anchors])
+            plan.append((kind, op, pieces))
+            new_src += [op] * len(pieces[1])
     if not plan:
         return None
     g2, new = _append_ops(g, new_src)
     it = iter(new)
-    for kind, op, groups in plan:
-        m = len(groups)
-        fx.scale[op] = 1.0 / m
-        pieces = [op] + [next(it) for _ in range(m - 1)]
-        for j, p in enumerate(pieces):
-            if p != op:
-                fx.scale[p] = 1.0 / m
-        if kind == "all_gather":
-            for j, p in enumerate(pieces[1:], start=1):
+    for kind, op, (own, pieces) in plan:
+        fx.scale[op] = own
+        for j, (scale, anchor) in enumerate(pieces, start=1):
+            p = next(it)
+            fx.scale[p] = scale
+            if kind == "all_gather":
+                # issued right after the original, in order; gates its block's first compute
                 fx.move[p] = g.key[op] + j * 1e-3
-                first = int(groups[j][0])
-                g2.deps[first] = list(g2.deps.get(first, [])) + [(p, CAP_DEP_US)]
-        else:
-            # the original keeps the last slot; piece j follows the j-th slice of backward compute
-            for j, p in enumerate(pieces[1:]):
-                last = int(groups[j][-1])
-                fx.move[p] = g.key[last] + 1e-3
+                g2.deps[anchor] = list(g2.deps.get(anchor, [])) + [(p, CAP_DEP_US)]
+            else:
+                # issued after its slice of backward compute; the original keeps the last slot
+                fx.move[p] = g.key[anchor] + 1e-3
                 fx.drop_deps.add(p)
-                g2.deps[p] = [(last, CAP_DEP_US)]
+                g2.deps[p] = [(anchor, CAP_DEP_US)]
+        if kind == "reduce_scatter":
             fx.move[op] = g.key[op]
-            # the unchanged deps of the original (its own slice) stay; it goes last
-            pieces.append(pieces.pop(0))
     return g2, fx
+
+
+def _block_share(g: Graph, ci: list, unit, blocks: RepeatedBlocks | None) -> float | None:
+    """One block's share of the unit's all-gathered elements (None when the blocks are unknown
+    or hold more elements than the unit gathers)."""
+    if blocks is None or not blocks.forward_starts:
+        return None
+    st = min(blocks.forward_starts)
+    numel = sum(g.colls[int(g.coll[i])].out_nelems or 0 for i in ci
+                if g.step[i] == st and g.colls[int(g.coll[i])].kind == "all_gather"
+                and g.colls[int(g.coll[i])].phase == "forward" and g.colls[int(g.coll[i])].unit == unit)
+    if not numel or blocks.count * blocks.block_numel > numel:
+        return None
+    return blocks.block_numel / numel
+
+
+def _block_pieces(g: Graph, comp: np.ndarray, kind: str, st: int, blocks: RepeatedBlocks,
+                  share: float) -> tuple[float, list[tuple[float, int]]] | None:
+    """(the original's share, [(share, anchor op)] of the other pieces) for step ``st``: forward,
+    one piece per block gating the first compute launched at its first GEMM; backward, one per
+    block but the first issued after the last compute launched before the next block's backward
+    (the first block's goes with the root's, last). None where the step's blocks are unknown."""
+    starts = (blocks.forward_starts if kind == "all_gather" else blocks.backward_ends).get(st)
+    if starts is None or comp.size == 0:
+        return None
+    keys = g.key[comp]
+    root = 1.0 - blocks.count * share
+    pieces = []
+    if kind == "all_gather":
+        for t in starts:
+            i = int(np.searchsorted(keys, t, side="left"))
+            if i >= comp.size:
+                return None
+            pieces.append((share, int(comp[i])))
+        return root, pieces
+    for t in reversed(starts[1:]):  # blocks last to first
+        i = int(np.searchsorted(keys, t, side="left")) - 1
+        if i < 0:
+            return None
+        pieces.append((share, int(comp[i])))
+    return root + share, pieces
 
 
 def fix_hooks_off(g: Graph) -> Fix | None:
@@ -910,7 +962,8 @@ def analyze_whatif(rt: RankTrace, steps: list[StepWindow], colls: list[Collectiv
     )
     out.exposed_rs_ms["none"] = _exposed_rs_ms(g, S, E)
     applies = _applies(fsdp)
-    fixes = [(name, make(g)) for name, make in FIXES.items() if applies.get(name, True)]
+    blocks = repeated_blocks(rt, steps) if applies.get("wrap", True) else None
+    fixes = [(name, make(g, blocks) if name == "wrap" else make(g)) for name, make in FIXES.items() if applies.get(name, True)]
     if kflops is not None and compute is not None and fp32_share(compute) >= TENSOR_CORE_MIN_SHARE:
         fixes.append(("tensor_cores", fix_tensor_cores(g, kflops, compute)))
     fixes += [(f"compute×{f}", fix_compute_scale(g, f)) for f in STRAGGLER_FACTORS]
@@ -922,6 +975,8 @@ def analyze_whatif(rt: RankTrace, steps: list[StepWindow], colls: list[Collectiv
         out.step_ms[name] = float(t.mean())
         out.saving_ms[name] = float(max(base.mean() - t.mean(), 0.0))
         out.exposed_rs_ms[name] = _exposed_rs_ms(g2, S2, E2)
+        if fx.note:
+            out.evidence[name] = fx.note
     return out
 
 
