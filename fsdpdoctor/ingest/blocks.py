@@ -238,19 +238,32 @@ class KeyTable:
         self.values: list[tuple] = []
         self.sent = 0
         self.dropped: list[int] = []  # codes of keys whose category is not kept
+        self.shapes: list[int] = []  # codes of keys whose rows keep their shapes (events.keeps_shapes)
 
     def codes(self, keys: list) -> np.ndarray:
         idx = self.index
         try:
             return np.fromiter(map(idx.__getitem__, keys), dtype=np.int32, count=len(keys))
         except KeyError:
-            for k in dict.fromkeys(keys):  # new keys, numbered in order of first appearance
-                if k not in idx:
+            pass
+        got = list(map(idx.get, keys))
+        i = -1
+        try:
+            while True:  # new keys, numbered in order of first appearance
+                i = got.index(None, i + 1)
+                k = keys[i]
+                code = idx.get(k)
+                if code is None:
                     code = idx[k] = len(self.values)
                     self.values.append(k)
                     if k[0] in K.DROPPED_CATEGORIES:
                         self.dropped.append(code)
-            return np.fromiter(map(idx.__getitem__, keys), dtype=np.int32, count=len(keys))
+                    if K.keeps_shapes(k[1]):
+                        self.shapes.append(code)
+                got[i] = code
+        except ValueError:
+            pass
+        return np.fromiter(got, dtype=np.int32, count=len(got))
 
     def unsent(self) -> list[tuple]:
         new = self.values[self.sent :]
@@ -313,9 +326,8 @@ def extract(evs: list, table: KeyTable, counted: int | None = None) -> Part:
         rare = list(map(_RARE, args))
         cand = [] if rare.count(_NONE3) == n else [np.flatnonzero(np.fromiter(map(ne, rare, repeat(_NONE3)), dtype=bool, count=n))]
         del rare
-        c10d = [code for code, k in enumerate(table.values) if K.keeps_shapes(k[1])]
-        if c10d:
-            rows = np.flatnonzero(np.isin(key, c10d)).tolist()
+        if table.shapes:
+            rows = np.flatnonzero(np.isin(key, table.shapes)).tolist()
             cand.append(np.array([i for i in rows if args[i].input_dims is not None], dtype=np.intp))
         if cand:
             keep = {i: _public_args(args[i]) for i in np.unique(np.concatenate(cand)).tolist()}
@@ -402,18 +414,26 @@ class Columns:
         return out.astype(dtype, copy=False)
 
 
+# _A's fields are Args' first ones, in order: an _A converts positionally
+assert K.Args.__struct_fields__[: len(_A.__struct_fields__)] == _A.__struct_fields__
+_ID_POS = tuple(_A.__struct_fields__.index(f) for f in _ID_FIELDS)
+_RAW_POS = tuple(_A.__struct_fields__.index(f) for f in K.RAW_FIELDS)
+_NBYTES_POS = _A.__struct_fields__.index("nbytes")
+_astuple = msgspec.structs.astuple
+
+
 def _public_args(a: _A) -> K.Args:
-    kw = {f: getattr(a, f) for f in _A.__struct_fields__}
-    for f in _ID_FIELDS:
-        if kw[f] == NA:
-            kw[f] = None
-    if isinstance(kw["nbytes"], str):
-        kw["nbytes"] = K._to_int(kw["nbytes"])
+    t = list(_astuple(a))
+    for i in _ID_POS:
+        if t[i] == NA:
+            t[i] = None
+    if t[_NBYTES_POS].__class__ is str:
+        t[_NBYTES_POS] = K._to_int(t[_NBYTES_POS])
     # a Raw points into the block's buffer; keep private copies of the few we retain
-    for f in K.RAW_FIELDS:
-        if kw[f] is not None:
-            kw[f] = kw[f].copy()
-    return K.Args(**kw)
+    for i in _RAW_POS:
+        if t[i] is not None:
+            t[i] = t[i].copy()
+    return K.Args(*t)
 
 
 def _internal(e: K.Event):
