@@ -90,6 +90,7 @@ def repeated_blocks(rt: RankTrace, steps: list[StepWindow]) -> RepeatedBlocks | 
     fwd, bwd = PHASES.index("forward"), PHASES.index("backward")
     out: RepeatedBlocks | None = None
     ref: list | None = None
+    runs: dict = {}  # backward GEMM shapes → their periodic run (steps repeat them)
     for st in range(len(steps)):
         rows = gemm[(g_step == st) & (g_phase == fwd)]
         if rows.size < MIN_BLOCKS:
@@ -114,13 +115,13 @@ def repeated_blocks(rt: RankTrace, steps: list[StepWindow]) -> RepeatedBlocks | 
             continue
         ts = rt.ts[rows].astype(np.float64)
         out.forward_starts[st] = [float(ts[start + j * out.period]) for j in range(out.count)]
-        ends = _backward_ends(rt, gemm[(g_step == st) & (g_phase == bwd)], out.count)
+        ends = _backward_ends(rt, gemm[(g_step == st) & (g_phase == bwd)], out.count, runs)
         if ends is not None:
             out.backward_ends[st] = ends
     return out
 
 
-def _backward_ends(rt: RankTrace, rows: np.ndarray, count: int) -> list[float | None] | None:
+def _backward_ends(rt: RankTrace, rows: np.ndarray, count: int, runs: dict) -> list[float | None] | None:
     """Per block in forward order, the CPU µs its backward ends: where the backward GEMMs of the
     block before it (in forward order) begin; None for the first block (it ends the pass). The
     backward GEMMs repeat per block like the forward ones (grad input, grad weight, and any
@@ -131,7 +132,10 @@ def _backward_ends(rt: RankTrace, rows: np.ndarray, count: int) -> list[float | 
         if a is None or a.input_dims is None:
             return None
         sigs.append((rt.row_name(r), bytes(a.input_dims)))
-    run = periodic_run(sigs)
+    sigs = tuple(sigs)
+    if sigs not in runs:
+        runs[sigs] = periodic_run(list(sigs))
+    run = runs[sigs]
     if run is None or run[2] != count:
         return None
     i0, p, _ = run
