@@ -116,6 +116,19 @@ def test_wrap_split_matches_the_twin_on_other_models(name, run):
     assert primary.est_saving_ms == pytest.approx(real, rel=0.15)
 
 
+def test_wrap_split_on_a_host_bound_run_pays_for_the_added_hooks(run):
+    """GPT-2 small root-only with 40 µs of Python per op: the CPU barely keeps ahead of the GPU,
+    and per-block wrapping's 12 more units each run their FSDP hooks on it, so the twin is no
+    faster (slower by ~0.2 ms). Without the hooks' CPU time the replay claimed ~1 ms (3% of the step)."""
+    cfg = dataclasses.replace(GPT2_SMALL, name="gpt2-small-root-only-host", wrap="root_only", host_overhead_us=40.0)
+    rep, truth = run(cfg, "gpt2-host")
+    _, twin_truth = run(dataclasses.replace(cfg, wrap="block"), "gpt2-host-twin")
+    step = max(_truth_step_ms(truth).values())
+    real = step - max(_truth_step_ms(twin_truth).values())
+    assert real < 0.5  # the regime: wrapping per block does not pay here
+    assert rep.facts.whatif.saving_ms["wrap"] <= max(real, 0.0) + 0.01 * step
+
+
 # the GPU-bound regime: no per-step sync, a launch queue of 96 ops that fills, two warm-up steps
 # whose work is still running when the window opens (written without launch calls). The
 # generator's queue model (a count of outstanding ops) is not the replay's (blocked launches

@@ -95,6 +95,7 @@ class Fix:
     drop_deps: set[int] = field(default_factory=set)  # ops whose cross-stream waits are re-derived
     cpu_cuts: list[tuple[float, float]] = field(default_factory=list)  # measured CPU time removed
     free_syncs: set[int] = field(default_factory=set)  # blocking calls that no longer block (rows)
+    cpu_adds: list[tuple[float, float]] = field(default_factory=list)  # (CPU key, µs) inserted there
     note: str = ""  # how the transformation was built, for the finding's evidence
 
 
@@ -395,7 +396,8 @@ def replay(g: Graph, fix: Fix | None = None) -> tuple[np.ndarray, np.ndarray, np
         dur *= f
     sy = _sync_arrays(g)
     ns = len(g.steps)
-    cuts = np.array(fix.cpu_cuts, dtype=np.float64).reshape(-1, 2)
+    # a cut (a, b) removes b − a at b; an insertion of d at t is the cut (t + d, t)
+    cuts = np.array(fix.cpu_cuts + [(t + d, t) for t, d in fix.cpu_adds], dtype=np.float64).reshape(-1, 2)
     # the CPU-side event list: ops, blocking calls, step boundaries, cuts; one order: the backlog
     # first (launched before the window), then everything by CPU time
     kinds_a = np.concatenate((np.zeros(n, np.int8), np.ones(sy["ts"].size, np.int8), np.full(2 * ns, 2, np.int8),
@@ -699,7 +701,9 @@ def fix_wrap(g: Graph, blocks: RepeatedBlocks | None = None) -> tuple[Graph, Fix
     when the block's backward is done (blocks last to first), then the root's where it was. Each
     piece moves its share of the unit's elements. Without shapes: WRAP_SPLIT equal pieces, the
     j-th gating the j-th of WRAP_SPLIT equal-time slices of compute. Backward all-gathers that
-    per-block units add are prefetched and assumed hidden."""
+    per-block units add are prefetched and assumed hidden. Each added unit's hooks cost CPU time
+    (what the coarse unit's hooks cost per unit, measured, forward and backward): inserted where
+    the unit's forward starts and where its backward ends."""
     ci = [i for i in np.flatnonzero(g.coll >= 0)]
     if not ci:
         return None
@@ -741,13 +745,24 @@ def fix_wrap(g: Graph, blocks: RepeatedBlocks | None = None) -> tuple[Graph, Fix
                 m = len(groups)
                 anchors = [int(x[0]) for x in groups[1:]] if kind == "all_gather" else [int(x[-1]) for x in groups[:-1]]
                 pieces = (1.0 / m, [(1.0 / m, a) for a in anchors])
-            plan.append((kind, op, pieces))
+            plan.append((st, kind, op, pieces))
             new_src += [op] * len(pieces[1])
     if not plan:
         return None
     g2, new = _append_ops(g, new_src)
     it = iter(new)
-    for kind, op, (own, pieces) in plan:
+    extra = {st: len(pieces[1]) for st, kind, _, pieces in plan if kind == "all_gather"}
+    for st, kind, op, (own, pieces) in plan:
+        # each added unit runs its own hooks on the CPU: what the coarse unit's cost per unit,
+        # forward (pre-forward: the all-gather issue, copy-out) and backward (pre-backward's
+        # all-gather issue, post-backward's reduce-scatter issue)
+        fwd_hook = _hook_us_per_unit(g, st, "forward", len(by_unit))
+        if kind == "all_gather":
+            fx.cpu_adds += [(g.key[a] - 1e-4, fwd_hook) for _, a in pieces]
+        else:
+            bwd_hook = fwd_hook + _hook_us_per_unit(g, st, "backward", len(by_unit))
+            fx.cpu_adds += [(g.key[a] + 5e-4, bwd_hook) for _, a in pieces]
+            fx.cpu_adds += [(g.key[op] - 1e-4, bwd_hook)] * max(extra.get(st, 0) - len(pieces), 0)
         fx.scale[op] = own
         for j, (scale, anchor) in enumerate(pieces, start=1):
             p = next(it)
@@ -807,23 +822,41 @@ def _block_pieces(g: Graph, comp: np.ndarray, kind: str, st: int, blocks: Repeat
     return root + share, pieces
 
 
-def fix_hooks_off(g: Graph) -> Fix | None:
-    """FSDP hooks free on the CPU: the CPU time of the outermost FSDP hook ranges is cut (less
-    the blocking calls inside them, which wait for the GPU, not for Python). What fewer, larger
-    units would save at most on the host side; a saving means the hooks sit on the critical path."""
+def _hook_own(g: Graph) -> tuple[np.ndarray, np.ndarray]:
+    """The outermost FSDP hook ranges (n × 2, CPU µs) and each one's own CPU time: its duration
+    less the blocking calls inside it (they wait for the GPU, not for Python)."""
     hooks = np.array(g.ranges.get("hooks", []), dtype=np.float64).reshape(-1, 2)
-    if not hooks.size:
-        return None
     # blocked time inside each hook: prefix sums over the blocking calls in start order
     sy = np.array([(ts, te) for ts, te, *_ in g.syncs], dtype=np.float64).reshape(-1, 2)
     sy = sy[np.argsort(sy[:, 0], kind="stable")]
     csum = np.concatenate(([0.0], np.cumsum(sy[:, 1] - sy[:, 0])))
     lo = np.searchsorted(sy[:, 0], hooks[:, 0], side="left")
     hi = np.searchsorted(sy[:, 0], hooks[:, 1], side="left")
-    own = hooks[:, 1] - hooks[:, 0] - (csum[hi] - csum[lo])
+    return hooks, hooks[:, 1] - hooks[:, 0] - (csum[hi] - csum[lo])
+
+
+def fix_hooks_off(g: Graph) -> Fix | None:
+    """FSDP hooks free on the CPU: the CPU time of the outermost FSDP hook ranges is cut (less
+    the blocking calls inside them, which wait for the GPU, not for Python). What fewer, larger
+    units would save at most on the host side; a saving means the hooks sit on the critical path."""
+    hooks, own = _hook_own(g)
+    if not hooks.size:
+        return None
     keep = own > 0
     cuts = list(zip((hooks[keep, 1] - own[keep]).tolist(), hooks[keep, 1].tolist()))
     return Fix("hooks_off", cpu_cuts=cuts) if cuts else None
+
+
+def _hook_us_per_unit(g: Graph, st: int, phase: str, units: int) -> float:
+    """Own CPU µs of the FSDP hooks that start in step ``st``'s ``phase``, per unit."""
+    win = g.steps[st].phases.get(phase)
+    if win is None or units < 1:
+        return 0.0
+    hooks, own = _hook_own(g)
+    if not hooks.size:
+        return 0.0
+    m = (hooks[:, 0] >= win[0]) & (hooks[:, 0] < win[1]) & (own > 0)
+    return float(own[m].sum()) / units
 
 
 #: the rate assumed for fp32 GEMM / attention kernels moved onto tensor cores: this share of the
