@@ -61,10 +61,34 @@ def test_recorded_cpu_runs(variant, recorded_run, recorder):
     _check(Path(recorded_run(variant)) / "rank0.json.gz", len(model.layers), _linear_numel(model.layers[0]))
 
 
-def test_recorded_cpu_run_with_activation_checkpointing(recorded_run, recorder):
-    """The recomputed forward GEMMs sit in backward: the backward period is longer, the blocks the same."""
+@pytest.mark.parametrize("shape", ["ac", "ac-fsdp1", "compiled"])
+def test_recorded_cpu_run_shapes(shape, recorded_run, recorder):
+    """Activation checkpointing (the recomputed forward GEMMs sit in backward: a longer backward
+    period, the same blocks) and compiled blocks."""
     model = recorder.build_model()
-    _check(Path(recorded_run("ac")) / "rank0.json.gz", len(model.layers), _linear_numel(model.layers[0]))
+    _check(Path(recorded_run(shape)) / "rank0.json.gz", len(model.layers), _linear_numel(model.layers[0]))
+
+
+def test_recorded_gradient_accumulation(recorded_run, recorder):
+    """Micro-batches repeat the whole forward pass: the blocks are those of one pass (not the
+    passes), their backward ends in the last backward pass, the one that reduces."""
+    model = recorder.build_model()
+    rt = load_trace(Path(recorded_run("ga-fsdp2")) / "rank0.json.gz")
+    steps = find_steps(rt).steps
+    blocks = repeated_blocks(rt, steps)
+    assert blocks is not None and len(steps[0].microbatches) == recorder.MICROBATCHES
+    assert (blocks.count, blocks.block_numel) == (len(model.layers), _linear_numel(model.layers[0]))
+    for st, step in enumerate(steps):
+        first, last = step.microbatches[0]["forward"], step.microbatches[-1]["backward"]
+        assert all(first[0] <= t < first[1] for t in blocks.forward_starts[st])
+        assert all(last[0] <= t < last[1] for t in blocks.backward_ends[st][1:])
+
+
+def test_recorded_tensor_parallel_blocks(recorded_run, recorder):
+    """TP + FSDP: the blocks' GEMMs are the tensor-parallel local ones, one block per layer still."""
+    rt = load_trace(Path(recorded_run("tp-fsdp")) / "rank0.json.gz")
+    blocks = repeated_blocks(rt, find_steps(rt).steps)
+    assert blocks is not None and blocks.count == len(recorder.build_model().layers)
 
 
 @pytest.mark.parametrize("variant", ["fsdp2", "fsdp2-ac", "fsdp1", "ddp"])

@@ -12,6 +12,9 @@ repeat per block too, blocks last to first: block j's backward ends where the ba
 the block before it begin, after its own norms and residuals. Norm weights and embeddings have no GEMM: they count with the remainder, which is what a
 per-block wrapping leaves to the root unit.
 
+With gradient accumulation the blocks are read from the step's first forward pass and their
+backward ends from its last backward pass (the one that reduces gradients).
+
 Used by the what-if replay to split a too-coarse unit the way per-block wrapping would
 (:func:`fsdpdoctor.analysis.whatif.fix_wrap`).
 """
@@ -88,11 +91,17 @@ def repeated_blocks(rt: RankTrace, steps: list[StepWindow]) -> RepeatedBlocks | 
     gemm = gemm[np.argsort(rt.ts[gemm], kind="stable")]
     g_step, g_phase = locate(steps, rt.ts[gemm])
     fwd, bwd = PHASES.index("forward"), PHASES.index("backward")
+    ts_all = rt.ts[gemm]
     out: RepeatedBlocks | None = None
     ref: list | None = None
     runs: dict = {}  # backward GEMM shapes → their periodic run (steps repeat them)
-    for st in range(len(steps)):
-        rows = gemm[(g_step == st) & (g_phase == fwd)]
+    for st, step in enumerate(steps):
+        in_step = g_step == st
+        if step.microbatches:  # gradient accumulation: one forward pass, and the backward that reduces
+            rows = _within(gemm, ts_all, in_step, step.microbatches[0].get("forward"))
+            back = _within(gemm, ts_all, in_step, step.microbatches[-1].get("backward"))
+        else:
+            rows, back = gemm[in_step & (g_phase == fwd)], gemm[in_step & (g_phase == bwd)]
         if rows.size < MIN_BLOCKS:
             continue
         sigs = []
@@ -115,10 +124,17 @@ def repeated_blocks(rt: RankTrace, steps: list[StepWindow]) -> RepeatedBlocks | 
             continue
         ts = rt.ts[rows].astype(np.float64)
         out.forward_starts[st] = [float(ts[start + j * out.period]) for j in range(out.count)]
-        ends = _backward_ends(rt, gemm[(g_step == st) & (g_phase == bwd)], out.count, runs)
+        ends = _backward_ends(rt, back, out.count, runs)
         if ends is not None:
             out.backward_ends[st] = ends
     return out
+
+
+def _within(rows: np.ndarray, ts: np.ndarray, mask: np.ndarray, window) -> np.ndarray:
+    """``rows[mask]`` whose start lies in ``window`` (a (start, end) pair; none without one)."""
+    if not window:
+        return rows[:0]
+    return rows[mask & (ts >= window[0]) & (ts < window[1])]
 
 
 def _backward_ends(rt: RankTrace, rows: np.ndarray, count: int, runs: dict) -> list[float | None] | None:
