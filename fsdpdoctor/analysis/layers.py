@@ -9,8 +9,9 @@ the GEMM weight and bias elements of one, and where each one's forward starts on
 
 The backward GEMMs (grad input, grad weight, a recomputed forward under activation checkpointing)
 repeat per block too, blocks last to first: block j's backward ends where the backward GEMMs of
-the block before it begin, after its own norms and residuals. Norm weights and embeddings have no GEMM: they count with the remainder, which is what a
-per-block wrapping leaves to the root unit.
+the block before it begin, after its own norms and residuals. Norm weights and embeddings have
+no GEMM: they count with the remainder, which is what a per-block wrapping leaves to the root
+unit.
 
 With gradient accumulation the blocks are read from the step's first forward pass and their
 backward ends from its last backward pass (the one that reduces gradients).
@@ -39,7 +40,7 @@ class RepeatedBlocks:
     period: int  # forward GEMMs per block
     block_numel: int  # GEMM weight and bias elements of one block
     # per step index: CPU µs where each block's first forward GEMM starts, and where each block's
-    # backward ends (the next backward GEMM node; None: at the end of the backward pass)
+    # backward ends (where the previous block's backward GEMMs begin; None: at the end of the pass)
     forward_starts: dict[int, list[float]] = field(default_factory=dict)
     backward_ends: dict[int, list[float | None]] = field(default_factory=dict)
 
@@ -66,7 +67,8 @@ def periodic_run(sigs: list) -> tuple[int, int, int] | None:
     MIN_BLOCKS times; among periods covering as much, the smallest. None when nothing repeats."""
     n = len(sigs)
     best = None  # (covered, -period, start, period, repeats)
-    arr = np.array([hash(s) for s in sigs], dtype=np.int64)
+    codes: dict = {}
+    arr = np.array([codes.setdefault(s, len(codes)) for s in sigs], dtype=np.int64)
     for p in range(1, n // MIN_BLOCKS + 1):
         same = np.concatenate([arr[p:] == arr[:-p], [False]])
         # runs of True in ``same``: from i0 to i1, the window repeats over [i0, i1 + p)
@@ -89,9 +91,9 @@ def repeated_blocks(rt: RankTrace, steps: list[StepWindow]) -> RepeatedBlocks | 
     if gemm.size == 0 or not steps:
         return None
     gemm = gemm[np.argsort(rt.ts[gemm], kind="stable")]
-    g_step, g_phase = locate(steps, rt.ts[gemm])
-    fwd, bwd = PHASES.index("forward"), PHASES.index("backward")
     ts_all = rt.ts[gemm]
+    g_step, g_phase = locate(steps, ts_all)
+    fwd, bwd = PHASES.index("forward"), PHASES.index("backward")
     out: RepeatedBlocks | None = None
     ref: list | None = None
     runs: dict = {}  # backward GEMM shapes → their periodic run (steps repeat them)

@@ -26,6 +26,7 @@ module (:class:`fsdpdoctor.facts.WhatIfFacts`), never the graph.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -691,7 +692,7 @@ def _chunks(ops: np.ndarray, dur: np.ndarray, k: int) -> list[np.ndarray]:
     return [x for x in np.split(ops, cut) if x.size]
 
 
-def fix_wrap(g: Graph, blocks: RepeatedBlocks | None = None) -> tuple[Graph, Fix] | None:
+def fix_wrap(g: Graph, find_blocks: Callable[[], RepeatedBlocks | None] | None = None) -> tuple[Graph, Fix] | None:
     """Per-block wrapping of the unit that holds most parameters.
 
     With the model's repeated blocks known from its GEMM shapes (:mod:`.layers`), the unit's
@@ -703,7 +704,8 @@ def fix_wrap(g: Graph, blocks: RepeatedBlocks | None = None) -> tuple[Graph, Fix
     j-th gating the j-th of WRAP_SPLIT equal-time slices of compute. Backward all-gathers that
     per-block units add are prefetched and assumed hidden. Each added unit's hooks cost CPU time
     (what the coarse unit's hooks cost per unit, measured, forward and backward): inserted where
-    the unit's forward starts and where its backward ends."""
+    the unit's forward starts and where its backward ends. ``find_blocks`` (called only when one
+    unit dominates) reads the repeated blocks."""
     ci = [i for i in np.flatnonzero(g.coll >= 0)]
     if not ci:
         return None
@@ -718,6 +720,7 @@ def fix_wrap(g: Graph, blocks: RepeatedBlocks | None = None) -> tuple[Graph, Fix
     unit = max(by_unit, key=by_unit.get)
     if by_unit[unit] < 0.5 * total:
         return None
+    blocks = find_blocks() if find_blocks is not None else None
     share = _block_share(g, ci, unit, blocks)
     fx = Fix("wrap")
     if share is not None:
@@ -752,15 +755,16 @@ def fix_wrap(g: Graph, blocks: RepeatedBlocks | None = None) -> tuple[Graph, Fix
     g2, new = _append_ops(g, new_src)
     it = iter(new)
     extra = {st: len(pieces[1]) for st, kind, _, pieces in plan if kind == "all_gather"}
+    hooks, hook_own = _hook_own(g)
     for st, kind, op, (own, pieces) in plan:
         # each added unit runs its own hooks on the CPU: what the coarse unit's cost per unit,
         # forward (pre-forward: the all-gather issue, copy-out) and backward (pre-backward's
         # all-gather issue, post-backward's reduce-scatter issue)
-        fwd_hook = _hook_us_per_unit(g, st, "forward", len(by_unit))
+        fwd_hook = _hook_us_per_unit(hooks, hook_own, g.steps[st], "forward", len(by_unit))
         if kind == "all_gather":
             fx.cpu_adds += [(g.key[a] - 1e-4, fwd_hook) for _, a in pieces]
         else:
-            bwd_hook = fwd_hook + _hook_us_per_unit(g, st, "backward", len(by_unit))
+            bwd_hook = fwd_hook + _hook_us_per_unit(hooks, hook_own, g.steps[st], "backward", len(by_unit))
             fx.cpu_adds += [(g.key[a] + 5e-4, bwd_hook) for _, a in pieces]
             fx.cpu_adds += [(g.key[op] - 1e-4, bwd_hook)] * max(extra.get(st, 0) - len(pieces), 0)
         fx.scale[op] = own
@@ -847,13 +851,10 @@ def fix_hooks_off(g: Graph) -> Fix | None:
     return Fix("hooks_off", cpu_cuts=cuts) if cuts else None
 
 
-def _hook_us_per_unit(g: Graph, st: int, phase: str, units: int) -> float:
-    """Own CPU µs of the FSDP hooks that start in step ``st``'s ``phase``, per unit."""
-    win = g.steps[st].phases.get(phase)
-    if win is None or units < 1:
-        return 0.0
-    hooks, own = _hook_own(g)
-    if not hooks.size:
+def _hook_us_per_unit(hooks: np.ndarray, own: np.ndarray, step: StepWindow, phase: str, units: int) -> float:
+    """Own CPU µs (:func:`_hook_own`) of the FSDP hooks that start in ``step``'s ``phase``, per unit."""
+    win = step.phases.get(phase)
+    if win is None or units < 1 or not hooks.size:
         return 0.0
     m = (hooks[:, 0] >= win[0]) & (hooks[:, 0] < win[1]) & (own > 0)
     return float(own[m].sum()) / units
@@ -995,8 +996,8 @@ def analyze_whatif(rt: RankTrace, steps: list[StepWindow], colls: list[Collectiv
     )
     out.exposed_rs_ms["none"] = _exposed_rs_ms(g, S, E)
     applies = _applies(fsdp)
-    blocks = repeated_blocks(rt, steps) if applies.get("wrap", True) else None
-    fixes = [(name, make(g, blocks) if name == "wrap" else make(g)) for name, make in FIXES.items() if applies.get(name, True)]
+    fixes = [(name, make(g, lambda: repeated_blocks(rt, steps)) if name == "wrap" else make(g))
+             for name, make in FIXES.items() if applies.get(name, True)]
     if kflops is not None and compute is not None and fp32_share(compute) >= TENSOR_CORE_MIN_SHARE:
         fixes.append(("tensor_cores", fix_tensor_cores(g, kflops, compute)))
     fixes += [(f"compute×{f}", fix_compute_scale(g, f)) for f in STRAGGLER_FACTORS]
