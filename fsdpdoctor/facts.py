@@ -290,6 +290,7 @@ class ComputeFacts:
     gemm_tflops: float | None = None  # GEMM FLOPs / GEMM kernel time
     attention_tflops: float | None = None
     engine_ms_per_step: dict[str, float] = field(default_factory=dict)  # Σ kernel time by engine
+    attention_engine_ms_per_step: dict[str, float] = field(default_factory=dict)  # the attention kernels' part of it
     engine_tflops: dict[str, float] = field(default_factory=dict)  # achieved by the kernels of each engine
     dtype_mix: dict[str, float] = field(default_factory=dict)
     compute_dtype: str | None = None  # the engine with the most GEMM + attention time

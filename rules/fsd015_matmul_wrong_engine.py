@@ -13,6 +13,12 @@ How it shows in a trace
     types; achieved TFLOP/s of those kernels near the fp32 peak, far below the BF16 one
     (``RunFacts.compute``: ``dtype_mix``, ``engine_tflops``).
 
+    With TF32 on, the GEMMs run on TF32 tensor cores (``…gemm_f32f32_tf32f32…``) but attention on
+    fp32 inputs still runs on CUDA cores: flash and cuDNN attention take only bf16 / fp16, so
+    ``scaled_dot_product_attention`` falls back to the memory-efficient kernel, which TF32 does not
+    cover (``RunFacts.compute.attention_engine_ms_per_step``). The finding then says so and asks for
+    bf16 alone.
+
 Fix
     FSDP2 ``MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)``;
     FSDP1 ``MixedPrecision(param_dtype=torch.bfloat16, reduce_dtype=torch.float32, ...)``; DDP or
@@ -43,25 +49,39 @@ torch.backends.cudnn.allow_tf32 = True
 """
 FIX_FSDP2 = MIXED_PRECISION_FSDP2 + "\n" + TF32
 FIX_FSDP1 = MIXED_PRECISION_FSDP1 + "\n" + TF32
-FIX_AUTOCAST = """with torch.autocast("cuda", dtype=torch.bfloat16):   # matmuls and attention on tensor cores
+AUTOCAST = """with torch.autocast("cuda", dtype=torch.bfloat16):   # matmuls and attention on tensor cores
     loss = model(batch).loss
 loss.backward()
-""" + "\n" + TF32
+"""
+FIX_AUTOCAST = AUTOCAST + "\n" + TF32
+FP32 = ("fp32-simt", "fp32")
 
 
 def check(facts, cfg):
     c = facts.compute
     if c is None or not facts.gpu_present or not c.tensor_cores:
         return []
-    fp32 = c.dtype_mix.get("fp32-simt", 0.0) + c.dtype_mix.get("fp32", 0.0)
+    fp32 = sum(c.dtype_mix.get(e, 0.0) for e in FP32)
     if fp32 < cfg["wrong_engine_min_pct"]:
         return []
-    fp32_ms = c.engine_ms_per_step.get("fp32-simt", 0.0) + c.engine_ms_per_step.get("fp32", 0.0)
+    fp32_ms = sum(c.engine_ms_per_step.get(e, 0.0) for e in FP32)
+    attn_ms = sum(c.attention_engine_ms_per_step.get(e, 0.0) for e in FP32)
+    # TF32 on: the GEMMs already use tensor cores; what stays on CUDA cores is fp32 attention
+    tf32_on = c.dtype_mix.get("tf32", 0.0) > 0 and attn_ms >= 0.5 * fp32_ms
+    attn_pct = fp32 * attn_ms / fp32_ms if fp32_ms else 0.0
     rate = c.engine_tflops.get("fp32-simt") or c.engine_tflops.get("fp32")
-    evidence = [
-        f"{pct(fp32)} of GEMM + attention kernel time runs in fp32 without tensor cores: {ms(fp32_ms)} per step "
-        f"(CUDA-core kernels such as simt_sgemm / gemm_f32f32…ffma)",
-    ]
+    if tf32_on:
+        evidence = [
+            f"TF32 is on: {pct(c.dtype_mix['tf32'])} of GEMM + attention kernel time runs on TF32 tensor cores "
+            f"({ms(c.engine_ms_per_step['tf32'])} per step)",
+            f"attention in fp32 on CUDA cores: {ms(attn_ms)} per step = {pct(attn_pct)} of "
+            "GEMM + attention kernel time (memory-efficient attention, fmha_cutlass…f32)",
+        ]
+    else:
+        evidence = [
+            f"{pct(fp32)} of GEMM + attention kernel time runs in fp32 without tensor cores: {ms(fp32_ms)} per step "
+            f"(CUDA-core kernels such as simt_sgemm / gemm_f32f32…ffma)",
+        ]
     if rate and c.bf16_peak_tflops:
         evidence.append(f"those kernels achieve {rate:.1f} TFLOP/s; the {c.peak_label} does {c.bf16_peak_tflops:.0f} TFLOP/s "
                         f"of dense BF16 on tensor cores ({100 * rate / c.bf16_peak_tflops:.1f}% of it)")
@@ -79,6 +99,21 @@ def check(facts, cfg):
             "the bytes"))
     else:
         saving = fp32_ms * 0.8  # the replay is off or absent: most of that kernel time
+    if tf32_on:
+        return [
+            finding(
+                __name__,
+                f"TF32 is on, but attention runs in fp32 on CUDA cores ({pct(attn_pct)} of GEMM + "
+                "attention time): TF32 covers matmuls only; use bf16 mixed precision.",
+                evidence=evidence,
+                cause="scaled_dot_product_attention on fp32 inputs: flash and cuDNN attention take only bf16 / fp16, so it "
+                "falls back to the memory-efficient kernel on CUDA cores, which TF32 does not change",
+                fix=fix_for(facts, fsdp2=MIXED_PRECISION_FSDP2, fsdp1=MIXED_PRECISION_FSDP1, ddp=AUTOCAST, training=AUTOCAST,
+                            inference=AUTOCAST),
+                confidence=0.85,
+                est_saving_ms=saving,
+            )
+        ]
     return [
         finding(
             __name__,

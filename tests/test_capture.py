@@ -626,10 +626,15 @@ def test_fsdp1_collectives_match_model(source, recorded_run, recorder, recorded_
 
 
 def test_committed_fixtures_are_small_and_documented():
-    files = [p for p in COMMITTED.rglob("*") if p.is_file() and "gpu" not in p.relative_to(COMMITTED).parts]
+    gpu_sets = ("gpu", "gpu-h200")  # the GPU recordings (fixtures/record_gpu.py), one folder per device
+    files = [p for p in COMMITTED.rglob("*") if p.is_file() and not set(gpu_sets) & set(p.relative_to(COMMITTED).parts)]
     assert sum(p.stat().st_size for p in files) < 3 * 1024 * 1024
-    gpu = [p for p in (COMMITTED / "gpu").rglob("*") if p.is_file()]  # the GPU recordings (fixtures/record_gpu.py)
-    assert gpu and sum(p.stat().st_size for p in gpu) < 3 * 1024 * 1024
+    for name in gpu_sets:
+        gpu = [p for p in (COMMITTED / name).rglob("*") if p.is_file()]
+        assert gpu and sum(p.stat().st_size for p in gpu) < 3 * 1024 * 1024, name
+        readme = (COMMITTED / name / "README.md").read_text()
+        for d in (p for p in (COMMITTED / name).iterdir() if p.is_dir()):
+            assert f"`{d.name}`" in readme, (name, d.name)
     readme = (COMMITTED / "README.md").read_text()
     for variant in VARIANTS:
         assert (COMMITTED / variant / "fsdpdoctor_meta.json").exists(), variant

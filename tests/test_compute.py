@@ -23,23 +23,33 @@ from fsdpdoctor.analysis.compute import kernel_engine, op_flops
 from test_step_clock import raw_clock
 
 GPU = Path(__file__).resolve().parents[1] / "fixtures" / "recorded" / "gpu"
-TRAINING = ("fsdp2", "fsdp2-bf16", "fsdp1", "ddp", "oom", "fsdp2-offload")
+H200 = "gpu-h200/"  # variants of the H200 set (fixtures/recorded/gpu-h200): TF32, another model
+TRAINING = ("fsdp2", "fsdp2-bf16", "fsdp1", "ddp", "oom", "fsdp2-offload",
+            H200 + "fsdp2", H200 + "fsdp2-bf16", H200 + "fsdp2-tf32", H200 + "gpt2-bf16")
 
 
-def model_flops() -> dict[str, float]:
-    """Per training step, from the recorder's model: every linear is 2·tokens·in·out forward and
-    twice that backward; SDPA forward 4·B·H·S²·D, backward 10·B·H·S²·D (FlopCounterMode's
-    conventions: two batched products forward, five backward)."""
-    m = rg.GPU_MODEL
+def _dir(v: str) -> Path:
+    return GPU.parent / v if "/" in v else GPU / v
+
+
+def model_flops(variant: str = "fsdp2") -> dict[str, float]:
+    """Per training step, from the recorder's model for ``variant``: every linear is
+    2·tokens·in·out forward and twice that backward; SDPA forward 4·B·H·S²·D, backward
+    10·B·H·S²·D (FlopCounterMode's conventions: two batched products forward, five backward).
+    Both recorded models have four linears per block (qkv / c_attn D→3D, proj / c_proj D→D,
+    fc1 / c_fc D→4D, fc2 / c_proj 4D→D) and a head D→vocab (GPT2Like's tied to the embedding)."""
+    name = variant.rsplit("/", 1)[-1]
+    m = rg.GPT2_MODEL if rg.is_gpt2(name) else rg.GPU_MODEL
+    _, seq, batch, _ = rg.shape(name)
     dim, layers, vocab = m["dim"], m["n_layers"], m["vocab"]
     hidden = m.get("mlp_ratio", 4) * dim
     heads = m["heads"]
-    tokens = rg.BATCH * rg.SEQ
+    tokens = batch * seq
     block_w = dim * 3 * dim + dim * dim + dim * hidden + hidden * dim  # qkv, proj, fc1, fc2
     linear_w = layers * block_w + dim * vocab  # + the head
     fwd = 2.0 * tokens * linear_w
     d = dim // heads
-    attn_fwd = layers * 4.0 * rg.BATCH * heads * rg.SEQ * rg.SEQ * d
+    attn_fwd = layers * 4.0 * batch * heads * seq * seq * d
     return {"matmul": 3 * fwd, "attention": attn_fwd + 2.5 * attn_fwd, "blocks_fwd": 2.0 * tokens * layers * block_w,
             "attn_fwd": attn_fwd}
 
@@ -50,7 +60,7 @@ def run():
 
     def get(v: str):
         if v not in cache:
-            cache[v] = fsdpdoctor.analyze(GPU / v)
+            cache[v] = fsdpdoctor.analyze(_dir(v))
         return cache[v]
 
     return get
@@ -87,7 +97,7 @@ def test_formulas_equal_torchs_flop_counter():
 @pytest.mark.parametrize("variant", TRAINING)
 def test_flops_per_step_equal_the_models_arithmetic(variant, run):
     c = run(variant).facts.compute
-    want = model_flops()
+    want = model_flops(variant)
     assert c.matmul_flops_per_step == pytest.approx(want["matmul"], rel=0.01)
     assert c.attention_flops_per_step == pytest.approx(want["attention"], rel=0.01)
     assert c.recompute_flops_per_step == 0.0
@@ -128,14 +138,49 @@ def test_wrong_engine_is_the_first_finding_of_the_fp32_runs(variant, run):
     assert list(fix) == [want] and "MixedPrecision" in fix[want] and "allow_tf32" in fix[want]
 
 
-def test_wrong_engine_saving_against_the_real_twin(run):
-    """fsdp2 → fsdp2-bf16 really goes from ≈72 to ≈34 ms (the bf16 run turns CPU-bound): the
-    replayed saving is within 25% of that."""
-    real = raw_clock(GPU / "fsdp2" / "rank0.json.gz")["finish_every_ms"] - raw_clock(GPU / "fsdp2-bf16" / "rank0.json.gz")["finish_every_ms"]
-    f = next(x for x in run("fsdp2").findings if x.slug == "matmul-wrong-engine")
+@pytest.mark.parametrize("device", ["", H200])
+def test_wrong_engine_saving_against_the_real_twin(device, run):
+    """fsdp2 → fsdp2-bf16 really goes from ≈72 to ≈34 ms on the H100 and from ≈71 to ≈25 ms on
+    the H200 (the bf16 run turns CPU-bound): the replayed saving is within 25% of that."""
+    fp32, bf16 = device + "fsdp2", device + "fsdp2-bf16"
+    real = raw_clock(_dir(fp32) / "rank0.json.gz")["finish_every_ms"] - raw_clock(_dir(bf16) / "rank0.json.gz")["finish_every_ms"]
+    f = next(x for x in run(fp32).findings if x.slug == "matmul-wrong-engine")
     assert f.saving_basis == "replay"
     assert f.est_saving_ms == pytest.approx(real, rel=0.25)
-    assert "matmul-wrong-engine" not in {x.slug for x in run("fsdp2-bf16").findings}
+    assert "matmul-wrong-engine" not in {x.slug for x in run(bf16).findings}
+
+
+def test_tf32_runs_the_gemms_on_tensor_cores_and_attention_on_cuda_cores(run):
+    """allow_tf32 = True (the recorder's fsdp2-tf32, the fp32 run's twin on the same H200): every
+    GEMM kernel runs on TF32 tensor cores, faster than CUDA cores can (the H200's fp32 peak is
+    67 TFLOP/s); SDPA on fp32 inputs takes the memory-efficient kernel, on CUDA cores whatever
+    TF32 says; in the bf16 runs attention is on tensor cores too. MFU is against the TF32 peak
+    (495 TFLOP/s dense) on the step the raw trace says."""
+    c = run(H200 + "fsdp2-tf32").facts.compute
+    # (the attention ops' few other kernels, of no known engine, are "fp32")
+    assert set(c.attention_engine_ms_per_step) <= {"fp32-simt", "fp32"}
+    assert c.attention_engine_ms_per_step["fp32-simt"] >= 0.9 * sum(c.attention_engine_ms_per_step.values())
+    gemm_engines = {e: t - c.attention_engine_ms_per_step.get(e, 0.0) for e, t in c.engine_ms_per_step.items()}
+    assert gemm_engines["tf32"] >= 0.95 * sum(gemm_engines.values())
+    assert c.engine_tflops["tf32"] > 67
+    assert c.compute_dtype == "tf32" and c.peak_tflops == 495.0 and c.peak_label == "H200"
+    step = raw_clock(_dir(H200 + "fsdp2-tf32") / "rank0.json.gz")["finish_every_ms"]
+    want = model_flops("fsdp2-tf32")
+    assert c.mfu_pct == pytest.approx(100 * (want["matmul"] + want["attention"]) / (step * 1e-3) / 495e12, rel=0.03)
+    fp32 = run(H200 + "fsdp2").facts.compute
+    assert set(fp32.attention_engine_ms_per_step) <= {"fp32-simt", "fp32"} and "tf32" not in fp32.engine_ms_per_step
+    for v in ("fsdp2-bf16", "gpt2-bf16"):
+        assert set(run(H200 + v).facts.compute.attention_engine_ms_per_step) == {"bf16"}, v
+
+
+def test_gpt2_mfu_on_the_raw_step(run):
+    """Another model (GPT-2's names, 6 × 768, a tied head), bf16, a 5-step window: MFU against the
+    H200's BF16 dense peak on the step the raw trace says."""
+    c = run(H200 + "gpt2-bf16").facts.compute
+    step = raw_clock(_dir(H200 + "gpt2-bf16") / "rank0.json.gz")["finish_every_ms"]
+    want = model_flops("gpt2-bf16")
+    assert c.compute_dtype == "bf16" and c.peak_tflops == 989.0
+    assert c.mfu_pct == pytest.approx(100 * (want["matmul"] + want["attention"]) / (step * 1e-3) / 989e12, rel=0.03)
 
 
 def test_compare_names_the_engine_change(run):

@@ -142,12 +142,13 @@ def test_dlrm_rank1_waits_most_and_no_straggler():
     assert "straggler-rank" not in {x.slug for x in rep.findings}
 
 
-@pytest.mark.parametrize("variant", sorted(p.name for p in GPU_RECORDED.iterdir() if p.is_dir()))
+@pytest.mark.parametrize("variant", sorted(f"{s.name}/{p.name}" for s in (GPU_RECORDED, GPU_RECORDED.with_name("gpu-h200"))
+                                            for p in s.iterdir() if p.is_dir()))
 def test_gpu_recordings(variant):
-    d = GPU_RECORDED / variant
+    d = GPU_RECORDED.parent / variant
     snap = d / "rank0.memory.pickle.gz"
     rep = fsdpdoctor.analyze(d, memory=[snap] if snap.exists() else None)
-    check_report(rep, f"gpu/{variant}", trace_files(d))
+    check_report(rep, variant, trace_files(d))
     assert not any(x.slug in ("sharding-strategy", "ddp-would-be-faster") for x in rep.findings)  # one GPU
     assert rep.facts.strategy is None
 

@@ -100,6 +100,18 @@ def test_recorded_gpu_runs(variant):
     _check(GPU_RECORDED / variant / "rank0.json.gz", len(model.layers), _linear_numel(model.layers[0]))
 
 
+@pytest.mark.parametrize("variant", ["gpt2-bf16", "fsdp2-tf32"])
+def test_recorded_h200_runs(variant):
+    """Recorded apart from the runs the detector was written on: GPT-2's module names, 6 blocks
+    of dim 768, a tied head, bf16 and a 5-step window; and the TF32 run's cuBLAS kernels."""
+    pytest.importorskip("torch")
+    from fixtures import record_gpu
+
+    model = record_gpu.build_model(variant)
+    _check(GPU_RECORDED.with_name("gpu-h200") / variant / "rank0.json.gz", len(model.layers),
+           _linear_numel(model.layers[0]))
+
+
 def test_no_shapes_no_blocks(recorded_run):
     """A trace without recorded shapes: nothing is guessed."""
     rt = load_trace(Path(recorded_run("root-only")) / "rank0.json.gz")

@@ -111,8 +111,10 @@ def analyzed(recorded_run, tmp_path_factory):
         if key not in cache:
             if source == "recorded":
                 cache[key] = [fsdpdoctor.analyze(recorded_run(name))]
-            elif source == "gpu-recorded":  # the committed H100 recordings (fixtures/recorded/gpu), snapshots beside them
-                cache[key] = [fsdpdoctor.analyze(Path(__file__).resolve().parents[1] / "fixtures" / "recorded" / "gpu" / name)]
+            elif source == "gpu-recorded":  # the committed GPU recordings, snapshots beside them: a bare name is
+                # one of the H100 set (fixtures/recorded/gpu), "gpu-h200/NAME" one of the H200 set
+                recorded = Path(__file__).resolve().parents[1] / "fixtures" / "recorded"
+                cache[key] = [fsdpdoctor.analyze(recorded / name if "/" in name else recorded / "gpu" / name)]
             elif source == "public":
                 files = public_trace_files()
                 if not files:
@@ -157,6 +159,10 @@ def test_rule_case(module_stem, case, analyzed):
             assert f.summary and f.evidence and f.fix
             if "min_saving_ms" in case:
                 assert f.est_saving_ms is not None and f.est_saving_ms >= case["min_saving_ms"]
+            if "summary_contains" in case:
+                assert case["summary_contains"] in f.summary, f.summary
+            for text in case.get("fix_lacks", []):
+                assert all(text not in code for code in f.fix.values()), (text, f.fix)
         else:
             assert not fired, f"{slug} fired on {case['source']}:{case['input']}: {fired[0].summary}"
 

@@ -257,6 +257,8 @@ def analyze_compute(rt: RankTrace, steps: list[StepWindow], device_name: str | N
         m = kstep & (eng == e)
         by_engine[e] = float(kdur[m].sum()) / 1e3 / n
         by_engine_flops[e] = float(kflops[m].sum()) / n
+        if (m & attn_k).any():
+            cf.attention_engine_ms_per_step[e] = float(kdur[m & attn_k].sum()) / 1e3 / n
     cf.engine_ms_per_step = by_engine
     cf.engine_tflops = {e: by_engine_flops[e] / (by_engine[e] * 1e9) for e in by_engine if by_engine[e] > 0}
     cf.tensor_cores = has_tensor_cores(device_name)
@@ -306,7 +308,7 @@ def fold(per_rank: list[ComputeFacts], step_ms: float | None, peak_override: flo
     out.gemm_tflops, out.attention_tflops = mean("gemm_tflops"), mean("attention_tflops")
     out.ops_with_shapes = sum(c.ops_with_shapes for c in rs)
     out.ops_without_shapes = sum(c.ops_without_shapes for c in per_rank if c is not None)
-    for attr in ("flops_by_phase", "engine_ms_per_step", "engine_tflops"):
+    for attr in ("flops_by_phase", "engine_ms_per_step", "attention_engine_ms_per_step", "engine_tflops"):
         keys = sorted({k for c in rs for k in getattr(c, attr)})
         setattr(out, attr, {k: float(np.mean([getattr(c, attr).get(k, 0.0) for c in rs])) for k in keys})
     out.tensor_cores = rs[0].tensor_cores
