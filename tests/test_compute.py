@@ -25,7 +25,7 @@ from test_step_clock import raw_clock
 GPU = Path(__file__).resolve().parents[1] / "fixtures" / "recorded" / "gpu"
 H200 = "gpu-h200/"  # variants of the H200 set (fixtures/recorded/gpu-h200): TF32, another model
 TRAINING = ("fsdp2", "fsdp2-bf16", "fsdp1", "ddp", "oom", "fsdp2-offload",
-            H200 + "fsdp2", H200 + "fsdp2-bf16", H200 + "fsdp2-tf32", H200 + "gpt2-bf16")
+            H200 + "fsdp2", H200 + "fsdp2-bf16", H200 + "fsdp2-tf32", H200 + "gpt2-bf16", H200 + "gpt2-bf16-b96")
 
 
 def _dir(v: str) -> Path:
@@ -104,10 +104,12 @@ def test_flops_per_step_equal_the_models_arithmetic(variant, run):
     assert c.flops_by_phase["forward"] == pytest.approx((want["matmul"] / 3) + want["attn_fwd"], rel=0.01)
 
 
-def test_checkpointing_recompute_is_hardware_not_model_flops(run):
-    """fsdp2-ac recomputes every block's forward (not the head) inside backward."""
-    c = run("fsdp2-ac").facts.compute
-    want = model_flops()
+@pytest.mark.parametrize("variant", ["fsdp2-ac", H200 + "gpt2-bf16-b96-ac"])
+def test_checkpointing_recompute_is_hardware_not_model_flops(variant, run):
+    """The checkpointed runs (fp32 on the H100; bf16, GPT-2's names, on the H200) recompute every
+    block's forward (not the head) inside backward."""
+    c = run(variant).facts.compute
+    want = model_flops(variant)
     assert c.recompute_flops_per_step == pytest.approx(want["blocks_fwd"] + want["attn_fwd"], rel=0.01)
     assert c.model_flops_per_step == pytest.approx(want["matmul"] + want["attention"], rel=0.01)
     assert c.hfu_pct > c.mfu_pct
@@ -173,14 +175,20 @@ def test_tf32_runs_the_gemms_on_tensor_cores_and_attention_on_cuda_cores(run):
         assert set(run(H200 + v).facts.compute.attention_engine_ms_per_step) == {"bf16"}, v
 
 
-def test_gpt2_mfu_on_the_raw_step(run):
-    """Another model (GPT-2's names, 6 × 768, a tied head), bf16, a 5-step window: MFU against the
-    H200's BF16 dense peak on the step the raw trace says."""
-    c = run(H200 + "gpt2-bf16").facts.compute
-    step = raw_clock(_dir(H200 + "gpt2-bf16") / "rank0.json.gz")["finish_every_ms"]
-    want = model_flops("gpt2-bf16")
+@pytest.mark.parametrize("variant", ["gpt2-bf16", "gpt2-bf16-b96", "gpt2-bf16-b96-ac"])
+def test_gpt2_mfu_on_the_raw_step(variant, run):
+    """Another model (GPT-2's names, 6 × 768, a tied head), bf16: batch 16 over a 5-step window
+    (CPU-bound, MFU ≈8%), batch 96 (the GPU busy most of the step, MFU ≈33%) and batch 96
+    checkpointed (HFU counts the recompute, MFU does not): against the H200's BF16 dense peak on
+    the step the raw trace says."""
+    c = run(H200 + variant).facts.compute
+    step = raw_clock(_dir(H200 + variant) / "rank0.json.gz")["finish_every_ms"]
+    want = model_flops(variant)
+    model = want["matmul"] + want["attention"]
+    recompute = want["blocks_fwd"] + want["attn_fwd"] if variant.endswith("-ac") else 0.0
     assert c.compute_dtype == "bf16" and c.peak_tflops == 989.0
-    assert c.mfu_pct == pytest.approx(100 * (want["matmul"] + want["attention"]) / (step * 1e-3) / 989e12, rel=0.03)
+    assert c.mfu_pct == pytest.approx(100 * model / (step * 1e-3) / 989e12, rel=0.03)
+    assert c.hfu_pct == pytest.approx(100 * (model + recompute) / (step * 1e-3) / 989e12, rel=0.03)
 
 
 def test_compare_names_the_engine_change(run):

@@ -22,7 +22,8 @@ from fsdpdoctor.analysis.memory import analyze_memory
 
 H200 = Path(__file__).resolve().parents[1] / "fixtures" / "recorded" / "gpu-h200"
 RESULTS = {r["variant"]: r for r in json.loads((H200 / "recording.json").read_text())["results"]}
-VARIANTS = ("fsdp2", "fsdp2-bf16", "fsdp2-tf32", "gpt2-bf16")
+VARIANTS = ("fsdp2", "fsdp2-bf16", "fsdp2-tf32", "gpt2-bf16", "gpt2-bf16-b96", "gpt2-bf16-b96-ac")
+SNAPSHOTS = tuple(v for v in VARIANTS if (H200 / v / "rank0.memory.pickle.gz").exists())
 MiB = 2**20
 
 
@@ -32,6 +33,7 @@ def _units(variant: str) -> dict[str, list]:
     prefix = "transformer.h" if rg.is_gpt2(variant) else "layers"
     units = {"": []} | {f"{prefix}.{i}": [] for i in range(len(model.layers))}
     for name, p in model.named_parameters():  # named_parameters yields a tied parameter once
+        # (checkpoint_wrapper nests each block under _checkpoint_wrapped_module: same unit, same tensors)
         owner = max((u for u in units if u == "" or name.startswith(u + ".")), key=len)
         units[owner].append(p)
     return units
@@ -76,7 +78,11 @@ def test_units_are_the_models(variant, run):
     assert {u["fqn"]: u["numel"] for u in side["units"]} == {u: sum(p.numel() for p in ps) for u, ps in units.items()}
 
 
-@pytest.mark.parametrize("variant", VARIANTS)
+def test_snapshots_where_the_recorder_kept_memory_history():
+    assert set(SNAPSHOTS) == set(VARIANTS) & rg.MEMORY_VARIANTS
+
+
+@pytest.mark.parametrize("variant", SNAPSHOTS)
 def test_memory_parameters_and_optimizer_state(variant):
     """fp32 shards (world size 1: every parameter) and AdamW's two fp32 states per parameter,
     each tensor in its own allocator block; fused AdamW adds a device ``step`` (4 bytes) per
@@ -93,13 +99,13 @@ def test_memory_parameters_and_optimizer_state(variant):
     assert sum(m.categories.values()) == m.peak_allocated_bytes
 
 
-@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("variant", SNAPSHOTS)
 def test_memory_unsharded_parameters(variant):
     """FSDP2 never reshards the root and holds at most two blocks unsharded at once (the one
     running and the one prefetched): root + k blocks, k in 0..2, in the parameter dtype (bf16
     under MixedPrecisionPolicy)."""
     units = _units(variant)
-    width = 2 if variant.endswith("bf16") else 4
+    width = 2 if "bf16" in variant else 4
     root = sum(p.numel() for p in units[""])
     block = sum(p.numel() for p in units[sorted(units)[1]])
     got = analyze_memory(H200 / variant / "rank0.memory.pickle.gz").categories["parameters_unsharded"]
@@ -113,3 +119,18 @@ def test_tf32_twin_changes_no_memory():
     a = analyze_memory(H200 / "fsdp2" / "rank0.memory.pickle.gz").categories
     b = analyze_memory(H200 / "fsdp2-tf32" / "rank0.memory.pickle.gz").categories
     assert a == b
+
+
+def test_recompute_cost_against_the_twin_without_checkpointing(run):
+    """gpt2-bf16-b96-ac is gpt2-bf16-b96 with every block checkpointed, on the same H200: the
+    step the raw traces say grows by ≈13 ms. The run is CPU-bound, so FSD019 prices the recompute
+    by its CPU time in backward: the backward nodes that recompute, with the Python between the
+    recomputed ops (the ops' own durations alone gave 5.6 ms)."""
+    from test_step_clock import raw_clock
+
+    real = (raw_clock(H200 / "gpt2-bf16-b96-ac" / "rank0.json.gz")["finish_every_ms"]
+            - raw_clock(H200 / "gpt2-bf16-b96" / "rank0.json.gz")["finish_every_ms"])
+    f = next(x for x in run("gpt2-bf16-b96-ac").findings if x.slug == "activation-recompute")
+    assert run("gpt2-bf16-b96-ac").facts.timeline.bound == "cpu"
+    assert f.est_saving_ms == pytest.approx(real, rel=0.3)
+    assert "activation-recompute" not in {x.slug for x in run("gpt2-bf16-b96").findings}

@@ -100,7 +100,7 @@ def test_recorded_gpu_runs(variant):
     _check(GPU_RECORDED / variant / "rank0.json.gz", len(model.layers), _linear_numel(model.layers[0]))
 
 
-@pytest.mark.parametrize("variant", ["gpt2-bf16", "fsdp2-tf32"])
+@pytest.mark.parametrize("variant", ["gpt2-bf16", "fsdp2-tf32", "gpt2-bf16-b96-ac"])
 def test_recorded_h200_runs(variant):
     """Recorded apart from the runs the detector was written on: GPT-2's module names, 6 blocks
     of dim 768, a tied head, bf16 and a 5-step window; and the TF32 run's cuBLAS kernels."""

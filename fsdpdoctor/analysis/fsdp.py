@@ -374,6 +374,36 @@ def _strategy(f: FsdpFacts, colls: list[Collective]) -> str | None:
     return None
 
 
+def _recompute_node_us(rt: RankTrace, nodes: np.ndarray, chains: dict[int, list[int]]) -> float:
+    """CPU time the recompute adds to backward: each backward node a recompute runs in (the
+    innermost node holding forward-only ops) less what a node of the same name costs without one
+    (the median of those nodes), and no more than the node's time before its first nested backward
+    node (reentrant checkpointing runs the block's own backward inside it). Counts the Python and
+    glue ops between the recomputed forward ops that their own durations leave out: on the real
+    H200 GPT-2 run 9.8 ms per step against 5.6 ms of forward-only ops, the twin without
+    checkpointing spending 10.9 ms less CPU per step."""
+    from .labels import enclosing
+
+    trig = {ch[-1] for ch in chains.values() if ch}
+    if not trig:
+        return 0.0
+    ts, end = rt.ts.astype(np.float64), (rt.ts + rt.dur).astype(np.float64)
+    nested: dict[int, float] = {}
+    for r, ch in enclosing(rt, nodes, nodes).items():
+        outer = [c for c in ch if c != r and c in trig]
+        if outer:
+            nested[outer[-1]] = min(nested.get(outer[-1], np.inf), float(ts[r]))
+    plain: dict[str, list[float]] = {}
+    for r in nodes.tolist():
+        if r not in trig:
+            plain.setdefault(rt.row_name(r), []).append(float(end[r] - ts[r]))
+    total = 0.0
+    for r in trig:
+        own = float(np.median(plain[rt.row_name(r)])) if rt.row_name(r) in plain else 0.0
+        total += max(min(float(end[r] - ts[r]) - own, nested.get(r, np.inf) - float(ts[r])), 0.0)
+    return total
+
+
 def _checkpointing(rt: RankTrace, f: FsdpFacts, n_steps: int) -> None:
     from . import intervals as iv
     from .labels import enclosing
@@ -387,7 +417,7 @@ def _checkpointing(rt: RankTrace, f: FsdpFacts, n_steps: int) -> None:
     f.activation_checkpointing = bool(inside.size)
     if inside.size:
         busy = iv.merge(rt.ts[inside], rt.ts[inside] + rt.dur[inside])
-        per_step = iv.total(busy) / 1e3 / max(n_steps, 1)
+        per_step = max(iv.total(busy), _recompute_node_us(rt, nodes, chains)) / 1e3 / max(n_steps, 1)
         f.recompute_cpu_ms_per_step = per_step
         f.recompute_gpu_ms_per_step = _recompute_gpu_ms(rt, inside) / max(n_steps, 1)
         names = sorted({rt.row_name(int(r)) for r in inside})
