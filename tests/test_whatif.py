@@ -283,3 +283,31 @@ def test_compiled_replay_loop_equals_the_python_loop(monkeypatch):
             assert np.array_equal(x, y)
     # and the offload fix really changes the schedule (the comparison is not of two copies of one thing)
     assert py[1][2].sum() < 0.5 * py[0][2].sum()
+
+
+def test_the_trace_is_released_before_the_replays(monkeypatch):
+    """analyze_rank reads everything it needs from the trace (the replay's graph and
+    transformations included) and lets the trace go before replaying, so the trace's columns
+    and the replay (with its compiled loop's imports) are never in memory together."""
+    import weakref
+
+    import fsdpdoctor.analysis.rank as rank
+
+    refs, alive_at_replay = [], []
+    real_load, real_run = rank.load_trace, rank.run_whatif
+
+    def load(path, *a, **k):
+        rt = real_load(path, *a, **k)
+        refs.append(weakref.ref(rt))
+        return rt
+
+    def run(plan):
+        alive_at_replay.append(refs[0]() is not None)
+        return real_run(plan)
+
+    monkeypatch.setattr(rank, "load_trace", load)
+    monkeypatch.setattr(rank, "run_whatif", run)
+    gpu = Path(__file__).resolve().parents[1] / "fixtures" / "recorded" / "gpu" / "fsdp2" / "rank0.json.gz"
+    facts = rank.analyze_rank(str(gpu))
+    assert alive_at_replay == [False]
+    assert facts.whatif is not None and facts.whatif.error_pct < 2.0

@@ -972,13 +972,37 @@ def step_error_pct(replayed: np.ndarray, measured: np.ndarray) -> float:
     return float(100 * np.max(np.abs(replayed[ok] - measured[ok]) / measured[ok]))
 
 
-def analyze_whatif(rt: RankTrace, steps: list[StepWindow], colls: list[Collective],
-                   fsdp: FsdpFacts | None = None, kflops=None, compute: ComputeFacts | None = None) -> WhatIfFacts | None:
-    """Replay this rank's steps unchanged and with every transformation that applies (all of
-    them when ``fsdp`` is None)."""
+@dataclass
+class WhatIfPlan:
+    """What the replays need, read from the trace: the graph and the transformations that apply.
+    Built while the trace is in memory; :func:`run_whatif` replays it after the trace's columns
+    have been let go (the replay's compiled loop and its imports then take their place)."""
+
+    g: Graph
+    n_steps: int
+    latency_share: float | None
+    fixes: list[tuple[str, Fix | tuple[Graph, Fix] | None]]
+
+
+def plan_whatif(rt: RankTrace, steps: list[StepWindow], colls: list[Collective],
+                fsdp: FsdpFacts | None = None, kflops=None, compute: ComputeFacts | None = None) -> WhatIfPlan | None:
+    """The graph of this rank's steps and every transformation that applies (all of them when
+    ``fsdp`` is None): everything of the what-if replay that reads the trace."""
     g = build_graph(rt, steps, colls)
     if g is None:
         return None
+    applies = _applies(fsdp)
+    fixes = [(name, make(g, lambda: repeated_blocks(rt, steps)) if name == "wrap" else make(g))
+             for name, make in FIXES.items() if applies.get(name, True)]
+    if kflops is not None and compute is not None and fp32_share(compute) >= TENSOR_CORE_MIN_SHARE:
+        fixes.append(("tensor_cores", fix_tensor_cores(g, kflops, compute)))
+    fixes += [(f"compute×{f}", fix_compute_scale(g, f)) for f in STRAGGLER_FACTORS]
+    return WhatIfPlan(g, len(steps), latency_share(colls), fixes)
+
+
+def run_whatif(plan: WhatIfPlan) -> WhatIfFacts:
+    """Replay the steps unchanged and with each transformation of ``plan``."""
+    g = plan.g
     measured = measured_step_ms(g)
     S, E, base = replay(g)
     out = WhatIfFacts(
@@ -990,18 +1014,12 @@ def analyze_whatif(rt: RankTrace, steps: list[StepWindow], colls: list[Collectiv
         blocking_calls=sum(1 for s in g.syncs if s[2] >= 0),
         inferred_edges=g.n_inferred,
         unexplained_waits=int((g.g_wait > 0).sum()),
-        unexplained_wait_ms=float(g.g_wait.sum()) / 1e3 / max(len(steps), 1),
+        unexplained_wait_ms=float(g.g_wait.sum()) / 1e3 / max(plan.n_steps, 1),
         backlog_ops=int(g.backlog.sum()),
-        latency_share=latency_share(colls),
+        latency_share=plan.latency_share,
     )
     out.exposed_rs_ms["none"] = _exposed_rs_ms(g, S, E)
-    applies = _applies(fsdp)
-    fixes = [(name, make(g, lambda: repeated_blocks(rt, steps)) if name == "wrap" else make(g))
-             for name, make in FIXES.items() if applies.get(name, True)]
-    if kflops is not None and compute is not None and fp32_share(compute) >= TENSOR_CORE_MIN_SHARE:
-        fixes.append(("tensor_cores", fix_tensor_cores(g, kflops, compute)))
-    fixes += [(f"compute×{f}", fix_compute_scale(g, f)) for f in STRAGGLER_FACTORS]
-    for name, fx in fixes:
+    for name, fx in plan.fixes:
         if fx is None:
             continue
         g2, fx = fx if isinstance(fx, tuple) else (g, fx)
@@ -1012,6 +1030,14 @@ def analyze_whatif(rt: RankTrace, steps: list[StepWindow], colls: list[Collectiv
         if fx.note:
             out.evidence[name] = fx.note
     return out
+
+
+def analyze_whatif(rt: RankTrace, steps: list[StepWindow], colls: list[Collective],
+                   fsdp: FsdpFacts | None = None, kflops=None, compute: ComputeFacts | None = None) -> WhatIfFacts | None:
+    """Replay this rank's steps unchanged and with every transformation that applies (all of
+    them when ``fsdp`` is None)."""
+    plan = plan_whatif(rt, steps, colls, fsdp, kflops, compute)
+    return run_whatif(plan) if plan is not None else None
 
 
 def fold_whatif(ranks: list) -> WhatIfFacts | None:
