@@ -38,7 +38,7 @@ MEMORY_CATEGORIES = (
 )
 
 
-@dataclass
+@dataclass(slots=True)
 class MemoryFacts:
     """Plain memory facts for one run (one rank's snapshot or memory timeline).
 
@@ -109,7 +109,7 @@ class MemoryFacts:
 
 
 
-@dataclass
+@dataclass(slots=True)
 class StepFacts:
     number: int
     start_us: float
@@ -151,7 +151,7 @@ class StepFacts:
         return 100.0 * self.overlap_ms / self.comm_ms if self.comm_ms > 0 else None
 
 
-@dataclass
+@dataclass(slots=True)
 class CollectiveFacts:
     kind: str
     name: str
@@ -176,7 +176,7 @@ class CollectiveFacts:
     microbatch: int = 0  # forward pass of its step (0-based; gradient accumulation)
 
 
-@dataclass
+@dataclass(slots=True)
 class UnitFacts:
     index: int
     fqn: str
@@ -194,7 +194,7 @@ class UnitFacts:
     named: bool = True  # False: the trace names no FQN; ``fqn`` is a placeholder "<unit K>" (K in execution order)
 
 
-@dataclass
+@dataclass(slots=True)
 class OffloadFacts:
     detected: bool = False
     h2d_count: int = 0
@@ -208,7 +208,7 @@ class OffloadFacts:
     evidence: str = ""
 
 
-@dataclass
+@dataclass(slots=True)
 class FsdpFacts:
     version: int | None = None  # 1, 2 or None
     version_evidence: str = ""
@@ -239,7 +239,7 @@ class FsdpFacts:
         return len(self.units)
 
 
-@dataclass
+@dataclass(slots=True)
 class ParallelismFacts:
     """Mesh sizes from the trace (None where that dimension is not used)."""
 
@@ -251,7 +251,7 @@ class ParallelismFacts:
     evidence: str = ""
 
 
-@dataclass
+@dataclass(slots=True)
 class CollectiveStats:
     kind: str
     count_per_step: float
@@ -265,7 +265,7 @@ class CollectiveStats:
     roles: dict[str, float] = field(default_factory=dict)  # role → collectives per step
 
 
-@dataclass
+@dataclass(slots=True)
 class ComputeFacts:
     """Compute efficiency (fsdpdoctor.analysis.compute): FLOPs from recorded shapes, GEMM and
     attention kernel time by engine, achieved TFLOP/s and MFU. Per rank, or the run's (means over
@@ -309,7 +309,7 @@ class ComputeFacts:
     ops_without_shapes: int = 0
 
 
-@dataclass
+@dataclass(slots=True)
 class WhatIfFacts:
     """What-if replay of one rank's steps (fsdpdoctor.analysis.whatif), or the run's summary.
 
@@ -349,7 +349,7 @@ class WhatIfFacts:
         return self.saving_ms.get(fix)
 
 
-@dataclass
+@dataclass(slots=True)
 class RankFacts:
     rank: int
     rank_source: str
@@ -404,7 +404,7 @@ RANK_DETAIL = ("auto", "all", "none")
 AUTO_FULL_RANKS = 16
 
 
-@dataclass
+@dataclass(slots=True)
 class RankSummary:
     """One rank in a few numbers, written for every rank whatever ``rank_detail`` (a few hundred
     bytes; its RankFacts, with per-step and per-collective detail, is ~10-20 KB).
@@ -449,14 +449,14 @@ class RankSummary:
         )
 
 
-@dataclass
+@dataclass(slots=True)
 class InputFacts:
     path: str
     rank: int
     rank_source: str
 
 
-@dataclass
+@dataclass(slots=True)
 class ExcludedInput:
     """A rank left out of a partial run: its file could not be read, or no file has its id."""
 
@@ -465,7 +465,7 @@ class ExcludedInput:
     reason: str
 
 
-@dataclass
+@dataclass(slots=True)
 class StepsSummary:
     count: int = 0
     mean_ms: float | None = None
@@ -476,7 +476,7 @@ class StepsSummary:
     per_rank_mean_ms: dict[str, float] = field(default_factory=dict)
 
 
-@dataclass
+@dataclass(slots=True)
 class OverlapSummary:
     pct: float | None = None
     per_rank: dict[str, float | None] = field(default_factory=dict)
@@ -489,7 +489,7 @@ class OverlapSummary:
     )
 
 
-@dataclass
+@dataclass(slots=True)
 class ExposedSummary:
     mean_ms_per_step: float | None = None
     by_phase: dict[str, float] = field(default_factory=dict)
@@ -499,7 +499,7 @@ class ExposedSummary:
     per_rank: dict[str, float] = field(default_factory=dict)
 
 
-@dataclass
+@dataclass(slots=True)
 class TimelineSummary:
     """Mean per step over the ranks with a GPU timeline; compute + exposed_comm + memcpy +
     other_steps + idle = gpu_window.
@@ -535,7 +535,7 @@ class TimelineSummary:
     bound: str = ""
 
 
-@dataclass
+@dataclass(slots=True)
 class Candidate:
     name: str
     memory_bytes: float
@@ -547,7 +547,7 @@ class Candidate:
     note: str = ""
 
 
-@dataclass
+@dataclass(slots=True)
 class StrategyFacts:
     current: str | None
     recommended: str | None
@@ -561,7 +561,7 @@ class StrategyFacts:
         return next((c for c in self.candidates if c.name == name), None)
 
 
-@dataclass
+@dataclass(slots=True)
 class CollectiveSkew:
     """One collective matched across ranks (see :mod:`fsdpdoctor.analysis.crossrank`)."""
 
@@ -577,7 +577,7 @@ class CollectiveSkew:
     ranks: int  # ranks that had this collective
 
 
-@dataclass
+@dataclass(slots=True)
 class RankWait:
     rank: int
     wait_ms_per_step: float  # time this rank waited at collectives for later peers, per step
@@ -585,7 +585,7 @@ class RankWait:
     step_ms: float | None = None  # mean step time of the rank
 
 
-@dataclass
+@dataclass(slots=True)
 class CrossRankFacts:
     """Collective wait skew across ranks and the straggler ranking (all ranks, exact)."""
 
@@ -596,7 +596,7 @@ class CrossRankFacts:
     top_skew: list[CollectiveSkew] = field(default_factory=list)  # the largest skews, largest first
 
 
-@dataclass
+@dataclass(slots=True)
 class RunFacts:
     schema_version: int = SCHEMA_VERSION
     tool: str = ""

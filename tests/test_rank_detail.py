@@ -165,3 +165,25 @@ def test_cli_rank_detail_option(runs, tmp_path):
     assert d["rank_facts"] == [] and len(d["rank_summaries"]) == WORLD
     code, text = cli_in_process(["analyze", str(runs["dir"]), "--rank-detail", "some"])
     assert code == 2 and "some" in text
+
+
+def test_the_client_keeps_one_copy_of_each_string():
+    """Each rank's result is unpickled with its own copies of the same dict keys and labels: the
+    client shares them (share_strings), leaving every value equal."""
+    import pickle
+
+    from fsdpdoctor.analysis.ranks import analyze_one, share_strings
+
+    recorded = Path(__file__).resolve().parents[1] / "fixtures" / "recorded" / "gpu" / "fsdp2" / "rank0.json.gz"
+    rf, _ = analyze_one(str(recorded), 0)
+    blob = pickle.dumps(rf)
+    a, b = pickle.loads(blob), pickle.loads(blob)
+    ka, kb = next(iter(a.steps[0].phase_ms)), next(iter(b.steps[0].phase_ms))
+    assert ka == kb and ka is not kb  # what unpickling gives
+    pool: dict[str, str] = {}
+    share_strings(a, pool)
+    share_strings(b, pool)
+    assert a == rf and b == rf
+    ka, kb = next(iter(a.steps[0].phase_ms)), next(iter(b.steps[0].phase_ms))
+    assert ka is kb
+    assert a.fsdp.units[1].fqn is b.fsdp.units[1].fqn and a.phase_method is b.phase_method

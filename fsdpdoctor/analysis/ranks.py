@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import multiprocessing
 import os
 import statistics
@@ -106,6 +107,26 @@ def url_error(path: str, exc: Exception) -> InputError:
     return InputError(path, fs.problem(exc))
 
 
+def share_strings(obj: Any, pool: dict[str, str]) -> Any:
+    """``obj`` with every string in it (field values, list items, dict keys and values) replaced by
+    the equal one already in ``pool`` (added when new). Each result a worker sends is unpickled
+    with its own copies of the same keys and labels ("forward", "all_gather", the unit FQNs, the
+    notes): with a thousand ranks that is megabytes of one string over and over."""
+    if isinstance(obj, str):
+        return pool.setdefault(obj, obj)
+    if isinstance(obj, dict):
+        items = [(share_strings(k, pool), share_strings(v, pool)) for k, v in obj.items()]
+        obj.clear()
+        obj.update(items)
+    elif isinstance(obj, list):
+        obj[:] = [share_strings(v, pool) for v in obj]
+    elif dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        for f in dataclasses.fields(obj):
+            if f.name != "pg_config":  # shared already, one table per process group
+                setattr(obj, f.name, share_strings(getattr(obj, f.name), pool))
+    return obj
+
+
 def _cores() -> int:
     try:
         return len(os.sched_getaffinity(0))
@@ -172,6 +193,7 @@ def load_ranks(
     items = [(str(p), i, detail_ranks is None or i < detail_ranks) for i, p in enumerate(paths)]
     cross = CrossRankFold()
     shared_pg: dict[bytes, list] = {}  # one copy of each process-group table (each lists its ranks)
+    shared_str: dict[str, str] = {}  # one copy of each string (unpickling makes one per rank)
 
     def take(res: Result | InputError) -> RankFacts | InputError:
         if isinstance(res, InputError):
@@ -180,6 +202,7 @@ def load_ranks(
         cross.add_part(part)
         if rf.pg_config:
             rf.pg_config = shared_pg.setdefault(msgspec.json.encode(rf.pg_config), rf.pg_config)
+        share_strings(rf, shared_str)
         return rf
 
     if scheduler:
