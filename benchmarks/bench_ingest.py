@@ -108,7 +108,8 @@ def timed(fn, key):
         finally:
             spent[key] += time.perf_counter() - t
     return wrapper
-rank.analyze_whatif = timed(rank.analyze_whatif, "replay")
+rank.plan_whatif = timed(rank.plan_whatif, "replay")  # the replay's graph and transformations
+rank.run_whatif = timed(rank.run_whatif, "replay")  # the replays
 rank.load_trace = timed(rank.load_trace, "ingest")
 try:
     main.main(args=["analyze", *sys.argv[1:], "--format", "json", "-o", os.devnull], standalone_mode=False)

@@ -10,6 +10,7 @@ Units: times in ``*_ms`` fields are milliseconds, ``*_us`` microseconds, bytes a
 from __future__ import annotations
 
 import dataclasses
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -208,6 +209,23 @@ class OffloadFacts:
     evidence: str = ""
 
 
+_WRAPPER_NAMES = re.compile(r"(?:^|\.)_(?:fsdp|checkpoint)_wrapped_module(?=\.|$)")
+_INDEXED = re.compile(r"(.+)\.(\d+)")
+
+
+def block_container(fqns: list[str]) -> str | None:
+    """See :attr:`FsdpFacts.block_container`."""
+    groups: dict[str, set[int]] = {}
+    for fqn in fqns:
+        m = _INDEXED.fullmatch(_WRAPPER_NAMES.sub("", fqn).lstrip("."))
+        if m:
+            groups.setdefault(m.group(1), set()).add(int(m.group(2)))
+    if not groups:
+        return None
+    parent, idx = max(groups.items(), key=lambda kv: len(kv[1]))
+    return parent if len(idx) >= 2 and idx == set(range(len(idx))) else None
+
+
 @dataclass(slots=True)
 class FsdpFacts:
     version: int | None = None  # 1, 2 or None
@@ -237,6 +255,14 @@ class FsdpFacts:
     @property
     def unit_count(self) -> int:
         return len(self.units)
+
+    @property
+    def block_container(self) -> str | None:
+        """Where the model keeps the blocks its units wrap, from their FQNs: the parent ``P`` of
+        units named ``P.0`` .. ``P.n-1`` (two or more; FSDP1's and checkpoint_wrapper's wrapper
+        names dropped), e.g. ``"layers"``, ``"transformer.h"``, ``"model.layers"``; None when the
+        units do not say (placeholder names, per-linear units, one unit)."""
+        return block_container([u.fqn for u in self.units if u.named])
 
 
 @dataclass(slots=True)

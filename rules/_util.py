@@ -75,7 +75,22 @@ def fix_for(facts: RunFacts, *, fsdp1: str | None = None, fsdp2: str | None = No
     """The fixes of a finding for what the traces show, never for a parallelism that is not there:
     an inference run gets ``inference`` only; an FSDP run the code for its FSDP version
     (:func:`fsdp_version`); a DDP run ``ddp``; otherwise ``training`` (under the key ``any``).
-    Nothing that fits: one comment saying so (``none_known`` names the setup)."""
+    Nothing that fits: one comment saying so (``none_known`` names the setup). The code names the
+    model's own block container where the units' FQNs give it (:func:`name_blocks`)."""
+    return {k: name_blocks(facts, code) for k, code in _fix_for(facts, fsdp1, fsdp2, ddp, inference, training, none_known).items()}
+
+
+def name_blocks(facts: RunFacts, code: str) -> str:
+    """``code`` with the generic ``model.layers`` and ``TransformerBlock`` of the fix templates
+    replaced by where this model keeps its blocks (``model.transformer.h``) and their class
+    (``type(model.transformer.h[0])``), when the FSDP units' FQNs say (``FsdpFacts.block_container``)."""
+    where = facts.fsdp.block_container
+    if not where:
+        return code
+    return code.replace("model.layers", f"model.{where}").replace("TransformerBlock", f"type(model.{where}[0])")
+
+
+def _fix_for(facts: RunFacts, fsdp1, fsdp2, ddp, inference, training, none_known) -> dict[str, str]:
     if facts.workload == "inference":
         return {"inference": inference} if inference else no_fix_known(f"{none_known} in an inference run")
     out: dict[str, str] = {}

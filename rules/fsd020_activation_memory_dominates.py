@@ -19,7 +19,7 @@ Fix
 
 from fsdpdoctor.fmt import mib, pct
 
-from ._util import finding, oom_cause
+from ._util import finding, name_blocks, oom_cause
 
 CODE = "FSD020"
 SLUG = "activation-memory-dominates"
@@ -54,7 +54,7 @@ def check(facts, cfg):
             f"Activations take {pct(share)} of peak memory; per-block activation checkpointing would free about {mib(freed)}.",
             evidence=evidence,
             cause="tensors saved for backward scale with batch × sequence length and are not sharded by FSDP",
-            fix={"any": FIX},
+            fix={"any": name_blocks(facts, FIX)},
             confidence=0.8,
             est_saving_bytes=freed,
         )

@@ -28,7 +28,7 @@ Fix
 
 from fsdpdoctor.fmt import mib
 
-from ._util import finding, oom_cause
+from ._util import finding, name_blocks, oom_cause
 
 CODE = "FSD024"
 SLUG = "oom"
@@ -111,6 +111,7 @@ def check(facts, cfg):
         cause = (f"PyTorch's allocated tensors fill the device; {top} take the most ({mib(v)} of {mib(alloc)})"
                  if cats else "PyTorch's allocated tensors fill the device")
         fix = {"any": CATEGORY_FIX.get(top, "# Reduce what dominates the allocated memory (see the evidence).")}
+    fix = {k: name_blocks(facts, code) for k, code in fix.items()}
     return [
         finding(
             __name__,

@@ -229,3 +229,34 @@ def test_explain_and_rules_commands():
     assert out.returncode == 0 and "FSD013" in out.stdout
     out = subprocess.run([sys.executable, "-m", "fsdpdoctor", "explain", "nope"], capture_output=True, text=True)
     assert out.returncode == 2 and "no such rule" in out.stderr
+
+
+@pytest.mark.parametrize("fqns,want", [
+    (["", "layers.0", "layers.1", "layers.2"], "layers"),
+    (["", *(f"transformer.h.{i}" for i in range(6))], "transformer.h"),
+    ([f"_fsdp_wrapped_module.model.layers.{i}._fsdp_wrapped_module" for i in range(3)], "model.layers"),
+    ([f"layers.{i}._checkpoint_wrapped_module" for i in range(2)], "layers"),
+    (["", "layers.0.attn.qkv", "layers.0.mlp.fc1", "layers.1.attn.qkv"], None),  # per-linear units
+    (["", "layers.0", "layers.2"], None),  # not 0..n-1
+    (["", "layers.0"], None),  # one block
+    (["", "<unit 1>", "<unit 2>"], None),
+])
+def test_block_container_from_unit_fqns(fqns, want):
+    from fsdpdoctor.facts import block_container
+
+    assert block_container(fqns) == want
+
+
+def test_fixes_name_the_models_own_blocks():
+    """The GPT-2-named H200 recording keeps its blocks in model.transformer.h: the fix code says
+    so instead of the templates' model.layers / TransformerBlock; a model whose blocks are
+    model.layers keeps that and gets their class as type(model.layers[0])."""
+    recorded = Path(__file__).resolve().parents[1] / "fixtures" / "recorded"
+    rep = fsdpdoctor.analyze(recorded / "gpu-h200" / "gpt2-bf16")
+    f = next(x for x in rep.findings if x.slug == "activation-memory-dominates")
+    code = "\n".join(f.fix.values())
+    assert "isinstance(m, type(model.transformer.h[0]))" in code
+    assert "TransformerBlock" not in code and "model.layers" not in code
+    rep = fsdpdoctor.analyze(recorded / "gpu" / "fsdp2")
+    code = "\n".join(next(x for x in rep.findings if x.slug == "matmul-wrong-engine").fix.values())
+    assert "for block in model.layers:" in code
