@@ -387,20 +387,20 @@ def _recompute_node_us(rt: RankTrace, nodes: np.ndarray, chains: dict[int, list[
     trig = {ch[-1] for ch in chains.values() if ch}
     if not trig:
         return 0.0
-    ts, end = rt.ts.astype(np.float64), (rt.ts + rt.dur).astype(np.float64)
-    nested: dict[int, float] = {}
+    nested: dict[int, float] = {}  # trigger node → start of its first nested backward node
     for r, ch in enclosing(rt, nodes, nodes).items():
         outer = [c for c in ch if c != r and c in trig]
         if outer:
-            nested[outer[-1]] = min(nested.get(outer[-1], np.inf), float(ts[r]))
+            nested[outer[-1]] = min(nested.get(outer[-1], np.inf), float(rt.ts[r]))
     plain: dict[str, list[float]] = {}
     for r in nodes.tolist():
         if r not in trig:
-            plain.setdefault(rt.row_name(r), []).append(float(end[r] - ts[r]))
+            plain.setdefault(rt.row_name(r), []).append(float(rt.dur[r]))
     total = 0.0
     for r in trig:
-        own = float(np.median(plain[rt.row_name(r)])) if rt.row_name(r) in plain else 0.0
-        total += max(min(float(end[r] - ts[r]) - own, nested.get(r, np.inf) - float(ts[r])), 0.0)
+        same = plain.get(rt.row_name(r))
+        own = float(np.median(same)) if same else 0.0
+        total += max(min(float(rt.dur[r]) - own, nested.get(r, np.inf) - float(rt.ts[r])), 0.0)
     return total
 
 
