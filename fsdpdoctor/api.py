@@ -98,17 +98,19 @@ class Report:
         return pd.DataFrame(msgspec.to_builtins(self.facts.fsdp.units))
 
     def ranks_df(self) -> pd.DataFrame:
+        """One row per rank (every rank: a rank written as its summary line counts its mean step)."""
         import pandas as pd
 
+        counts = {s.rank: s.steps for s in self.facts.rank_summaries}
         rows = []
-        for r in self.facts.rank_facts:
+        for r in self.facts.all_ranks():
             steps = [s.step_ms for s in r.steps]
             rows.append(
                 {
                     "rank": r.rank,
                     "rank_source": r.rank_source,
                     "path": r.path,
-                    "steps": len(steps),
+                    "steps": counts.get(r.rank, len(steps)),
                     "step_mean_ms": sum(steps) / len(steps) if steps else None,
                     "overlap_pct": r.overlap_pct,
                     "exposed_comm_ms_per_step": (sum(s.exposed_comm_ms for s in r.steps) / len(steps)) if steps else None,
@@ -187,7 +189,7 @@ def analyze(
     if mixed and not allow_mixed_runs:
         raise InputError(load.ranks[1].path if len(load.ranks) > 1 else files[0],
                          "not one run: " + "; ".join(mixed) + " (--allow-mixed-runs analyses them together)")
-    facts = fold(load.ranks, load.excluded, load.cross_rank)
+    facts = fold(load.ranks, load.excluded, load.cross_rank, summaries=load.summaries, lean=load.lean)
     if config and config.get("peak_tflops") and facts.compute is not None:  # --peak-tflops
         from .analysis.compute import finish
 
@@ -219,7 +221,7 @@ def analyze(
         facts.memory.path = fetched[facts.memory.path]
     facts.memory_per_input = {fetched.get(k, k): v for k, v in facts.memory_per_input.items()}
     if facts.memory is None:  # no snapshot: the allocator totals the trace recorded, if it did (profile_memory=True)
-        traced = [r.memory_trace for r in facts.rank_facts if r.memory_trace is not None]
+        traced = [r.memory_trace for r in load.ranks if r.memory_trace is not None]
         if traced:
             facts.memory = max(traced, key=lambda m: m.peak_allocated_bytes)
     plan_inputs = inputs_from_facts(facts)

@@ -462,6 +462,8 @@ class RankSummary:
     detail_reasons: list[str] = field(default_factory=list)
     mean_step: StepFacts | None = None
     exposed_ms_by_phase_kind: dict[str, dict[str, float]] = field(default_factory=dict)  # per step
+    step_times_ms: list[float] = field(default_factory=list)  # each step's StepFacts.step_ms, in order
+    gpu_behind_ms: float = 0.0  # how long the last step's GPU work ends after its CPU span (ranks.wall_clock)
 
     def stand_in(self) -> RankFacts:
         """A RankFacts with this rank's mean step as its only step (none without steps) and its
@@ -678,6 +680,14 @@ class RunFacts:
         out = {str(s.rank): list(s.step_numbers) for s in self.rank_summaries}
         out.update({str(r.rank): [s.number for s in r.steps] for r in self.rank_facts})
         return out
+
+    def step_times(self) -> dict[int, list[float]]:
+        """rank → each of its steps' time (StepFacts.step_ms), for every rank: from its RankFacts
+        when written, else from its summary (summaries written before 2026-11-27 lack the times:
+        those ranks are left out)."""
+        out = {s.rank: list(s.step_times_ms) for s in self.rank_summaries if s.step_times_ms or not s.steps}
+        out.update({r.rank: [s.step_ms for s in r.steps] for r in self.rank_facts})
+        return dict(sorted(out.items()))
 
     # -- serialisation -------------------------------------------------------------------
     def ranks_to_write(self, rank_detail: str = "all") -> tuple[list[RankFacts], list[RankSummary], str]:

@@ -50,8 +50,8 @@ model = FSDP(model, auto_wrap_policy=policy)
 
 
 def _optimizer_ms(facts) -> float:
-    vals = [s.phase_ms.get("optimizer", 0.0) for r in facts.rank_facts for s in r.steps]
-    return sum(vals) / len(vals) if vals else 0.0
+    per_rank = [sum(s.phase_ms.get("optimizer", 0.0) for s in r.steps) / len(r.steps) for r in facts.all_ranks() if r.steps]
+    return sum(per_rank) / len(per_rank) if per_rank else 0.0
 
 
 def check(facts, cfg):

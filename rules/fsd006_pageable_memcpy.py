@@ -49,7 +49,7 @@ def check(facts, cfg):
     off = facts.fsdp.cpu_offload
     if off.pageable_count < cfg["pageable_min_count"] or off.pageable_count == 0:
         return []
-    steps = max(facts.steps.count, 1) * max(len([r for r in facts.rank_facts if r.gpu_present]), 1)
+    steps = max(facts.steps.count, 1) * max(len([r for r in facts.all_ranks() if r.gpu_present]), 1)
     per_step = off.pageable_ms / max(facts.steps.count, 1)
     in_hooks = off.pageable_in_hooks
     evidence = [off.evidence if in_hooks else f"{off.pageable_count} host copies from/to pageable memory, none inside FSDP hooks"]

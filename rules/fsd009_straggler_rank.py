@@ -54,7 +54,7 @@ def waits(facts, ranks) -> tuple[dict[int, float], str]:
 def check(facts, cfg):
     if facts.mixed_runs:
         return []  # traces of different runs: their ranks are not comparable
-    ranks = [r for r in facts.rank_facts if r.gpu_present and r.steps]
+    ranks = [r for r in facts.all_ranks() if r.gpu_present and r.steps]  # per-rank means: summaries do
     if len(ranks) < 2:
         return []
     compute = {r.rank: _mean([s.compute_ms for s in r.steps]) for r in ranks}

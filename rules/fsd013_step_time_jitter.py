@@ -40,14 +40,13 @@ gc.freeze()   # after the model is loaded: no full collections over it
 
 def check(facts, cfg):
     worst = None
-    for r in facts.rank_facts:
-        times = [s.step_ms for s in r.steps]
+    for rank, times in facts.step_times().items():
         if len(times) < cfg["jitter_min_steps"]:
             continue
         mean = statistics.fmean(times)
         cv = 100 * statistics.pstdev(times) / mean if mean else 0.0
         if worst is None or cv > worst[1]:
-            worst = (r.rank, cv, times)
+            worst = (rank, cv, times)
     if worst is None or worst[1] < cfg["jitter_cv_pct"]:
         return []
     rank, cv, times = worst

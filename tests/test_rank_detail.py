@@ -187,3 +187,63 @@ def test_the_client_keeps_one_copy_of_each_string():
     ka, kb = next(iter(a.steps[0].phase_ms)), next(iter(b.steps[0].phase_ms))
     assert ka is kb
     assert a.fsdp.units[1].fqn is b.fsdp.units[1].fqn and a.phase_method is b.phase_method
+
+
+@pytest.fixture(scope="module")
+def lean_load(runs):
+    """The run read twice: every rank whole, and with only the first 4 in detail, so that the
+    client makes most of the others lean as they arrive."""
+    from fsdpdoctor.analysis.ranks import load_ranks
+    from fsdpdoctor.ingest.discover import discover
+
+    files = discover([runs["dir"]])
+    full = load_ranks(files, detail_ranks=None)
+    first = {r.rank for r in full.ranks if r.path in {str(f) for f in files[:4]}}  # the 4 sent with their collectives
+    return full, load_ranks(files, detail_ranks=4), first
+
+
+def test_lean_ranks_change_no_run_figure(runs, lean_load):
+    """Ranks the client keeps lean (one mean step, no FSDP units) give the run the same figures,
+    summaries and findings as every rank kept whole; the whole ones are the ranks the report's
+    detail names (the straggler excepted: it is known only once every rank has arrived)."""
+    from fsdpdoctor.analysis.ranks import fold
+    from fsdpdoctor.engine import run_rules
+
+    full, lean, first = lean_load
+    assert not full.lean and len(lean.lean) >= WORLD - 4 - 6
+    assert len(first) == 4 and not first & lean.lean
+    a = fold(full.ranks, full.excluded, full.cross_rank, summaries=full.summaries)
+    b = fold(lean.ranks, lean.excluded, lean.cross_rank, summaries=lean.summaries, lean=lean.lean)
+    for attr in ("steps", "overlap", "exposed_comm", "timeline", "collectives", "whatif", "compute", "fsdp", "cross_rank",
+                 "world_size", "workload", "ranks", "inputs"):
+        assert getattr(b, attr) == getattr(a, attr), attr
+    assert b.rank_summaries == a.rank_summaries
+    kept = {r.rank for r in b.rank_facts}
+    assert kept == set(range(WORLD)) - lean.lean
+    named = {s.rank for s in a.rank_summaries if set(s.detail_reasons) - {"straggler"}}
+    assert named <= kept
+    assert [f.code for f in run_rules(b)] == [f.code for f in run_rules(a)]
+    # the step figures over every step, from the --rank-detail all document read as plain JSON
+    times = [st["step_ms"] for r in _doc(runs["a", "all"])["rank_facts"] for st in r["steps"]]
+    assert b.steps.median_ms == pytest.approx(statistics.median(times), rel=1e-12)
+    assert (b.steps.min_ms, b.steps.max_ms) == (min(times), max(times))
+    assert b.step_times() == {r["rank"]: [st["step_ms"] for st in r["steps"]] for r in _doc(runs["a", "all"])["rank_facts"]}
+
+
+def test_a_lean_rank_holds_a_fraction_of_a_whole_one(lean_load):
+    import pickle
+
+    full, lean, _ = lean_load
+    r = next(iter(sorted(lean.lean)))
+    whole, cut = next(x for x in full.ranks if x.rank == r), next(x for x in lean.ranks if x.rank == r)
+    assert len(cut.steps) == 1 and not cut.fsdp.units and not cut.collectives
+    assert cut.fsdp.version == whole.fsdp.version and cut.compute == whole.compute and cut.whatif == whole.whatif
+    assert len(pickle.dumps(cut)) < len(pickle.dumps(whole)) / 2
+
+
+def test_step_times_of_summarised_ranks(runs):
+    """RunFacts.step_times(): every rank's step times, from the summary line of a rank written
+    without its RankFacts."""
+    want = {r["rank"]: [st["step_ms"] for st in r["steps"]] for r in _doc(runs["a", "all"])["rank_facts"]}
+    for pol in ("auto", "none"):
+        assert RunFacts.load(runs["a", pol]).step_times() == want

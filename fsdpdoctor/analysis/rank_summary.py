@@ -57,32 +57,65 @@ def exposed_by_phase_kind(r: RankFacts) -> dict[str, dict[str, float]]:
     return out
 
 
+def cpu_span(s: StepFacts) -> float:
+    """A step's CPU ProfilerStep span (facts saved before it was kept apart: the step time)."""
+    return s.cpu_span_ms or s.step_ms
+
+
+def wall_clock(r: RankFacts) -> tuple[float, float]:
+    """(step time in ms, ms by which the last step's GPU work ends after its CPU span) of one
+    rank: the mean of its steps' times (the interval at which they complete, see
+    :func:`fsdpdoctor.analysis.timeline.step_clock`)."""
+    steps = r.steps
+    last = steps[-1]
+    cpu_end = last.start_us + cpu_span(last) * 1e3
+    behind = ((last.gpu_start_us + last.gpu_window_ms * 1e3) - cpu_end) / 1e3 if last.gpu_start_us is not None else 0.0
+    return sum(s.step_ms for s in steps) / len(steps), behind
+
+
+def summarize_rank(r: RankFacts) -> RankSummary:
+    """One rank's summary line, without what only the whole run says (its wait at collectives
+    and the reasons to keep its detail: :func:`finish`). Made as the rank arrives, so that a
+    rank beyond the detail set need not be kept whole (:mod:`.ranks`)."""
+    ms = [s.step_ms for s in r.steps]
+    mean = mean_step(r.steps)
+    if mean is not None:
+        mean.cpu_span_ms = sum(cpu_span(s) for s in r.steps) / len(r.steps)  # a step without its span counts its time
+    return RankSummary(
+        rank=r.rank,
+        path=r.path,
+        gpu_present=r.gpu_present,
+        steps=len(r.steps),
+        step_numbers=[s.number for s in r.steps],
+        step_ms=statistics.fmean(ms) if ms else None,
+        step_min_ms=min(ms) if ms else None,
+        step_max_ms=max(ms) if ms else None,
+        overlap_pct=r.overlap_pct,
+        backlog_ms=r.backlog_ms,
+        replay_error_pct=r.whatif.error_pct if r.whatif is not None else None,
+        mfu_pct=r.compute.mfu_pct if r.compute is not None else None,
+        collectives=len(r.collectives) + r.collectives_dropped,
+        mean_step=mean,
+        exposed_ms_by_phase_kind=exposed_by_phase_kind(r),
+        step_times_ms=ms,
+        gpu_behind_ms=wall_clock(r)[1] if r.steps else 0.0,
+    )
+
+
+def finish(sums: list[RankSummary], cross_rank: CrossRankFacts | None) -> list[RankSummary]:
+    """The summaries with each rank's wait at collectives and the reasons its detail is worth
+    keeping (see :class:`~fsdpdoctor.facts.RankSummary`)."""
+    waits = {w.rank: w.wait_ms_per_step for w in cross_rank.ranks} if cross_rank else {}
+    for s in sums:
+        s.wait_ms_per_step = waits.get(s.rank)
+        s.detail_reasons = []
+    _mark_reasons(sums, cross_rank)
+    return sums
+
+
 def summarize(ranks: list[RankFacts], cross_rank: CrossRankFacts | None) -> list[RankSummary]:
     """The summary of every rank, with the reasons a rank's detail is worth keeping."""
-    waits = {w.rank: w.wait_ms_per_step for w in cross_rank.ranks} if cross_rank else {}
-    out = []
-    for r in ranks:
-        ms = [s.step_ms for s in r.steps]
-        out.append(RankSummary(
-            rank=r.rank,
-            path=r.path,
-            gpu_present=r.gpu_present,
-            steps=len(r.steps),
-            step_numbers=[s.number for s in r.steps],
-            step_ms=statistics.fmean(ms) if ms else None,
-            step_min_ms=min(ms) if ms else None,
-            step_max_ms=max(ms) if ms else None,
-            overlap_pct=r.overlap_pct,
-            backlog_ms=r.backlog_ms,
-            wait_ms_per_step=waits.get(r.rank),
-            replay_error_pct=r.whatif.error_pct if r.whatif is not None else None,
-            mfu_pct=r.compute.mfu_pct if r.compute is not None else None,
-            collectives=len(r.collectives) + r.collectives_dropped,
-            mean_step=mean_step(r.steps),
-            exposed_ms_by_phase_kind=exposed_by_phase_kind(r),
-        ))
-    _mark_reasons(out, cross_rank)
-    return out
+    return finish([summarize_rank(r) for r in ranks], cross_rank)
 
 
 def _mark_reasons(sums: list[RankSummary], cross_rank: CrossRankFacts | None) -> None:

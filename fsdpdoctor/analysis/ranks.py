@@ -23,16 +23,19 @@ from ..facts import (
     CrossRankFacts,
     ExcludedInput,
     ExposedSummary,
+    FsdpFacts,
     InputFacts,
     OverlapSummary,
     RankFacts,
+    RankSummary,
     RunFacts,
     StepsSummary,
     TimelineSummary,
 )
 from .crossrank import CrossRankFold, RankPart, part_of
 from .rank import analyze_rank, most_common
-from .rank_summary import exposed_by_phase_kind, summarize
+from .rank_summary import cpu_span, exposed_by_phase_kind, finish, summarize_rank
+from .rank_summary import wall_clock  # noqa: F401  (where callers have imported it from)
 from .compute import fold as fold_compute
 from .whatif import fold_whatif
 from .steps import PHASES
@@ -127,6 +130,61 @@ def share_strings(obj: Any, pool: dict[str, str]) -> Any:
     return obj
 
 
+# The reasons a rank's detail is kept (rank_summary._mark_reasons), as keys whose largest value
+# wins (ties as there); "straggler" needs every rank's arrivals and is not among them. "fsdp":
+# the rank whose FSDP structure the run reports (fold's choice).
+_CANDIDATE_KEYS: dict[str, Callable[[RankFacts, RankSummary], Any]] = {
+    "first": lambda r, s: -r.rank,
+    "slowest": lambda r, s: None if s.step_ms is None else (s.step_ms, r.rank),
+    "fastest": lambda r, s: None if s.step_ms is None else (-s.step_ms, -r.rank),
+    "lowest-overlap": lambda r, s: None if s.overlap_pct is None else (-s.overlap_pct, -r.rank),
+    "worst-replay": lambda r, s: None if s.replay_error_pct is None else (s.replay_error_pct, r.rank),
+    "fsdp": lambda r, s: (r.fsdp.version is not None, len(r.fsdp.units), -r.rank),
+}
+
+
+class _Lean:
+    """What the client keeps of each rank as it arrives, so that its memory stays flat in the
+    number of ranks: every rank's summary line (:func:`summarize_rank`), the whole RankFacts of
+    the detail ranks (those the workers sent with their collectives, :data:`DETAIL_RANKS`) and of
+    the ranks that are, so far, the slowest, fastest, least overlapped, worst replayed, first, or
+    hold the FSDP structure; every other rank is made lean in place (:func:`make_lean`)."""
+
+    def __init__(self) -> None:
+        self.summaries: dict[int, RankSummary] = {}
+        self.lean: set[int] = set()
+        self.best: dict[str, tuple[Any, RankFacts]] = {}
+
+    def add(self, r: RankFacts) -> None:
+        s = self.summaries[r.rank] = summarize_rank(r)
+        beaten: list[RankFacts] = []
+        for why, key in _CANDIDATE_KEYS.items():
+            k = key(r, s)
+            held = self.best.get(why)
+            if k is not None and (held is None or k > held[0]):
+                if held is not None:
+                    beaten.append(held[1])
+                self.best[why] = (k, r)
+        holders = {id(x) for _, x in self.best.values()}
+        for x in (*beaten, r):
+            if id(x) not in holders and x.exposed_ms_by_phase_kind is not None and x.rank not in self.lean:
+                make_lean(x, self.summaries[x.rank])
+                self.lean.add(x.rank)
+
+
+_NO_FSDP = FsdpFacts()
+
+
+def make_lean(r: RankFacts, s: RankSummary) -> None:
+    """``r`` cut down, in place, to what the fold reads of a rank that is not kept whole: its one
+    step the mean of its steps (``s.mean_step``: per-rank means are unchanged), no FSDP units
+    (the fold reports another rank's), its compute, replay and collective aggregates and its
+    identity kept. Its summary ``s`` holds its step times and the rest of its line."""
+    r.steps = [s.mean_step] if s.mean_step is not None else []
+    r.fsdp = _NO_FSDP if r.fsdp.version is None else FsdpFacts(version=r.fsdp.version)
+    r.collectives = []
+
+
 def _cores() -> int:
     try:
         return len(os.sched_getaffinity(0))
@@ -145,6 +203,9 @@ class RankLoad:
     ranks: list[RankFacts]
     excluded: list[ExcludedInput] = field(default_factory=list)
     cross_rank: CrossRankFacts | None = None
+    # every rank's summary line, made as it arrived, and the ranks kept lean (see _Lean)
+    summaries: dict[int, RankSummary] = field(default_factory=dict)
+    lean: set[int] = field(default_factory=set)
 
     @property
     def expected(self) -> int:
@@ -194,6 +255,7 @@ def load_ranks(
     cross = CrossRankFold()
     shared_pg: dict[bytes, list] = {}  # one copy of each process-group table (each lists its ranks)
     shared_str: dict[str, str] = {}  # one copy of each string (unpickling makes one per rank)
+    lean = _Lean()
 
     def take(res: Result | InputError) -> RankFacts | InputError:
         if isinstance(res, InputError):
@@ -203,6 +265,7 @@ def load_ranks(
         if rf.pg_config:
             rf.pg_config = shared_pg.setdefault(msgspec.json.encode(rf.pg_config), rf.pg_config)
         share_strings(rf, shared_str)
+        lean.add(rf)
         return rf
 
     if scheduler:
@@ -234,7 +297,7 @@ def load_ranks(
         if k not in ids:
             excluded.append(ExcludedInput(path=None, rank=k, reason="no trace file for this rank id (a gap in the rank ids)"))
     excluded.sort(key=lambda e: (e.rank is None, e.rank if e.rank is not None else 0, e.path or ""))
-    return RankLoad(sorted(ranks, key=lambda r: r.rank), excluded, cross.result())
+    return RankLoad(sorted(ranks, key=lambda r: r.rank), excluded, cross.result(), lean.summaries, lean.lean)
 
 
 def _run_local(
@@ -310,66 +373,70 @@ _UNSET: Any = object()
 
 
 def fold(
-    ranks: list[RankFacts], excluded: list[ExcludedInput] | None = None, cross_rank: CrossRankFacts | None = _UNSET
+    ranks: list[RankFacts], excluded: list[ExcludedInput] | None = None, cross_rank: CrossRankFacts | None = _UNSET,
+    *, summaries: dict[int, RankSummary] | None = None, lean: set[int] | frozenset[int] = frozenset(),
 ) -> RunFacts:
     """RunFacts from per-rank facts. Per-step figures are means over ranks of per-rank means.
 
     ``excluded``: the ranks left out of a partial run (:attr:`RankLoad.excluded`), named in
     ``inputs_excluded`` and in a note. ``cross_rank``: as folded by :func:`load_ranks` while
-    the ranks arrived (default: folded here from the ranks' collectives)."""
+    the ranks arrived (default: folded here from the ranks' collectives). ``summaries`` and
+    ``lean``: as :func:`load_ranks` made them while the ranks arrived (:attr:`RankLoad.summaries`,
+    :attr:`RankLoad.lean`); a lean rank is in ``ranks`` cut down (:func:`make_lean`), its step
+    figures come from its summary, and it is left out of ``rank_facts``."""
     rf = RunFacts(tool=f"fsdpdoctor {__version__}")
-    rf.rank_facts = ranks
+    sums = [summaries[r.rank] if summaries is not None and r.rank in summaries else summarize_rank(r) for r in ranks]
+    rf.rank_facts = [r for r in ranks if r.rank not in lean] if lean else ranks
     rf.inputs = [InputFacts(r.path, r.rank, r.rank_source) for r in ranks]
     rf.ranks = [r.rank for r in ranks]
     ws = [r.world_size for r in ranks if r.world_size]
     rf.world_size = Counter(ws).most_common(1)[0][0] if ws else None
     rf.gpu_present = any(r.gpu_present for r in ranks)
-    # steps
-    all_steps = [s.step_ms for r in ranks for s in r.steps]
+    # steps: every step's time from the summaries; per-rank means from each rank's mean step
+    all_steps = [t for s in sums for t in s.step_times_ms]
     rf.steps = StepsSummary(
-        count=min((len(r.steps) for r in ranks), default=0),
+        count=min((s.steps for s in sums), default=0),
         mean_ms=_mean(all_steps),
         median_ms=float(statistics.median(all_steps)) if all_steps else None,
         min_ms=min(all_steps) if all_steps else None,
         max_ms=max(all_steps) if all_steps else None,
         method=Counter(r.step_method for r in ranks).most_common(1)[0][0] if ranks else "",
-        per_rank_mean_ms={str(r.rank): _mean([s.step_ms for s in r.steps]) or 0.0 for r in ranks},
+        per_rank_mean_ms={str(s.rank): s.step_ms or 0.0 for s in sums},
     )
     # overlap
     per_rank = {str(r.rank): r.overlap_pct for r in ranks}
     vals = [v for v in per_rank.values() if v is not None]
     steps_per_rank = {}
-    for r in ranks:
-        comm = sum(s.comm_ms for s in r.steps)
-        steps_per_rank[str(r.rank)] = 100.0 * sum(s.overlap_ms for s in r.steps) / comm if comm > 0 else None
+    for s in sums:
+        m = s.mean_step
+        steps_per_rank[str(s.rank)] = 100.0 * m.overlap_ms / m.comm_ms if m is not None and m.comm_ms > 0 else None
     svals = [v for v in steps_per_rank.values() if v is not None]
     rf.overlap = OverlapSummary(pct=_mean(vals), per_rank=per_rank, steps_pct=_mean(svals), steps_per_rank=steps_per_rank)
     # exposed comm and the timeline, only for ranks with GPU activity
-    gpu_ranks = [r for r in ranks if r.gpu_present and r.steps]
-    if gpu_ranks:
-        per = {str(r.rank): _mean([s.exposed_comm_ms for s in r.steps]) or 0.0 for r in gpu_ranks}
-        by_phase = {p: _mean([_mean([s.exposed_by_phase.get(p, 0.0) for s in r.steps]) or 0.0 for r in gpu_ranks]) or 0.0 for p in PHASES}
-        kinds = sorted({k for r in gpu_ranks for s in r.steps for k in s.exposed_by_kind})
-        by_kind = {k: _mean([_mean([s.exposed_by_kind.get(k, 0.0) for s in r.steps]) or 0.0 for r in gpu_ranks]) or 0.0 for k in kinds}
-        by_pk: dict[str, dict[str, float]] = {}
-        for r in gpu_ranks:
-            for ph, kinds in exposed_by_phase_kind(r).items():
-                d = by_pk.setdefault(ph, {})
-                for kind, v in kinds.items():
-                    d[kind] = d.get(kind, 0.0) + v / len(gpu_ranks)
-        roles = sorted({k for r in gpu_ranks for s in r.steps for k in s.exposed_by_role})
-        by_role = {k: _mean([_mean([s.exposed_by_role.get(k, 0.0) for s in r.steps]) or 0.0 for r in gpu_ranks]) or 0.0 for k in roles}
-        rf.exposed_comm = ExposedSummary(
-            mean_ms_per_step=_mean(list(per.values())), by_phase=by_phase, by_kind=by_kind, by_phase_kind=by_pk, per_rank=per,
-            by_role=by_role,
-        )
+    gpu = [(r, s) for r, s in zip(ranks, sums) if r.gpu_present and s.mean_step is not None]
+    if gpu:
+        means = [s.mean_step for _, s in gpu]
 
         def m(attr: str) -> float:
-            return _mean([_mean([getattr(s, attr) for s in r.steps]) or 0.0 for r in gpu_ranks]) or 0.0
+            return _mean([getattr(x, attr) for x in means]) or 0.0
 
-        clocks = [wall_clock(r) for r in gpu_ranks]
-        busy = _mean([sum(s.gpu_busy_ms for s in r.steps) / max(sum(s.step_ms for s in r.steps), 1e-9) for r in gpu_ranks]) or 0.0
-        cpu_share = _mean([sum(cpu_span(s) for s in r.steps) / max(sum(s.step_ms for s in r.steps), 1e-9) for r in gpu_ranks]) or 0.0
+        def by_key(attr: str, keys=None) -> dict[str, float]:
+            keys = keys if keys is not None else sorted({k for x in means for k in getattr(x, attr)})
+            return {k: _mean([getattr(x, attr).get(k, 0.0) for x in means]) or 0.0 for k in keys}
+
+        by_pk: dict[str, dict[str, float]] = {}
+        for _, s in gpu:
+            for ph, kinds in s.exposed_ms_by_phase_kind.items():
+                d = by_pk.setdefault(ph, {})
+                for kind, v in kinds.items():
+                    d[kind] = d.get(kind, 0.0) + v / len(gpu)
+        rf.exposed_comm = ExposedSummary(
+            mean_ms_per_step=m("exposed_comm_ms"), by_phase=by_key("exposed_by_phase", PHASES), by_kind=by_key("exposed_by_kind"),
+            by_phase_kind=by_pk, per_rank={str(s.rank): s.mean_step.exposed_comm_ms for _, s in gpu},
+            by_role=by_key("exposed_by_role"),
+        )
+        busy = _mean([x.gpu_busy_ms / max(x.step_ms, 1e-9) for x in means]) or 0.0
+        cpu_share = _mean([cpu_span(x) / max(x.step_ms, 1e-9) for x in means]) or 0.0
         rf.timeline = TimelineSummary(
             gpu_window_ms=m("gpu_window_ms"),
             compute_ms=m("compute_ms"),
@@ -380,11 +447,11 @@ def fold(
             idle_cpu_blocked_ms=m("idle_cpu_blocked_ms"),
             outside_window_ms=m("outside_window_ms"),
             other_steps_ms=m("other_steps_ms"),
-            cpu_step_ms=_mean([_mean([cpu_span(s) for s in r.steps]) or 0.0 for r in gpu_ranks]) or 0.0,
-            wall_ms=_mean([w for w, _ in clocks]) or 0.0,
-            gpu_behind_ms=_mean([b for _, b in clocks]) or 0.0,
-            backlog_ms=_mean([r.backlog_ms for r in gpu_ranks]) or 0.0,
-            backlog_ops=_mean([float(r.backlog_ops) for r in gpu_ranks]) or 0.0,
+            cpu_step_ms=_mean([cpu_span(x) for x in means]) or 0.0,
+            wall_ms=_mean([s.step_ms or 0.0 for _, s in gpu]) or 0.0,
+            gpu_behind_ms=_mean([s.gpu_behind_ms for _, s in gpu]) or 0.0,
+            backlog_ms=_mean([r.backlog_ms for r, _ in gpu]) or 0.0,
+            backlog_ops=_mean([float(r.backlog_ops) for r, _ in gpu]) or 0.0,
             gpu_busy_ms=m("gpu_busy_ms"),
             bound=bound_side(busy, cpu_share),
         )
@@ -410,7 +477,7 @@ def fold(
             cross.add(r)
         cross_rank = cross.result()
     rf.cross_rank = cross_rank
-    rf.rank_summaries = summarize(ranks, cross_rank)
+    rf.rank_summaries = finish(sums, cross_rank)
     dropped = [r for r in ranks if r.collectives_dropped]
     if dropped:
         rf.notes.append(
@@ -441,27 +508,11 @@ GPU_BOUND_BUSY = 0.9  # the GPU busy with the step's own work this share of the 
 CPU_BOUND_SPAN = 0.9  # else the CPU span this share of it: CPU-bound
 
 
-def cpu_span(s) -> float:
-    """A step's CPU ProfilerStep span (facts saved before it was kept apart: the step time)."""
-    return s.cpu_span_ms or s.step_ms
-
-
 def bound_side(gpu_busy_share: float, cpu_span_share: float) -> str:
     """"gpu", "cpu" or "mixed" from the shares of the step time (see :class:`TimelineSummary`)."""
     if gpu_busy_share >= GPU_BOUND_BUSY:
         return "gpu"
     return "cpu" if cpu_span_share >= CPU_BOUND_SPAN else "mixed"
-
-
-def wall_clock(r: RankFacts) -> tuple[float, float]:
-    """(step time in ms, ms by which the last step's GPU work ends after its CPU span) of one
-    rank: the mean of its steps' times (the interval at which they complete, see
-    :func:`fsdpdoctor.analysis.timeline.step_clock`)."""
-    steps = r.steps
-    last = steps[-1]
-    cpu_end = last.start_us + cpu_span(last) * 1e3
-    behind = ((last.gpu_start_us + last.gpu_window_ms * 1e3) - cpu_end) / 1e3 if last.gpu_start_us is not None else 0.0
-    return sum(s.step_ms for s in steps) / len(steps), behind
 
 
 def partial_run_line(rf: RunFacts) -> str:

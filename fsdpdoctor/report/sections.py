@@ -374,10 +374,10 @@ def units_table(f: RunFacts, limit: int = 12) -> Table | None:
 
 
 def ranks_table(f: RunFacts) -> Table | None:
-    if len(f.rank_facts) < 2:
+    if len(f.ranks) < 2:
         return None
     rows = []
-    for r in f.rank_facts:
+    for r in f.all_ranks():
         steps = [s.step_ms for s in r.steps]
         exp = [s.exposed_comm_ms for s in r.steps]
         rows.append(
