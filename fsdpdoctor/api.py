@@ -189,7 +189,7 @@ def analyze(
     if mixed and not allow_mixed_runs:
         raise InputError(load.ranks[1].path if len(load.ranks) > 1 else files[0],
                          "not one run: " + "; ".join(mixed) + " (--allow-mixed-runs analyses them together)")
-    facts = fold(load.ranks, load.excluded, load.cross_rank, summaries=load.summaries, lean=load.lean)
+    facts = fold(load.ranks, load.excluded, load.cross_rank, arrived=load.arrived)
     if config and config.get("peak_tflops") and facts.compute is not None:  # --peak-tflops
         from .analysis.compute import finish
 

@@ -202,7 +202,7 @@ def test_ranks_beyond_the_detail_limit_keep_every_run_figure(cluster, gpu_run, o
     assert [r.collectives_dropped for r in lean.ranks[2:]] == [len(r.collectives) for r in full.ranks[2:]]
     assert lean.cross_rank == full.cross_rank
     a = fold(full.ranks, cross_rank=full.cross_rank)
-    b = fold(lean.ranks, cross_rank=lean.cross_rank, summaries=lean.summaries, lean=lean.lean)
+    b = fold(lean.ranks, cross_rank=lean.cross_rank, arrived=lean.arrived)
     for attr in ("steps", "overlap", "timeline", "collectives", "fsdp", "cross_rank"):
         assert getattr(a, attr) == getattr(b, attr), attr
     pk_a, pk_b = a.exposed_comm.by_phase_kind, b.exposed_comm.by_phase_kind

@@ -210,16 +210,16 @@ def test_lean_ranks_change_no_run_figure(runs, lean_load):
     from fsdpdoctor.engine import run_rules
 
     full, lean, first = lean_load
-    assert not full.lean and len(lean.lean) >= WORLD - 4 - 6
-    assert len(first) == 4 and not first & lean.lean
-    a = fold(full.ranks, full.excluded, full.cross_rank, summaries=full.summaries)
-    b = fold(lean.ranks, lean.excluded, lean.cross_rank, summaries=lean.summaries, lean=lean.lean)
+    assert not full.arrived.lean and len(lean.arrived.lean) >= WORLD - 4 - 6
+    assert len(first) == 4 and not first & lean.arrived.lean
+    a = fold(full.ranks, full.excluded, full.cross_rank, arrived=full.arrived)
+    b = fold(lean.ranks, lean.excluded, lean.cross_rank, arrived=lean.arrived)
     for attr in ("steps", "overlap", "exposed_comm", "timeline", "collectives", "whatif", "compute", "fsdp", "cross_rank",
                  "world_size", "workload", "ranks", "inputs"):
         assert getattr(b, attr) == getattr(a, attr), attr
     assert b.rank_summaries == a.rank_summaries
     kept = {r.rank for r in b.rank_facts}
-    assert kept == set(range(WORLD)) - lean.lean
+    assert kept == set(range(WORLD)) - lean.arrived.lean
     named = {s.rank for s in a.rank_summaries if set(s.detail_reasons) - {"straggler"}}
     assert named <= kept
     assert [f.code for f in run_rules(b)] == [f.code for f in run_rules(a)]
@@ -234,11 +234,15 @@ def test_a_lean_rank_holds_a_fraction_of_a_whole_one(lean_load):
     import pickle
 
     full, lean, _ = lean_load
-    r = next(iter(sorted(lean.lean)))
+    r = next(iter(sorted(lean.arrived.lean)))
     whole, cut = next(x for x in full.ranks if x.rank == r), next(x for x in lean.ranks if x.rank == r)
     assert len(cut.steps) == 1 and not cut.fsdp.units and not cut.collectives
-    assert cut.fsdp.version == whole.fsdp.version and cut.compute == whole.compute and cut.whatif == whole.whatif
-    assert len(pickle.dumps(cut)) < len(pickle.dumps(whole)) / 2
+    assert cut.fsdp.version == whole.fsdp.version and whole.compute is not None and whole.whatif is not None
+    assert (cut.compute, cut.whatif, cut.collective_stats) == (None, None, [])  # folded as it arrived
+    assert (cut.rank, cut.path, cut.world_size, cut.backlog_ms) == (whole.rank, whole.path, whole.world_size, whole.backlog_ms)
+    summary = lean.arrived.summaries[r]  # kept for every rank: what the lean rank adds to it
+    assert cut.steps[0] is summary.mean_step
+    assert len(pickle.dumps((summary, cut))) - len(pickle.dumps(summary)) < len(pickle.dumps(whole)) / 5
 
 
 def test_step_times_of_summarised_ranks(runs):

@@ -32,6 +32,7 @@ from ..facts import ComputeFacts
 from ..ingest.events import ATTN_BWD_OPS, ATTN_FWD_OPS, CONV_OPS, FLOP_OPS
 from ..ingest.kineto import RankTrace
 from . import intervals as iv
+from .columns import Columns
 from .labels import enclosing
 from .peaks import device_peaks, has_tensor_cores
 from .steps import PHASES, StepWindow, locate
@@ -290,30 +291,70 @@ def finish(cf: ComputeFacts, step_ms: float | None, peak_override: float | None 
     return cf
 
 
+_MEAN_ATTRS = ("flops_per_step", "model_flops_per_step", "matmul_flops_per_step", "attention_flops_per_step",
+               "recompute_flops_per_step", "gemm_ms_per_step", "attention_ms_per_step", "recompute_ms_per_step")
+_RATE_ATTRS = ("gemm_tflops", "attention_tflops")
+_DICT_ATTRS = ("flops_by_phase", "engine_ms_per_step", "attention_engine_ms_per_step", "engine_tflops")
+
+
+class ComputeFold:
+    """:func:`fold` as ranks arrive: each rank's compute figures go into columns (the rank's
+    ComputeFacts need not be kept), read back in rank order."""
+
+    __slots__ = ("cols", "first")
+
+    def __init__(self) -> None:
+        self.cols = Columns()
+        self.first: tuple[int, str | None, bool] | None = None  # (rank, device, tensor cores) of the lowest rank with shapes
+
+    def add(self, rank: int, c: ComputeFacts | None) -> None:
+        if c is None:
+            return
+        row: dict = {"without": float(c.ops_without_shapes)}
+        if c.source == "shapes":
+            row["shapes"], row["with"] = 1.0, float(c.ops_with_shapes)
+            for attr in (*_MEAN_ATTRS, *_RATE_ATTRS):
+                v = getattr(c, attr)
+                if v is not None:
+                    row[attr] = v
+            for attr in _DICT_ATTRS:
+                for k, v in getattr(c, attr).items():
+                    row[(attr, k)] = v
+            if self.first is None or rank < self.first[0]:
+                self.first = (rank, c.device, c.tensor_cores)
+        self.cols.add(rank, row)
+
+    def result(self, step_ms: float | None, peak_override: float | None = None) -> ComputeFacts | None:
+        """The run's compute facts: per-device means over the ranks that have them, on the run's
+        step clock."""
+        if self.first is None:
+            return None
+        cols = self.cols
+        out = ComputeFacts(device=self.first[1], source="shapes")
+
+        def mean(attr):
+            vals = cols.values(attr)
+            return float(np.mean(vals)) if vals else None
+
+        for attr in _MEAN_ATTRS:
+            setattr(out, attr, mean(attr) or 0.0)
+        out.gemm_tflops, out.attention_tflops = mean("gemm_tflops"), mean("attention_tflops")
+        out.ops_with_shapes = int(sum(cols.values("with")))
+        out.ops_without_shapes = int(sum(cols.values("without")))
+        for attr in _DICT_ATTRS:
+            setattr(out, attr, {k: float(np.mean(cols.filled((attr, k), 0.0, among="shapes"))) for k in cols.keys(attr)})
+        out.tensor_cores = self.first[2]
+        _engines_and_peak(out)
+        return finish(out, step_ms, peak_override)
+
+
 def fold(per_rank: list[ComputeFacts], step_ms: float | None, peak_override: float | None = None) -> ComputeFacts | None:
-    """The run's compute facts: per-device means over the ranks that have them, on the run's
-    step clock."""
-    rs = [c for c in per_rank if c is not None and c.source == "shapes"]
-    if not rs:
-        return None
-    out = ComputeFacts(device=rs[0].device, source="shapes")
-
-    def mean(attr):
-        vals = [getattr(c, attr) for c in rs if getattr(c, attr) is not None]
-        return float(np.mean(vals)) if vals else None
-
-    for attr in ("flops_per_step", "model_flops_per_step", "matmul_flops_per_step", "attention_flops_per_step",
-                 "recompute_flops_per_step", "gemm_ms_per_step", "attention_ms_per_step", "recompute_ms_per_step"):
-        setattr(out, attr, mean(attr) or 0.0)
-    out.gemm_tflops, out.attention_tflops = mean("gemm_tflops"), mean("attention_tflops")
-    out.ops_with_shapes = sum(c.ops_with_shapes for c in rs)
-    out.ops_without_shapes = sum(c.ops_without_shapes for c in per_rank if c is not None)
-    for attr in ("flops_by_phase", "engine_ms_per_step", "attention_engine_ms_per_step", "engine_tflops"):
-        keys = sorted({k for c in rs for k in getattr(c, attr)})
-        setattr(out, attr, {k: float(np.mean([getattr(c, attr).get(k, 0.0) for c in rs])) for k in keys})
-    out.tensor_cores = rs[0].tensor_cores
-    _engines_and_peak(out)
-    return finish(out, step_ms, peak_override)
+    """The run's compute facts: per-device means over the ranks that have them (``per_rank`` in
+    rank order), on the run's step clock."""
+    acc = ComputeFold()
+    for i, c in enumerate(per_rank):
+        acc.add(i, c)
+    return acc.result(step_ms, peak_override)
 
 
 def _engines_and_peak(cf: ComputeFacts) -> None:

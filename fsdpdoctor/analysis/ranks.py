@@ -36,8 +36,9 @@ from .crossrank import CrossRankFold, RankPart, part_of
 from .rank import analyze_rank, most_common
 from .rank_summary import cpu_span, exposed_by_phase_kind, finish, summarize_rank
 from .rank_summary import wall_clock  # noqa: F401  (where callers have imported it from)
-from .compute import fold as fold_compute
-from .whatif import fold_whatif
+from .columns import Columns
+from .compute import ComputeFold
+from .whatif import WhatIfFold
 from .steps import PHASES
 
 
@@ -143,20 +144,32 @@ _CANDIDATE_KEYS: dict[str, Callable[[RankFacts, RankSummary], Any]] = {
 }
 
 
-class _Lean:
-    """What the client keeps of each rank as it arrives, so that its memory stays flat in the
-    number of ranks: every rank's summary line (:func:`summarize_rank`), the whole RankFacts of
-    the detail ranks (those the workers sent with their collectives, :data:`DETAIL_RANKS`) and of
-    the ranks that are, so far, the slowest, fastest, least overlapped, worst replayed, first, or
-    hold the FSDP structure; every other rank is made lean in place (:func:`make_lean`)."""
+class Arrivals:
+    """What the client folds and keeps of each rank as it arrives, so that its memory stays flat
+    in the number of ranks: every rank's summary line (:func:`summarize_rank`); its compute,
+    replay and collective figures folded into columns (:class:`ComputeFold`,
+    :class:`WhatIfFold`, :class:`CollectiveFold`); the whole RankFacts of the detail ranks (those
+    the workers sent with their collectives, :data:`DETAIL_RANKS`) and of the ranks that are, so
+    far, the slowest, fastest, least overlapped, worst replayed, first, or hold the FSDP
+    structure. With ``lean``, every other rank is cut down in place (:func:`make_lean`).
+    The folds read their columns in rank order: the result does not depend on arrival order."""
 
-    def __init__(self) -> None:
+    def __init__(self, lean: bool = True) -> None:
+        self.allow_lean = lean
         self.summaries: dict[int, RankSummary] = {}
         self.lean: set[int] = set()
         self.best: dict[str, tuple[Any, RankFacts]] = {}
+        self.compute = ComputeFold()
+        self.whatif = WhatIfFold()
+        self.collectives = CollectiveFold()
 
     def add(self, r: RankFacts) -> None:
         s = self.summaries[r.rank] = summarize_rank(r)
+        self.compute.add(r.rank, r.compute)
+        self.whatif.add(r.rank, r.whatif, r.compute_ms_total)
+        self.collectives.add(r.rank, r.collective_stats)
+        if not self.allow_lean:
+            return
         beaten: list[RankFacts] = []
         for why, key in _CANDIDATE_KEYS.items():
             k = key(r, s)
@@ -172,17 +185,72 @@ class _Lean:
                 self.lean.add(x.rank)
 
 
+class CollectiveFold:
+    """Per collective kind, the means over the ranks' CollectiveStats (each rank has one per
+    kind), as ranks arrive: figures in columns, read back in rank order."""
+
+    __slots__ = ("cols", "dtypes", "codes")
+
+    def __init__(self) -> None:
+        self.cols = Columns()
+        self.dtypes: dict[str, set[str]] = {}
+        self.codes: dict[str, int] = {}  # role → its code in the "role" columns
+
+    def add(self, rank: int, stats: list[CollectiveStats]) -> None:
+        row: dict = {}
+        for c in stats:
+            k = c.kind
+            row[("count", k)], row[("gpu", k)], row[("exposed", k)] = c.count_per_step, c.gpu_ms_per_step, c.exposed_ms_per_step
+            if c.bytes_per_step is not None:
+                row[("bytes", k)] = c.bytes_per_step
+            if c.mean_busbw_gbps is not None:
+                row[("busbw", k)] = c.mean_busbw_gbps
+            if c.group_size:
+                row[("group", k)] = float(c.group_size)
+            if c.role:
+                row[("role", k)] = float(self.codes.setdefault(c.role, len(self.codes)))
+            for role, v in c.roles.items():
+                row[("roles", (k, role))] = v
+            self.dtypes.setdefault(k, set()).update(c.dtypes)
+        if row:
+            self.cols.add(rank, row)
+
+    def result(self) -> list[CollectiveStats]:
+        cols, out = self.cols, []
+        names = {code: role for role, code in self.codes.items()}
+        for k in cols.keys("count"):
+            n = len(cols.values(("count", k)))
+            out.append(
+                CollectiveStats(
+                    kind=k,
+                    count_per_step=_mean(cols.values(("count", k))) or 0.0,
+                    bytes_per_step=_mean(cols.values(("bytes", k))),
+                    gpu_ms_per_step=_mean(cols.values(("gpu", k))) or 0.0,
+                    exposed_ms_per_step=_mean(cols.values(("exposed", k))) or 0.0,
+                    mean_busbw_gbps=_mean(cols.values(("busbw", k))),
+                    dtypes=sorted(self.dtypes.get(k, ())),
+                    group_size=most_common(int(v) for v in cols.values(("group", k))),
+                    role=most_common(names[int(v)] for v in cols.values(("role", k))),
+                    roles={role: sum(cols.filled(("roles", (kind, role)), 0.0, among=("count", k))) / n
+                           for kind, role in cols.keys("roles") if kind == k},
+                )
+            )
+        return out
+
+
 _NO_FSDP = FsdpFacts()
 
 
 def make_lean(r: RankFacts, s: RankSummary) -> None:
     """``r`` cut down, in place, to what the fold reads of a rank that is not kept whole: its one
     step the mean of its steps (``s.mean_step``: per-rank means are unchanged), no FSDP units
-    (the fold reports another rank's), its compute, replay and collective aggregates and its
-    identity kept. Its summary ``s`` holds its step times and the rest of its line."""
+    (the fold reports another rank's), no compute, replay or collective figures (folded as it
+    arrived, :class:`Arrivals`); its identity and scalars kept. Its summary ``s`` holds its step
+    times and the rest of its line."""
     r.steps = [s.mean_step] if s.mean_step is not None else []
     r.fsdp = _NO_FSDP if r.fsdp.version is None else FsdpFacts(version=r.fsdp.version)
-    r.collectives = []
+    r.collectives, r.collective_stats, r.compute, r.whatif = [], [], None, None
+    r.exposed_ms_by_phase_kind = s.exposed_ms_by_phase_kind  # one copy, the summary's
 
 
 def _cores() -> int:
@@ -203,9 +271,8 @@ class RankLoad:
     ranks: list[RankFacts]
     excluded: list[ExcludedInput] = field(default_factory=list)
     cross_rank: CrossRankFacts | None = None
-    # every rank's summary line, made as it arrived, and the ranks kept lean (see _Lean)
-    summaries: dict[int, RankSummary] = field(default_factory=dict)
-    lean: set[int] = field(default_factory=set)
+    # what was folded and kept of each rank as it arrived (summaries, lean ranks, figures)
+    arrived: "Arrivals | None" = None
 
     @property
     def expected(self) -> int:
@@ -253,9 +320,9 @@ def load_ranks(
     """
     items = [(str(p), i, detail_ranks is None or i < detail_ranks) for i, p in enumerate(paths)]
     cross = CrossRankFold()
-    shared_pg: dict[bytes, list] = {}  # one copy of each process-group table (each lists its ranks)
+    shared_pg: dict[bytes, Any] = {}  # one copy of each process-group table (each lists its ranks) and parallelism
     shared_str: dict[str, str] = {}  # one copy of each string (unpickling makes one per rank)
-    lean = _Lean()
+    arrived = Arrivals(lean=detail_ranks is not None)
 
     def take(res: Result | InputError) -> RankFacts | InputError:
         if isinstance(res, InputError):
@@ -264,8 +331,9 @@ def load_ranks(
         cross.add_part(part)
         if rf.pg_config:
             rf.pg_config = shared_pg.setdefault(msgspec.json.encode(rf.pg_config), rf.pg_config)
+        rf.parallelism = shared_pg.setdefault(msgspec.json.encode(rf.parallelism), rf.parallelism)
         share_strings(rf, shared_str)
-        lean.add(rf)
+        arrived.add(rf)
         return rf
 
     if scheduler:
@@ -297,7 +365,7 @@ def load_ranks(
         if k not in ids:
             excluded.append(ExcludedInput(path=None, rank=k, reason="no trace file for this rank id (a gap in the rank ids)"))
     excluded.sort(key=lambda e: (e.rank is None, e.rank if e.rank is not None else 0, e.path or ""))
-    return RankLoad(sorted(ranks, key=lambda r: r.rank), excluded, cross.result(), lean.summaries, lean.lean)
+    return RankLoad(sorted(ranks, key=lambda r: r.rank), excluded, cross.result(), arrived)
 
 
 def _run_local(
@@ -374,18 +442,24 @@ _UNSET: Any = object()
 
 def fold(
     ranks: list[RankFacts], excluded: list[ExcludedInput] | None = None, cross_rank: CrossRankFacts | None = _UNSET,
-    *, summaries: dict[int, RankSummary] | None = None, lean: set[int] | frozenset[int] = frozenset(),
+    *, arrived: Arrivals | None = None,
 ) -> RunFacts:
     """RunFacts from per-rank facts. Per-step figures are means over ranks of per-rank means.
 
     ``excluded``: the ranks left out of a partial run (:attr:`RankLoad.excluded`), named in
     ``inputs_excluded`` and in a note. ``cross_rank``: as folded by :func:`load_ranks` while
-    the ranks arrived (default: folded here from the ranks' collectives). ``summaries`` and
-    ``lean``: as :func:`load_ranks` made them while the ranks arrived (:attr:`RankLoad.summaries`,
-    :attr:`RankLoad.lean`); a lean rank is in ``ranks`` cut down (:func:`make_lean`), its step
-    figures come from its summary, and it is left out of ``rank_facts``."""
+    the ranks arrived (default: folded here from the ranks' collectives). ``arrived``: what
+    :func:`load_ranks` folded and kept of the ranks as they arrived (:attr:`RankLoad.arrived`;
+    default: folded here from ``ranks``, none made lean). A lean rank is in ``ranks`` cut down
+    (:func:`make_lean`): its step figures come from its summary, the rest from the folds, and
+    it is left out of ``rank_facts``."""
     rf = RunFacts(tool=f"fsdpdoctor {__version__}")
-    sums = [summaries[r.rank] if summaries is not None and r.rank in summaries else summarize_rank(r) for r in ranks]
+    if arrived is None:
+        arrived = Arrivals(lean=False)
+        for r in ranks:
+            arrived.add(r)
+    sums = [arrived.summaries[r.rank] for r in ranks]
+    lean = arrived.lean
     rf.rank_facts = [r for r in ranks if r.rank not in lean] if lean else ranks
     rf.inputs = [InputFacts(r.path, r.rank, r.rank_source) for r in ranks]
     rf.ranks = [r.rank for r in ranks]
@@ -462,9 +536,9 @@ def fold(
             )
     kinds_of_work = {r.workload for r in ranks if r.workload}
     rf.workload = "training" if "training" in kinds_of_work else ("inference" if kinds_of_work else None)
-    rf.collectives = _fold_collectives(ranks)
-    rf.whatif = fold_whatif(ranks)
-    rf.compute = fold_compute([r.compute for r in ranks], rf.step_clock_ms)
+    rf.collectives = arrived.collectives.result()
+    rf.whatif = arrived.whatif.result()
+    rf.compute = arrived.compute.result(rf.step_clock_ms)
     if rf.compute is None and rf.gpu_present:
         rf.notes.append("FLOPs and MFU not computed: no matmul or attention op with recorded shapes "
                         "(profile with record_shapes=True)")
@@ -522,26 +596,3 @@ def partial_run_line(rf: RunFacts) -> str:
         who = f"rank {e.rank}" if e.rank is not None else "a file"
         parts.append(f"{who} ({e.path + ': ' if e.path else ''}{e.reason})")
     return f"{len(rf.ranks)} of {rf.ranks_expected} ranks analysed; left out: " + "; ".join(parts)
-
-
-def _fold_collectives(ranks: list[RankFacts]) -> list[CollectiveStats]:
-    kinds = sorted({c.kind for r in ranks for c in r.collective_stats})
-    out = []
-    for k in kinds:
-        cs = [c for r in ranks for c in r.collective_stats if c.kind == k]
-        bws = [c.mean_busbw_gbps for c in cs if c.mean_busbw_gbps is not None]
-        out.append(
-            CollectiveStats(
-                kind=k,
-                count_per_step=_mean([c.count_per_step for c in cs]) or 0.0,
-                bytes_per_step=_mean([c.bytes_per_step for c in cs if c.bytes_per_step is not None]),
-                gpu_ms_per_step=_mean([c.gpu_ms_per_step for c in cs]) or 0.0,
-                exposed_ms_per_step=_mean([c.exposed_ms_per_step for c in cs]) or 0.0,
-                mean_busbw_gbps=_mean(bws),
-                dtypes=sorted({d for c in cs for d in c.dtypes}),
-                group_size=most_common(c.group_size for c in cs if c.group_size),
-                role=most_common(c.role for c in cs if c.role),
-                roles={role: sum(c.roles.get(role, 0.0) for c in cs) / len(cs) for role in sorted({x for c in cs for x in c.roles})},
-            )
-        )
-    return out
