@@ -175,7 +175,11 @@ def analyze(
     ``rank_detail`` ("auto", "all", "none"; :data:`fsdpdoctor.facts.RANK_DETAIL`) is which ranks'
     full RankFacts the JSON report holds (every rank has its summary line); "all" also keeps every
     rank's list of collectives, which runs of more than
-    :data:`~fsdpdoctor.analysis.ranks.DETAIL_RANKS` ranks otherwise leave on the workers.
+    :data:`~fsdpdoctor.analysis.ranks.DETAIL_RANKS` ranks otherwise leave on the workers, and
+    every rank's RankFacts whole: otherwise the ranks beyond those are kept as their summary line
+    (:class:`~fsdpdoctor.analysis.ranks.Arrivals`; every figure is the same), so that
+    ``facts.rank_facts`` and :meth:`Report.steps_df` hold the kept ranks and
+    ``facts.all_ranks()`` every rank.
     """
     if rank_detail not in RANK_DETAIL:
         raise ValueError(f"rank_detail must be one of {RANK_DETAIL}, not {rank_detail!r}")

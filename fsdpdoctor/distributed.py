@@ -111,7 +111,7 @@ def run_on_dask(
     ranks_cb = getattr(progress, "ranks", None)
     results: list[RankFacts | InputError | None] = [None] * len(items)
     with dask_client(spec) as client:
-        futures = [
+        futures: list = [
             client.submit(task, p, i, d, key=f"fsdpdoctor-rank-{i}-{os.urandom(4).hex()}", pure=False, retries=0)
             for p, i, d in items
         ]
@@ -133,8 +133,9 @@ def run_on_dask(
                 if ranks_cb is not None:
                     ranks_cb(n_done, len(items))
             fut.release()  # the worker may forget it: nothing of it is kept but what take() returned
+            futures[k] = None  # nor here
             if strict and isinstance(results[k], InputError):
-                later = [f for j, f in enumerate(futures) if j > k and results[j] is None]
+                later = [f for j, f in enumerate(futures) if j > k and results[j] is None and f is not None]
                 if later:
                     client.cancel(later)
         del futures

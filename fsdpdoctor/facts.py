@@ -441,7 +441,10 @@ class RankSummary:
     "lowest-overlap", "worst-replay" (largest what-if replay error), "first" (the lowest rank id,
     the one single-rank figures quote). ``mean_step`` is the per-field mean of its steps
     (``number`` −1, ``start_us`` the first step's, ``end_us`` the last's): with
-    ``exposed_ms_by_phase_kind`` it is what ``compare`` reads for a rank without its RankFacts.
+    ``exposed_ms_by_phase_kind`` it is what ``compare`` reads for a rank without its RankFacts;
+    ``step_times_ms`` (each step's time) is what the run's step figures and the jitter rule read.
+    The analysis makes it as the rank arrives, and keeps no more than it of most ranks of a large
+    run (:class:`fsdpdoctor.analysis.ranks.Arrivals`).
     """
 
     rank: int

@@ -59,6 +59,8 @@ DETAIL_RANKS = 64
 
 Result = tuple[RankFacts, RankPart]
 
+SUBMIT_AHEAD = 4  # files queued per worker process ahead of the results
+
 
 def analyze_one(path: str, idx: int, detail: bool = True) -> Result:
     """One rank file → (RankFacts, its cross-rank part); without ``detail`` the RankFacts drops
@@ -414,18 +416,38 @@ def _run_local(
         slots = multiprocessing.Array("q", len(items), lock=False) if progress is not None else None
         finished = [False] * len(items)
         with ProcessPoolExecutor(max_workers=want, initializer=_init_worker, initargs=(slots,)) as pool:
-            futures = {pool.submit(_worker, it): k for k, it in enumerate(items)}
-            pending = set(futures)
+            # files are submitted in order, a few per process ahead of the results (not all at once:
+            # a thousand queued futures and work items are memory the client need not hold)
+            futures: dict = {}
+            queue = iter(enumerate(items))
+            stop = len(items)  # strict: no file after the first bad one is started
+
+            def submit(n: int) -> set:
+                new: set = set()
+                if n <= 0:
+                    return new
+                for k, it in queue:
+                    if k < stop:
+                        f = pool.submit(_worker, it)
+                        futures[f] = k
+                        new.add(f)
+                    if len(new) >= n:
+                        break
+                return new
+
+            pending = submit(SUBMIT_AHEAD * want)
             while pending:
                 done, pending = wait(pending, timeout=0.1 if progress is not None else None, return_when=FIRST_COMPLETED)
                 for f in done:
-                    k = futures[f]
+                    k = futures.pop(f)  # the future holds the result (with its cross-rank part): let it go
                     results[k] = take(f.result())
                     finished[k] = True
                     if strict and isinstance(results[k], InputError):  # later files cannot change the outcome
+                        stop = min(stop, k)
                         for g in list(pending):
                             if futures[g] > k and g.cancel():
                                 pending.discard(g)
+                pending |= submit(len(done))
                 if progress is not None and slots is not None:
                     progress(sum(s if finished[k] else min(slots[k], s) for k, s in enumerate(sizes)), total)
                     if ranks_cb is not None:

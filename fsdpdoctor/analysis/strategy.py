@@ -233,7 +233,7 @@ def inputs_from_facts(facts: RunFacts, gpus_per_node: int | None = None) -> Plan
         return None
     src["params"] = "measured (all-gather sizes)" if units else "measured (all-reduce sizes)"
     r0 = facts.rank_facts[0]
-    ws = facts.world_size or len(facts.rank_facts)
+    ws = facts.world_size or len(facts.ranks)
     g = gpus_per_node or r0.gpus_per_node or ws
     src["gpus_per_node"] = "given" if gpus_per_node else ("measured (deviceProperties)" if r0.gpus_per_node else "assumed (one node)")
     g = min(g, ws)
@@ -256,11 +256,16 @@ def inputs_from_facts(facts: RunFacts, gpus_per_node: int | None = None) -> Plan
         src["activation_bytes"] = "measured (memory snapshot)"
     else:
         src["activation_bytes"] = "unknown (no snapshot): 0"
-    steps = [s for r in facts.rank_facts for s in r.steps]
-    n = max(len(steps), 1)
-    inp.compute_forward_ms = sum(s.compute_by_phase.get("forward", 0.0) for s in steps) / n
-    inp.compute_backward_ms = sum(s.compute_by_phase.get("backward", 0.0) for s in steps) / n
-    inp.compute_other_ms = sum(s.compute_ms for s in steps) / n - inp.compute_forward_ms - inp.compute_backward_ms
+    # means over every rank (a rank kept as its summary line: its mean step) of its per-step means
+    ranks = [r for r in facts.all_ranks() if r.steps]
+    n = max(len(ranks), 1)
+
+    def per_step(fn) -> float:
+        return sum(sum(fn(s) for s in r.steps) / len(r.steps) for r in ranks) / n
+
+    inp.compute_forward_ms = per_step(lambda s: s.compute_by_phase.get("forward", 0.0))
+    inp.compute_backward_ms = per_step(lambda s: s.compute_by_phase.get("backward", 0.0))
+    inp.compute_other_ms = per_step(lambda s: s.compute_ms) - inp.compute_forward_ms - inp.compute_backward_ms
     inp.other_ms = facts.timeline.idle_ms + facts.timeline.memcpy_ms
     src["compute_forward_ms"] = src["compute_backward_ms"] = "measured (GPU timeline)"
     intra, inter = [], []

@@ -343,7 +343,7 @@ def extract_for_facts(facts, rank: int | None = None, step_index: int | None = N
     from ..ingest.kineto import load_trace
     from .steps import find_steps
 
-    ranks = sorted(facts.rank_facts, key=lambda r: r.rank)
+    ranks = facts.all_ranks()  # a rank kept as its summary line: its path and step times are there
     if not ranks:
         raise InputError("--timeline-rank", "no traces to draw a timeline from")
     if rank is None:
@@ -353,7 +353,7 @@ def extract_for_facts(facts, rank: int | None = None, step_index: int | None = N
         if rf is None:
             raise InputError(f"rank {rank}", f"not in the input (ranks: {', '.join(str(r.rank) for r in ranks)})")
     if step_index is None:
-        step_index = median_step_index([s.step_ms for s in rf.steps]) or 0
+        step_index = median_step_index(facts.step_times().get(rf.rank) or [s.step_ms for s in rf.steps]) or 0
     rt = load_trace(rf.path)
     steps = find_steps(rt).steps
     if not 0 <= step_index < len(steps):
