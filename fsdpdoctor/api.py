@@ -51,6 +51,10 @@ class Report:
     def to_json(self, indent: int = 2, rank_detail: str | None = None) -> str:
         """:meth:`to_dict` as JSON. The per-rank facts are encoded straight from their dataclasses
         (the same JSON, without a second copy of every rank as Python objects)."""
+        return self.to_json_bytes(indent, rank_detail).decode()
+
+    def to_json_bytes(self, indent: int = 2, rank_detail: str | None = None) -> bytes:
+        """:meth:`to_json` as UTF-8 bytes, for writing (no str copy of a report of many ranks)."""
         facts = self.facts
         ranks, sums, policy = facts.ranks_to_write(rank_detail or self.rank_detail)
         kept = facts.rank_facts, facts.rank_summaries
@@ -63,7 +67,7 @@ class Report:
         d["rank_summaries"] = sums
         d["rank_detail"] = policy
         d["findings"] = self.findings
-        return msgspec.json.format(msgspec.json.encode(d), indent=indent).decode()
+        return msgspec.json.format(msgspec.json.encode(d), indent=indent)
 
     def to_markdown(self) -> str:
         from .report.markdown import render

@@ -59,7 +59,7 @@ def analyze(
         )
     warn_partial(report.facts)
     if save_baseline is not None:
-        _write(report.to_json(), save_baseline)
+        _write(report.to_json_bytes(), save_baseline)
     _emit(report, fmt, output, brief=brief, details=details)
 
 
@@ -83,7 +83,7 @@ def _emit(report, fmt: str, output: Path | None, *, brief: bool = False, details
 
         _write(render_html(report), output)
     elif fmt == "json":
-        _write(report.to_json(), output)
+        _write(report.to_json_bytes(), output)
     elif fmt == "markdown":
         _write(report.to_markdown(), output)
     else:

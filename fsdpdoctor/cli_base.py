@@ -144,12 +144,17 @@ def warn_partial(facts) -> None:
         click.echo(f"fsdpdoctor: warning: {partial_run_line(facts)}", err=True)
 
 
-def _write(text: str, output: Path | None) -> None:
+def _write(text: str | bytes, output: Path | None) -> None:
+    """``text`` to ``output`` (stdout when None), ending in a newline."""
     if output is None:
         click.echo(text)
         return
+    data = text if isinstance(text, bytes) else text.encode()
     try:
-        output.write_text(text if text.endswith("\n") else text + "\n")
+        with output.open("wb") as fh:
+            fh.write(data)
+            if not data.endswith(b"\n"):
+                fh.write(b"\n")
     except OSError as exc:
         raise InputError(output, f"cannot write output ({exc.strerror or exc})") from None
 

@@ -218,6 +218,10 @@ def test_lean_ranks_change_no_run_figure(runs, lean_load):
                  "world_size", "workload", "ranks", "inputs"):
         assert getattr(b, attr) == getattr(a, attr), attr
     assert b.rank_summaries == a.rank_summaries
+    # facts that hold the ranks that matter cannot write every rank: "all" is written as "auto"
+    assert (a.rank_detail, b.rank_detail) == ("all", "auto")
+    ranks, sums, policy = b.ranks_to_write("all")
+    assert policy == "auto" and len(sums) == WORLD and {r.rank for r in ranks} < {r.rank for r in b.rank_facts}
     kept = {r.rank for r in b.rank_facts}
     assert kept == set(range(WORLD)) - lean.arrived.lean
     named = {s.rank for s in a.rank_summaries if set(s.detail_reasons) - {"straggler"}}

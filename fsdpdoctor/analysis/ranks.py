@@ -483,6 +483,8 @@ def fold(
     sums = [arrived.summaries[r.rank] for r in ranks]
     lean = arrived.lean
     rf.rank_facts = [r for r in ranks if r.rank not in lean] if lean else ranks
+    if lean:
+        rf.rank_detail = "auto"  # the facts hold the ranks that matter, not every rank: none can write them all
     rf.inputs = [InputFacts(r.path, r.rank, r.rank_source) for r in ranks]
     rf.ranks = [r.rank for r in ranks]
     ws = [r.world_size for r in ranks if r.world_size]
