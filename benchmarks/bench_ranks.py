@@ -58,7 +58,7 @@ def main():
     rep = api.analyze([path], scheduler=scheduler)
     dt = time.perf_counter() - t
     analyze_peak = peak_rss_mb()
-    text = rep.to_json()  # the default report (--rank-detail auto)
+    text = rep.to_json_bytes()  # the default report (--rank-detail auto), as the CLI writes it
     ranks, excluded = len(rep.facts.ranks), len(rep.facts.inputs_excluded)
     straggler = rep.facts.cross_rank.ranks[0].rank if rep.facts.cross_rank else None
     auto_mb = len(text) / 2**20
@@ -67,7 +67,7 @@ def main():
     del rep
     # --rank-detail all: every rank kept whole from the start (the default run keeps most ranks as
     # their summary line, so its facts cannot write them all); its peak is not the one reported
-    all_mb = len(api.analyze([path], scheduler=scheduler, rank_detail="all").to_json(rank_detail="all")) / 2**20
+    all_mb = len(api.analyze([path], scheduler=scheduler, rank_detail="all").to_json_bytes(rank_detail="all")) / 2**20
     print(json.dumps({"seconds": dt, "ranks": ranks, "excluded": excluded,
                       "peak_rss_mb": analyze_peak, "peak_rss_with_json_mb": with_json,
                       "json_mb": auto_mb, "json_all_mb": all_mb,

@@ -93,13 +93,14 @@ def run_on_dask(
     take: Callable[[object], RankFacts | InputError],
     progress: Callable[[int, int], None] | None = None,
     strict: bool = False,
+    ahead: int = 4,
 ) -> list[RankFacts | InputError]:
     """Run ``task`` (:func:`fsdpdoctor.analysis.ranks.rank_task`) for every ``(path, order index,
     detail)`` on the cluster named by
     ``spec``; each result goes through ``take`` as it arrives (which folds and drops its
     cross-rank part) and the results come back in the order of ``items``. With ``strict``, the
     tasks of later files are cancelled once a file fails (the first bad file in order is what
-    the caller reports)."""
+    the caller reports). Files are submitted ``ahead`` per worker thread ahead of the results."""
     from .ingest import fs
 
     for p, _, _ in items:
@@ -111,15 +112,31 @@ def run_on_dask(
     ranks_cb = getattr(progress, "ranks", None)
     results: list[RankFacts | InputError | None] = [None] * len(items)
     with dask_client(spec) as client:
-        futures: list = [
-            client.submit(task, p, i, d, key=f"fsdpdoctor-rank-{i}-{os.urandom(4).hex()}", pure=False, retries=0)
-            for p, i, d in items
-        ]
-        index = {f.key: k for k, f in enumerate(futures)}
+        # files are submitted in order, a few per worker thread ahead of the results: the client
+        # holds a bounded number of futures, not one per rank file
+        n_ahead = max(16, ahead * sum(client.nthreads().values()))
+        queue = iter(enumerate(items))
+        inflight: dict[str, tuple[int, object]] = {}  # future key → (order index, future)
+        stop = len(items)  # strict: no file after the first bad one is submitted
+
+        def submit(n: int) -> list:
+            new: list = []
+            if n <= 0:
+                return new
+            for k, (p, i, d) in queue:
+                if k < stop:
+                    f = client.submit(task, p, i, d, key=f"fsdpdoctor-rank-{i}-{os.urandom(4).hex()}", pure=False, retries=0)
+                    inflight[f.key] = (k, f)
+                    new.append(f)
+                if len(new) >= n:
+                    break
+            return new
+
         done_bytes = 0
         n_done = 0
-        for fut in distributed.as_completed(futures):
-            k = index[fut.key]
+        pending = distributed.as_completed(submit(n_ahead))
+        for fut in pending:
+            k, _ = inflight.pop(fut.key)
             try:
                 results[k] = take(fut.result())
             except distributed.KilledWorker as exc:  # the worker died on this file (out of memory...)
@@ -133,10 +150,11 @@ def run_on_dask(
                 if ranks_cb is not None:
                     ranks_cb(n_done, len(items))
             fut.release()  # the worker may forget it: nothing of it is kept but what take() returned
-            futures[k] = None  # nor here
             if strict and isinstance(results[k], InputError):
-                later = [f for j, f in enumerate(futures) if j > k and results[j] is None and f is not None]
+                stop = min(stop, k)
+                later = [f for j, f in inflight.values() if j > k]
                 if later:
                     client.cancel(later)
-        del futures
+            for f in submit(1):
+                pending.add(f)
     return [r for r in results if r is not None]

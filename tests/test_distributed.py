@@ -220,3 +220,34 @@ def test_report_json_equals_its_dict(gpu_run, recorded_run):
         rep = analyze([d])
         assert json.loads(rep.to_json()) == rep.to_dict()
         assert rep.facts.rank_facts and json.loads(rep.to_json())["rank_facts"][0]["steps"]
+
+
+@pytest.fixture(scope="module")
+def wide_run(tmp_path_factory) -> Path:
+    """More rank files than either engine keeps in flight (the pool: 4 per process; Dask: at least
+    16), with two of them truncated."""
+    cfg = dataclasses.replace(
+        PRESETS["healthy-fsdp2"], world_size=24, num_layers=1, steps=2, hidden_size=256, seq_len=256, vocab_size=512
+    )
+    d = generate(cfg, tmp_path_factory.mktemp("wide"))
+    for r in (9, 21):
+        bad = d / f"rank{r}.json.gz"
+        bad.write_bytes(bad.read_bytes()[:4000])
+    return d
+
+
+@pytest.mark.parametrize("on_dask", [False, True])
+def test_files_beyond_the_submission_window(cluster, wide_run, on_dask):
+    """Files are handed to the workers a few at a time: every file is still analysed once, in
+    order, and strict mode still reports the first bad file in order (not the first to fail)."""
+    from fsdpdoctor.analysis.ranks import load_ranks
+
+    files = discover([wide_run])
+    sched = cluster if on_dask else None
+    load = load_ranks(files, jobs=2, scheduler=sched)
+    assert [r.rank for r in load.ranks] == [r for r in range(24) if r not in (9, 21)]
+    assert [e.rank for e in load.excluded] == [9, 21]
+    with pytest.raises(InputError) as ei:
+        load_ranks(files, jobs=2, scheduler=sched, strict=True)
+    bad = {str(wide_run / f"rank{r}.json.gz") for r in (9, 21)}
+    assert ei.value.path == next(str(f) for f in files if str(f) in bad)  # the first in the order given

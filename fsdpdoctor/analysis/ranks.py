@@ -341,7 +341,7 @@ def load_ranks(
     if scheduler:
         from ..distributed import run_on_dask
 
-        results = run_on_dask(items, scheduler, rank_task, take, progress=progress, strict=strict)
+        results = run_on_dask(items, scheduler, rank_task, take, progress=progress, strict=strict, ahead=SUBMIT_AHEAD)
     else:
         results = _run_local(items, jobs, progress, strict, take)
     errors = [(k, r) for k, r in enumerate(results) if isinstance(r, InputError)]
