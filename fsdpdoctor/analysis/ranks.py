@@ -367,7 +367,34 @@ def load_ranks(
         if k not in ids:
             excluded.append(ExcludedInput(path=None, rank=k, reason="no trace file for this rank id (a gap in the rank ids)"))
     excluded.sort(key=lambda e: (e.rank is None, e.rank if e.rank is not None else 0, e.path or ""))
-    return RankLoad(sorted(ranks, key=lambda r: r.rank), excluded, cross.result(), arrived)
+    cross_rank = cross.result()
+    _straggler_whole(ranks, items, cross_rank, arrived, jobs, scheduler)
+    return RankLoad(sorted(ranks, key=lambda r: r.rank), excluded, cross_rank, arrived)
+
+
+def _straggler_whole(ranks: list[RankFacts], items: list[tuple[str, int, bool]], cross_rank: CrossRankFacts,
+                     arrived: Arrivals, jobs: int | None, scheduler: str | None) -> None:
+    """The straggler (the rank the others wait for) is known only once every rank has arrived:
+    when it was kept lean, its file is read again, on the same engine, so that the report's
+    detail holds it whole (one more file out of many; if it cannot be read now, it stays lean)."""
+    if not arrived.lean or not cross_rank.ranks or cross_rank.ranks[0].rank not in arrived.lean:
+        return
+    rank = cross_rank.ranks[0].rank
+    k = next(k for k, r in enumerate(ranks) if r.rank == rank)
+    item = next(it for it in items if it[0] == ranks[k].path)
+
+    def whole(res: Result | InputError) -> RankFacts | InputError:
+        return res if isinstance(res, InputError) else res[0]
+
+    if scheduler:
+        from ..distributed import run_on_dask
+
+        got = run_on_dask([item], scheduler, rank_task, whole)
+    else:
+        got = _run_local([item], jobs, None, False, whole)
+    if got and isinstance(got[0], RankFacts) and got[0].rank == rank:
+        ranks[k] = got[0]
+        arrived.lean.discard(rank)
 
 
 def _run_local(
