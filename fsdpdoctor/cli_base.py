@@ -147,7 +147,7 @@ def warn_partial(facts) -> None:
 def _write(text: str | bytes, output: Path | None) -> None:
     """``text`` to ``output`` (stdout when None), ending in a newline."""
     if output is None:
-        click.echo(text)
+        click.echo(text.decode() if isinstance(text, bytes) else text)  # stdout may be a text stream only
         return
     data = text if isinstance(text, bytes) else text.encode()
     try:
