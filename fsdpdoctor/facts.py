@@ -686,8 +686,8 @@ class RunFacts:
 
     def step_times(self) -> dict[int, list[float]]:
         """rank → each of its steps' time (StepFacts.step_ms), for every rank: from its RankFacts
-        when written, else from its summary (summaries written before 2026-11-27 lack the times:
-        those ranks are left out)."""
+        when written, else from its summary (summaries written before ``step_times_ms`` existed
+        lack them: those ranks are left out)."""
         out = {s.rank: list(s.step_times_ms) for s in self.rank_summaries if s.step_times_ms or not s.steps}
         out.update({r.rank: [s.step_ms for s in r.steps] for r in self.rank_facts})
         return dict(sorted(out.items()))
