@@ -22,6 +22,7 @@ import os
 import re
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from typing import Any
 
 from .errors import InputError
 from .facts import RankFacts
@@ -86,6 +87,30 @@ def _cores() -> int:
         return os.cpu_count() or 1
 
 
+class Window:
+    """Files handed to workers in order, a few at a time (a bounded number in flight, however
+    many files): ``take(n)`` gives the next ``n`` (order index, item) pairs; after
+    ``stop_after(k)`` (strict mode: file ``k`` failed) no file after ``k`` is given."""
+
+    def __init__(self, items: list) -> None:
+        self._queue = iter(enumerate(items))
+        self.stop = len(items)
+
+    def take(self, n: int) -> list[tuple[int, Any]]:
+        out: list[tuple[int, Any]] = []
+        if n <= 0:
+            return out
+        for k, it in self._queue:
+            if k < self.stop:
+                out.append((k, it))
+            if len(out) >= n:
+                break
+        return out
+
+    def stop_after(self, k: int) -> None:
+        self.stop = min(self.stop, k)
+
+
 def run_on_dask(
     items: list[tuple[str, int, bool]],
     spec: str,
@@ -115,21 +140,15 @@ def run_on_dask(
         # files are submitted in order, a few per worker thread ahead of the results: the client
         # holds a bounded number of futures, not one per rank file
         n_ahead = max(16, ahead * sum(client.nthreads().values()))
-        queue = iter(enumerate(items))
+        window = Window(items)
         inflight: dict[str, tuple[int, object]] = {}  # future key → (order index, future)
-        stop = len(items)  # strict: no file after the first bad one is submitted
 
         def submit(n: int) -> list:
-            new: list = []
-            if n <= 0:
-                return new
-            for k, (p, i, d) in queue:
-                if k < stop:
-                    f = client.submit(task, p, i, d, key=f"fsdpdoctor-rank-{i}-{os.urandom(4).hex()}", pure=False, retries=0)
-                    inflight[f.key] = (k, f)
-                    new.append(f)
-                if len(new) >= n:
-                    break
+            new = []
+            for k, (p, i, d) in window.take(n):
+                f = client.submit(task, p, i, d, key=f"fsdpdoctor-rank-{i}-{os.urandom(4).hex()}", pure=False, retries=0)
+                inflight[f.key] = (k, f)
+                new.append(f)
             return new
 
         done_bytes = 0
@@ -151,7 +170,7 @@ def run_on_dask(
                     ranks_cb(n_done, len(items))
             fut.release()  # the worker may forget it: nothing of it is kept but what take() returned
             if strict and isinstance(results[k], InputError):
-                stop = min(stop, k)
+                window.stop_after(k)
                 later = [f for j, f in inflight.values() if j > k]
                 if later:
                     client.cancel(later)

@@ -45,9 +45,6 @@ class Columns:
         """The second parts of the tuple keys ``(head, x)``, sorted."""
         return sorted(k[1] for k in self._cols if isinstance(k, tuple) and len(k) == 2 and k[0] == head)
 
-    def has(self, key: Hashable) -> bool:
-        return key in self._cols
-
     def _sorted(self, key: Hashable) -> tuple[np.ndarray, np.ndarray]:
         col = self._cols.get(key)
         if col is None:

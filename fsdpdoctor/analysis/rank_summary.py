@@ -113,11 +113,6 @@ def finish(sums: list[RankSummary], cross_rank: CrossRankFacts | None) -> list[R
     return sums
 
 
-def summarize(ranks: list[RankFacts], cross_rank: CrossRankFacts | None) -> list[RankSummary]:
-    """The summary of every rank, with the reasons a rank's detail is worth keeping."""
-    return finish([summarize_rank(r) for r in ranks], cross_rank)
-
-
 def _mark_reasons(sums: list[RankSummary], cross_rank: CrossRankFacts | None) -> None:
     if not sums:
         return

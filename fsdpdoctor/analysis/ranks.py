@@ -15,6 +15,7 @@ from typing import Any, Callable
 import msgspec
 
 from .. import __version__
+from ..distributed import Window
 from ..errors import AnalysisBug, InputError
 from ..ingest import fs
 from ..ingest.kineto import parallel_decode, progress_hook, rank_from_filename
@@ -35,7 +36,6 @@ from ..facts import (
 from .crossrank import CrossRankFold, RankPart, part_of
 from .rank import analyze_rank, most_common
 from .rank_summary import cpu_span, exposed_by_phase_kind, finish, summarize_rank
-from .rank_summary import wall_clock  # noqa: F401  (where callers have imported it from)
 from .columns import Columns
 from .compute import ComputeFold
 from .whatif import WhatIfFold
@@ -221,11 +221,12 @@ class CollectiveFold:
         cols, out = self.cols, []
         names = {code: role for role, code in self.codes.items()}
         for k in cols.keys("count"):
-            n = len(cols.values(("count", k)))
+            counts = cols.values(("count", k))
+            n = len(counts)
             out.append(
                 CollectiveStats(
                     kind=k,
-                    count_per_step=_mean(cols.values(("count", k))) or 0.0,
+                    count_per_step=_mean(counts) or 0.0,
                     bytes_per_step=_mean(cols.values(("bytes", k))),
                     gpu_ms_per_step=_mean(cols.values(("gpu", k))) or 0.0,
                     exposed_ms_per_step=_mean(cols.values(("exposed", k))) or 0.0,
@@ -446,20 +447,14 @@ def _run_local(
             # files are submitted in order, a few per process ahead of the results (not all at once:
             # a thousand queued futures and work items are memory the client need not hold)
             futures: dict = {}
-            queue = iter(enumerate(items))
-            stop = len(items)  # strict: no file after the first bad one is started
+            window = Window(items)
 
             def submit(n: int) -> set:
-                new: set = set()
-                if n <= 0:
-                    return new
-                for k, it in queue:
-                    if k < stop:
-                        f = pool.submit(_worker, it)
-                        futures[f] = k
-                        new.add(f)
-                    if len(new) >= n:
-                        break
+                new = set()
+                for k, it in window.take(n):
+                    f = pool.submit(_worker, it)
+                    futures[f] = k
+                    new.add(f)
                 return new
 
             pending = submit(SUBMIT_AHEAD * want)
@@ -470,7 +465,7 @@ def _run_local(
                     results[k] = take(f.result())
                     finished[k] = True
                     if strict and isinstance(results[k], InputError):  # later files cannot change the outcome
-                        stop = min(stop, k)
+                        window.stop_after(k)
                         for g in list(pending):
                             if futures[g] > k and g.cancel():
                                 pending.discard(g)
