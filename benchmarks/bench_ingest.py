@@ -417,7 +417,9 @@ def main() -> int:
     if args.update_docs:
         replace_section(PERFORMANCE, "bench_ingest", md)
         print(f"updated {PERFORMANCE.relative_to(REPO)}")
-    return 0 if all(r.ok for r in results) else 1
+    # a peer that fails or times out is a finding of the benchmark (the table says so); only
+    # fsdpdoctor's own commands and the bare decode it is measured against make the run fail
+    return 0 if all(r.ok for r in results if not r.tool.startswith("HTA")) else 1
 
 
 def _fields(note: str) -> dict[str, str]:
