@@ -255,8 +255,8 @@ def test_compare_tells_the_same_story_as_analyze(name, run):
 
 
 def test_compiled_replay_loop_equals_the_python_loop(monkeypatch):
-    """The replay's loop runs as plain Python on small graphs and compiled (numba) from
-    JIT_MIN_EVENTS events on: both give the same schedule, bit for bit, on a real recording
+    """The replay's loop runs as plain Python when there is little to replay and compiled
+    (numba) from JIT_MIN_WORK events × replays on: both give the same schedule, bit for bit, on a real recording
     (the offload run: blocking copies, a CPU optimizer step, every transformation that applies)."""
     import numpy as np
 
@@ -274,15 +274,35 @@ def test_compiled_replay_loop_equals_the_python_loop(monkeypatch):
     g = W.build_graph(rt, info.steps, colls)
     fixes = [None, W.fix_offload_off(g), W.fix_hooks_off(g), W.fix_compute_scale(g, 0.75)]
     assert all(fx is not None for fx in fixes[1:])
-    monkeypatch.setattr(W, "JIT_MIN_EVENTS", 10**12)
+    monkeypatch.setattr(W, "_COMPILED", None)  # numba not loaded yet in this process
+    monkeypatch.setattr(W, "_python_work", 0)
+    monkeypatch.setattr(W, "JIT_MIN_WORK", 10**12)
     py = [W.replay(g, fx) for fx in fixes]
-    monkeypatch.setattr(W, "JIT_MIN_EVENTS", 0)
+    assert W._COMPILED is None  # the first four ran in Python
+    monkeypatch.setattr(W, "JIT_MIN_WORK", 0)
     jit = [W.replay(g, fx) for fx in fixes]
     for a, b in zip(py, jit):
         for x, y in zip(a, b):
             assert np.array_equal(x, y)
     # and the offload fix really changes the schedule (the comparison is not of two copies of one thing)
     assert py[1][2].sum() < 0.5 * py[0][2].sum()
+
+
+def test_numba_is_loaded_once_python_has_replayed_as_much_as_it_costs(monkeypatch):
+    """The loop runs in Python until what this process has replayed, plus what is due, reaches
+    JIT_MIN_WORK events; from then on (and whenever numba is already loaded) compiled."""
+    from fsdpdoctor.analysis import whatif as W
+
+    monkeypatch.setattr(W, "_COMPILED", None)
+    monkeypatch.setattr(W, "_python_work", 0)
+    monkeypatch.setattr(W, "JIT_MIN_WORK", 1000)
+    assert not W._use_compiled(300, 2)  # 0 + 600 due
+    assert not W._use_compiled(300, 2)  # 300 replayed + 600 due
+    assert W._use_compiled(300, 2)  # 600 + 600: load it
+    monkeypatch.setattr(W, "_python_work", 0)
+    assert W._use_compiled(500, 2)  # one large graph: at once
+    monkeypatch.setattr(W, "_COMPILED", object())
+    assert W._use_compiled(1, 1)  # loaded: always
 
 
 def test_the_trace_is_released_before_the_replays(monkeypatch):
