@@ -101,8 +101,9 @@ class Window:
         if n <= 0:
             return out
         for k, it in self._queue:
-            if k < self.stop:
-                out.append((k, it))
+            if k >= self.stop:  # in order: every later file is past the stop too
+                break
+            out.append((k, it))
             if len(out) >= n:
                 break
         return out

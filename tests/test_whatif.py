@@ -256,8 +256,9 @@ def test_compare_tells_the_same_story_as_analyze(name, run):
 
 def test_compiled_replay_loop_equals_the_python_loop(monkeypatch):
     """The replay's loop runs as plain Python when there is little to replay and compiled
-    (numba) from JIT_MIN_WORK events × replays on: both give the same schedule, bit for bit, on a real recording
-    (the offload run: blocking copies, a CPU optimizer step, every transformation that applies)."""
+    (numba) from JIT_MIN_WORK events × replays on: both give the same schedule, bit for bit, on
+    a real recording (the offload run: blocking copies, a CPU optimizer step, every
+    transformation that applies)."""
     import numpy as np
 
     from fsdpdoctor.analysis import whatif as W
