@@ -121,7 +121,7 @@ def test_engines_and_mfu(run):
     assert bf16.compute_dtype == "bf16" and bf16.dtype_mix["bf16"] > 95
     assert fp32.tensor_cores and fp32.peak_label == "H100 SXM" and bf16.peak_tflops == 989.0
     # MFU of the bf16 run on the step the raw trace says, against the H100 SXM BF16 dense peak
-    step = raw_clock(GPU / "fsdp2-bf16" / "rank0.json.gz")["finish_every_ms"]
+    step = raw_clock(GPU / "fsdp2-bf16" / "rank0.json.gz")["step_ms"]
     want = model_flops()
     mfu = 100 * (want["matmul"] + want["attention"]) / (step * 1e-3) / 989e12
     assert bf16.mfu_pct == pytest.approx(mfu, rel=0.03)
@@ -145,7 +145,7 @@ def test_wrong_engine_saving_against_the_real_twin(device, run):
     """fsdp2 → fsdp2-bf16 really goes from ≈72 to ≈34 ms on the H100 and from ≈71 to ≈25 ms on
     the H200 (the bf16 run turns CPU-bound): the replayed saving is within 25% of that."""
     fp32, bf16 = device + "fsdp2", device + "fsdp2-bf16"
-    real = raw_clock(_dir(fp32) / "rank0.json.gz")["finish_every_ms"] - raw_clock(_dir(bf16) / "rank0.json.gz")["finish_every_ms"]
+    real = raw_clock(_dir(fp32) / "rank0.json.gz")["step_ms"] - raw_clock(_dir(bf16) / "rank0.json.gz")["step_ms"]
     f = next(x for x in run(fp32).findings if x.slug == "matmul-wrong-engine")
     assert f.saving_basis == "replay"
     assert f.est_saving_ms == pytest.approx(real, rel=0.25)
@@ -166,7 +166,7 @@ def test_tf32_runs_the_gemms_on_tensor_cores_and_attention_on_cuda_cores(run):
     assert gemm_engines["tf32"] >= 0.95 * sum(gemm_engines.values())
     assert c.engine_tflops["tf32"] > 67
     assert c.compute_dtype == "tf32" and c.peak_tflops == 495.0 and c.peak_label == "H200"
-    step = raw_clock(_dir(H200 + "fsdp2-tf32") / "rank0.json.gz")["finish_every_ms"]
+    step = raw_clock(_dir(H200 + "fsdp2-tf32") / "rank0.json.gz")["step_ms"]
     want = model_flops("fsdp2-tf32")
     assert c.mfu_pct == pytest.approx(100 * (want["matmul"] + want["attention"]) / (step * 1e-3) / 495e12, rel=0.03)
     fp32 = run(H200 + "fsdp2").facts.compute
@@ -182,7 +182,7 @@ def test_gpt2_mfu_on_the_raw_step(variant, run):
     checkpointed (HFU counts the recompute, MFU does not): against the H200's BF16 dense peak on
     the step the raw trace says."""
     c = run(H200 + variant).facts.compute
-    step = raw_clock(_dir(H200 + variant) / "rank0.json.gz")["finish_every_ms"]
+    step = raw_clock(_dir(H200 + variant) / "rank0.json.gz")["step_ms"]
     want = model_flops(variant)
     model = want["matmul"] + want["attention"]
     recompute = want["blocks_fwd"] + want["attn_fwd"] if variant.endswith("-ac") else 0.0

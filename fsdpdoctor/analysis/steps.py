@@ -261,3 +261,40 @@ def _locate_loop(steps: list[StepWindow], t: np.ndarray) -> tuple[np.ndarray, np
             phase_idx[pm] = PHASES.index(name)
     _locate_microbatches(steps, t, step_idx, phase_idx)
     return step_idx, phase_idx
+
+
+def step_times_ms(cpu_start: np.ndarray, cpu_end: np.ndarray, done: np.ndarray, first: float) -> np.ndarray:
+    """Each step's time (ms): the interval of the slower side, so that their mean is the steady
+    step time over the window, the larger of two rates (DESIGN.md, *the step*):
+
+    * the **CPU step rate**: ``(cpu_end[-1] − cpu_start[0]) / n``, the CPU's intervals
+      ``cpu_end[k] − cpu_end[k−1]`` (the first from its own start: the ``ProfilerStep`` spans,
+      with any gap between them);
+    * the **completion interval**: a step completes (``done``, µs, non-decreasing) when its CPU
+      span and the GPU work it launched are both done; over steps 2..n the rate is
+      ``(done[-1] − done[0]) / (n − 1)``. The first step's completion interval starts at the
+      previous step's completion, which lies before the window (``first``, the later of its CPU
+      start and the warm-up backlog's end, stands for it only when the window holds one step):
+      it counts at the rate of the others.
+
+    Steady throughput is bounded by the slower of the two: over a short window the CPU may run
+    ahead into the launch queue (its spans shorter than the GPU's intervals) or the GPU drain a
+    backlog faster than the CPU refills it (the completions closer together than the CPU spans).
+    Used by the analysis (:func:`fsdpdoctor.analysis.timeline.step_clock`) and by the what-if
+    replay for its replayed steps, so that both count a step alike."""
+    cpu, comp = step_clocks_ms(cpu_start, cpu_end, done, first)
+    return comp if comp.size and comp.mean() > cpu.mean() else cpu
+
+
+def step_clocks_ms(cpu_start: np.ndarray, cpu_end: np.ndarray, done: np.ndarray, first: float) -> tuple[np.ndarray, np.ndarray]:
+    """(the CPU's step intervals, the completion intervals), ms, as :func:`step_times_ms` reads
+    them; with one step, its completion interval runs from ``first``."""
+    n = cpu_start.size
+    if n == 0:
+        return np.zeros(0), np.zeros(0)
+    c = np.maximum.accumulate(np.asarray(cpu_end, dtype=np.float64))
+    cpu = np.diff(np.concatenate(([min(float(cpu_start[0]), float(c[0]))], c))) / 1e3
+    if n == 1:
+        return cpu, np.array([(float(done[0]) - min(first, float(done[0]))) / 1e3])
+    rate = (float(done[-1]) - float(done[0])) / (n - 1) / 1e3
+    return cpu, np.concatenate(([rate], np.diff(np.asarray(done, dtype=np.float64)) / 1e3))

@@ -22,7 +22,7 @@ from ..ingest.kineto import RankTrace
 from . import intervals as iv
 from .comms import COMM_NAME_RX, LAUNCH_CATS, MEMORY_NAME_RX, NOT_COMPUTE_RX, SYNC_NAMES, Collective, comm_kernel_mask, launch_rows
 from .labels import phase_from_labels
-from .steps import PHASES, StepWindow, locate, microbatch_of
+from .steps import PHASES, StepWindow, locate, microbatch_of, step_times_ms
 
 GPU_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
 
@@ -222,24 +222,23 @@ def blocking_calls(rt: RankTrace):
 
 
 def step_clock(out: list[StepFacts], steps: list[StepWindow], backlog_end_us: float | None) -> None:
-    """Each step's time is the interval between the completions of consecutive steps, where a step
-    completes when both its CPU span and the GPU work it launched are done: whichever side limits
-    the run, the steps' times add up to the time the run took to do them. The first step starts
-    when its CPU span starts or, when the GPU was still busy with the warm-up steps' backlog, when
-    that backlog finished (the previous step's completion)."""
+    """Each step's time (:func:`fsdpdoctor.analysis.steps.step_times_ms`): the interval of the
+    slower side, the CPU's step spans or the steps' completions, a step completing when both its
+    CPU span and the GPU work it launched are done; their mean is the steady step time over the
+    window. ``end_us`` is the step's completion."""
     if not out:
         return
-    prev = steps[0].start if backlog_end_us is None else max(steps[0].start, backlog_end_us)
-    done_prev = None
+    first = steps[0].start if backlog_end_us is None else max(steps[0].start, backlog_end_us)
+    done = []
     for sf, st in zip(out, steps):
-        done = st.end
+        d = st.end
         if sf.gpu_start_us is not None:
-            done = max(done, sf.gpu_start_us + sf.gpu_window_ms * 1e3)
-        if done_prev is not None:
-            done = max(done, done_prev)
-        else:
-            prev = min(prev, done)
-        sf.end_us = done
-        sf.step_ms = (done - prev) / 1e3
+            d = max(d, sf.gpu_start_us + sf.gpu_window_ms * 1e3)
+        if done:
+            d = max(d, done[-1])
+        done.append(d)
+    times = step_times_ms(np.array([st.start for st in steps]), np.array([st.end for st in steps]), np.array(done), first)
+    for sf, d, t in zip(out, done, times.tolist()):
+        sf.end_us = d
+        sf.step_ms = t
         sf.outside_window_ms = max(sf.step_ms - sf.gpu_window_ms, 0.0) if sf.gpu_start_us is not None else 0.0
-        prev = done_prev = done
