@@ -28,6 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import gen_traces  # noqa: E402
 
 from fsdpdoctor.analysis import whatif  # noqa: E402
+from fsdpdoctor.analysis.whatif.graph import build_graph  # noqa: E402
 from fsdpdoctor.analysis.comms import find_collectives, issue_rows  # noqa: E402
 from fsdpdoctor.analysis.fsdp import analyze_fsdp  # noqa: E402
 from fsdpdoctor.analysis.labels import enclosing, label_rows  # noqa: E402
@@ -64,7 +65,7 @@ def main() -> None:
         colls = find_collectives(rt, chains, group_size=rt.world_size)
         step_timeline(rt, info.steps, colls)
         fsdp = analyze_fsdp(rt, colls, info.steps, len(info.steps))
-        g, t_graph = _t(lambda: whatif.build_graph(rt, info.steps, colls))
+        g, t_graph = _t(lambda: build_graph(rt, info.steps, colls))
         w, t_whatif = _t(lambda: whatif.analyze_whatif(rt, info.steps, colls, fsdp))
         ops = g.start.size if g is not None else 0
         print(f"per-rank analysis (what-if included): {t_rank:.2f} s; analyze ≈ decode + that = {t_load + t_rank:.2f} s")

@@ -238,6 +238,7 @@ def analyze(
             facts.strategy = advise(plan_inputs)
         if facts.memory is not None:
             facts.memory_expected = expected_memory(plan_inputs, plan_inputs.current)
+    _pressure(facts, config)
     report = _checked(Report(facts=facts, findings=run_rules(facts, config), rank_detail=rank_detail))
     if timeline_step is not None:
         from .analysis.timeline_extract import extract_for_facts
@@ -336,7 +337,17 @@ def analyze_memory_only(memory: str | Path | Iterable[str | Path], config: dict[
     """A report from memory snapshots alone (``fsdpdoctor memory``)."""
     facts = RunFacts(tool=f"fsdpdoctor {__version__}")
     attach_memory(facts, memory)
+    _pressure(facts, config)
     return _checked(Report(facts=facts, findings=run_rules(facts, config)))
+
+
+def _pressure(facts: RunFacts, config: dict[str, Any] | None) -> None:
+    """``facts.memory_pressure`` against ``--memory-budget`` or the GPU's memory."""
+    from .analysis.pressure import memory_pressure
+    from .config import defaults
+
+    cfg = defaults() | (config or {})
+    facts.memory_pressure = memory_pressure(facts, float(cfg["memory_budget_gib"]), float(cfg["memory_pressure_pct"]))
 
 
 # ------------------------------------------------------------------------------------------

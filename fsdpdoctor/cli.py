@@ -11,7 +11,7 @@ from pathlib import Path
 
 import click
 
-from .cli_base import _write, guarded, input_limit_option, main, render_console, rule_config, scale_options, warn_partial
+from .cli_base import _write, guarded, input_limit_option, main, memory_budget_option, render_console, rule_config, scale_options, warn_partial
 from .errors import InputError
 from .facts import AUTO_FULL_RANKS, RANK_DETAIL
 
@@ -68,6 +68,7 @@ def analyze(
 @click.option("--format", "fmt", type=click.Choice(["terminal", "markdown", "json"]), default="terminal", show_default=True, help="Report format.")
 @click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path), help="Write the report to FILE.")
 @input_limit_option
+@memory_budget_option
 @guarded
 def memory(paths: tuple[str, ...], fmt: str, output: Path | None) -> None:
     """Analyse CUDA memory snapshots (or profiler memory timelines) alone."""

@@ -108,13 +108,30 @@ def _keep_peak(ctx, _param, value):
     return value
 
 
+def _keep_budget(ctx, _param, value):
+    if value is not None:
+        ctx.meta["memory_budget_gib"] = value
+    return value
+
+
+def memory_budget_option(fn):
+    """--memory-budget GiB: what memory findings are judged against (analyze, compare, check, memory)."""
+    return click.option(
+        "--memory-budget", type=click.FloatRange(min=0, min_open=True), default=None, expose_value=False,
+        callback=_keep_budget, metavar="GIB",
+        help="Memory per GPU (GiB) the run must fit in; memory findings are warnings only when the peak reserved "
+        "comes within 80% of it (default: the GPU's total memory from the traces) or the run ran out of memory.",
+    )(fn)
+
+
 def scale_options(fn):
-    """--scheduler, --strict, --cycle, --allow-mixed-runs and --peak-tflops, shared by analyze,
-    compare and check."""
+    """--scheduler, --strict, --cycle, --allow-mixed-runs, --peak-tflops and --memory-budget,
+    shared by analyze, compare and check."""
+    fn = memory_budget_option(fn)
     fn = click.option(
         "--peak-tflops", type=click.FloatRange(min=0, min_open=True), default=None, expose_value=False, callback=_keep_peak,
         metavar="TFLOPS",
-        help="Dense peak TFLOP/s of the GPU for MFU (default: from the built-in table by device name and compute dtype).",
+        help="Dense peak TFLOP/s MFU is measured against (default: the GPU's dense BF16 peak, from the built-in table by device name).",
     )(fn)
     fn = click.option(
         "--allow-mixed-runs", is_flag=True,
@@ -168,6 +185,8 @@ def rule_config(settings: tuple[str, ...] = (), disable: tuple[str, ...] = ()) -
     ctx = click.get_current_context(silent=True)
     if ctx is not None and ctx.meta.get("peak_tflops"):
         cfg["peak_tflops"] = ctx.meta["peak_tflops"]
+    if ctx is not None and ctx.meta.get("memory_budget_gib"):
+        cfg["memory_budget_gib"] = ctx.meta["memory_budget_gib"]
     return cfg
 
 

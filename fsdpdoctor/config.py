@@ -54,7 +54,9 @@ THRESHOLDS: dict[str, tuple[float, str]] = {
     "fine_hook_saving_pct": (5.0, "auto-wrap-too-fine: step saving (% of the step) of the what-if replay with FSDP hook CPU time removed that puts the hooks on the critical path"),
     "recompute_min_pct": (3.0, "activation-recompute: GPU time of recomputed forward ops per step as % of the step"),
     "wrong_engine_min_pct": (20.0, "matmul-wrong-engine: GEMM + attention kernel time on fp32 engines (CUDA cores, no TF32) as % of all of it, on a GPU with tensor cores"),
-    "peak_tflops": (0.0, "compute: the device's dense peak TFLOP/s MFU is measured against (0: from the peak table by device name and compute dtype; --peak-tflops)"),
+    "peak_tflops": (0.0, "compute: the dense peak TFLOP/s MFU is measured against (0: the device's dense BF16 peak from the peak table, by device name; --peak-tflops)"),
+    "memory_budget_gib": (0.0, "memory: the memory (GiB per GPU) memory findings are judged against (0: the GPU's total memory from the traces; --memory-budget)"),
+    "memory_pressure_pct": (80.0, "memory: memory findings are warnings or worse only when the peak reserved is at least this % of that memory, or the run ran out of memory"),
     "hook_overhead_pct": (30.0, "auto-wrap-too-fine: CPU time in FSDP hooks as % of the step that counts as evidence"),
 }
 

@@ -19,6 +19,10 @@ What the runner does with every finding, whatever the rule (so that no rule can 
   thresholds table; below the warning share it is info; never above its rule's ``MAX_SEVERITY``
   (trade-off findings such as activation checkpointing's recompute). A finding without an estimate (CPU-only
   traces, memory findings) keeps the severity its rule gave it.
+* **Memory pressure.** Memory advice (a rule with ``MEMORY_ADVICE = True``) is a warning or worse
+  only when the run is short of memory (:attr:`RunFacts.memory_pressure`: it ran out, or the peak
+  reserved reached ``memory_pressure_pct`` of the GPU or of ``--memory-budget``); otherwise info,
+  stating the headroom: freeing memory nobody needs costs compute for nothing.
 """
 
 from __future__ import annotations
@@ -129,7 +133,10 @@ def run_rules(facts: RunFacts, config: dict[str, Any] | None = None) -> list[Fin
     clocks = {m.SLUG: getattr(m, "SAVES_ON", "gpu") for m in mods}
     replays = {m.SLUG: getattr(m, "REPLAY_FIX", None) for m in mods}
     caps = {m.SLUG: getattr(m, "MAX_SEVERITY", None) for m in mods}
+    memory_advice = {m.SLUG for m in mods if getattr(m, "MEMORY_ADVICE", False)}
     for f in findings:
+        if f.slug in memory_advice:
+            judge_pressure(f, facts)
         bound_saving(f, facts, clocks.get(f.slug, "gpu"))
         mark_basis(f, facts, replays.get(f.slug))
         grade(f, facts, cfg)
@@ -208,6 +215,31 @@ def bound_saving(f: Finding, facts: RunFacts, clock: str = "gpu") -> None:
     if bound and f.est_saving_ms > bound:
         f.evidence.append(f"estimated {ms(f.est_saving_ms)} per step, capped at the {what}: no fix saves more")
         f.est_saving_ms = bound
+
+
+def judge_pressure(f: Finding, facts: RunFacts) -> None:
+    """Memory advice without memory pressure is information, with the headroom in its evidence."""
+    from .fmt import mib as gib, pct
+
+    p = facts.memory_pressure
+    if p is not None and p.under_pressure:
+        if p.used_pct is not None:
+            f.evidence.append(f"memory pressure: the peak reserved {gib(p.peak_reserved_bytes)} is {pct(p.used_pct)} of "
+                              f"the {gib(p.capacity_bytes)} {_capacity(p)}")
+        return
+    f.severity = "info"
+    if p is None or p.level == "unknown":
+        f.evidence.append("memory pressure unknown (no GPU memory size in the traces): informational; give "
+                          "--memory-budget GiB to judge against the memory the run must fit in")
+        return
+    f.evidence.append(
+        f"no memory pressure: the peak reserved {gib(p.peak_reserved_bytes)} is {pct(p.used_pct)} of the "
+        f"{gib(p.capacity_bytes)} {_capacity(p)} ({gib(p.headroom_bytes)} free; warnings start at {p.threshold_pct:g}%): "
+        "worth doing only to fit a larger micro-batch or longer sequences")
+
+
+def _capacity(p) -> str:
+    return "budget (--memory-budget)" if p.capacity_source == "budget" else "GPU"
 
 
 def grade(f: Finding, facts: RunFacts, cfg: dict[str, Any]) -> None:

@@ -22,7 +22,12 @@ import msgspec
 #: 3: StepFacts.step_ms is the interval between step completions (was the CPU span).
 #: 4: ``rank_summaries`` (one line per rank) and ``rank_detail``: ``rank_facts`` may hold only the
 #: ranks that matter (``--rank-detail auto``); 3 and older wrote every rank's RankFacts.
-SCHEMA_VERSION = 4
+#: 5: ``ComputeFacts.mfu_pct`` / ``hfu_pct`` are against the dense BF16 peak (``peak_tflops``)
+#: whatever the run's dtype; the dtype's peak moved to ``dtype_peak*`` / ``dtype_mfu_pct``
+#: (4 had them as ``peak_*`` / ``mfu_pct`` and the BF16 figures as ``bf16_peak_tflops`` /
+#: ``mfu_bf16_pct``: read back into the new fields). StepFacts.step_ms is the slower side's
+#: interval (the steady rate of the CPU or of the completions; was the completions').
+SCHEMA_VERSION = 5
 OLDEST_SCHEMA_VERSION = 1  # the oldest saved report / baseline this version still reads
 
 
@@ -108,6 +113,28 @@ class MemoryFacts:
             kw["oom"]["top_sites"] = [(str(s), int(b)) for s, b in kw["oom"].get("top_sites", [])]
         return cls(**kw)
 
+
+
+@dataclass(slots=True)
+class MemoryPressureFacts:
+    """How close the run came to its memory (:mod:`fsdpdoctor.analysis.pressure`).
+
+    ``level``: "oom" (it ran out), "high" (the peak reserved is at least ``threshold_pct`` of the
+    capacity), "low" (below it), "unknown" (no capacity known: no trace with ``deviceProperties``
+    and no ``--memory-budget``). ``capacity_source``: "budget" (``--memory-budget``) or "device"
+    (the GPU's total memory). Memory findings are warnings or worse only at "oom" or "high"."""
+
+    level: str = "unknown"
+    threshold_pct: float = 80.0
+    capacity_bytes: int | None = None
+    capacity_source: str = ""
+    peak_reserved_bytes: int | None = None
+    used_pct: float | None = None  # peak reserved / capacity
+    headroom_bytes: int | None = None  # capacity − peak reserved
+
+    @property
+    def under_pressure(self) -> bool:
+        return self.level in ("oom", "high")
 
 
 @dataclass(slots=True)
@@ -297,8 +324,11 @@ class ComputeFacts:
     attention kernel time by engine, achieved TFLOP/s and MFU. Per rank, or the run's (means over
     ranks, per device). ``flops_per_step`` counts hardware FLOPs (activation-checkpointing
     recompute included); ``model_flops_per_step`` leaves the recompute out. ``mfu_pct`` /
-    ``hfu_pct`` are model / hardware FLOPs per step over (step time × the device's dense peak for
-    the compute dtype); ``mfu_bf16_pct`` is against the BF16 dense peak (the usual convention).
+    ``hfu_pct`` are model / hardware FLOPs per step over (step time × ``peak_tflops``, the
+    device's dense BF16 peak, FP16 where it has no BF16, whatever dtype the run used: the PaLM /
+    torchtitan convention); ``dtype_mfu_pct`` is the same against the dense peak of the run's
+    compute dtype (``dtype_peak_tflops``), for information: an fp32 run near its fp32 peak still
+    leaves the tensor cores idle.
     ``dtype_mix``: engine → % of GEMM + attention kernel time (engines: fp32-simt, fp32, tf32,
     bf16, fp16, fp8). ``source`` is "shapes", or "" when no counted op had recorded shapes."""
 
@@ -325,12 +355,13 @@ class ComputeFacts:
     achieved_tflops: float | None = None  # model FLOPs per step / step time
     hardware_tflops: float | None = None
     peak_label: str | None = None
-    peak_dtype: str | None = None
-    peak_tflops: float | None = None
-    bf16_peak_tflops: float | None = None
+    peak_tflops: float | None = None  # dense BF16 (FP16 without BF16) peak, or --peak-tflops: what MFU is against
+    peak_dtype: str | None = None  # "bf16", "fp16" (a device without BF16), None (--peak-tflops)
+    dtype_peak: str | None = None  # the compute dtype's peak: "fp32", "tf32", "bf16", "fp16", "fp8"
+    dtype_peak_tflops: float | None = None
     mfu_pct: float | None = None
     hfu_pct: float | None = None
-    mfu_bf16_pct: float | None = None
+    dtype_mfu_pct: float | None = None
     ops_with_shapes: int = 0
     ops_without_shapes: int = 0
 
@@ -644,6 +675,7 @@ class RunFacts:
     collectives: list[CollectiveStats] = field(default_factory=list)
     sidecar: dict[str, Any] | None = None
     memory: MemoryFacts | None = None  # the snapshot with the highest peak, when given
+    memory_pressure: MemoryPressureFacts | None = None  # how close ``memory`` came to the capacity (analysis.pressure)
     strategy: StrategyFacts | None = None  # the sharding-strategy estimate (GPU runs)
     memory_per_input: dict[str, int] = field(default_factory=dict)  # snapshot path → peak allocated bytes
     memory_expected: dict[str, float] = field(default_factory=dict)  # ZeRO arithmetic, per rank, by category
@@ -727,8 +759,16 @@ class RunFacts:
         d = dict(d)
         if isinstance(d.get("fsdp"), dict):
             d["fsdp"] = {k: v for k, v in d["fsdp"].items() if k != "unit_count"}
+        version = d.get("schema_version")
+        if isinstance(version, int) and version < 5:
+            _compute_v4(d)
         known = {f for f in cls.__dataclass_fields__}
-        return msgspec.convert({k: v for k, v in d.items() if k in known}, cls)
+        out = msgspec.convert({k: v for k, v in d.items() if k in known}, cls)
+        if isinstance(version, int) and version < 5 and out.steps.count:
+            out.notes.append(f"saved by schema {version}: its step times are the steps' completion intervals, where "
+                             "this version takes the slower of the CPU's and the completions' rates (they differ by a "
+                             "few % where the CPU and the GPU run at nearly the same pace): save the baseline again")
+        return out
 
     @classmethod
     def load(cls, path: str | Path) -> "RunFacts":
@@ -783,3 +823,36 @@ class RunFacts:
 
 
 REGENERATE = "regenerate it with 'fsdpdoctor analyze TRACES --save-baseline FILE'"
+
+
+def _compute_v4(d: dict[str, Any]) -> None:
+    """Schema 4's compute figures in schema 5's fields, in place: MFU against the BF16 peak (4's
+    ``mfu_bf16_pct``), the dtype's peak and MFU as ``dtype_*``. Rank summaries' MFU is scaled by
+    the run's ratio of the two peaks."""
+    def move(c: Any) -> float | None:
+        if not isinstance(c, dict) or "dtype_peak_tflops" in c:
+            return None
+        old_peak, bf16 = c.get("peak_tflops"), c.pop("bf16_peak_tflops", None)
+        c["dtype_peak"], c["dtype_peak_tflops"] = c.pop("peak_dtype", None), old_peak
+        c["dtype_mfu_pct"] = c.get("mfu_pct")
+        label = c.get("peak_label")
+        ratio = old_peak / bf16 if isinstance(old_peak, (int, float)) and isinstance(bf16, (int, float)) and bf16 else None
+        if label == "--peak-tflops":
+            c["peak_dtype"], c["dtype_peak"], c["dtype_peak_tflops"], c["dtype_mfu_pct"] = None, None, None, None
+            ratio = 1.0
+        else:
+            c["peak_tflops"], c["peak_dtype"] = bf16, "bf16" if bf16 else None
+            c["mfu_pct"] = c.pop("mfu_bf16_pct", None)
+            c["hfu_pct"] = c["hfu_pct"] * ratio if isinstance(c.get("hfu_pct"), (int, float)) and ratio else None
+        c.pop("mfu_bf16_pct", None)
+        return ratio
+
+    ratio = move(d.get("compute"))
+    ranks, sums = d.get("rank_facts"), d.get("rank_summaries")
+    for r in ranks if isinstance(ranks, list) else []:
+        if isinstance(r, dict):
+            move(r.get("compute"))
+    for s in sums if isinstance(sums, list) else []:
+        if isinstance(s, dict) and isinstance(s.get("mfu_pct"), (int, float)):
+            s["mfu_pct"] = s["mfu_pct"] * ratio if ratio else None
+

@@ -12,14 +12,16 @@ How it shows in a trace
     it); many short kernels; long CPU ranges (FSDP hooks, data loader) between launches.
 
 Fix
-    Give the GPU bigger pieces of work: a larger per-GPU batch, ``torch.compile`` or CUDA graphs
+    Give the GPU bigger pieces of work: a larger per-GPU batch (where the memory snapshot shows
+    headroom, the finding says how much larger fits), ``torch.compile`` or CUDA graphs
     to cut launch overhead, fewer FSDP units, DataLoader workers with ``pin_memory``. For an
     inference run (no backward pass, no optimizer step): CUDA graphs
     (``torch.compile(mode="reduce-overhead")``; in vLLM, leave ``enforce_eager`` off) and larger
     batches; training advice (data loaders, FSDP units) does not apply.
 """
 
-from fsdpdoctor.fmt import ms, pct
+from fsdpdoctor.analysis.pressure import batch_headroom
+from fsdpdoctor.fmt import mib, ms, pct
 
 from ._util import finding, fix_for, of_cpu_step, of_window, step_ms
 
@@ -74,6 +76,17 @@ def check(facts, cfg):
     # what remains idle after the fix: assume 5% of the window
     saving = max(host_idle - 0.05 * t.gpu_window_ms, 0.0)
     inference = facts.workload == "inference"
+    fix = fix_for(facts, training=FIX, inference=FIX_INFERENCE)
+    grow = batch_headroom(facts)
+    if grow is not None and grow >= 1.5 and not inference:
+        p, act = facts.memory_pressure, facts.memory.categories.get("activations", 0)
+        k = min(int(grow), 8)
+        evidence.append(f"memory headroom: the peak reserved {mib(p.peak_reserved_bytes)} is {pct(p.used_pct)} of the "
+                        f"{mib(p.capacity_bytes)} {'budget' if p.capacity_source == 'budget' else 'GPU'}; with activations "
+                        f"({mib(act)} at the peak) growing with the batch, a micro-batch up to ~{grow:.0f}× larger stays "
+                        f"under {p.threshold_pct:g}%: more GPU work per launch and per FSDP hook")
+        fix = {key: f"batch_size = bs * {k}  # activations could grow ~{grow:.0f}x before 80% of memory; grow in steps\n" + code
+               for key, code in fix.items()}
     return [
         finding(
             __name__,
@@ -81,7 +94,7 @@ def check(facts, cfg):
             evidence=evidence,
             cause="kernel launch / Python overhead between small kernels" if inference else
             "kernel launch / Python / FSDP hook overhead or data loading on the critical path",
-            fix=fix_for(facts, training=FIX, inference=FIX_INFERENCE),
+            fix=fix,
             confidence=0.6,
             est_saving_ms=saving,
         )

@@ -82,20 +82,20 @@ def check(facts, cfg):
             f"{pct(fp32)} of GEMM + attention kernel time runs in fp32 without tensor cores: {ms(fp32_ms)} per step "
             f"(CUDA-core kernels such as simt_sgemm / gemm_f32f32…ffma)",
         ]
-    if rate and c.bf16_peak_tflops:
-        evidence.append(f"those kernels achieve {rate:.1f} TFLOP/s; the {c.peak_label} does {c.bf16_peak_tflops:.0f} TFLOP/s "
-                        f"of dense BF16 on tensor cores ({100 * rate / c.bf16_peak_tflops:.1f}% of it)")
-    if c.mfu_bf16_pct is not None:
-        evidence.append(f"MFU {c.mfu_bf16_pct:.1f}% of the BF16 dense peak ({c.model_flops_per_step / 1e9:,.0f} GFLOP per "
+    if rate and c.peak_tflops:
+        evidence.append(f"those kernels achieve {rate:.1f} TFLOP/s; the {c.peak_label} does {c.peak_tflops:.0f} TFLOP/s "
+                        f"of dense BF16 on tensor cores ({100 * rate / c.peak_tflops:.1f}% of it)")
+    if c.mfu_pct is not None:
+        evidence.append(f"MFU {c.mfu_pct:.1f}% of the BF16 dense peak ({c.model_flops_per_step / 1e9:,.0f} GFLOP per "
                         f"{ms(c.step_ms)} step)")
     saving = replayed_saving(facts, REPLAY_FIX)
     if saving is not None:
-        from fsdpdoctor.analysis.whatif import TENSOR_CORE_SHARE
+        from fsdpdoctor.analysis.whatif.fixes import TENSOR_CORE_SHARE
 
         evidence.append(replay_evidence(
             facts, REPLAY_FIX,
             f"those kernels at {100 * TENSOR_CORE_SHARE:.0f}% of the BF16 dense peak "
-            f"({TENSOR_CORE_SHARE * (c.bf16_peak_tflops or 0):.0f} TFLOP/s, assumed) and fp32 elementwise kernels at half "
+            f"({TENSOR_CORE_SHARE * (c.peak_tflops or 0):.0f} TFLOP/s, assumed) and fp32 elementwise kernels at half "
             "the bytes"))
     else:
         saving = fp32_ms * 0.8  # the replay is off or absent: most of that kernel time

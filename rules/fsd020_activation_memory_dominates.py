@@ -25,6 +25,7 @@ CODE = "FSD020"
 SLUG = "activation-memory-dominates"
 TITLE = "Activations dominate peak memory"
 SEVERITY = "warning"
+MEMORY_ADVICE = True  # a warning only under memory pressure (engine.judge_pressure)
 THRESHOLDS = ("activation_share_pct", "checkpoint_kept_fraction")
 
 FIX = """from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import apply_activation_checkpointing

@@ -23,6 +23,7 @@ CODE = "FSD021"
 SLUG = "unsharded-params-held"
 TITLE = "Unsharded parameters held across forward and backward"
 SEVERITY = "warning"
+MEMORY_ADVICE = True  # a warning only under memory pressure (engine.judge_pressure)
 THRESHOLDS = ("unsharded_share_pct",)
 
 FIX_FSDP2 = """for block in model.layers:

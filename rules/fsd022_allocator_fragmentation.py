@@ -23,6 +23,7 @@ CODE = "FSD022"
 SLUG = "allocator-fragmentation"
 TITLE = "Caching-allocator fragmentation"
 SEVERITY = "warning"
+MEMORY_ADVICE = True  # a warning only under memory pressure (engine.judge_pressure)
 THRESHOLDS = ("fragmentation_pct", "fragmentation_min_mib")
 
 

@@ -22,6 +22,7 @@ CODE = "FSD023"
 SLUG = "optimizer-state-dominates"
 TITLE = "Optimizer state dominates peak memory"
 SEVERITY = "info"
+MEMORY_ADVICE = True  # a warning only under memory pressure (engine.judge_pressure)
 THRESHOLDS = ("optimizer_share_pct",)
 
 

@@ -39,7 +39,7 @@ def test_cli_json_is_one_document_valid_against_the_schema():
     assert r.returncode == 0, r.stderr
     doc = json.loads(r.stdout)
     validate(doc)
-    assert doc["schema_version"] == SCHEMA_VERSION == 4
+    assert doc["schema_version"] == SCHEMA_VERSION == 5
     assert "facts" not in doc  # no second copy
     # each summary once: the per-rank facts are under rank_facts only
     assert doc["fsdp"]["unit_count"] == len(doc["fsdp"]["units"])

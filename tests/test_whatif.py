@@ -261,19 +261,21 @@ def test_compiled_replay_loop_equals_the_python_loop(monkeypatch):
     transformation that applies)."""
     import numpy as np
 
-    from fsdpdoctor.analysis import whatif as W
     from fsdpdoctor.analysis.comms import find_collectives, issue_rows
     from fsdpdoctor.analysis.labels import enclosing, label_rows
     from fsdpdoctor.analysis.steps import find_steps
     from fsdpdoctor.analysis.timeline import step_timeline
+    from fsdpdoctor.analysis.whatif import fixes as F
+    from fsdpdoctor.analysis.whatif import graph as G
+    from fsdpdoctor.analysis.whatif import loop as W
     from fsdpdoctor.ingest.kineto import load_trace
 
     rt = load_trace(str(Path(__file__).resolve().parents[1] / "fixtures" / "recorded" / "gpu" / "fsdp2-offload" / "rank0.json.gz"))
     info = find_steps(rt)
     colls = find_collectives(rt, enclosing(rt, label_rows(rt), issue_rows(rt)))
     step_timeline(rt, info.steps, colls)
-    g = W.build_graph(rt, info.steps, colls)
-    fixes = [None, W.fix_offload_off(g), W.fix_hooks_off(g), W.fix_compute_scale(g, 0.75)]
+    g = G.build_graph(rt, info.steps, colls)
+    fixes = [None, F.fix_offload_off(g), F.fix_hooks_off(g), F.fix_compute_scale(g, 0.75)]
     assert all(fx is not None for fx in fixes[1:])
     monkeypatch.setattr(W, "_COMPILED", None)  # numba not loaded yet in this process
     monkeypatch.setattr(W, "_python_work", 0)
@@ -292,7 +294,7 @@ def test_compiled_replay_loop_equals_the_python_loop(monkeypatch):
 def test_numba_is_loaded_once_python_has_replayed_as_much_as_it_costs(monkeypatch):
     """The loop runs in Python until what this process has replayed, plus what is due, reaches
     JIT_MIN_WORK events; from then on (and whenever numba is already loaded) compiled."""
-    from fsdpdoctor.analysis import whatif as W
+    from fsdpdoctor.analysis.whatif import loop as W
 
     monkeypatch.setattr(W, "_COMPILED", None)
     monkeypatch.setattr(W, "_python_work", 0)

@@ -273,11 +273,11 @@ def _peak_dtype(engine: str | None) -> str | None:
 
 
 def finish(cf: ComputeFacts, step_ms: float | None, peak_override: float | None = None) -> ComputeFacts:
-    """Achieved TFLOP/s and MFU / HFU on the step clock (``step_ms``), against the device's dense
-    peak for the compute dtype (or ``peak_override`` TFLOP/s, which then also stands for BF16)."""
+    """Achieved TFLOP/s and MFU / HFU on the step clock (``step_ms``) against the device's dense
+    BF16 peak (or ``peak_override`` TFLOP/s), and the MFU against the compute dtype's peak."""
     if peak_override:
         cf.peak_tflops, cf.peak_label = float(peak_override), "--peak-tflops"
-        cf.bf16_peak_tflops = float(peak_override)
+        cf.dtype_peak, cf.dtype_peak_tflops, cf.peak_dtype = None, None, None
     cf.step_ms = step_ms or 0.0
     if not step_ms or not cf.flops_per_step:
         return cf
@@ -286,8 +286,8 @@ def finish(cf: ComputeFacts, step_ms: float | None, peak_override: float | None 
     if cf.peak_tflops:
         cf.mfu_pct = 100.0 * cf.achieved_tflops / cf.peak_tflops
         cf.hfu_pct = 100.0 * cf.hardware_tflops / cf.peak_tflops
-    if cf.bf16_peak_tflops:
-        cf.mfu_bf16_pct = 100.0 * cf.achieved_tflops / cf.bf16_peak_tflops
+    if cf.dtype_peak_tflops:
+        cf.dtype_mfu_pct = 100.0 * cf.achieved_tflops / cf.dtype_peak_tflops
     return cf
 
 
@@ -359,7 +359,7 @@ def fold(per_rank: list[ComputeFacts], step_ms: float | None, peak_override: flo
 
 def _engines_and_peak(cf: ComputeFacts) -> None:
     """From the kernel time by engine: the dtype mix, the compute dtype (the engine with the most
-    time) and the device's dense peak for it (and for BF16)."""
+    time), the device's dense BF16 peak (FP16 where it has none) and its peak for that dtype."""
     total = sum(cf.engine_ms_per_step.values())
     cf.dtype_mix = {e: 100.0 * v / total for e, v in cf.engine_ms_per_step.items()} if total else {}
     cf.compute_dtype = max(cf.engine_ms_per_step, key=cf.engine_ms_per_step.get) if cf.engine_ms_per_step else None
@@ -367,6 +367,7 @@ def _engines_and_peak(cf: ComputeFacts) -> None:
     if peaks is not None:
         cf.peak_label = peaks[0]
         pd = _peak_dtype(cf.compute_dtype)
-        cf.peak_dtype = pd if pd in peaks[1] else None
-        cf.peak_tflops = peaks[1].get(pd) if pd else None
-        cf.bf16_peak_tflops = peaks[1].get("bf16") or peaks[1].get("fp16")
+        cf.dtype_peak = pd if pd in peaks[1] else None
+        cf.dtype_peak_tflops = peaks[1].get(pd) if pd else None
+        cf.peak_dtype = "bf16" if "bf16" in peaks[1] else ("fp16" if "fp16" in peaks[1] else None)
+        cf.peak_tflops = peaks[1].get(cf.peak_dtype) if cf.peak_dtype else None

@@ -263,7 +263,7 @@ def _locate_loop(steps: list[StepWindow], t: np.ndarray) -> tuple[np.ndarray, np
     return step_idx, phase_idx
 
 
-def step_times_ms(cpu_start: np.ndarray, cpu_end: np.ndarray, done: np.ndarray, first: float) -> np.ndarray:
+def step_times_ms(cpu_start: np.ndarray, cpu_end: np.ndarray, done: np.ndarray | None, first: float) -> np.ndarray:
     """Each step's time (ms): the interval of the slower side, so that their mean is the steady
     step time over the window, the larger of two rates (DESIGN.md, *the step*):
 
@@ -281,19 +281,22 @@ def step_times_ms(cpu_start: np.ndarray, cpu_end: np.ndarray, done: np.ndarray, 
     ahead into the launch queue (its spans shorter than the GPU's intervals) or the GPU drain a
     backlog faster than the CPU refills it (the completions closer together than the CPU spans).
     Used by the analysis (:func:`fsdpdoctor.analysis.timeline.step_clock`) and by the what-if
-    replay for its replayed steps, so that both count a step alike."""
+    replay for its replayed steps, so that both count a step alike. Without GPU work (``done``
+    None) the CPU's intervals are the steps' times."""
     cpu, comp = step_clocks_ms(cpu_start, cpu_end, done, first)
     return comp if comp.size and comp.mean() > cpu.mean() else cpu
 
 
-def step_clocks_ms(cpu_start: np.ndarray, cpu_end: np.ndarray, done: np.ndarray, first: float) -> tuple[np.ndarray, np.ndarray]:
+def step_clocks_ms(cpu_start: np.ndarray, cpu_end: np.ndarray, done: np.ndarray | None, first: float) -> tuple[np.ndarray, np.ndarray]:
     """(the CPU's step intervals, the completion intervals), ms, as :func:`step_times_ms` reads
-    them; with one step, its completion interval runs from ``first``."""
+    them; with one step, its completion interval runs from ``first``; none without GPU work."""
     n = cpu_start.size
     if n == 0:
         return np.zeros(0), np.zeros(0)
     c = np.maximum.accumulate(np.asarray(cpu_end, dtype=np.float64))
     cpu = np.diff(np.concatenate(([min(float(cpu_start[0]), float(c[0]))], c))) / 1e3
+    if done is None:
+        return cpu, np.zeros(0)
     if n == 1:
         return cpu, np.array([(float(done[0]) - min(first, float(done[0]))) / 1e3])
     rate = (float(done[-1]) - float(done[0])) / (n - 1) / 1e3

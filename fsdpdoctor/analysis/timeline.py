@@ -237,7 +237,9 @@ def step_clock(out: list[StepFacts], steps: list[StepWindow], backlog_end_us: fl
         if done:
             d = max(d, done[-1])
         done.append(d)
-    times = step_times_ms(np.array([st.start for st in steps]), np.array([st.end for st in steps]), np.array(done), first)
+    gpu = any(sf.gpu_start_us is not None for sf in out)
+    times = step_times_ms(np.array([st.start for st in steps]), np.array([st.end for st in steps]),
+                          np.array(done) if gpu else None, first)
     for sf, d, t in zip(out, done, times.tolist()):
         sf.end_us = d
         sf.step_ms = t

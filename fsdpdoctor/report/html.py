@@ -474,12 +474,10 @@ def _compute_figure(f) -> tuple[go.Figure | None, str]:
     pk = [peaks.get({"fp32-simt": "fp32"}.get(e, e)) for e in engines]
     fig.add_scatter(x=labels, y=pk, name="dense peak", mode="markers", marker=dict(symbol="line-ew-open", size=28, color="#333"),
                     hovertemplate="%{x}: %{y:.0f} TFLOP/s peak<extra></extra>", row=1, col=1)
-    if c.bf16_peak_tflops:
-        fig.add_hline(y=c.bf16_peak_tflops, line_dash="dot", line_color=COLORS["exposed"], row=1, col=1,
-                      annotation_text=f"BF16 dense peak {c.bf16_peak_tflops:,.0f}", annotation_position="top left")
-    # an fp32 run on a GPU with tensor cores is measured against the BF16 peak it leaves unused, as the headline does
-    bf16_ref = c.peak_dtype in ("fp32", "tf32") and c.tensor_cores and c.bf16_peak_tflops and c.peak_label != "--peak-tflops"
-    ref_peak, ref_name = (c.bf16_peak_tflops, "BF16") if bf16_ref else (c.peak_tflops, (c.peak_dtype or "").upper())
+    ref_peak, ref_name = c.peak_tflops, (c.peak_dtype or "given").upper() if c.peak_dtype else "given"
+    if ref_peak:  # MFU's reference: the dense BF16 peak whatever dtype the run used, as the headline
+        fig.add_hline(y=ref_peak, line_dash="dot", line_color=COLORS["exposed"], row=1, col=1,
+                      annotation_text=f"{ref_name} dense peak {ref_peak:,.0f}", annotation_position="top left")
     r = next((r for r in f.rank_facts if r.compute is not None), None)
     if r is not None and ref_peak:
         mfu = [100 * r.compute.model_flops_per_step / (s.step_ms * 1e9) / ref_peak if s.step_ms else None for s in r.steps]

@@ -68,12 +68,12 @@ def mfu_text(f: RunFacts) -> str:
     c = f.compute
     if c.peak_label == "--peak-tflops":
         out = f"{pct(c.mfu_pct)} of the {c.peak_tflops:,.0f} TFLOP/s peak given with --peak-tflops"
-    elif c.peak_dtype in ("fp32", "tf32") and c.tensor_cores and c.mfu_bf16_pct is not None:
-        # an fp32 run against its own fp32 peak looks efficient; against what the GPU offers it is not
-        out = (f"{pct(c.mfu_bf16_pct)} of the {c.peak_label}'s {c.bf16_peak_tflops:,.0f} TFLOP/s BF16 dense peak, "
-               f"{pct(c.mfu_pct)} of its {c.peak_tflops:,.0f} TFLOP/s {c.peak_dtype.upper()} peak")
     else:
-        out = f"{pct(c.mfu_pct)} of the {c.peak_label}'s {c.peak_tflops:,.0f} TFLOP/s {(c.peak_dtype or '').upper()} dense peak"
+        ref = (c.peak_dtype or "bf16").upper()
+        out = f"{pct(c.mfu_pct)} of the {c.peak_label}'s {c.peak_tflops:,.0f} TFLOP/s {ref} dense peak"
+        if c.dtype_peak not in (None, c.peak_dtype) and c.dtype_mfu_pct is not None:
+            # for information: an fp32 run near its own fp32 peak still leaves the tensor cores idle
+            out += f", {pct(c.dtype_mfu_pct)} of its {c.dtype_peak_tflops:,.0f} TFLOP/s {c.dtype_peak.upper()} peak"
     out += f" ({c.achieved_tflops:.1f} TFLOP/s; {c.model_flops_per_step / 1e9:,.0f} GFLOP per step"
     if c.recompute_flops_per_step:
         out += f", HFU {pct(c.hfu_pct)} with the recompute"

@@ -1,0 +1,402 @@
+"""Transformations: each fix an expert would make, as an edit of the graph."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+
+from ...facts import ComputeFacts
+from ..comms import Collective
+from ..layers import RepeatedBlocks
+from ..steps import StepWindow
+from .graph import CAP_DEP_US, Fix, Graph
+
+
+def _backward_all_gathers(g: Graph) -> list[list[int]]:
+    """Per step, the first kernel op of each backward all-gather, in issue order."""
+    out: list[list[int]] = [[] for _ in g.steps]
+    first_op: dict[int, int] = {}
+    for i in np.flatnonzero(g.coll >= 0):
+        first_op.setdefault(int(g.coll[i]), int(i))
+    for ci, c in enumerate(g.colls):
+        if c.kind == "all_gather" and c.phase == "backward" and 0 <= c.step < len(out) and ci in first_op:
+            out[c.step].append(first_op[ci])
+    for lst in out:
+        lst.sort(key=lambda i: g.key[i])
+    return out
+
+
+def _pre_ops(g: Graph, i: int, order: np.ndarray, pos: np.ndarray, comp_stream: int) -> list[int]:
+    """GPU work launched just before collective op ``i`` in the same step, back to the previous
+    compute-stream launch or collective (FSDP's pre-unshard copies / casts, copy-in)."""
+    out = []
+    p = int(pos[i]) - 1
+    while p >= 0 and len(out) < 16:
+        j = int(order[p])
+        if g.step[j] != g.step[i] or g.comm[j] or g.stream[j] == comp_stream:
+            break
+        out.append(j)
+        p -= 1
+    return out
+
+
+def _compute_stream(g: Graph) -> int:
+    """The stream with the most compute time."""
+    comp = np.flatnonzero(g.is_compute)
+    if comp.size == 0:
+        return -1
+    s, inv = np.unique(g.stream[comp], return_inverse=True)
+    busy = np.bincount(inv, weights=(g.end - g.start)[comp])
+    return int(s[int(np.argmax(busy))])
+
+
+def fix_prefetch(g: Graph) -> Fix | None:
+    """Backward prefetch on: each backward all-gather (and the copies before it) is issued where
+    the previous unit's all-gather was, i.e. ahead of that unit's gradient compute and its
+    reduce-scatter on the communicator (BACKWARD_PRE)."""
+    fx = Fix("prefetch")
+    order = np.argsort(g.key, kind="stable")
+    pos = np.empty_like(order)
+    pos[order] = np.arange(order.size)
+    comp_stream = _compute_stream(g)
+    for ags in _backward_all_gathers(g):
+        for prev, cur in zip(ags, ags[1:]):
+            delta = g.key[prev] - g.key[cur] + 1e-3
+            for j in [cur, *_pre_ops(g, cur, order, pos, comp_stream)]:
+                fx.move[j] = g.key[j] + delta
+                fx.drop_deps.add(j)
+    return fx if fx.move else None
+
+
+def _in_ranges(t: float, ranges: list[tuple[float, float]]) -> bool:
+    return any(a <= t < b for a, b in ranges)
+
+
+def _name_mask(g: Graph, pred) -> np.ndarray:
+    """``pred(name)`` for every op, evaluated once per distinct name."""
+    if g.name_code is None or g.code_names is None:
+        return np.fromiter((pred(n) for n in g.names), dtype=bool, count=len(g.names))
+    used = np.unique(g.name_code)
+    table = np.zeros(len(g.code_names), dtype=bool)
+    table[used] = [bool(pred(g.code_names[c])) for c in used.tolist()]
+    return table[g.name_code]
+
+
+def fix_offload_off(g: Graph) -> Fix | None:
+    """CPU offload off: FSDP's host<->device copies of parameters and gradients go away (those
+    launched outside the optimizer and not on the compute stream: the batch copy stays), and an
+    optimizer step with no GPU work (it ran on the CPU) is cut from the CPU timeline. Blocking
+    calls that waited for a dropped copy no longer block."""
+    fx = Fix("offload_off")
+    comp_stream = _compute_stream(g)
+    host = _name_mask(g, lambda n: n.startswith(("Memcpy HtoD", "Memcpy DtoH")))
+    for i in np.flatnonzero(host & (g.stream != comp_stream) & (g.phase != "optimizer")).tolist():
+        fx.scale[i] = 0.0
+    dropped = set(fx.scale)
+    for ts, te, a, gap, row in g.syncs:
+        if a in dropped and row not in g.device_syncs:
+            fx.free_syncs.add(row)
+    for a, b in g.ranges.get("optimizer", []):
+        m = (g.key >= a) & (g.key < b) & g.is_compute
+        if not m.any():
+            fx.cpu_cuts.append((a, b))
+    return fx if fx.scale or fx.cpu_cuts else None
+
+
+def fix_rate_limiter_off(g: Graph) -> Fix | None:
+    """limit_all_gathers=False: the rate limiter's event synchronizations no longer block."""
+    rl = g.ranges.get("rate_limiter", [])
+    fx = Fix("rate_limiter_off", free_syncs={row for ts, te, a, gap, row in g.syncs if _in_ranges(ts, rl)})
+    return fx if fx.free_syncs else None
+
+
+_FP32 = ("float", "f32", "Float")
+_LOW = ("bf16", "BFloat16", "bfloat16", "half", "Half", "fp16", "f16")
+
+
+def fix_mixed_precision(g: Graph) -> Fix | None:
+    """bf16 mixed precision: fp32 all-gathers and reduce-scatters move half the bytes, and fp32
+    forward/backward compute kernels run in bf16 (half the bytes for memory-bound kernels, twice
+    TF32's tensor-core rate for GEMMs): duration × 0.5. The optimizer keeps fp32."""
+    fx = Fix("mixed_precision")
+    for i in np.flatnonzero(g.coll >= 0):
+        c = g.colls[int(g.coll[i])]
+        if c.kind in ("all_gather", "reduce_scatter") and (c.dtype or "").lower() in ("float", "float32"):
+            fx.scale[int(i)] = 0.5
+    if not fx.scale:
+        return None
+    fp32 = _name_mask(g, lambda n: any(t in n for t in _FP32) and not any(t in n for t in _LOW))
+    fwd_bwd = (g.phase == "forward") | (g.phase == "backward")
+    for i in np.flatnonzero(g.is_compute & fwd_bwd & fp32).tolist():
+        fx.scale[i] = 0.5
+    return fx
+
+
+WRAP_SPLIT = 8  # units the coarse unit is split into (a transformer's blocks; the trace does not say)
+
+
+def _append_ops(g: Graph, src: list[int]) -> tuple[Graph, list[int]]:
+    """A copy of ``g`` with a copy of each op in ``src`` appended (same fields); their indices."""
+    n = g.start.size
+    idx = np.array(src, dtype=np.int64)
+    cat = lambda a: np.concatenate([a, a[idx]])  # noqa: E731
+    g2 = Graph(cat(g.start), cat(g.end), cat(g.stream), cat(g.launch), cat(g.key), cat(g.backlog), cat(g.comm), cat(g.coll),
+               cat(g.pg), cat(g.is_compute), cat(g.step), cat(g.g_launch), cat(g.g_stream), cat(g.g_comm),
+               dict(g.deps), g.syncs, g.steps, g.colls, g.names + [g.names[i] for i in src], cat(g.phase),
+               g.ranges, g.device_syncs, g.n_wait_edges, g.n_inferred, cat(g.g_wait),
+               cat(g.name_code) if g.name_code is not None else None, g.code_names,
+               cat(g.rows) if g.rows is not None else None)
+    return g2, list(range(n, n + idx.size))
+
+
+def _chunks(ops: np.ndarray, dur: np.ndarray, k: int) -> list[np.ndarray]:
+    """``ops`` (in order) cut into ``k`` consecutive groups of about equal total duration."""
+    c = np.cumsum(dur)
+    cut = np.searchsorted(c, c[-1] * np.arange(1, k) / k)
+    return [x for x in np.split(ops, cut) if x.size]
+
+
+def fix_wrap(g: Graph, find_blocks: Callable[[], RepeatedBlocks | None] | None = None) -> tuple[Graph, Fix] | None:
+    """Per-block wrapping of the unit that holds most parameters.
+
+    With the model's repeated blocks known from its GEMM shapes (:mod:`.layers`), the unit's
+    forward all-gather becomes the root's (what no block holds: embeddings, head, norms; issued
+    where it was) followed by one all-gather per block, issued with it (the CPU runs ahead), the
+    j-th gating block j's first GEMM; its backward reduce-scatter becomes one per block, issued
+    when the block's backward is done (blocks last to first), then the root's where it was. Each
+    piece moves its share of the unit's elements. Without shapes: WRAP_SPLIT equal pieces, the
+    j-th gating the j-th of WRAP_SPLIT equal-time slices of compute. Backward all-gathers that
+    per-block units add are prefetched and assumed hidden. Each added unit's hooks cost CPU time
+    (what the coarse unit's hooks cost per unit, measured, forward and backward): inserted where
+    the unit's forward starts and where its backward ends. ``find_blocks`` (called only when one
+    unit dominates) reads the repeated blocks."""
+    ci = [i for i in np.flatnonzero(g.coll >= 0)]
+    if not ci:
+        return None
+    by_unit: dict[object, float] = {}
+    for i in ci:
+        c = g.colls[int(g.coll[i])]
+        if c.kind == "all_gather" and c.phase == "forward":
+            by_unit[c.unit] = by_unit.get(c.unit, 0.0) + (c.bytes or 0)
+    total = sum(by_unit.values())
+    if not total:
+        return None
+    unit = max(by_unit, key=by_unit.get)
+    if by_unit[unit] < 0.5 * total:
+        return None
+    blocks = find_blocks() if find_blocks is not None else None
+    share = _block_share(g, ci, unit, blocks)
+    fx = Fix("wrap")
+    if share is not None:
+        fx.note = (f"the unit split as per-block wrapping would: {blocks.count} repeated blocks found from GEMM shapes, "
+                   f"{100 * share:.1f}% of its elements each, the root keeping {100 * (1 - blocks.count * share):.1f}%")
+    else:
+        fx.note = f"the unit split into {WRAP_SPLIT} equal units (no repeated blocks found from GEMM shapes: record_shapes=True tells them)"
+    new_src, plan = [], []
+    dur = g.end - g.start
+    for st in range(len(g.steps)):
+        for kind, phase in (("all_gather", "forward"), ("reduce_scatter", "backward")):
+            ops = [int(i) for i in ci if g.step[i] == st and g.colls[int(g.coll[i])].kind == kind
+                   and g.colls[int(g.coll[i])].phase == phase and g.colls[int(g.coll[i])].unit == unit]
+            comp = np.flatnonzero(g.is_compute & (g.step == st) & (g.phase == phase))
+            if not ops:
+                continue
+            op = ops[0] if kind == "all_gather" else ops[-1]
+            comp = comp[np.argsort(g.key[comp])]
+            comp = comp[g.key[comp] > g.key[op]] if kind == "all_gather" else comp[g.key[comp] < g.key[op]]
+            pieces = _block_pieces(g, comp, kind, st, blocks, share) if share is not None else None
+            if pieces is None:
+                if comp.size < WRAP_SPLIT:
+                    continue
+                groups = _chunks(comp, dur[comp], WRAP_SPLIT)
+                m = len(groups)
+                anchors = [int(x[0]) for x in groups[1:]] if kind == "all_gather" else [int(x[-1]) for x in groups[:-1]]
+                pieces = (1.0 / m, [(1.0 / m, a) for a in anchors])
+            plan.append((st, kind, op, pieces))
+            new_src += [op] * len(pieces[1])
+    if not plan:
+        return None
+    g2, new = _append_ops(g, new_src)
+    it = iter(new)
+    extra = {st: len(pieces[1]) for st, kind, _, pieces in plan if kind == "all_gather"}
+    hooks, hook_own = _hook_own(g)
+    for st, kind, op, (own, pieces) in plan:
+        # each added unit runs its own hooks on the CPU: what the coarse unit's cost per unit,
+        # forward (pre-forward: the all-gather issue, copy-out) and backward (pre-backward's
+        # all-gather issue, post-backward's reduce-scatter issue)
+        fwd_hook = _hook_us_per_unit(hooks, hook_own, g.steps[st], "forward", len(by_unit))
+        if kind == "all_gather":
+            fx.cpu_adds += [(g.key[a] - 1e-4, fwd_hook) for _, a in pieces]
+        else:
+            bwd_hook = fwd_hook + _hook_us_per_unit(hooks, hook_own, g.steps[st], "backward", len(by_unit))
+            fx.cpu_adds += [(g.key[a] + 5e-4, bwd_hook) for _, a in pieces]
+            fx.cpu_adds += [(g.key[op] - 1e-4, bwd_hook)] * max(extra.get(st, 0) - len(pieces), 0)
+        fx.scale[op] = own
+        for j, (scale, anchor) in enumerate(pieces, start=1):
+            p = next(it)
+            fx.scale[p] = scale
+            if kind == "all_gather":
+                # issued right after the original, in order; gates its block's first compute
+                fx.move[p] = g.key[op] + j * 1e-3
+                g2.deps[anchor] = list(g2.deps.get(anchor, [])) + [(p, CAP_DEP_US)]
+            else:
+                # issued after its slice of backward compute; the original keeps the last slot
+                fx.move[p] = g.key[anchor] + 1e-3
+                fx.drop_deps.add(p)
+                g2.deps[p] = [(anchor, CAP_DEP_US)]
+        if kind == "reduce_scatter":
+            fx.move[op] = g.key[op]
+    return g2, fx
+
+
+def _block_share(g: Graph, ci: list, unit, blocks: RepeatedBlocks | None) -> float | None:
+    """One block's share of the unit's all-gathered elements (None when the blocks are unknown
+    or hold more elements than the unit gathers)."""
+    if blocks is None or not blocks.forward_starts:
+        return None
+    st = min(blocks.forward_starts)
+    numel = sum(g.colls[int(g.coll[i])].out_nelems or 0 for i in ci
+                if g.step[i] == st and g.colls[int(g.coll[i])].kind == "all_gather"
+                and g.colls[int(g.coll[i])].phase == "forward" and g.colls[int(g.coll[i])].unit == unit)
+    if not numel or blocks.count * blocks.block_numel > numel:
+        return None
+    return blocks.block_numel / numel
+
+
+def _block_pieces(g: Graph, comp: np.ndarray, kind: str, st: int, blocks: RepeatedBlocks,
+                  share: float) -> tuple[float, list[tuple[float, int]]] | None:
+    """(the original's share, [(share, anchor op)] of the other pieces) for step ``st``: forward,
+    one piece per block gating the first compute launched at its first GEMM; backward, one per
+    block but the first issued after the last compute launched before the next block's backward
+    (the first block's goes with the root's, last). None where the step's blocks are unknown."""
+    starts = (blocks.forward_starts if kind == "all_gather" else blocks.backward_ends).get(st)
+    if starts is None or comp.size == 0:
+        return None
+    keys = g.key[comp]
+    root = 1.0 - blocks.count * share
+    pieces = []
+    if kind == "all_gather":
+        for t in starts:
+            i = int(np.searchsorted(keys, t, side="left"))
+            if i >= comp.size:
+                return None
+            pieces.append((share, int(comp[i])))
+        return root, pieces
+    for t in reversed(starts[1:]):  # blocks last to first
+        i = int(np.searchsorted(keys, t, side="left")) - 1
+        if i < 0:
+            return None
+        pieces.append((share, int(comp[i])))
+    return root + share, pieces
+
+
+def _hook_own(g: Graph) -> tuple[np.ndarray, np.ndarray]:
+    """The outermost FSDP hook ranges (n × 2, CPU µs) and each one's own CPU time: its duration
+    less the blocking calls inside it (they wait for the GPU, not for Python)."""
+    hooks = np.array(g.ranges.get("hooks", []), dtype=np.float64).reshape(-1, 2)
+    # blocked time inside each hook: prefix sums over the blocking calls in start order
+    sy = np.array([(ts, te) for ts, te, *_ in g.syncs], dtype=np.float64).reshape(-1, 2)
+    sy = sy[np.argsort(sy[:, 0], kind="stable")]
+    csum = np.concatenate(([0.0], np.cumsum(sy[:, 1] - sy[:, 0])))
+    lo = np.searchsorted(sy[:, 0], hooks[:, 0], side="left")
+    hi = np.searchsorted(sy[:, 0], hooks[:, 1], side="left")
+    return hooks, hooks[:, 1] - hooks[:, 0] - (csum[hi] - csum[lo])
+
+
+def fix_hooks_off(g: Graph) -> Fix | None:
+    """FSDP hooks free on the CPU: the CPU time of the outermost FSDP hook ranges is cut (less
+    the blocking calls inside them, which wait for the GPU, not for Python). What fewer, larger
+    units would save at most on the host side; a saving means the hooks sit on the critical path."""
+    hooks, own = _hook_own(g)
+    if not hooks.size:
+        return None
+    keep = own > 0
+    cuts = list(zip((hooks[keep, 1] - own[keep]).tolist(), hooks[keep, 1].tolist()))
+    return Fix("hooks_off", cpu_cuts=cuts) if cuts else None
+
+
+def _hook_us_per_unit(hooks: np.ndarray, own: np.ndarray, step: StepWindow, phase: str, units: int) -> float:
+    """Own CPU µs (:func:`_hook_own`) of the FSDP hooks that start in ``step``'s ``phase``, per unit."""
+    win = step.phases.get(phase)
+    if win is None or units < 1 or not hooks.size:
+        return 0.0
+    m = (hooks[:, 0] >= win[0]) & (hooks[:, 0] < win[1]) & (own > 0)
+    return float(own[m].sum()) / units
+
+
+#: the rate assumed for fp32 GEMM / attention kernels moved onto tensor cores: this share of the
+#: device's dense BF16 peak (large bf16 GEMMs reach 60-80% of it, attention less)
+TENSOR_CORE_SHARE = 0.5
+TENSOR_CORE_MIN_SHARE = 5.0  # % of GEMM + attention time on fp32 engines for the replay to try it
+
+
+def fp32_share(cf: ComputeFacts) -> float:
+    """% of GEMM + attention kernel time on fp32 engines (CUDA cores, or fp32 of unknown engine)."""
+    return cf.dtype_mix.get("fp32-simt", 0.0) + cf.dtype_mix.get("fp32", 0.0)
+
+
+def fix_tensor_cores(g: Graph, kf, cf: ComputeFacts) -> Fix | None:
+    """bf16 mixed precision for a run whose matmuls run in fp32 on a GPU with tensor cores: every
+    fp32 GEMM / attention kernel takes its FLOPs at TENSOR_CORE_SHARE of the device's dense BF16
+    peak (never longer than measured), and the forward / backward fp32 elementwise kernels move
+    half the bytes (× 0.5, bf16 activations). The optimizer keeps fp32."""
+    if not cf.tensor_cores or not cf.peak_tflops or g.rows is None or kf.rows.size == 0:
+        return None
+    rate = TENSOR_CORE_SHARE * cf.peak_tflops * 1e6  # FLOPs per µs
+    pos = {int(r): i for i, r in enumerate(g.rows.tolist())}
+    fx = Fix("tensor_cores")
+    dur = g.end - g.start
+    gemm_ops = set()
+    for r, fl, eng in zip(kf.rows.tolist(), kf.flops.tolist(), kf.engine):
+        i = pos.get(int(r))
+        if i is None:
+            continue
+        gemm_ops.add(i)
+        if eng in ("fp32-simt", "fp32") and dur[i] > 0 and fl > 0:
+            fx.scale[i] = min(1.0, fl / rate / dur[i])
+    if not fx.scale:
+        return None
+    fp32 = _name_mask(g, lambda n: any(t in n for t in _FP32) and not any(t in n for t in _LOW))
+    fwd_bwd = (g.phase == "forward") | (g.phase == "backward")
+    for i in np.flatnonzero(g.is_compute & fwd_bwd & fp32).tolist():
+        if i not in gemm_ops:
+            fx.scale[i] = 0.5
+    return fx
+
+
+def latency_share(colls: list[Collective]) -> float | None:
+    """Share of the median all-gather's / reduce-scatter's duration that is fixed cost, from a
+    least-squares fit duration = a + bytes / bandwidth over this rank's collectives of those
+    kinds (None when sizes do not vary enough to separate the two)."""
+    pts = [(c.bytes, c.gpu_dur_us) for c in colls if c.kind in ("all_gather", "reduce_scatter") and c.step >= 0
+           and c.bytes and c.gpu_dur_us and c.gpu_dur_us > 0]
+    if len(pts) < 4:
+        return None
+    x, y = np.array(pts, dtype=float).T
+    if x.max() < 1.5 * x.min():
+        return None
+    b, a = np.polyfit(x, y, 1)
+    if b <= 0:
+        return None
+    med = float(np.median(y))
+    return float(np.clip(a / med, 0.0, 1.0)) if med > 0 else None
+
+
+STRAGGLER_FACTORS = (0.75,)
+
+
+def fix_compute_scale(g: Graph, f: float) -> Fix:
+    """Compute kernels × f: what this rank's step would be with the median rank's compute speed
+    (the run summary interpolates between the factors)."""
+    return Fix(f"compute×{f}", scale={int(i): f for i in np.flatnonzero(g.is_compute)})
+
+
+FIXES = {
+    "prefetch": fix_prefetch,
+    "offload_off": fix_offload_off,
+    "rate_limiter_off": fix_rate_limiter_off,
+    "mixed_precision": fix_mixed_precision,
+    "wrap": fix_wrap,
+    "hooks_off": fix_hooks_off,
+}

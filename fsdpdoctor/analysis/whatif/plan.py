@@ -1,0 +1,135 @@
+"""Plan and run: the graph and the transformations that apply, replayed unchanged and with each."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ...facts import ComputeFacts, FsdpFacts, WhatIfFacts
+from ...ingest.kineto import RankTrace
+from .. import intervals as iv
+from ..comms import Collective
+from ..layers import repeated_blocks
+from ..steps import StepWindow
+from .fixes import FIXES, STRAGGLER_FACTORS, TENSOR_CORE_MIN_SHARE, fix_compute_scale, fix_tensor_cores, fp32_share, latency_share
+from .graph import Fix, Graph, build_graph
+from .loop import _slower, measured_clocks_ms, replay
+
+
+def _exposed_rs_ms(g: Graph, S: np.ndarray, E: np.ndarray) -> float:
+    """Exposed reduce-scatter per step (ms) in a replayed timeline."""
+    rs = np.array([i for i in np.flatnonzero(g.coll >= 0) if g.colls[int(g.coll[i])].kind == "reduce_scatter"],
+                  dtype=np.int64)
+    if rs.size == 0:
+        return 0.0
+    comp = np.flatnonzero(g.is_compute)
+    exposed = iv.subtract(iv.merge(S[rs], E[rs]), iv.merge(S[comp], E[comp]))
+    return iv.total(exposed) / 1e3 / max(len(g.steps), 1)
+
+
+def _applies(fsdp: FsdpFacts | None) -> dict[str, bool]:
+    """Which transformations are worth a replay on this rank (the rest would change nothing, or
+    their finding cannot fire)."""
+    if fsdp is None:
+        return dict.fromkeys(FIXES, True)
+    is_fsdp = fsdp.version in (1, 2)
+    return {
+        "prefetch": fsdp.backward_prefetch in ("NONE", "BACKWARD_POST"),
+        "offload_off": fsdp.cpu_offload.detected,
+        "rate_limiter_off": fsdp.version == 1 and fsdp.rate_limiter_ms_per_step > 0,
+        "mixed_precision": is_fsdp and fsdp.mixed_precision is not True,
+        "wrap": is_fsdp,
+        "hooks_off": is_fsdp,
+    }
+
+
+def fidelity_pct(base: np.ndarray, base_clocks: np.ndarray, measured: np.ndarray, clocks: np.ndarray) -> float:
+    """How closely the unchanged replay reproduces the measured steps, in %: the larger of its
+    error on the steady step time (what savings are differences of) and its largest per-step
+    error on the completion clock (each step's completion, whichever side made it late). The
+    CPU clock's per-step split is not compared: where the CPU blocks on the GPU (a full launch
+    queue, a synchronization), the replay may end a step's CPU span earlier and the next one's
+    later than measured without changing the rate."""
+    m = float(measured.mean())
+    steady = 100 * abs(float(base.mean()) - m) / m if m > 0 else 0.0
+    return max(steady, step_error_pct(base_clocks[1], clocks[1]))
+
+
+def step_error_pct(replayed: np.ndarray, measured: np.ndarray) -> float:
+    """The replay's error: the largest per-step |replayed − measured| / measured, in %."""
+    ok = measured > 0
+    if not ok.any():
+        return 0.0
+    return float(100 * np.max(np.abs(replayed[ok] - measured[ok]) / measured[ok]))
+
+
+@dataclass
+class WhatIfPlan:
+    """What the replays need, read from the trace: the graph and the transformations that apply.
+    Built while the trace is in memory; :func:`run_whatif` replays it after the trace's columns
+    have been let go (the replay's compiled loop and its imports then take their place)."""
+
+    g: Graph
+    n_steps: int
+    latency_share: float | None
+    fixes: list[tuple[str, Fix | tuple[Graph, Fix] | None]]
+
+
+def plan_whatif(rt: RankTrace, steps: list[StepWindow], colls: list[Collective],
+                fsdp: FsdpFacts | None = None, kflops=None, compute: ComputeFacts | None = None) -> WhatIfPlan | None:
+    """The graph of this rank's steps and every transformation that applies (all of them when
+    ``fsdp`` is None): everything of the what-if replay that reads the trace."""
+    g = build_graph(rt, steps, colls)
+    if g is None:
+        return None
+    applies = _applies(fsdp)
+    fixes = [(name, make(g, lambda: repeated_blocks(rt, steps)) if name == "wrap" else make(g))
+             for name, make in FIXES.items() if applies.get(name, True)]
+    if kflops is not None and compute is not None and fp32_share(compute) >= TENSOR_CORE_MIN_SHARE:
+        fixes.append(("tensor_cores", fix_tensor_cores(g, kflops, compute)))
+    fixes += [(f"compute×{f}", fix_compute_scale(g, f)) for f in STRAGGLER_FACTORS]
+    return WhatIfPlan(g, len(steps), latency_share(colls), fixes)
+
+
+def run_whatif(plan: WhatIfPlan) -> WhatIfFacts:
+    """Replay the steps unchanged and with each transformation of ``plan``."""
+    g = plan.g
+    clocks = measured_clocks_ms(g)
+    measured = _slower(clocks)
+    due = 1 + sum(fx is not None for _, fx in plan.fixes)  # replays of this rank still to run
+    S, E, base, base_clocks = replay(g, replays=due)
+    out = WhatIfFacts(
+        measured_step_ms=float(measured.mean()),
+        replayed_step_ms=float(base.mean()),
+        error_pct=fidelity_pct(base, base_clocks, measured, clocks),
+        ops=int(g.start.size),
+        wait_edges=g.n_wait_edges,
+        blocking_calls=sum(1 for s in g.syncs if s[2] >= 0),
+        inferred_edges=g.n_inferred,
+        unexplained_waits=int((g.g_wait > 0).sum()),
+        unexplained_wait_ms=float(g.g_wait.sum()) / 1e3 / max(plan.n_steps, 1),
+        backlog_ops=int(g.backlog.sum()),
+        latency_share=plan.latency_share,
+    )
+    out.exposed_rs_ms["none"] = _exposed_rs_ms(g, S, E)
+    for name, fx in plan.fixes:
+        if fx is None:
+            continue
+        g2, fx = fx if isinstance(fx, tuple) else (g, fx)
+        due -= 1
+        S2, E2, t, _ = replay(g2, fx, due)
+        out.step_ms[name] = float(t.mean())
+        out.saving_ms[name] = float(max(base.mean() - t.mean(), 0.0))
+        out.exposed_rs_ms[name] = _exposed_rs_ms(g2, S2, E2)
+        if fx.note:
+            out.evidence[name] = fx.note
+    return out
+
+
+def analyze_whatif(rt: RankTrace, steps: list[StepWindow], colls: list[Collective],
+                   fsdp: FsdpFacts | None = None, kflops=None, compute: ComputeFacts | None = None) -> WhatIfFacts | None:
+    """Replay this rank's steps unchanged and with every transformation that applies (all of
+    them when ``fsdp`` is None)."""
+    plan = plan_whatif(rt, steps, colls, fsdp, kflops, compute)
+    return run_whatif(plan) if plan is not None else None
