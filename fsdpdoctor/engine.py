@@ -55,11 +55,22 @@ class Finding:
     est_saving_bytes: int | None = None  # memory findings: bytes the fix frees at the peak
     where: dict[str, Any] = field(default_factory=dict)  # rank / step / phase / unit
     folded_into: str | None = None  # slug of the finding whose fix removes this cost (engine folds it)
-    # where est_saving_ms comes from: "replay" (the what-if replay; saving_error_pct is its error
-    # bar), "heuristic" (the rule's own estimate from measured figures), "heuristic-replay-off"
-    # (the rule has a replay, but it misses the measured step by more than REPLAY_MAX_ERROR_PCT)
+    # where est_saving_ms comes from: "replay" (the what-if replay of the rule's fix),
+    # "heuristic" (the rule's own estimate from measured figures), "heuristic-replay-off" (the
+    # rule has a replay, but it misses the measured step by more than REPLAY_MAX_ERROR_PCT)
     saving_basis: str = ""
-    saving_error_pct: float | None = None
+    # how closely the unchanged replay reproduces the measured run (%): fidelity, not the error of
+    # the saving (that is saving_range_ms)
+    replay_fidelity_pct: float | None = None
+    # [low, high] ms per step the saving can be trusted to, measured on real twins (fsdpdoctor.savings),
+    # and what the range rests on; model_saving_ms is the model's own figure (kept where a twin
+    # withdrew the point estimate: est_saving_ms None)
+    saving_range_ms: list[float] | None = None
+    saving_range_basis: str = ""
+    model_saving_ms: float | None = None
+    # the kind of saving whose twins give the range: the rule's slug, or "slug/context" where the
+    # fix behaves differently (a rule sets it; default the slug)
+    saving_kind: str = ""
 
 
 def _is_rule(mod: ModuleType) -> bool:
@@ -139,6 +150,7 @@ def run_rules(facts: RunFacts, config: dict[str, Any] | None = None) -> list[Fin
             judge_pressure(f, facts)
         bound_saving(f, facts, clocks.get(f.slug, "gpu"))
         mark_basis(f, facts, replays.get(f.slug))
+        set_range(f, facts, replays.get(f.slug), clocks.get(f.slug, "gpu"))
         grade(f, facts, cfg)
         cap = caps.get(f.slug)
         if cap in SEVERITIES and SEVERITIES.index(f.severity) < SEVERITIES.index(cap):
@@ -195,7 +207,7 @@ def mark_basis(f: Finding, facts: RunFacts, fix: str | None) -> None:
     if fix is None or w is None or fix not in w.saving_ms:
         f.saving_basis = "heuristic"
         return
-    f.saving_error_pct = w.error_pct
+    f.replay_fidelity_pct = w.error_pct
     if w.error_pct <= REPLAY_MAX_ERROR_PCT:
         f.saving_basis = "replay"
         return
@@ -204,6 +216,31 @@ def mark_basis(f: Finding, facts: RunFacts, fix: str | None) -> None:
         f"the what-if replay misses a measured step by {w.error_pct:.1f}% (more than {REPLAY_MAX_ERROR_PCT:g}%): "
         "this saving is the rule's estimate from measured figures, not a replay"
     )
+
+
+def set_range(f: Finding, facts: RunFacts, fix: str | None, clock: str = "gpu") -> None:
+    """``f.saving_range_ms`` from the real twins of its kind (:mod:`fsdpdoctor.savings`), widened
+    by the replay's sensitivity where the saving is the replay's; a twin that went the other way
+    withdraws the point estimate (no saving is promised, the finding is info)."""
+    from .savings import saving_range
+
+    if f.est_saving_ms is None:
+        return
+    f.model_saving_ms = f.est_saving_ms
+    sens = 0.0
+    if f.saving_basis == "replay" and facts.whatif is not None and fix is not None:
+        sens = facts.whatif.sensitivity_ms.get(fix, 0.0)
+    r = saving_range(f.saving_kind or f.slug, f.est_saving_ms, sens)
+    bound, _ = saving_bound(facts, clock)
+    f.saving_range_ms = [max(r.low_ms, -(facts.step_clock_ms or 0.0)), min(r.high_ms, bound) if bound else r.high_ms]
+    f.saving_range_basis = r.basis
+    if r.withdrawn:
+        f.evidence.append(f"the model prices this fix at {ms(f.est_saving_ms)} per step, but {r.basis}: "
+                          "no saving is promised, measure it")
+        f.summary = f.summary.rstrip() + (" No saving is promised: on a real twin the fix "
+                                          "made the step slower.")
+        f.est_saving_ms = None
+        f.severity = "info"
 
 
 def bound_saving(f: Finding, facts: RunFacts, clock: str = "gpu") -> None:

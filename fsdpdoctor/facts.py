@@ -370,11 +370,14 @@ class ComputeFacts:
 class WhatIfFacts:
     """What-if replay of one rank's steps (fsdpdoctor.analysis.whatif), or the run's summary.
 
-    ``measured_step_ms`` counts a step in wall-clock time, from its CPU start to the next step's,
-    the last one to the later of its CPU end and the end of the steps' GPU work (the mean is
-    ``TimelineSummary.wall_ms``; = the ProfilerStep span when each step ends in a sync);
-    ``replayed_step_ms`` is the unchanged graph's replay; ``error_pct`` = the largest per-step
-    |replayed − measured| / measured (per run: the worst rank), the error bar of every saving.
+    ``measured_step_ms`` is the step time as the analysis counts it (the steady rate of the slower
+    side, :func:`fsdpdoctor.analysis.steps.step_times_ms`; the mean is ``TimelineSummary.wall_ms``);
+    ``replayed_step_ms`` is the unchanged graph's replay, counted alike; ``error_pct`` is its
+    *fidelity* (per run: the worst rank): the larger of its error on the step time and its largest
+    per-step error on the completion clock. Fidelity is not the error of a saving (a graph built
+    from a trace reproduces that trace almost by construction); savings get their ranges from real
+    twins (:mod:`fsdpdoctor.savings`). ``sensitivity_ms[fix]``: how much a saving changes when the
+    waits the trace does not explain and the inferred edges are left out (per run: the maximum).
     ``step_ms[fix]`` is the replayed mean step time with the fix applied, ``saving_ms[fix]`` the
     replayed step time without it minus with it (per run: the maximum over ranks, since the
     slowest rank sets the step). ``exposed_rs_ms[fix]`` is the exposed reduce-scatter per step
@@ -396,6 +399,7 @@ class WhatIfFacts:
     step_ms: dict[str, float] = field(default_factory=dict)
     saving_ms: dict[str, float] = field(default_factory=dict)
     exposed_rs_ms: dict[str, float] = field(default_factory=dict)
+    sensitivity_ms: dict[str, float] = field(default_factory=dict)
     evidence: dict[str, str] = field(default_factory=dict)  # fix → what the transformation changed
     per_rank_error_pct: dict[str, float] = field(default_factory=dict)  # run summary only
     # fixed-cost share of the median all-gather / reduce-scatter (fit duration = a + bytes/bw);

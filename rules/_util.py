@@ -154,7 +154,7 @@ def replay_evidence(facts: RunFacts, fix: str, what: str) -> str:
     kept = (f"; {w.unexplained_waits} waits the trace does not explain kept as measured ({w.unexplained_wait_ms:.2f} ms per step)"
             if w.unexplained_waits else "")
     return (f"what-if replay: {what} takes the step from {w.replayed_step_ms:.1f} to {w.step_ms.get(fix, 0.0):.1f} ms "
-            f"(unchanged replay within {w.error_pct:.2f}% of every measured step{kept})")
+            f"(the unchanged replay reproduces the measured steps within {w.error_pct:.2f}%{kept})")
 
 
 def device_total(facts: RunFacts, rank: int | None) -> int | None:

@@ -10,6 +10,10 @@ the wrong-engine finding must predict.
 
 from __future__ import annotations
 
+import gzip
+import json
+import re
+
 from pathlib import Path
 
 import pytest
@@ -252,6 +256,28 @@ def test_generated_runs_flops_equal_the_generators_truth(name, scenario_case):
 
 
 
+_GEMM_OR_ATTENTION = re.compile(r"gemm|nvjet|fmha|sdpa|flash|attention|xmma", re.I)
+
+
+def _raw_other_kernels_ms(path) -> float:
+    """Per step, the summed time of the compute kernels the steps launched that are neither a
+    GEMM nor attention (by kernel name), read from the raw trace with plain json."""
+    with gzip.open(path, "rt") as fh:
+        events = [e for e in json.load(fh)["traceEvents"] if e.get("ph") == "X"]
+    spans = [(e["ts"], e["ts"] + e["dur"]) for e in events
+             if e.get("cat") == "user_annotation" and e.get("name", "").startswith("ProfilerStep#")]
+    launch = {e["args"]["correlation"]: e["ts"] for e in events
+              if e.get("cat") in ("cuda_runtime", "cuda_driver") and "correlation" in (e.get("args") or {})}
+    total = 0.0
+    for e in events:
+        if e.get("cat") != "kernel" or "nccl" in e["name"].lower() or _GEMM_OR_ATTENTION.search(e["name"]):
+            continue
+        t = launch.get((e.get("args") or {}).get("correlation"))
+        if t is not None and any(a <= t < b for a, b in spans):
+            total += e["dur"]
+    return total / 1e3 / len(spans)
+
+
 def test_compare_splits_the_compute_change(run, tmp_path):
     """compare's compute split, its parts adding up to the GPU compute change: the bf16 → fp32 pair
     is the engine; fsdp2 → fsdp2-ac is the recompute (the recomputed kernels' own time); a
@@ -267,6 +293,10 @@ def test_compare_splits_the_compute_change(run, tmp_path):
     b, a = run("fsdp2-bf16").facts, run("fsdp2").facts
     c = compare(b, a)
     check_sum(c, b, a)
+    # the part that is not GEMM or attention (other_kernels, the remainder of the split) against the
+    # raw traces: the change in the time of every other compute kernel the steps launched
+    other = _raw_other_kernels_ms(GPU / "fsdp2" / "rank0.json.gz") - _raw_other_kernels_ms(GPU / "fsdp2-bf16" / "rank0.json.gz")
+    assert c.compute_split["other_kernels"] == pytest.approx(other, rel=0.1, abs=0.3)
     assert c.compute_split["engine"] > 0.9 * (a.timeline.compute_ms - b.timeline.compute_ms)
     b, a = run("fsdp2").facts, run("fsdp2-ac").facts
     c = compare(b, a)

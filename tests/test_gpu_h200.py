@@ -96,7 +96,9 @@ def test_memory_parameters_and_optimizer_state(variant):
     step = len(params) * _block_bytes(4)[0]
     assert 2 * lo + step <= m.categories["optimizer_state"] <= 2 * hi + step
     assert m.peak_allocated_bytes == RESULTS[variant]["peak_allocated"]
-    assert sum(m.categories.values()) == m.peak_allocated_bytes
+    # (the categories sum to the peak by construction, "other" taking what no stack explains:
+    # nothing of note may fall through to it)
+    assert m.categories["other"] < 1 << 20
 
 
 @pytest.mark.parametrize("variant", SNAPSHOTS)

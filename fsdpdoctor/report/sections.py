@@ -34,25 +34,38 @@ def fix_language(code: str) -> str:
 
 
 def saving_text(fd: "Finding", f: RunFacts) -> str:
-    """What a finding saves, in its own unit: milliseconds per step with where the figure comes
-    from (the what-if replay and its error bar, or the rule's estimate — and that the replay was
-    set aside when it missed the measured steps) or bytes freed at the memory peak; "" when the
-    finding has no estimate."""
+    """What a finding saves, in its own unit: the range of milliseconds per step it can be trusted
+    to (measured on real twins, :mod:`fsdpdoctor.savings`) with where the figure comes from (the
+    what-if replay, or the rule's estimate — and that the replay was set aside when it missed the
+    measured steps), or bytes freed at the memory peak; "" when the finding has no estimate."""
     if fd.est_saving_ms is not None:
-        out = f"saves ~{ms(fd.est_saving_ms)}/step" if fd.est_saving_ms >= 0.005 else "saves < 0.01 ms/step"
-        err = fd.saving_error_pct
-        if fd.saving_basis == "replay" and err is not None and f.step_clock_ms:
-            out += f" ± {ms(err / 100 * f.step_clock_ms)} (what-if replay, error {err:.2f}%)"
+        rng = fd.saving_range_ms
+        if fd.est_saving_ms < 0.005:
+            out = "saves < 0.01 ms/step"
+        elif rng is not None and rng[1] - rng[0] >= 0.01:
+            out = f"saves {_num(rng[0])}–{ms(rng[1])}/step"
+        else:
+            out = f"saves ~{ms(fd.est_saving_ms)}/step"
+        if fd.saving_basis == "replay":
+            src = "what-if replay"
         elif fd.saving_basis == "heuristic-replay-off":
-            out += f" (estimate: the replay misses the measured steps by {err or 0.0:.1f}%)"
-        elif fd.saving_basis:
-            out += " (estimate)"
+            src = f"estimate: the replay misses the measured steps by {fd.replay_fidelity_pct or 0.0:.1f}%"
+        else:
+            src = "estimate"
+        if rng is not None and fd.saving_range_basis and fd.est_saving_ms >= 0.005:
+            src += "; " + ("no real twin yet" if fd.saving_range_basis.startswith("no real twin") else
+                           fd.saving_range_basis.split(":")[0].replace("real twin", "real twin").strip())
+        out += f" ({src})"
         if fd.saving_pct_of_step is not None:
             out += f", {pct(fd.saving_pct_of_step)} of the step"
         return out
     if fd.est_saving_bytes:
         return f"frees ~{mib(fd.est_saving_bytes)} at the memory peak"
     return ""
+
+
+def _num(v: float) -> str:
+    return f"{v:.2f}" if v >= 0 else f"−{-v:.2f}"
 
 
 def limit_text(f: RunFacts) -> str:

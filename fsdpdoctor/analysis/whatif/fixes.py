@@ -392,8 +392,58 @@ def fix_compute_scale(g: Graph, f: float) -> Fix:
     return Fix(f"compute×{f}", scale={int(i): f for i in np.flatnonzero(g.is_compute)})
 
 
+#: host<->device bandwidth assumed for a pinned copy when the trace has no pinned copy of its own
+#: to measure it on (GB/s): a PCIe 4.0 x16 link's practical rate; a PCIe 5.0 or NVLink-C2C host
+#: is faster, so the saving is on the low side there
+PINNED_GBPS = 25.0
+PINNED_MEASURE_MIN_BYTES = 1 << 20  # pinned copies this large or larger measure the link
+
+
+def pinned_gbps(g: Graph, direction: str) -> tuple[float, str]:
+    """(GB/s a pinned copy in ``direction`` ("HtoD" / "DtoH") runs at, where that comes from):
+    the median of the trace's own pinned copies of at least 1 MiB that way, else PINNED_GBPS."""
+    if g.nbytes is not None:
+        own = _name_mask(g, lambda n: n.startswith(f"Memcpy {direction}") and "Pinned" in n)
+        own &= g.nbytes >= PINNED_MEASURE_MIN_BYTES
+        dur = g.end - g.start
+        ok = own & (dur > 0)
+        if ok.any():
+            return float(np.median(g.nbytes[ok] / dur[ok] / 1e3)), f"the trace's own pinned {direction} copies"
+    return PINNED_GBPS, f"{PINNED_GBPS:g} GB/s assumed (no pinned {direction} copy of 1 MiB or more in the trace)"
+
+
+def fix_pin(g: Graph) -> Fix | None:
+    """Pinned host memory: every copy from or to pageable memory runs at the pinned rate
+    (:func:`pinned_gbps`; never slower than measured) and no longer blocks the CPU (a pinned copy
+    with ``non_blocking=True`` is asynchronous). Whatever reads the copied data still waits for
+    it where the trace shows that wait (a later synchronization); an implicit wait the trace does
+    not show is not modelled."""
+    page = _name_mask(g, lambda n: n.startswith(("Memcpy HtoD", "Memcpy DtoH")) and "Pageable" in n)
+    if not page.any() or g.nbytes is None:
+        return None
+    fx = Fix("pin")
+    dur = g.end - g.start
+    notes = []
+    for direction in ("HtoD", "DtoH"):
+        sel = page & _name_mask(g, lambda n, d=direction: n.startswith(f"Memcpy {d}"))
+        if not sel.any():
+            continue
+        gbps, src = pinned_gbps(g, direction)
+        for i in np.flatnonzero(sel).tolist():
+            if dur[i] > 0 and g.nbytes[i] > 0:
+                fx.scale[i] = min(g.nbytes[i] / (gbps * 1e3) / dur[i], 1.0)
+        notes.append(f"{int(sel.sum())} pageable {direction} copies at {gbps:.1f} GB/s ({src})")
+    copies = set(np.flatnonzero(page).tolist())
+    for ts, te, a, gap, row in g.syncs:
+        if a in copies and row not in g.device_syncs:
+            fx.free_syncs.add(row)
+    fx.note = "; ".join(notes) + f"; {len(fx.free_syncs)} blocking copy calls no longer block"
+    return fx if fx.scale or fx.free_syncs else None
+
+
 FIXES = {
     "prefetch": fix_prefetch,
+    "pin": fix_pin,
     "offload_off": fix_offload_off,
     "rate_limiter_off": fix_rate_limiter_off,
     "mixed_precision": fix_mixed_precision,

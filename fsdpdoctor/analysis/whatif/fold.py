@@ -40,6 +40,8 @@ class WhatIfFold:
                 self.evidence[name] = (rank, w.evidence[name])
         for name, v in w.exposed_rs_ms.items():
             row[("rs", name)] = v
+        for name, v in w.sensitivity_ms.items():
+            row[("sens", name)] = v
         if compute_ms_total > 0:
             row["compute_ms"] = compute_ms_total
             key = (compute_ms_total, -rank)
@@ -72,6 +74,8 @@ class WhatIfFold:
         self._straggler(out)
         for name in cols.keys("rs"):
             out.exposed_rs_ms[name] = float(np.mean(cols.values(("rs", name))))
+        for name in cols.keys("sens"):
+            out.sensitivity_ms[name] = max(cols.values(("sens", name)))
         return out
 
     def _straggler(self, out: WhatIfFacts) -> None:

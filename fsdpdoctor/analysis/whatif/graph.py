@@ -57,6 +57,8 @@ class Graph:
     name_code: np.ndarray | None = None  # per op: index into ``code_names`` (name tests once per distinct name)
     code_names: list[str] | None = None
     rows: np.ndarray | None = None  # per op: its row in the trace
+    inferred: list[int] = field(default_factory=list)  # ops whose last cross-stream edge was inferred
+    nbytes: np.ndarray | None = None  # per op: bytes of a memcpy / memset (0 where not recorded)
 
 
 @dataclass
@@ -120,8 +122,15 @@ def build_graph(rt: RankTrace, steps: list[StepWindow], colls: list[Collective])
     deps, n_wait = _wait_edges(rt, steps, start, end, stream, key, has, lr)
     syncs = _sync_calls(rt, start, end, key, rows, lr, has)
     n_deps = sum(len(v) for v in deps.values())
+    explicit = {i: len(v) for i, v in deps.items()}
     g_wait = _unexplained_waits(start, end, key, stream, backlog, g_launch, prev_s, g_stream, prev_p, g_comm, deps)
     n_inferred = sum(len(v) for v in deps.values()) - n_deps
+    inferred = [i for i, v in deps.items() if len(v) > explicit.get(i, 0)]
+    nbytes = np.zeros(rows.size, dtype=np.float64)
+    for k in np.flatnonzero(rt.mask_cat("gpu_memcpy", "gpu_memset")[rows]).tolist():
+        a = rt.args.get(int(rows[k]))
+        if a is not None and isinstance(a.nbytes, int):
+            nbytes[k] = a.nbytes
     names = [rt.names[c] for c in rt.name[rows]]
     _, ph = locate(steps, key)
     phase = np.array(PHASES, dtype=object)[ph]
@@ -135,7 +144,7 @@ def build_graph(rt: RankTrace, steps: list[StepWindow], colls: list[Collective])
     return Graph(start, end, stream, launch, key, backlog, comm, coll, pg, is_compute, step, g_launch, g_stream, g_comm,
                  deps, syncs, steps, colls, names, phase, ranges,
                  {row for *_, row in syncs if rt.row_name(row).endswith("DeviceSynchronize")}, n_wait, n_inferred, g_wait,
-                 rt.name[rows].astype(np.int64), rt.names, rows)
+                 rt.name[rows].astype(np.int64), rt.names, rows, inferred, nbytes)
 
 
 def replay_order(key: np.ndarray, backlog: np.ndarray) -> np.ndarray:

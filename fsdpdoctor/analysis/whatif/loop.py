@@ -49,7 +49,7 @@ def _step_clocks(g: Graph, marks: np.ndarray, E: np.ndarray) -> np.ndarray:
     return np.vstack((cpu, comp if comp.size else cpu))
 
 
-def replay(g: Graph, fix: Fix | None = None, replays: int = 1) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+def replay(g: Graph, fix: Fix | None = None, replays: int = 1, blind: bool = False) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Replayed (start, end) of every op, the step times (ms) of ``g.steps`` and both step clocks
     they come from (rows: CPU intervals, completion intervals; see :func:`_step_clocks`).
 
@@ -93,11 +93,13 @@ def replay(g: Graph, fix: Fix | None = None, replays: int = 1) -> tuple[np.ndarr
     first = np.zeros(kinds_a.size, dtype=bool)
     first[:n] = g.backlog
     order = np.lexsort((kinds_a, keys_a, ~first))
-    g_wait = g.g_wait.copy() if g.g_wait is not None else np.zeros(n)
+    # blind: without what the trace does not show (the waits kept as measured, the inferred
+    # cross-stream edges): the replay's sensitivity to them (plan.run_whatif)
+    g_wait = g.g_wait.copy() if g.g_wait is not None and not blind else np.zeros(n)
     moved = [*fix.move, *fix.drop_deps]
     if moved:  # a moved op's unseen wait is not carried along
         g_wait[np.array(moved, dtype=np.int64)] = 0.0
-    dep_ptr, dep_op, dep_gap = _deps_csr(g, fix.drop_deps)
+    dep_ptr, dep_op, dep_gap = _deps_csr(g, fix.drop_deps, blind)
     free = np.isin(sy["row"], np.fromiter(fix.free_syncs, dtype=np.int64, count=len(fix.free_syncs))) \
         if fix.free_syncs else np.zeros(sy["row"].size, dtype=bool)
     _, stream_ix = np.unique(g.stream, return_inverse=True)
@@ -161,12 +163,18 @@ def _sync_arrays(g: Graph) -> dict[str, np.ndarray]:
     return out
 
 
-def _deps_csr(g: Graph, drop: set[int]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """The cross-stream edges as CSR arrays (ptr per op, awaited op, gap), without ``drop``'s."""
+def _deps_csr(g: Graph, drop: set[int], blind: bool = False) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The cross-stream edges as CSR arrays (ptr per op, awaited op, gap), without ``drop``'s
+    (and, ``blind``, without the inferred ones)."""
     n = g.start.size
-    owner = np.fromiter((i for i, dl in g.deps.items() for _ in dl), dtype=np.int64)
-    op = np.fromiter((a for dl in g.deps.values() for a, _ in dl), dtype=np.int64, count=owner.size)
-    gap = np.fromiter((x for dl in g.deps.values() for _, x in dl), dtype=np.float64, count=owner.size)
+    deps = g.deps
+    if blind and g.inferred:
+        deps = dict(deps)
+        for i in g.inferred:
+            deps[i] = deps[i][:-1]
+    owner = np.fromiter((i for i, dl in deps.items() for _ in dl), dtype=np.int64)
+    op = np.fromiter((a for dl in deps.values() for a, _ in dl), dtype=np.int64, count=owner.size)
+    gap = np.fromiter((x for dl in deps.values() for _, x in dl), dtype=np.float64, count=owner.size)
     if drop:
         keep = ~np.isin(owner, np.fromiter(drop, dtype=np.int64, count=len(drop)))
         owner, op, gap = owner[keep], op[keep], gap[keep]

@@ -36,6 +36,7 @@ def _applies(fsdp: FsdpFacts | None) -> dict[str, bool]:
     is_fsdp = fsdp.version in (1, 2)
     return {
         "prefetch": fsdp.backward_prefetch in ("NONE", "BACKWARD_POST"),
+        "pin": fsdp.cpu_offload.pageable_count > 0,
         "offload_off": fsdp.cpu_offload.detected,
         "rate_limiter_off": fsdp.version == 1 and fsdp.rate_limiter_ms_per_step > 0,
         "mixed_precision": is_fsdp and fsdp.mixed_precision is not True,
@@ -124,7 +125,33 @@ def run_whatif(plan: WhatIfPlan) -> WhatIfFacts:
         out.exposed_rs_ms[name] = _exposed_rs_ms(g2, S2, E2)
         if fx.note:
             out.evidence[name] = fx.note
+    _sensitivity(plan, out)
     return out
+
+
+SENSITIVITY_MIN_PCT = 1.0  # savings of at least this % of the step get the sensitivity replays
+
+
+def _sensitivity(plan: WhatIfPlan, out: WhatIfFacts) -> None:
+    """How much each material saving depends on what the trace does not show: the same replays
+    without the waits kept as measured and without the inferred cross-stream edges (the unseen
+    dependency gone, rather than held as measured); ``sensitivity_ms[fix]`` = |saving − that
+    saving|. Only where the graph has such waits or edges, and for fixes whose saving is at least
+    SENSITIVITY_MIN_PCT of the step (the straggler's compute scalings excluded)."""
+    g = plan.g
+    if not (g.inferred or (g.g_wait is not None and (g.g_wait > 0).any())):
+        return
+    todo = [(name, fx) for name, fx in plan.fixes if fx is not None and not name.startswith("compute×")
+            and out.saving_ms.get(name, 0.0) >= SENSITIVITY_MIN_PCT / 100 * out.measured_step_ms]
+    if not todo:
+        return
+    due = 1 + len(todo)
+    base = float(replay(g, replays=due, blind=True)[2].mean())
+    for name, fx in todo:
+        g2, fx = fx if isinstance(fx, tuple) else (g, fx)
+        due -= 1
+        blind = max(base - float(replay(g2, fx, due, blind=True)[2].mean()), 0.0)
+        out.sensitivity_ms[name] = abs(out.saving_ms[name] - blind)
 
 
 def analyze_whatif(rt: RankTrace, steps: list[StepWindow], colls: list[Collective],
