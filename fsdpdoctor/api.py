@@ -202,6 +202,10 @@ def analyze(
         from .analysis.compute import finish
 
         finish(facts.compute, facts.step_clock_ms, float(config["peak_tflops"]))
+        if facts.efficiency is not None:
+            from .analysis.efficiency import split
+
+            split(facts.efficiency, float(config["peak_tflops"]))
         facts.notes = [n for n in facts.notes if not n.startswith("MFU not computed")]
     if mixed:
         facts.mixed_runs = mixed

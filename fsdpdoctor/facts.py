@@ -17,6 +17,8 @@ from typing import Any
 
 import msgspec
 
+from .facts_efficiency import EfficiencyFacts, GemmShape, HookCost, SyncSite  # noqa: F401 - part of the facts
+
 #: 2: the report is one document (every RunFacts field once, at the top level, plus ``findings``);
 #: 1 wrote the summaries at the top level and all facts again under ``facts``. Both load.
 #: 3: StepFacts.step_ms is the interval between step completions (was the CPU span).
@@ -453,6 +455,7 @@ class RankFacts:
     backlog_ops: int = 0
     backlog_ms: float = 0.0
     compute: ComputeFacts | None = None  # FLOPs, engines and MFU (traces with recorded shapes)
+    efficiency: EfficiencyFacts | None = None  # the step split into parts that add up to it (GPU traces)
 
     @property
     def step_ms(self) -> list[float]:
@@ -502,6 +505,7 @@ class RankSummary:
     exposed_ms_by_phase_kind: dict[str, dict[str, float]] = field(default_factory=dict)  # per step
     step_times_ms: list[float] = field(default_factory=list)  # each step's StepFacts.step_ms, in order
     gpu_behind_ms: float = 0.0  # how long the last step's GPU work ends after its CPU span (ranks.wall_clock)
+    waterfall_ms: dict[str, float] = field(default_factory=dict)  # its EfficiencyFacts.parts_ms (GPU traces)
 
     def stand_in(self) -> RankFacts:
         """A RankFacts with this rank's mean step as its only step (none without steps) and its
@@ -685,6 +689,7 @@ class RunFacts:
     memory_expected: dict[str, float] = field(default_factory=dict)  # ZeRO arithmetic, per rank, by category
     whatif: WhatIfFacts | None = None  # what-if replay summary over ranks (GPU traces)
     compute: ComputeFacts | None = None  # compute efficiency (FLOPs, engines, MFU) over ranks
+    efficiency: EfficiencyFacts | None = None  # the waterfall: the step split into parts that add up to it
     notes: list[str] = field(default_factory=list)
     rank_facts: list[RankFacts] = field(default_factory=list)
     # partial runs: ranks left out, and how many ranks the run has (analysed + left out)

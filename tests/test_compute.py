@@ -38,8 +38,10 @@ def _dir(v: str) -> Path:
 
 def model_flops(variant: str = "fsdp2") -> dict[str, float]:
     """Per training step, from the recorder's model for ``variant``: every linear is
-    2·tokens·in·out forward and twice that backward; SDPA forward 4·B·H·S²·D, backward
-    10·B·H·S²·D (FlopCounterMode's conventions: two batched products forward, five backward).
+    2·tokens·in·out forward and twice that backward; SDPA forward 4·B·H·P·D, backward
+    10·B·H·P·D (two batched products forward, five backward, as FlopCounterMode counts them) over
+    the P = S²/2 (query, key) pairs a causal kernel computes: the recorder calls
+    ``scaled_dot_product_attention(q, k, v, is_causal=True)`` (fixtures/record_gpu.py).
     Both recorded models have four linears per block (qkv / c_attn D→3D, proj / c_proj D→D,
     fc1 / c_fc D→4D, fc2 / c_proj 4D→D) and a head D→vocab (GPT2Like's tied to the embedding)."""
     name = variant.rsplit("/", 1)[-1]
@@ -53,7 +55,7 @@ def model_flops(variant: str = "fsdp2") -> dict[str, float]:
     linear_w = layers * block_w + dim * vocab  # + the head
     fwd = 2.0 * tokens * linear_w
     d = dim // heads
-    attn_fwd = layers * 4.0 * batch * heads * seq * seq * d
+    attn_fwd = layers * 4.0 * batch * heads * (seq * seq / 2) * d  # causal: the lower triangle
     return {"matmul": 3 * fwd, "attention": attn_fwd + 2.5 * attn_fwd, "blocks_fwd": 2.0 * tokens * layers * block_w,
             "attn_fwd": attn_fwd}
 
@@ -96,6 +98,27 @@ def test_formulas_equal_torchs_flop_counter():
     got = op_flops("aten::convolution", [[2, 8, 15, 15], [16, 8, 3, 3], [], [], [], [], [], [], []],
                    ["", "", "", "[2, 2]", "[1, 1]", "[1, 1]", "False", "[0, 0]", "1"])
     assert got == _flop_counter(lambda: conv(img))
+
+
+def test_causal_attention_counts_the_triangle_the_kernel_computes():
+    """``is_causal`` in an attention op's Concrete Inputs (at its ATen schema's position; the
+    recorded cuDNN ops below are copied from the H200 GPT-2 trace) halves the square
+    FlopCounterMode counts; without it, or with False, the full square stays."""
+    q = (96, 12, 512, 64)
+    full_f, full_b = fc.sdpa_flop_count(q, q, q), fc.sdpa_backward_flop_count(q, q, q, q)
+    fwd = ["", "", "", "", "True", "0.", "True", "False", ""]
+    bwd = ["", "", "", "", "", "", "", "", "", "", "", "512", "512", "0.", "True", ""]
+    assert op_flops("aten::_scaled_dot_product_cudnn_attention", [list(q)] * 3, fwd) == full_f / 2
+    assert op_flops("aten::_scaled_dot_product_cudnn_attention_backward", [list(q)] * 5, bwd) == full_b / 2
+    assert op_flops("aten::_scaled_dot_product_cudnn_attention", [list(q)] * 3, fwd[:6] + ["False"] + fwd[7:]) == full_f
+    assert op_flops("aten::_scaled_dot_product_cudnn_attention", [list(q)] * 3) == full_f
+    flash = ["", "", "", "0.", "True", "False", ""]  # (q, k, v, dropout_p, is_causal, return_debug_mask, scale)
+    assert op_flops("aten::_scaled_dot_product_flash_attention", [list(q)] * 3, flash) == full_f / 2
+    # queries beyond the keys (top-left aligned mask): Sk²/2 + (Sq − Sk)·Sk pairs of Sq·Sk
+    qq, kk = (1, 1, 96, 64), (1, 1, 32, 64)
+    pairs = sum(min(i + 1, 32) for i in range(96))  # the mask's ones, counted
+    got = op_flops("aten::_scaled_dot_product_flash_attention", [list(qq), list(kk), list(kk)], flash)
+    assert got == pytest.approx(fc.sdpa_flop_count(qq, kk, kk) * pairs / (96 * 32), rel=0.02)
 
 
 @pytest.mark.parametrize("variant", TRAINING)

@@ -2,8 +2,10 @@
 
 FLOPs follow ``torch.utils.flop_counter.FlopCounterMode``: a matrix product of (M, K) by (K, N)
 is 2·M·K·N (``mm``, ``addmm``, ``_scaled_mm``, batched for ``bmm`` / ``baddbmm``); scaled dot
-product attention forward is two batched products, 4·B·H·Sq·Sk·D, its backward five,
-2·B·H·Sq·Sk·(3·D + 2·Dv); causal masking is not discounted. They are counted on the operators
+product attention forward is two batched products, 4·B·H·P·D, its backward five,
+2·B·H·P·(3·D + 2·Dv), where P is the (query, key) pairs the kernel computes: Sq·Sk, or about half
+of it under the causal mask (``is_causal`` in the op's ``Concrete Inputs``; FlopCounterMode counts
+the full square, TraceLens the triangle: this counts what the kernel computes). They are counted on the operators
 that carry the shapes (``record_shapes=True``: ``Input Dims`` / ``Input type``) and attributed to
 the GPU kernels those operators launched (the kernel's ``External id`` names its innermost CPU
 op; attention kernels are launched by an inner op of the counted SDPA op). Composite ops
@@ -120,6 +122,36 @@ def conv_flops(dims: list, concrete: list | None, backward: bool) -> float | Non
     return 2.0 * x[0] * _prod(out) * _prod(w)
 
 
+#: position of ``is_causal`` among each attention op's arguments (its ATen schema), as its
+#: ``Concrete Inputs`` list them
+CAUSAL_ARG = {
+    "aten::_scaled_dot_product_flash_attention": 4,
+    "aten::_scaled_dot_product_efficient_attention": 6,
+    "aten::_scaled_dot_product_cudnn_attention": 6,
+    "aten::_scaled_dot_product_flash_attention_backward": 11,
+    "aten::_scaled_dot_product_efficient_attention_backward": 11,
+    "aten::_scaled_dot_product_cudnn_attention_backward": 14,
+}
+
+
+def is_causal(name: str, concrete: list | None) -> bool:
+    """Whether an attention op ran with the causal mask: its ``is_causal`` argument in the op's
+    recorded ``Concrete Inputs`` (False where the trace does not say)."""
+    i = CAUSAL_ARG.get(name)
+    return bool(concrete) and i is not None and len(concrete) > i and str(concrete[i]).strip() == "True"
+
+
+def attended_pairs(sq: int, sk: int, causal: bool) -> float:
+    """(query, key) pairs an attention kernel computes: Sq·Sk, or under the causal mask (aligned
+    to the top left, as ``is_causal`` is) the lower triangle, Sq²/2 when Sq ≤ Sk and
+    Sk²/2 + (Sq − Sk)·Sk beyond it (TraceLens's count: the kernels skip the masked blocks)."""
+    if not causal:
+        return float(sq) * sk
+    if sq <= sk:
+        return sq * sq / 2.0
+    return sk * sk / 2.0 + float(sq - sk) * sk
+
+
 def op_flops(name: str, dims: list, concrete: list | None = None) -> float | None:
     """FLOPs of one counted op from its input dims (None: the shapes do not fit the op)."""
     try:
@@ -141,11 +173,13 @@ def op_flops(name: str, dims: list, concrete: list | None = None) -> float | Non
         if name in ATTN_FWD_OPS:  # q, k, v: (B, H, S, D)
             q, k, v = t[0], t[1], t[2]
             b, h, sq, d = q
-            return 2.0 * b * h * sq * k[2] * d + 2.0 * b * h * sq * k[2] * v[3]
+            pairs = attended_pairs(sq, k[2], is_causal(name, concrete))
+            return 2.0 * b * h * pairs * d + 2.0 * b * h * pairs * v[3]
         if name in ATTN_BWD_OPS:  # grad_out, q, k, v
             q, k, v = t[1], t[2], t[3]
             b, h, sq, d = q
-            return 2.0 * b * h * sq * k[2] * (3 * d + 2 * v[3])
+            pairs = attended_pairs(sq, k[2], is_causal(name, concrete))
+            return 2.0 * b * h * pairs * (3 * d + 2 * v[3])
     except (ValueError, TypeError, IndexError):
         return None
     return None
@@ -158,6 +192,22 @@ def _op_dtype(raw) -> str | None:
     return None
 
 
+def launching_ops(rt: RankTrace, rows: np.ndarray) -> np.ndarray:
+    """The CPU op that launched each GPU row: the ``cpu_op`` with the row's ``External id`` (the
+    innermost op open at the launch), or -1."""
+    out = np.full(rows.size, -1, dtype=np.int64)
+    ops_all = np.flatnonzero(rt.mask_cat("cpu_op") & (rt.external_id >= 0))
+    if ops_all.size == 0 or rows.size == 0:
+        return out
+    srt = ops_all[np.argsort(rt.external_id[ops_all], kind="stable")]
+    sext = rt.external_id[srt]
+    want = rt.external_id[rows]
+    k = np.minimum(np.searchsorted(sext, want), sext.size - 1)
+    hit = (want >= 0) & (sext[k] == want)
+    out[hit] = srt[k[hit]]
+    return out
+
+
 @dataclass
 class KernelFlops:
     """Per GPU kernel row of the trace that a counted op launched: its FLOPs and engine."""
@@ -167,6 +217,7 @@ class KernelFlops:
     engine: list[str]
     attention: np.ndarray  # bool
     recompute: np.ndarray  # bool
+    ops: np.ndarray | None = None  # the counted op row that launched each (its shapes and name)
 
 
 def analyze_compute(rt: RankTrace, steps: list[StepWindow], device_name: str | None, n_steps: int) -> tuple[ComputeFacts, KernelFlops]:
@@ -205,13 +256,7 @@ def analyze_compute(rt: RankTrace, steps: list[StepWindow], device_name: str | N
     # kernels of each counted op: the kernel's External id names its innermost op; that op is
     # the counted op or lies inside it
     kern = np.flatnonzero(rt.mask_cat("kernel") & (rt.external_id >= 0))
-    ops_all = np.flatnonzero(cpu & (rt.external_id >= 0))
-    srt = ops_all[np.argsort(rt.external_id[ops_all], kind="stable")]
-    sext = rt.external_id[srt]
-    k = np.searchsorted(sext, rt.external_id[kern])
-    k = np.minimum(k, max(sext.size - 1, 0))
-    hit = sext.size > 0
-    launcher = np.where(hit & (sext[k] == rt.external_id[kern]), srt[k], -1) if hit else np.full(kern.size, -1)
+    launcher = launching_ops(rt, kern)
     kern, launcher = kern[launcher >= 0], launcher[launcher >= 0]
     pos = {int(r): i for i, r in enumerate(counted.tolist())}
     owner = np.array([pos.get(int(x), -1) for x in launcher.tolist()], dtype=np.int64)
@@ -265,7 +310,7 @@ def analyze_compute(rt: RankTrace, steps: list[StepWindow], device_name: str | N
     cf.tensor_cores = has_tensor_cores(device_name)
     _engines_and_peak(cf)
     cf.source = "shapes"
-    return cf, KernelFlops(kern, kflops, engines, attn_k, recompute[owner])
+    return cf, KernelFlops(kern, kflops, engines, attn_k, recompute[owner], counted[owner])
 
 
 def _peak_dtype(engine: str | None) -> str | None:

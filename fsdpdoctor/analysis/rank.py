@@ -12,12 +12,13 @@ import numpy as np
 from ..facts import CollectiveFacts, CollectiveStats, RankFacts
 from ..ingest.kineto import RankTrace, load_trace
 from .compute import analyze_compute, finish
+from .efficiency import analyze_efficiency
 from .comms import Collective, assign_roles, find_collectives, issue_rows, parallelism_facts
 from .fsdp import analyze_fsdp
 from .labels import enclosing, label_rows
 from .memory_events import memory_from_events
 from .steps import find_steps
-from .timeline import hta_overlap, step_timeline_backlog
+from .timeline import gpu_steps, hta_overlap, step_timeline_backlog
 from .whatif import WhatIfPlan, plan_whatif, run_whatif
 
 
@@ -68,7 +69,8 @@ def _read_rank(rt: RankTrace, order_index: int) -> tuple[RankFacts, WhatIfPlan |
     pg_config = rt.distributed_info.get("pg_config") if isinstance(rt.distributed_info.get("pg_config"), list) else []
     pg_config = [x for x in pg_config if isinstance(x, dict)]
     assign_roles(colls, pg_config, rt.world_size, ddp=any(n.startswith("DistributedDataParallel.") for n in rt.names))
-    steps, backlog = step_timeline_backlog(rt, info.steps, colls)
+    gs = gpu_steps(rt, info.steps)
+    steps, backlog = step_timeline_backlog(rt, info.steps, colls, gs)
     n_steps = len(info.steps)
     fsdp = analyze_fsdp(rt, colls, info.steps, n_steps)
     overlap_pct, comm_ms, compute_ms = hta_overlap(rt, info.steps if info.step_method == "ProfilerStep" else None)
@@ -94,6 +96,8 @@ def _read_rank(rt: RankTrace, order_index: int) -> tuple[RankFacts, WhatIfPlan |
             "(profile with record_shapes=True)" if not compute.ops_without_shapes else
             f"{compute.ops_without_shapes} matmul/attention ops without usable shapes: FLOPs and MFU not computed"
         )
+    efficiency = analyze_efficiency(rt, info.steps, steps, gs, kflops, compute) if gpu_present else None
+    del gs
     opt = next((n.split("#", 1)[1].split(".")[0] for n in rt.names if n.startswith("Optimizer.step#")), None)
     plan = plan_whatif(rt, info.steps, colls, fsdp, kflops=kflops, compute=compute) if gpu_present else None
     facts = RankFacts(
@@ -123,6 +127,7 @@ def _read_rank(rt: RankTrace, order_index: int) -> tuple[RankFacts, WhatIfPlan |
         memory_trace=memory_from_events(rt.path, rt.memory_events),
         whatif=None,
         compute=compute if compute.source else None,
+        efficiency=efficiency,
         start_unix_s=start_unix_s(rt),
         backend=_text(rt.distributed_info.get("backend")),
         nccl_version=_text(rt.distributed_info.get("nccl_version")),

@@ -99,6 +99,7 @@ def summarize_rank(r: RankFacts) -> RankSummary:
         exposed_ms_by_phase_kind=exposed_by_phase_kind(r),
         step_times_ms=ms,
         gpu_behind_ms=wall_clock(r)[1] if r.steps else 0.0,
+        waterfall_ms=dict(r.efficiency.parts_ms) if r.efficiency is not None else {},
     )
 
 

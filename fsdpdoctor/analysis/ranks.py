@@ -38,6 +38,7 @@ from .rank import analyze_rank, most_common
 from .rank_summary import cpu_span, exposed_by_phase_kind, finish, summarize_rank
 from .columns import Columns
 from .compute import ComputeFold
+from .efficiency import EfficiencyFold
 from .whatif import WhatIfFold
 from .steps import PHASES
 
@@ -162,12 +163,14 @@ class Arrivals:
         self.lean: set[int] = set()
         self.best: dict[str, tuple[Any, RankFacts]] = {}
         self.compute = ComputeFold()
+        self.efficiency = EfficiencyFold()
         self.whatif = WhatIfFold()
         self.collectives = CollectiveFold()
 
     def add(self, r: RankFacts) -> None:
         s = self.summaries[r.rank] = summarize_rank(r)
         self.compute.add(r.rank, r.compute)
+        self.efficiency.add(r.rank, r.efficiency)
         self.whatif.add(r.rank, r.whatif, r.compute_ms_total)
         self.collectives.add(r.rank, r.collective_stats)
         if not self.allow_lean:
@@ -252,7 +255,7 @@ def make_lean(r: RankFacts, s: RankSummary) -> None:
     times and the rest of its line."""
     r.steps = [s.mean_step] if s.mean_step is not None else []
     r.fsdp = _NO_FSDP if r.fsdp.version is None else FsdpFacts(version=r.fsdp.version)
-    r.collectives, r.collective_stats, r.compute, r.whatif = [], [], None, None
+    r.collectives, r.collective_stats, r.compute, r.whatif, r.efficiency = [], [], None, None, None
     r.exposed_ms_by_phase_kind = s.exposed_ms_by_phase_kind  # one copy, the summary's
 
 
@@ -585,6 +588,7 @@ def fold(
     rf.collectives = arrived.collectives.result()
     rf.whatif = arrived.whatif.result()
     rf.compute = arrived.compute.result(rf.step_clock_ms)
+    rf.efficiency = arrived.efficiency.result(rf.step_clock_ms, rf.compute.peak_tflops if rf.compute is not None else None)
     if rf.compute is None and rf.gpu_present:
         rf.notes.append("FLOPs and MFU not computed: no matmul or attention op with recorded shapes "
                         "(profile with record_shapes=True)")

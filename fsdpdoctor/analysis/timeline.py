@@ -38,17 +38,18 @@ class GpuClasses:
     # so Kineto wrote it without a correlated runtime event): the warm-up steps' backlog. All
     # False when the trace links no GPU work to a launch at all (then GPU times place the work).
     backlog: np.ndarray
+    launch_row: np.ndarray | None = None  # the runtime call that launched each row (-1: none in the trace)
 
 
 def launch_times(rt: RankTrace, rows: np.ndarray, with_found: bool = False):
     """CPU timestamp of the runtime call that launched each GPU row (by correlation id); the
-    row's own timestamp where no launch is in the trace. With ``with_found``, also the mask of
-    rows whose launch was found."""
+    row's own timestamp where no launch is in the trace. With ``with_found``, also the launch
+    rows (:func:`~fsdpdoctor.analysis.comms.launch_rows`, -1 where none was found)."""
     lr = launch_rows(rt, rows)
     found = lr >= 0
     out = rt.ts[rows].copy()
     out[found] = rt.ts[lr[found]]
-    return (out, found) if with_found else out
+    return (out, lr) if with_found else out
 
 
 def classify_gpu(rt: RankTrace) -> GpuClasses:
@@ -60,9 +61,10 @@ def classify_gpu(rt: RankTrace) -> GpuClasses:
     comm = comm_all[rows]
     memory = (mem_name | rt.mask_cat("gpu_memcpy", "gpu_memset"))[rows] & ~comm
     compute = is_kernel[rows] & ~comm & ~memory & ~not_compute[rows]
-    lt, found = launch_times(rt, rows, with_found=True)
+    lt, lr = launch_times(rt, rows, with_found=True)
+    found = lr >= 0
     backlog = ~found if found.any() else np.zeros(rows.size, dtype=bool)
-    return GpuClasses(rows, comm, compute, memory, lt, backlog)
+    return GpuClasses(rows, comm, compute, memory, lt, backlog, lr)
 
 
 def hta_overlap(rt: RankTrace, steps: list[StepWindow] | None = None) -> tuple[float | None, float, float]:
@@ -81,8 +83,8 @@ def hta_overlap(rt: RankTrace, steps: list[StepWindow] | None = None) -> tuple[f
     if steps is not None and len(steps) >= 2:
         # like HTA: keep GPU events whose launch is in the trace and precedes the last step
         last_start = max(st.start for st in steps)
-        lt, found = launch_times(rt, rows, with_found=True)
-        rows = rows[found & (lt < last_start)]
+        lt, lr = launch_times(rt, rows, with_found=True)
+        rows = rows[(lr >= 0) & (lt < last_start)]
     comm_m = comm_kernel_mask(rt)[rows] | rt.mask_names(lambda n: COMM_NAME_RX.match(n) is not None)[rows]
     comp_m = ~rt.mask_names(lambda n: NOT_COMPUTE_RX.match(n) is not None)[rows] & ~comm_m
     s, e = rt.ts[rows], rt.ts[rows] + rt.dur[rows]
@@ -108,12 +110,30 @@ def step_timeline(rt: RankTrace, steps: list[StepWindow], colls: list[Collective
     return step_timeline_backlog(rt, steps, colls)[0]
 
 
-def step_timeline_backlog(rt: RankTrace, steps: list[StepWindow], colls: list[Collective]) -> tuple[list[StepFacts], Backlog]:
-    """:func:`step_timeline` and the carried-over backlog. GPU work belongs to the step whose CPU
-    span launched it; the backlog (work with no launch in the trace) belongs to no step."""
+@dataclass
+class GpuSteps:
+    """Every GPU activity of a rank, classified, with the step and phase that launched it."""
+
+    g: GpuClasses
+    step: np.ndarray  # index into the steps of each row of ``g.rows``; -1 outside every step (the backlog too)
+    phase: np.ndarray  # index into PHASES
+
+
+def gpu_steps(rt: RankTrace, steps: list[StepWindow]) -> GpuSteps:
+    """:func:`classify_gpu` and the step / phase whose CPU span launched each activity."""
     g = classify_gpu(rt)
     step_idx, phase_idx = locate(steps, g.launch_ts)
     step_idx[g.backlog] = -1
+    return GpuSteps(g, step_idx, phase_idx)
+
+
+def step_timeline_backlog(rt: RankTrace, steps: list[StepWindow], colls: list[Collective],
+                          gs: GpuSteps | None = None) -> tuple[list[StepFacts], Backlog]:
+    """:func:`step_timeline` and the carried-over backlog. GPU work belongs to the step whose CPU
+    span launched it; the backlog (work with no launch in the trace) belongs to no step.
+    ``gs``: :func:`gpu_steps` of these steps, when the caller has it already."""
+    gs = gs if gs is not None else gpu_steps(rt, steps)
+    g, step_idx, phase_idx = gs.g, gs.step, gs.phase
     # collectives: step from their CPU issue time; phase from the FSDP hook that issued them,
     # else from the time window it was issued in
     c_ts = np.array([c.cpu_ts for c in colls], dtype=np.float64)

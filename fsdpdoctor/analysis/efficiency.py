@@ -1,0 +1,423 @@
+"""Where a step goes against the ideal: the step split into parts that add up to it.
+
+Per rank, over the step's own GPU work (what its CPU span launched, as the timeline assigns it):
+
+* **matmul / attention at peak**: the model FLOPs of the matmul (attention) kernels at the
+  device's dense BF16 peak (``ComputeFacts.peak_tflops``), so that their sum over the step is the
+  MFU; **below peak**: those kernels' time (the union of their intervals) less that. Attention
+  time is counted where no matmul runs. Without recorded shapes, matmul and attention kernels are
+  found by their names and their time is all "below peak" (the split is unknown; a note says so).
+* **recompute**: kernels of activation checkpointing's re-run forward, every re-run op (the
+  region of a backward node from its first forward-only op, ``aten::linear`` / ``layer_norm`` /
+  SDPA …, through its last, and the forward activations that follow it), where no model matmul
+  or attention runs.
+* **other kernels**: the rest of the compute (elementwise, norms, softmax, casts, copies on
+  compute streams, the optimizer), split by family.
+* **exposed comm / exposed copies**: as :mod:`fsdpdoctor.analysis.timeline` measures them
+  (``StepFacts.exposed_comm_ms`` / ``memcpy_ms``).
+* **GPU idle**: the step time (``StepFacts.step_ms``) less the GPU's busy time with the step's
+  work (``StepFacts.gpu_busy_ms``); what the CPU was doing meanwhile is
+  :mod:`fsdpdoctor.analysis.efficiency_idle`'s.
+
+Each GPU instant is attributed once, to the first part above that covers it, so the busy parts
+add up to the step's busy time and all parts to the step (per rank, means over its steps).
+"""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+
+from ..facts import ComputeFacts, StepFacts
+from ..facts_efficiency import FAMILIES, EfficiencyFacts, GemmShape, HookCost, SyncSite, empty_parts
+from ..ingest.events import GEMM_OPS
+from ..ingest.kineto import RankTrace
+from . import intervals as iv
+from .compute import KernelFlops, _dims, _op_dtype, launching_ops
+from .efficiency_idle import idle_and_hooks
+from .fsdp import BACKWARD_NODE_PREFIX, FORWARD_ONLY_OPS
+from .labels import enclosing
+from .steps import PHASES, StepWindow
+from .timeline import GpuSteps
+
+#: kernel names of matmuls and attention, for traces without recorded shapes
+MATMUL_NAME_RX = re.compile(r"gemm|nvjet|Cijk_|cutlass.*(?:gemm|Kernel2)|xmma|cublas", re.I)
+ATTENTION_NAME_RX = re.compile(r"fmha|flash|attention|sdpa", re.I)
+#: forward activations that follow a block's last forward-only op in a re-run forward
+FORWARD_TAIL_OPS = frozenset({"aten::gelu", "aten::relu", "aten::relu_", "aten::silu", "aten::silu_", "aten::dropout",
+                              "aten::native_dropout", "aten::tanh", "aten::sigmoid", "aten::hardtanh_", "aten::add",
+                              "aten::add_", "aten::mul"})
+TOP_GEMM_SHAPES = 8
+SMALL_GEMM_FLOP = 2.0 * 512 ** 3  # a matmul under this many FLOPs per call is "small"
+
+
+def family(kernel: str, op: str, optimizer: bool) -> str:
+    """The family of a non-matmul kernel, from its name, the op that launched it and whether it
+    ran in the optimizer step (see :data:`fsdpdoctor.facts_efficiency.FAMILIES`)."""
+    k, o = kernel.lower(), op.lower()
+    if optimizer:
+        if "_fused_" in o or "fused_adam" in k or "fusedadam" in k or "fused_sgd" in k:
+            return "optimizer_fused"
+        if "_foreach_" in o or "multi_tensor_apply" in k:
+            return "optimizer_foreach"
+        return "optimizer_per_parameter"
+    both = o + " " + k
+    if any(x in both for x in ("layer_norm", "rms_norm", "layernorm", "rmsnorm", "batch_norm", "group_norm", "batchnorm")):
+        return "norm"
+    if any(x in both for x in ("softmax", "cross_entropy", "nll_loss")):
+        return "softmax_loss"
+    if o in ("aten::_to_copy", "aten::to") or "_to_copy" in o:
+        return "casts"
+    if any(x in both for x in ("copy", "clone", "contiguous", "aten::cat", "chunk_cat", "split_with_sizes", "cat_")):
+        return "copies"
+    if any(x in both for x in ("embedding", "index_select", "indexing_backward", "index_add", "index_put")):
+        return "embedding"
+    if "reduce_kernel" in k or o in ("aten::sum", "aten::mean", "aten::norm", "aten::linalg_vector_norm", "aten::amax"):
+        return "reductions"
+    if "elementwise" in k or o.startswith("aten::") or "fill" in k:
+        return "elementwise"
+    return "other"
+
+
+def recompute_regions(rt: RankTrace) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Activation checkpointing's re-run forwards: (thread, start, end) CPU ranges, one per
+    backward node that runs forward-only ops (its innermost such node), from the first of them to
+    the end of the last, extended over the forward activations right after it."""
+    none = (np.zeros(0, np.int64), np.zeros(0), np.zeros(0))
+    nodes = np.flatnonzero(rt.mask_cat("cpu_op") & rt.mask_names(lambda n: n.startswith(BACKWARD_NODE_PREFIX)))
+    if nodes.size == 0:
+        return none
+    ops = np.flatnonzero(rt.mask_cat("cpu_op") & rt.mask_names(lambda n: n in FORWARD_ONLY_OPS))
+    chains = enclosing(rt, nodes, ops) if ops.size else {}
+    by_node: dict[int, list[int]] = {}
+    for r, ch in chains.items():
+        if ch:
+            by_node.setdefault(ch[-1], []).append(r)
+    if not by_node:
+        return none
+    tail = np.flatnonzero(rt.mask_cat("cpu_op") & rt.mask_names(lambda n: n in FORWARD_TAIL_OPS))
+    tail = tail[np.argsort(rt.ts[tail], kind="stable")]
+    out = []
+    for node, rs in by_node.items():
+        rs_a = np.array(rs)
+        a, b = float(rt.ts[rs_a].min()), float((rt.ts[rs_a] + rt.dur[rs_a]).max())
+        node_end = float(rt.ts[node] + rt.dur[node])
+        th = int(rt.thread[node])
+        # forward activations right after the last forward-only op (a block's closing GELU)
+        j = int(np.searchsorted(rt.ts[tail], b, side="left"))
+        while j < tail.size and rt.ts[tail[j]] < node_end and rt.thread[tail[j]] == th and rt.ts[tail[j]] - b < 50.0:
+            b = max(b, float(rt.ts[tail[j]] + rt.dur[tail[j]]))
+            j += 1
+        out.append((th, a, b))
+    out.sort()
+    t, s, e = (np.array(x) for x in zip(*out))
+    return t.astype(np.int64), s.astype(np.float64), e.astype(np.float64)
+
+
+def _in_regions(regions, thread: np.ndarray, t: np.ndarray) -> np.ndarray:
+    """Whether each CPU time ``t`` on ``thread`` lies in one of ``regions``."""
+    rth, rs, re_ = regions
+    out = np.zeros(t.size, dtype=bool)
+    for th in np.unique(rth).tolist():
+        m = rth == th
+        s, e = iv.merge(rs[m], re_[m])
+        sel = np.flatnonzero(thread == th)
+        k = np.searchsorted(s, t[sel], side="right") - 1
+        ok = k >= 0
+        out[sel[ok]] = t[sel[ok]] <= e[k[ok]]
+    return out
+
+
+def _stepped(s: np.ndarray, e: np.ndarray, step: np.ndarray, t0: float, span: float) -> tuple[np.ndarray, np.ndarray]:
+    """Intervals moved apart by step (step k by k × (span + 1) µs), so that one merge of all of
+    them is the union of each step's own, side by side: its length is the sum over steps."""
+    off = step.astype(np.float64) * (span + 1.0)
+    return s - t0 + off, e - t0 + off
+
+
+def analyze_efficiency(rt: RankTrace, steps: list[StepWindow], step_facts: list[StepFacts], gs: GpuSteps,
+                       kf: KernelFlops, compute: ComputeFacts | None) -> EfficiencyFacts | None:
+    """The rank's waterfall over its steps (means per step); None without steps or GPU work."""
+    g = gs.g
+    n = len(step_facts)
+    if n == 0 or g.rows.size == 0 or not any(sf.gpu_start_us is not None for sf in step_facts):
+        return None
+    rows = g.rows
+    own = gs.step >= 0
+    comp = g.compute & own
+    start = rt.ts[rows].astype(np.float64)
+    end = start + rt.dur[rows]
+    eff = EfficiencyFacts(step_ms=sum(sf.step_ms for sf in step_facts) / n)
+    # matmul / attention / recompute / flops of every GPU row
+    flops = np.zeros(rows.size)
+    is_mm = np.zeros(rows.size, dtype=bool)
+    is_attn = np.zeros(rows.size, dtype=bool)
+    rec = np.zeros(rows.size, dtype=bool)
+    pos = np.searchsorted(rows, kf.rows)
+    ok = (pos < rows.size) & (rows[np.minimum(pos, rows.size - 1)] == kf.rows) if kf.rows.size else np.zeros(0, bool)
+    pos, kfi = pos[ok], np.flatnonzero(ok)
+    eff.flops_known = bool(kfi.size) and compute is not None and bool(compute.source)
+    if eff.flops_known:
+        flops[pos] = kf.flops[kfi]
+        is_attn[pos] = kf.attention[kfi]
+        is_mm[pos] = ~kf.attention[kfi]
+        rec[pos] = kf.recompute[kfi]
+    else:
+        names = [rt.names[c] for c in rt.name[rows]]
+        is_attn = np.fromiter((ATTENTION_NAME_RX.search(x) is not None for x in names), bool, rows.size)
+        is_mm = ~is_attn & np.fromiter((MATMUL_NAME_RX.search(x) is not None for x in names), bool, rows.size)
+    regions = recompute_regions(rt)
+    lr = g.launch_row if g.launch_row is not None else np.full(rows.size, -1, dtype=np.int64)
+    has_l = lr >= 0
+    if regions[0].size:
+        rec[has_l] |= _in_regions(regions, rt.thread[lr[has_l]].astype(np.int64), rt.ts[lr[has_l]].astype(np.float64))
+    m_sel = comp & is_mm & ~rec
+    a_sel = comp & is_attn & ~rec
+    r_sel = comp & rec
+    t0, span = float(start.min()), float(end.max() - start.min())
+    S, E = _stepped(start, end, gs.step, t0, span)
+    u_m = iv.merge(S[m_sel], E[m_sel])
+    u_ma = iv.merge(S[m_sel | a_sel], E[m_sel | a_sel])
+    u_mar = iv.merge(S[m_sel | a_sel | r_sel], E[m_sel | a_sel | r_sel])
+    u_c = iv.merge(S[comp], E[comp])
+    eff.matmul_ms = iv.total(u_m) / 1e3 / n
+    eff.attention_ms = (iv.total(u_ma) - iv.total(u_m)) / 1e3 / n
+    recompute_ms = (iv.total(u_mar) - iv.total(u_ma)) / 1e3 / n
+    other_ms = max(iv.total(u_c) - iv.total(u_mar), 0.0) / 1e3 / n
+    eff.matmul_flops = float(flops[m_sel].sum()) / n
+    eff.attention_flops = float(flops[a_sel].sum()) / n
+    eff.gpu_busy_ms = sum(sf.gpu_busy_ms for sf in step_facts) / n
+    eff.parts_ms = empty_parts()
+    eff.parts_ms["recompute"] = recompute_ms
+    eff.parts_ms["other_kernels"] = other_ms
+    eff.parts_ms["exposed_comm"] = sum(sf.exposed_comm_ms for sf in step_facts) / n
+    eff.parts_ms["exposed_copies"] = sum(sf.memcpy_ms for sf in step_facts) / n
+    # contributors: the other kernels by family, the matmul shapes, the optimizer's style
+    op = launching_ops(rt, rows)
+    o_sel = comp & ~(m_sel | a_sel | r_sel)
+    opt_phase = gs.phase == PHASES.index("optimizer")
+    fam = _families(rt, rows, op, o_sel, opt_phase)
+    target = iv.subtract(u_c, u_mar)
+    parts = iv.attribute(target, S[o_sel], E[o_sel], fam[o_sel]) if o_sel.any() else {}
+    eff.other_kernels_ms = {f: parts[f] / 1e3 / n for f in FAMILIES if parts.get(f, 0.0) > 0.1}
+    if parts.get(None):
+        eff.other_kernels_ms["other"] = eff.other_kernels_ms.get("other", 0.0) + parts[None] / 1e3 / n
+    opt_k = own & g.compute & opt_phase & (fam != "")
+    if opt_k.any():
+        kinds, counts = np.unique(fam[opt_k & np.char.startswith(fam.astype(str), "optimizer_")], return_counts=True)
+        if kinds.size:
+            eff.optimizer = str(kinds[int(np.argmax(counts))]).removeprefix("optimizer_").replace("_", "-")
+            eff.optimizer_kernels_per_step = float(counts.sum()) / n
+    if eff.flops_known:
+        eff.gemm_shapes = _gemm_shapes(rt, rows, kf, pos, kfi, m_sel, start, end, n, compute)
+    kern = own & rt.mask_cat("kernel")[rows]
+    eff.kernels_per_step = float(kern.sum()) / n
+    kl = kern & has_l
+    eff.launch_bound_kernels_per_step = float(np.sum(rt.dur[rows[kl]] < rt.dur[lr[kl]])) / n
+    idle_and_hooks(eff, rt, steps, step_facts, gs)
+    split(eff, compute.peak_tflops if compute is not None else None)
+    if not eff.flops_known:
+        eff.notes.append("no recorded shapes: matmul and attention kernels found by name, their at-peak part unknown "
+                         "(all of their time shown below peak)")
+    return eff
+
+
+def _families(rt: RankTrace, rows: np.ndarray, op: np.ndarray, sel: np.ndarray, opt: np.ndarray) -> np.ndarray:
+    """The family of each selected row ("" elsewhere), worked out once per (kernel, op, phase)."""
+    out = np.full(rows.size, "", dtype=object)
+    idx = np.flatnonzero(sel | opt)
+    if idx.size == 0:
+        return out
+    kname = rt.name[rows[idx]].astype(np.int64)
+    oname = np.where(op[idx] >= 0, rt.name[np.maximum(op[idx], 0)], -1).astype(np.int64)
+    key = np.stack([kname, oname, opt[idx].astype(np.int64)], axis=1)
+    uniq, inv = np.unique(key, axis=0, return_inverse=True)
+    fams = np.array([family(rt.names[k], rt.names[o] if o >= 0 else "", bool(p)) for k, o, p in uniq.tolist()],
+                    dtype=object)
+    out[idx] = fams[inv.reshape(-1)]
+    return out
+
+
+def _gemm_dims(name: str, dims: list) -> tuple[int, int, int, int] | None:
+    """(batch, M, K, N) of a matmul op from its input dims."""
+    t = [d for d in dims if isinstance(d, list)]
+    try:
+        if name in ("aten::mm", "aten::_scaled_mm"):
+            (m, k), (_, n) = t[0], t[1]
+            return 1, m, k, n
+        if name in ("aten::addmm", "aten::_addmm_activation"):
+            (m, k), (_, n) = t[1], t[2]
+            return 1, m, k, n
+        if name == "aten::bmm":
+            (b, m, k), (_, _, n) = t[0], t[1]
+            return b, m, k, n
+        if name == "aten::baddbmm":
+            (b, m, k), (_, _, n) = t[1], t[2]
+            return b, m, k, n
+    except (ValueError, TypeError, IndexError):
+        return None
+    return None
+
+
+def _gemm_shapes(rt, rows, kf, pos, kfi, m_sel, start, end, n, compute) -> list[GemmShape]:
+    """The model matmuls by shape, those furthest below the peak first (at most TOP_GEMM_SHAPES)."""
+    peak = compute.peak_tflops if compute is not None else None
+    sel = m_sel[pos]
+    if not sel.any() or kf.ops is None:
+        return []
+    p, k = pos[sel], kfi[sel]
+    op_rows = kf.ops[k]
+    groups: dict[tuple, dict] = {}
+    for r_op, dur, fl, eng in zip(op_rows.tolist(), (end[p] - start[p]).tolist(), kf.flops[k].tolist(),
+                                  [kf.engine[i] for i in k.tolist()]):
+        a = rt.args.get(int(r_op))
+        name = rt.row_name(int(r_op))
+        raw = a.input_dims if a is not None else None
+        key = (name, bytes(raw) if raw is not None else b"")
+        d = groups.setdefault(key, {"ops": set(), "us": 0.0, "flops": 0.0, "eng": {}, "type": a.input_type if a else None})
+        d["ops"].add(int(r_op))
+        d["us"] += dur
+        d["flops"] += fl
+        d["eng"][eng] = d["eng"].get(eng, 0.0) + dur
+    out = []
+    for (name, raw), d in groups.items():
+        ms = d["us"] / 1e3 / n
+        at = d["flops"] / n / (peak * 1e9) if peak else 0.0
+        dims = _gemm_dims(name, _dims(raw)) if name in GEMM_OPS or name.startswith("aten::") else None
+        shape, flags = "?", []
+        if dims is not None:
+            b, m, kk, nn = dims
+            shape = (f"{b}×" if b > 1 else "") + f"{m}×{kk} · " + (f"{b}×" if b > 1 else "") + f"{kk}×{nn}"
+            if any(x % 64 for x in (m, kk, nn)):
+                flags.append("dims not multiples of 64: " + ", ".join(str(x) for x in (m, kk, nn) if x % 64))
+            if 2.0 * b * m * kk * nn < SMALL_GEMM_FLOP:
+                flags.append("small (under 0.27 GFLOP a call)")
+        out.append(GemmShape(
+            op=name, shape=shape, dtype=_op_dtype(d["type"]) if d["type"] is not None else None,
+            engine=max(d["eng"], key=d["eng"].get) if d["eng"] else None, calls_per_step=len(d["ops"]) / n,
+            ms_per_step=ms, gflop_per_step=d["flops"] / n / 1e9,
+            tflops=d["flops"] / (d["us"] * 1e6) if d["us"] > 0 else None,
+            below_peak_ms=max(ms - at, 0.0), flags=flags))
+    out.sort(key=lambda x: -x.below_peak_ms)
+    return out[:TOP_GEMM_SHAPES]
+
+
+def split(eff: EfficiencyFacts, peak_tflops: float | None) -> EfficiencyFacts:
+    """The at-peak / below-peak split at ``peak_tflops`` (TFLOP/s) and the idle part: the step
+    less every other part (never below 0), the idle's contributors scaled to it."""
+    eff.peak_tflops = peak_tflops
+    p = eff.parts_ms
+    if eff.flops_known and peak_tflops:
+        p["matmul_at_peak"] = eff.matmul_flops / (peak_tflops * 1e9)
+        p["attention_at_peak"] = eff.attention_flops / (peak_tflops * 1e9)
+    else:
+        p["matmul_at_peak"] = p["attention_at_peak"] = 0.0
+    p["matmul_below_peak"] = max(eff.matmul_ms - p["matmul_at_peak"], 0.0)
+    p["attention_below_peak"] = max(eff.attention_ms - p["attention_at_peak"], 0.0)
+    busy = sum(v for k, v in p.items() if k != "gpu_idle")
+    p["gpu_idle"] = max(eff.step_ms - busy, 0.0)
+    _rescale_idle(eff)
+    return eff
+
+
+def _rescale_idle(eff: EfficiencyFacts) -> None:
+    """Scale the idle's contributors (``idle_ms``, the hooks' and syncs' GPU waits) to sum to
+    the idle part."""
+    new = eff.parts_ms["gpu_idle"]
+    total = sum(eff.idle_ms.values())
+    if total <= 0:
+        if new > 0:
+            eff.idle_ms = {"unattributed": new}
+        return
+    f = new / total
+    if abs(f - 1.0) < 1e-12:
+        return
+    eff.idle_ms = {k: v * f for k, v in eff.idle_ms.items()}
+    for h in eff.hooks:
+        h.gpu_wait_ms_per_step *= f
+    for s in eff.syncs:
+        s.gpu_idle_ms_per_step *= f
+
+
+_SCALARS = ("step_ms", "matmul_ms", "attention_ms", "matmul_flops", "attention_flops", "gpu_busy_ms", "idle_gaps_ms",
+            "kernels_per_step", "launch_bound_kernels_per_step", "optimizer_kernels_per_step")
+_FOLDED_PARTS = ("recompute", "other_kernels", "exposed_comm", "exposed_copies")
+
+
+class EfficiencyFold:
+    """The run's waterfall as ranks arrive: each rank's figures in columns (its EfficiencyFacts
+    need not be kept), read back in rank order; the run's figures are means over the ranks that
+    have a waterfall, split on the run's step clock."""
+
+    __slots__ = ("cols", "info", "styles")
+
+    def __init__(self) -> None:
+        from .columns import Columns
+
+        self.cols = Columns()
+        self.info: dict = {}  # gemm key → (op, shape, dtype, engine, flags); sync site → line
+        self.styles: dict[str, int] = {}  # optimizer style → ranks
+
+    def add(self, rank: int, e: EfficiencyFacts | None) -> None:
+        if e is None:
+            return
+        row: dict = {"eff": 1.0, "known": float(e.flops_known)}
+        row.update({a: getattr(e, a) for a in _SCALARS})
+        row.update({("part", p): e.parts_ms[p] for p in _FOLDED_PARTS})
+        row.update({("family", f): v for f, v in e.other_kernels_ms.items()})
+        row.update({("idle", c): v for c, v in e.idle_ms.items()})
+        for h in e.hooks:
+            k = (h.unit, h.hook)
+            row[("hook_calls", k)], row[("hook_cpu", k)], row[("hook_wait", k)] = (
+                h.calls_per_step, h.cpu_ms_per_step, h.gpu_wait_ms_per_step)
+        for x in e.gemm_shapes:
+            k = (x.op, x.shape, x.dtype)
+            self.info.setdefault(k, (x.engine, list(x.flags)))
+            row[("gemm_calls", k)], row[("gemm_ms", k)], row[("gemm_gflop", k)] = x.calls_per_step, x.ms_per_step, x.gflop_per_step
+        for s in e.syncs:
+            self.info.setdefault(s.site, s.line)
+            row[("sync_calls", s.site)], row[("sync_cpu", s.site)], row[("sync_idle", s.site)] = (
+                s.calls_per_step, s.cpu_ms_per_step, s.gpu_idle_ms_per_step)
+        if e.optimizer:
+            self.styles[e.optimizer] = self.styles.get(e.optimizer, 0) + 1
+        self.cols.add(rank, row)
+
+    def _mean(self, key) -> float:
+        vals = self.cols.filled(key, 0.0, among="eff")
+        return float(np.mean(vals)) if vals else 0.0
+
+    def result(self, step_ms: float | None, peak_tflops: float | None) -> EfficiencyFacts | None:
+        cols = self.cols
+        if not cols.values("eff"):
+            return None
+        out = EfficiencyFacts(ranks=len(cols.values("eff")))
+        for a in _SCALARS:
+            setattr(out, a, self._mean(a))
+        out.step_ms = step_ms or out.step_ms
+        out.flops_known = bool(cols.values("known")) and min(cols.values("known")) > 0
+        for p in _FOLDED_PARTS:
+            out.parts_ms[p] = self._mean(("part", p))
+        out.other_kernels_ms = {f: self._mean(("family", f)) for f in FAMILIES if f in cols.keys("family")}
+        out.idle_ms = {c: self._mean(("idle", c)) for c in cols.keys("idle")}
+        out.hooks = sorted((HookCost(unit=k[0], hook=k[1], calls_per_step=self._mean(("hook_calls", k)),
+                                     cpu_ms_per_step=self._mean(("hook_cpu", k)),
+                                     gpu_wait_ms_per_step=self._mean(("hook_wait", k))) for k in cols.keys("hook_calls")),
+                           key=lambda c: (-c.gpu_wait_ms_per_step, -c.cpu_ms_per_step, c.unit, c.hook))
+        shapes = []
+        for k in cols.keys("gemm_calls"):
+            ms, gf = self._mean(("gemm_ms", k)), self._mean(("gemm_gflop", k))
+            at = gf / peak_tflops if peak_tflops else 0.0
+            eng, flags = self.info.get(k, (None, []))
+            shapes.append(GemmShape(op=k[0], shape=k[1], dtype=k[2], engine=eng, calls_per_step=self._mean(("gemm_calls", k)),
+                                    ms_per_step=ms, gflop_per_step=gf, tflops=gf / ms if ms > 0 else None,
+                                    below_peak_ms=max(ms - at, 0.0), flags=list(flags)))
+        out.gemm_shapes = sorted(shapes, key=lambda x: -x.below_peak_ms)[:TOP_GEMM_SHAPES]
+        out.syncs = sorted((SyncSite(site=k, calls_per_step=self._mean(("sync_calls", k)), cpu_ms_per_step=self._mean(("sync_cpu", k)),
+                                     gpu_idle_ms_per_step=self._mean(("sync_idle", k)), line=self.info.get(k))
+                            for k in cols.keys("sync_calls")), key=lambda s: (-s.gpu_idle_ms_per_step, -s.cpu_ms_per_step, s.site))
+        out.optimizer = max(self.styles, key=lambda s: (self.styles[s], s)) if self.styles else None
+        if not out.flops_known:
+            out.notes.append("no recorded shapes on every rank: matmul and attention kernels found by name, their at-peak "
+                             "part unknown (all of their time shown below peak)")
+        return split(out, peak_tflops)

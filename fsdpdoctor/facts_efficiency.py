@@ -1,0 +1,119 @@
+"""The efficiency waterfall's facts: where a step goes against the ideal.
+
+Filled by :mod:`fsdpdoctor.analysis.efficiency` per rank and folded over ranks; re-exported by
+:mod:`fsdpdoctor.facts`, whose conventions hold here too (``*_ms`` milliseconds, per step).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+#: the parts a step splits into, in the order each GPU instant is attributed (the first that
+#: covers it wins); they sum to the step
+PARTS = (
+    "matmul_at_peak",
+    "matmul_below_peak",
+    "attention_at_peak",
+    "attention_below_peak",
+    "recompute",
+    "other_kernels",
+    "exposed_comm",
+    "exposed_copies",
+    "gpu_idle",
+)
+
+#: kernel families of ``other_kernels`` (see analysis.efficiency.family)
+FAMILIES = ("elementwise", "norm", "softmax_loss", "casts", "copies", "reductions", "embedding",
+            "optimizer_fused", "optimizer_foreach", "optimizer_per_parameter", "other")
+
+#: what the CPU was doing while the GPU had nothing to run (see analysis.efficiency_idle)
+IDLE_CAUSES = ("sync_drain", "fsdp_hooks", "data_loading", "optimizer_cpu", "launch", "python", "gpu_dependency",
+               "unattributed")
+
+
+def empty_parts() -> dict[str, float]:
+    return dict.fromkeys(PARTS, 0.0)
+
+
+@dataclass(slots=True)
+class GemmShape:
+    """One matmul shape of the step (an op name and its input dims), the kernels it launched."""
+
+    op: str  # "aten::mm", "aten::addmm", …
+    shape: str  # "M×K · K×N" (batched: "B×M×K · B×K×N")
+    dtype: str | None
+    engine: str | None  # the engine of most of its kernel time (analysis.compute.ENGINES)
+    calls_per_step: float
+    ms_per_step: float  # Σ kernel time (not a union: one shape's kernels run one after another)
+    gflop_per_step: float
+    tflops: float | None  # achieved
+    below_peak_ms: float  # ms_per_step − its FLOPs at the peak
+    flags: list[str] = field(default_factory=list)  # "dims not multiples of 64", "small", …
+
+
+@dataclass(slots=True)
+class HookCost:
+    """The CPU time of one FSDP unit's hook and the GPU idle it sits on."""
+
+    unit: str  # the unit's FQN ("" the root; "(unnamed)" where the labels carry none: FSDP1)
+    hook: str  # pre_forward, post_forward, pre_backward, post_backward, root_pre_forward, …
+    calls_per_step: float
+    cpu_ms_per_step: float  # outermost hook ranges, blocking calls inside them left out
+    gpu_wait_ms_per_step: float  # GPU idle while the launching thread was inside it (share of gpu_idle)
+
+
+@dataclass(slots=True)
+class SyncSite:
+    """A synchronization inside the step (a sync call, ``.item()``, a blocking copy)."""
+
+    site: str  # "aten::item → cudaStreamSynchronize"
+    calls_per_step: float
+    cpu_ms_per_step: float  # the CPU blocked in it
+    gpu_idle_ms_per_step: float  # the GPU idle gaps it drained the queue into (share of gpu_idle)
+    line: str | None = None  # the Python frame that called it, where the trace has stacks
+
+
+@dataclass(slots=True)
+class EfficiencyFacts:
+    """The step split into parts that add up to it (``parts_ms``, keys :data:`PARTS`), per rank
+    (its mean step) or for the run (means over ranks, on the run's step clock).
+
+    At-peak parts are the model FLOPs of the matmuls / attention at ``peak_tflops`` (the dense
+    BF16 peak: their sum over the step is the MFU); below-peak parts are those kernels' time less
+    that; ``recompute`` is activation checkpointing's re-run forward (every re-run op); other
+    kernels the rest of the GPU's compute; exposed comm / copies as the timeline measures them;
+    ``gpu_idle`` the step less the GPU's busy time. Where streams overlap, each instant counts once,
+    in that order. Contributors: ``other_kernels_ms`` by family and ``idle_ms`` by cause (each sums
+    to its part), ``gemm_shapes`` (furthest below peak first), ``hooks`` and ``syncs``."""
+
+    step_ms: float = 0.0
+    parts_ms: dict[str, float] = field(default_factory=empty_parts)
+    peak_tflops: float | None = None
+    # what the at-peak split is made from (a peak given later, --peak-tflops, re-splits them)
+    matmul_ms: float = 0.0  # |union| of the model matmuls' kernels
+    attention_ms: float = 0.0  # |union| of the model attention kernels, matmul time left out
+    matmul_flops: float = 0.0  # model FLOPs of those kernels
+    attention_flops: float = 0.0
+    flops_known: bool = False  # False: no recorded shapes; matmuls found by kernel name, no at-peak part
+    gpu_busy_ms: float = 0.0  # |union of the step's own GPU work|
+    other_kernels_ms: dict[str, float] = field(default_factory=dict)  # family → ms
+    optimizer: str | None = None  # "fused" / "foreach" / "per-parameter": how the optimizer step's kernels run
+    optimizer_kernels_per_step: float = 0.0
+    gemm_shapes: list[GemmShape] = field(default_factory=list)
+    idle_ms: dict[str, float] = field(default_factory=dict)  # cause → ms (:data:`IDLE_CAUSES`)
+    idle_gaps_ms: float = 0.0  # measured time with no GPU activity at all in the steps' time (idle_ms is scaled to gpu_idle)
+    hooks: list[HookCost] = field(default_factory=list)  # by GPU wait, then CPU time
+    syncs: list[SyncSite] = field(default_factory=list)
+    kernels_per_step: float = 0.0
+    launch_bound_kernels_per_step: float = 0.0  # kernels shorter than their own launch call
+    ranks: int = 1  # ranks folded into these figures
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def busy_ms(self) -> float:
+        return sum(v for k, v in self.parts_ms.items() if k != "gpu_idle")
+
+    @property
+    def mfu_pct(self) -> float | None:
+        at = self.parts_ms.get("matmul_at_peak", 0.0) + self.parts_ms.get("attention_at_peak", 0.0)
+        return 100.0 * at / self.step_ms if self.flops_known and self.step_ms > 0 else None
