@@ -78,22 +78,32 @@ class EfficiencyFacts:
     """The step split into parts that add up to it (``parts_ms``, keys :data:`PARTS`), per rank
     (its mean step) or for the run (means over ranks, on the run's step clock).
 
-    At-peak parts are the model FLOPs of the matmuls / attention at ``peak_tflops`` (the dense
-    BF16 peak: their sum over the step is the MFU); below-peak parts are those kernels' time less
-    that; ``recompute`` is activation checkpointing's re-run forward (every re-run op); other
-    kernels the rest of the GPU's compute; exposed comm / copies as the timeline measures them;
-    ``gpu_idle`` the step less the GPU's busy time. Where streams overlap, each instant counts once,
-    in that order. Contributors: ``other_kernels_ms`` by family and ``idle_ms`` by cause (each sums
-    to its part), ``gemm_shapes`` (furthest below peak first), ``hooks`` and ``syncs``."""
+    ``gpu_idle`` is the time in the step (its interval on the step clock) in which the GPU runs
+    nothing at all. At-peak parts are the model FLOPs of the step's matmuls / attention at
+    ``peak_tflops`` (the dense BF16 peak: their sum over the step is the MFU). The other parts
+    split the rest, the GPU's busy time, as the step's own work splits (what its CPU span
+    launched): below-peak parts are the matmul (attention) kernels' time less their at-peak time,
+    ``recompute`` activation checkpointing's re-run forward (every re-run op), other kernels the
+    rest of the compute, exposed comm / copies as the timeline measures them. Where streams
+    overlap, each instant counts once, in that order. The step's own busy time and the GPU's busy
+    time in the step's interval differ where the GPU runs behind or starts with a backlog:
+    ``busy_scale`` (their ratio, 1 in steady state) scales the own parts to fit, the at-peak parts
+    excepted. Contributors: ``other_kernels_ms`` by family and ``idle_ms`` by cause (each sums to
+    its part), ``gemm_shapes`` (furthest below peak first), ``hooks`` and ``syncs``."""
 
     step_ms: float = 0.0
     parts_ms: dict[str, float] = field(default_factory=empty_parts)
     peak_tflops: float | None = None
-    # what the at-peak split is made from (a peak given later, --peak-tflops, re-splits them)
-    matmul_ms: float = 0.0  # |union| of the model matmuls' kernels
-    attention_ms: float = 0.0  # |union| of the model attention kernels, matmul time left out
+    # what the parts are made from (a peak given later, --peak-tflops, re-splits them): the step's
+    # own work (unions of its kernels' intervals, counted once in the order of PARTS) and the
+    # idle time measured in the step's interval
+    matmul_ms: float = 0.0  # the model matmuls' kernels
+    attention_ms: float = 0.0  # the model attention kernels, matmul time left out
     matmul_flops: float = 0.0  # model FLOPs of those kernels
     attention_flops: float = 0.0
+    own_ms: dict[str, float] = field(default_factory=dict)  # recompute, other_kernels, exposed_comm, exposed_copies
+    window_idle_ms: float = 0.0  # no GPU activity at all in the step's interval
+    busy_scale: float = 1.0
     flops_known: bool = False  # False: no recorded shapes; matmuls found by kernel name, no at-peak part
     gpu_busy_ms: float = 0.0  # |union of the step's own GPU work|
     other_kernels_ms: dict[str, float] = field(default_factory=dict)  # family → ms
@@ -101,11 +111,10 @@ class EfficiencyFacts:
     optimizer_kernels_per_step: float = 0.0
     gemm_shapes: list[GemmShape] = field(default_factory=list)
     idle_ms: dict[str, float] = field(default_factory=dict)  # cause → ms (:data:`IDLE_CAUSES`)
-    idle_gaps_ms: float = 0.0  # measured time with no GPU activity at all in the steps' time (idle_ms is scaled to gpu_idle)
     hooks: list[HookCost] = field(default_factory=list)  # by GPU wait, then CPU time
     syncs: list[SyncSite] = field(default_factory=list)
-    kernels_per_step: float = 0.0
-    launch_bound_kernels_per_step: float = 0.0  # kernels shorter than their own launch call
+    kernels_per_step: float = 0.0  # GPU activities (kernels, copies, memsets) the step launched
+    launch_bound_kernels_per_step: float = 0.0  # … that ran shorter than their own launch call
     ranks: int = 1  # ranks folded into these figures
     notes: list[str] = field(default_factory=list)
 

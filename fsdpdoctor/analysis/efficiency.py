@@ -188,11 +188,13 @@ def analyze_efficiency(rt: RankTrace, steps: list[StepWindow], step_facts: list[
     eff.matmul_flops = float(flops[m_sel].sum()) / n
     eff.attention_flops = float(flops[a_sel].sum()) / n
     eff.gpu_busy_ms = sum(sf.gpu_busy_ms for sf in step_facts) / n
-    eff.parts_ms = empty_parts()
-    eff.parts_ms["recompute"] = recompute_ms
-    eff.parts_ms["other_kernels"] = other_ms
-    eff.parts_ms["exposed_comm"] = sum(sf.exposed_comm_ms for sf in step_facts) / n
-    eff.parts_ms["exposed_copies"] = sum(sf.memcpy_ms for sf in step_facts) / n
+    eff.own_ms = {"recompute": recompute_ms, "other_kernels": other_ms,
+                  "exposed_comm": sum(sf.exposed_comm_ms for sf in step_facts) / n,
+                  "exposed_copies": sum(sf.memcpy_ms for sf in step_facts) / n}
+    windows = step_windows(steps, step_facts)
+    classified = g.comm | g.compute | g.memory
+    busy_all = iv.merge(start[classified], end[classified])
+    eff.window_idle_ms = (iv.total(windows) - iv.intersect_len(windows, busy_all)) / 1e3 / n
     # contributors: the other kernels by family, the matmul shapes, the optimizer's style
     op = launching_ops(rt, rows)
     o_sel = comp & ~(m_sel | a_sel | r_sel)
@@ -211,11 +213,11 @@ def analyze_efficiency(rt: RankTrace, steps: list[StepWindow], step_facts: list[
             eff.optimizer_kernels_per_step = float(counts.sum()) / n
     if eff.flops_known:
         eff.gemm_shapes = _gemm_shapes(rt, rows, kf, pos, kfi, m_sel, start, end, n, compute)
-    kern = own & rt.mask_cat("kernel")[rows]
+    kern = own  # kernels, copies and memsets: each is a launch
     eff.kernels_per_step = float(kern.sum()) / n
     kl = kern & has_l
     eff.launch_bound_kernels_per_step = float(np.sum(rt.dur[rows[kl]] < rt.dur[lr[kl]])) / n
-    idle_and_hooks(eff, rt, steps, step_facts, gs)
+    idle_and_hooks(eff, rt, steps, windows, busy_all, gs)
     split(eff, compute.peak_tflops if compute is not None else None)
     if not eff.flops_known:
         eff.notes.append("no recorded shapes: matmul and attention kernels found by name, their at-peak part unknown "
@@ -303,44 +305,72 @@ def _gemm_shapes(rt, rows, kf, pos, kfi, m_sel, start, end, n, compute) -> list[
     return out[:TOP_GEMM_SHAPES]
 
 
+def step_windows(steps: list[StepWindow], step_facts: list[StepFacts]) -> iv.Intervals:
+    """Each step's interval on the step clock, end to end: the clock's intervals
+    (``StepFacts.step_ms``) ending at the steps' completions (``end_us``) when it is the
+    completion clock, at the CPU spans' ends when it is the CPU's (see
+    :func:`fsdpdoctor.analysis.steps.step_times_ms`); they tile the steps' time."""
+    t = np.array([sf.step_ms for sf in step_facts]) * 1e3
+    cpu_end = np.maximum.accumulate(np.array([st.end for st in steps], dtype=np.float64))
+    cpu = np.diff(np.concatenate(([min(float(steps[0].start), float(cpu_end[0]))], cpu_end)))
+    done = np.array([sf.end_us if sf.end_us is not None else st.end for sf, st in zip(step_facts, steps)], dtype=np.float64)
+    ends = cpu_end if np.allclose(t, cpu, rtol=1e-9, atol=1e-6) else done
+    return iv.merge(ends - t, ends)
+
+
 def split(eff: EfficiencyFacts, peak_tflops: float | None) -> EfficiencyFacts:
-    """The at-peak / below-peak split at ``peak_tflops`` (TFLOP/s) and the idle part: the step
-    less every other part (never below 0), the idle's contributors scaled to it."""
+    """The parts at ``peak_tflops`` (TFLOP/s): the at-peak parts from the FLOPs, the idle as
+    measured in the step's interval, and the rest of the step (the GPU's busy time) split as the
+    step's own work splits, scaled to fit (``busy_scale``); each part's contributors scaled to it."""
     eff.peak_tflops = peak_tflops
-    p = eff.parts_ms
+    p = eff.parts_ms = empty_parts()
     if eff.flops_known and peak_tflops:
         p["matmul_at_peak"] = eff.matmul_flops / (peak_tflops * 1e9)
         p["attention_at_peak"] = eff.attention_flops / (peak_tflops * 1e9)
+    own = {"matmul_below_peak": max(eff.matmul_ms - p["matmul_at_peak"], 0.0),
+           "attention_below_peak": max(eff.attention_ms - p["attention_at_peak"], 0.0), **eff.own_ms}
+    at = p["matmul_at_peak"] + p["attention_at_peak"]
+    idle = min(eff.window_idle_ms, eff.step_ms)
+    avail = eff.step_ms - idle - at
+    base = sum(own.values())
+    if avail < 0:  # the at-peak time alone exceeds the GPU's busy time (a peak below the device's)
+        idle, avail = max(eff.step_ms - at, 0.0), 0.0
+    if base > 0:
+        eff.busy_scale = avail / base
+        p.update({k: v * eff.busy_scale for k, v in own.items()})
     else:
-        p["matmul_at_peak"] = p["attention_at_peak"] = 0.0
-    p["matmul_below_peak"] = max(eff.matmul_ms - p["matmul_at_peak"], 0.0)
-    p["attention_below_peak"] = max(eff.attention_ms - p["attention_at_peak"], 0.0)
-    busy = sum(v for k, v in p.items() if k != "gpu_idle")
-    p["gpu_idle"] = max(eff.step_ms - busy, 0.0)
-    _rescale_idle(eff)
+        eff.busy_scale = 1.0
+        p["other_kernels"] = avail
+    p["gpu_idle"] = idle
+    eff.other_kernels_ms = _fit(eff.other_kernels_ms, p["other_kernels"], "other")
+    _fit_idle(eff)
     return eff
 
 
-def _rescale_idle(eff: EfficiencyFacts) -> None:
+def _fit(d: dict[str, float], total: float, rest: str) -> dict[str, float]:
+    """``d`` scaled to sum to ``total`` (all of it under ``rest`` when ``d`` is empty)."""
+    have = sum(d.values())
+    if have <= 0:
+        return {rest: total} if total > 0 else {}
+    return {k: v * total / have for k, v in d.items()}
+
+
+def _fit_idle(eff: EfficiencyFacts) -> None:
     """Scale the idle's contributors (``idle_ms``, the hooks' and syncs' GPU waits) to sum to
     the idle part."""
     new = eff.parts_ms["gpu_idle"]
     total = sum(eff.idle_ms.values())
-    if total <= 0:
-        if new > 0:
-            eff.idle_ms = {"unattributed": new}
+    eff.idle_ms = _fit(eff.idle_ms, new, "unattributed")
+    if total <= 0 or abs(new / total - 1.0) < 1e-12:
         return
     f = new / total
-    if abs(f - 1.0) < 1e-12:
-        return
-    eff.idle_ms = {k: v * f for k, v in eff.idle_ms.items()}
     for h in eff.hooks:
         h.gpu_wait_ms_per_step *= f
     for s in eff.syncs:
         s.gpu_idle_ms_per_step *= f
 
 
-_SCALARS = ("step_ms", "matmul_ms", "attention_ms", "matmul_flops", "attention_flops", "gpu_busy_ms", "idle_gaps_ms",
+_SCALARS = ("step_ms", "matmul_ms", "attention_ms", "matmul_flops", "attention_flops", "gpu_busy_ms", "window_idle_ms",
             "kernels_per_step", "launch_bound_kernels_per_step", "optimizer_kernels_per_step")
 _FOLDED_PARTS = ("recompute", "other_kernels", "exposed_comm", "exposed_copies")
 
@@ -364,7 +394,7 @@ class EfficiencyFold:
             return
         row: dict = {"eff": 1.0, "known": float(e.flops_known)}
         row.update({a: getattr(e, a) for a in _SCALARS})
-        row.update({("part", p): e.parts_ms[p] for p in _FOLDED_PARTS})
+        row.update({("own", p): e.own_ms.get(p, 0.0) for p in _FOLDED_PARTS})
         row.update({("family", f): v for f, v in e.other_kernels_ms.items()})
         row.update({("idle", c): v for c, v in e.idle_ms.items()})
         for h in e.hooks:
@@ -394,10 +424,11 @@ class EfficiencyFold:
         out = EfficiencyFacts(ranks=len(cols.values("eff")))
         for a in _SCALARS:
             setattr(out, a, self._mean(a))
-        out.step_ms = step_ms or out.step_ms
+        if step_ms:  # the run's clock: the idle keeps its share of the ranks' mean step
+            out.window_idle_ms *= step_ms / out.step_ms if out.step_ms else 1.0
+            out.step_ms = step_ms
         out.flops_known = bool(cols.values("known")) and min(cols.values("known")) > 0
-        for p in _FOLDED_PARTS:
-            out.parts_ms[p] = self._mean(("part", p))
+        out.own_ms = {p: self._mean(("own", p)) for p in _FOLDED_PARTS}
         out.other_kernels_ms = {f: self._mean(("family", f)) for f in FAMILIES if f in cols.keys("family")}
         out.idle_ms = {c: self._mean(("idle", c)) for c in cols.keys("idle")}
         out.hooks = sorted((HookCost(unit=k[0], hook=k[1], calls_per_step=self._mean(("hook_calls", k)),

@@ -26,7 +26,6 @@ import re
 
 import numpy as np
 
-from ..facts import StepFacts
 from ..facts_efficiency import EfficiencyFacts, HookCost, SyncSite
 from ..ingest.kineto import RankTrace
 from . import intervals as iv
@@ -77,22 +76,20 @@ def _outermost(rt: RankTrace, rows: np.ndarray) -> np.ndarray:
     return np.array([r for r in rows.tolist() if not chains.get(r)], dtype=np.int64)
 
 
-def idle_and_hooks(eff: EfficiencyFacts, rt: RankTrace, steps: list[StepWindow], step_facts: list[StepFacts],
-                   gs: GpuSteps) -> None:
-    """Fill ``eff.idle_ms`` (measured, by cause), ``idle_gaps_ms``, ``hooks`` and ``syncs``."""
-    n = max(len(step_facts), 1)
+def idle_and_hooks(eff: EfficiencyFacts, rt: RankTrace, steps: list[StepWindow], windows: iv.Intervals,
+                   busy: iv.Intervals, gs: GpuSteps) -> None:
+    """Fill ``eff.idle_ms`` (measured, by cause), ``hooks`` and ``syncs``: the idle gaps are
+    ``windows`` (the steps' intervals on the step clock) less ``busy`` (all GPU activity)."""
+    n = max(len(steps), 1)
     g = gs.g
-    lo = float(steps[0].start)
-    hi = max([sf.end_us for sf in step_facts if sf.end_us is not None] + [float(steps[-1].end)])
+    lo, hi = float(windows[0][0]), float(windows[1][-1])
     classified = g.comm | g.compute | g.memory
     s_all = rt.ts[g.rows].astype(np.float64)
-    e_all = s_all + rt.dur[g.rows]
-    busy = iv.merge(s_all[classified], e_all[classified])
-    gaps = iv.subtract((np.array([lo]), np.array([hi])), busy)
+    gaps = iv.subtract(windows, busy)
     g0, g1 = gaps
-    eff.idle_gaps_ms = iv.total(gaps) / 1e3 / n
     causes: dict[str, float] = {}
-    hooks = _hook_rows(rt, lo, hi)
+    c0, c1 = float(steps[0].start), float(steps[-1].end)  # the steps' CPU spans: their hooks and syncs
+    hooks = _hook_rows(rt, min(lo, c0), max(hi, c1))
     hook_wait: dict[tuple[str, str], float] = {}
     sync_idle: dict[str, float] = {}
     if g0.size:
@@ -122,8 +119,8 @@ def idle_and_hooks(eff: EfficiencyFacts, rt: RankTrace, steps: list[StepWindow],
         cut = np.where(waiting, np.minimum(lt, g1), g1)
         _by_cpu_state(rt, thread, g0, cut, waiting | tail, hooks, causes, hook_wait)
     eff.idle_ms = {c: v / 1e3 / n for c, v in causes.items() if v > 0}
-    eff.hooks = _hook_costs(rt, hooks, hook_wait, n)
-    eff.syncs = _sync_costs(rt, lo, hi, sync_idle, n)
+    eff.hooks = _hook_costs(rt, hooks[(rt.ts[hooks] >= c0) & (rt.ts[hooks] < c1)], hook_wait, n)
+    eff.syncs = _sync_costs(rt, c0, c1, sync_idle, n)
 
 
 def _main_thread(rt: RankTrace, steps: list[StepWindow]) -> int:
