@@ -4,22 +4,17 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from ..facts import RunFacts
 from ..fmt import mib, ms, pct
+from .tables import Table
+from .waterfall import waterfall_line, waterfall_tables
 
 if TYPE_CHECKING:
     from ..engine import Finding
 
 
-@dataclass
-class Table:
-    title: str
-    headers: list[str]
-    rows: list[list[str]] = field(default_factory=list)
-    note: str = ""
 
 
 _SHELL_LINE = re.compile(r"^(export\s|[A-Z_][A-Z0-9_]*=|nvidia-smi\b|torchrun\b|pip\s|python3?\s+-m\b|kill\b|ps\b|\$\s)")
@@ -114,6 +109,8 @@ def ticket_headline(f: RunFacts) -> list[tuple[str, str]]:
         items.append(("Step", f"{ms(f.step_clock_ms)} ({f.steps.count} steps per rank) · {limit_text(f)}"))
     if f.compute is not None and f.compute.mfu_pct is not None:
         items.append(("MFU", mfu_text(f)))
+    if waterfall_line(f):
+        items.append(("Where", waterfall_line(f)))
     if not f.collectives:
         items.append(("Comm", f"no collectives in the traces (world size {f.world_size or len(f.ranks)})"))
     elif f.gpu_present:
@@ -190,6 +187,8 @@ def headline(f: RunFacts) -> list[tuple[str, str]]:
         lines.append(("Exposed comm", f"{ms(f.exposed_comm.mean_ms_per_step)} per step"))
     if f.compute is not None and f.compute.mfu_pct is not None:
         lines.append(("MFU", mfu_text(f)))
+    if waterfall_line(f):
+        lines.append(("Where the step goes", waterfall_line(f)))
     return lines + memory_headline(f)
 
 
@@ -449,4 +448,4 @@ def compute_table(f: RunFacts) -> Table | None:
 
 def all_tables(f: RunFacts) -> list[Table]:
     tables = [breakdown_table(f), compute_table(f), phase_table(f), collectives_table(f), units_table(f), ranks_table(f)]
-    return [t for t in tables if t] + memory_tables(f) + strategy_tables(f)
+    return waterfall_tables(f) + [t for t in tables if t] + memory_tables(f) + strategy_tables(f)

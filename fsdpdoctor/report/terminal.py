@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import TYPE_CHECKING, Callable
 
 from rich import box
@@ -67,11 +68,19 @@ def _finding_line(fd, f) -> Text:
     )
 
 
+_NUMERIC = re.compile(r"^[−\-–~<]?\s?[\d.,]*\d?\s?(ms|%|MiB|GiB|GB/s|TFLOP/s|×|x)?$")
+
+
+def _numeric(rows: list[list[str]], i: int) -> bool:
+    return all(_NUMERIC.match(r[i].strip()) for r in rows if i < len(r))
+
+
 def print_table(t: Table, console: Console) -> None:
-    """A detail table, or, when it has no rows, its title and the one line saying why."""
+    """A detail table, or, when it has no rows, its title and the one line saying why. Columns
+    after the first two are right-aligned where they hold numbers."""
     if t.rows:  # title and note as full-width lines: a narrow table would wrap them
         console.print(Text(t.title, style="italic"))
-        console.print(rich_table(Table("", t.headers, t.rows)))
+        console.print(rich_table(Table("", t.headers, t.rows), right=lambda i, _h: i >= 2 and _numeric(t.rows, i)))
         if t.note:
             console.print(Text(t.note, style="dim"))
         console.print()
