@@ -126,7 +126,7 @@ def test_cpu_recording_page(cpu_report, tmp_path):
 def test_public_gpu_trace_page(gpu_report, tmp_path):
     page = render(gpu_report)
     _write(tmp_path, "gpu.html", page)
-    assert_self_contained(page, n_figures=2)  # steps + timeline; not FSDP: no units chart
+    assert_self_contained(page, n_figures=3)  # steps, waterfall, timeline; not FSDP: no units chart
     assert htmlmod.escape(TITLES["steps"], quote=True) in page
     assert "No GPU timeline" not in page
     tl = gpu_report.timeline
@@ -141,7 +141,8 @@ def test_public_gpu_trace_page(gpu_report, tmp_path):
 def test_generated_fsdp_gpu_page(fsdp_gpu_report, tmp_path):
     page = render(fsdp_gpu_report)
     _write(tmp_path, "fsdp.html", page)
-    assert_self_contained(page, n_figures=4)  # steps, timeline, compute (the generator records shapes), units
+    # steps, the waterfall and its per-rank spread (2 ranks), timeline, compute (the generator records shapes), units
+    assert_self_contained(page, n_figures=6)
     assert htmlmod.escape(TITLES["compute"], quote=True) in page and "TFLOP/s by engine" in page
     assert "FSDP unit starts (GPU)" in page and '"layers.0"' in page
     assert '"all-gather"' in page and '"reduce-scatter"' in page
@@ -149,6 +150,49 @@ def test_generated_fsdp_gpu_page(fsdp_gpu_report, tmp_path):
     slugs = {f.slug for f in fsdp_gpu_report.findings}
     assert "missing-backward-prefetch" in slugs
     assert "missing-backward-prefetch" in page
+
+
+@pytest.fixture(scope="module")
+def waterfall_report():
+    """The real H200 GPT-2 recording at batch 96 (its waterfall is issue #32's example)."""
+    return analyze(Path(__file__).resolve().parents[1] / "fixtures" / "recorded" / "gpu-h200" / "gpt2-bf16-b96")
+
+
+def _waterfall_fig(page: str, div: str) -> dict:
+    m = re.search(r'id="' + re.escape(div) + r'".*?var fig = (\{.*?\});\n', page, re.S)
+    assert m, f"no figure {div}"
+    return json.loads(m.group(1))
+
+
+def test_waterfall_chart_real_recording(waterfall_report, tmp_path):
+    """The step as its parts: one relative bar per part, in the attribution order, at peak first,
+    summing to the step the headline states."""
+    page = render(waterfall_report)
+    _write(tmp_path, "waterfall.html", page)
+    assert_self_contained(page, n_figures=3)  # steps, waterfall, compute (one rank: no spread; world size 1: no units chart)
+    assert htmlmod.escape(TITLES["waterfall"], quote=True) in page
+    fig = _waterfall_fig(page, "fig-waterfall")
+    (tr,) = fig["data"]
+    assert tr["type"] == "waterfall" and tr["measure"][-1] == "total"
+    e = waterfall_report.facts.efficiency
+    assert tr["x"][:2] == ["matmul at peak", "attention at peak"] and tr["x"][-2:] == ["GPU idle", "step"]
+    assert sum(tr["y"]) == pytest.approx(waterfall_report.facts.step_clock_ms, rel=1e-6)
+    assert dict(zip(tr["x"], tr["y"]))["other kernels"] == pytest.approx(e.parts_ms["other_kernels"])
+    assert htmlmod.escape("at peak (31.3% MFU)") in page
+
+
+def test_waterfall_per_rank_menu_and_spread(fsdp_gpu_report):
+    """Several ranks: a menu entry per rank (each rank's own parts, from its summary line) and a
+    stacked bar per rank."""
+    page = render(fsdp_gpu_report)
+    fig = _waterfall_fig(page, "fig-waterfall")
+    names = [t["name"] for t in fig["data"]]
+    assert names == ["run (mean over ranks)", "rank 0", "rank 1"]
+    assert [b["label"] for b in fig["layout"]["updatemenus"][0]["buttons"]] == names
+    for t, s in zip(fig["data"][1:], fsdp_gpu_report.facts.rank_summaries):
+        assert sum(t["y"]) == pytest.approx(sum(s.waterfall_ms.values()), rel=1e-9)
+    spread = _waterfall_fig(page, "fig-waterfall-ranks")
+    assert len(spread["data"]) == 9 and all(len(t["x"]) == 2 for t in spread["data"])
 
 
 def test_untrusted_strings_are_escaped(cpu_report):
@@ -585,7 +629,7 @@ def test_browser_cpu_recording(cpu_report, tmp_path):
 
 @needs_browser
 def test_browser_fsdp_gpu(fsdp_gpu_report, tmp_path):
-    img = _check_in_browser(render(fsdp_gpu_report), "fsdp.html", 4, tmp_path)
+    img = _check_in_browser(render(fsdp_gpu_report), "fsdp.html", 6, tmp_path)
     rgb = img[..., :3].astype(int)
     for hex_colour in ("#4C78A8", "#54A24B"):  # compute bars and all-gather bars were painted
         target = np.array([int(hex_colour[i:i + 2], 16) for i in (1, 3, 5)])
@@ -595,7 +639,17 @@ def test_browser_fsdp_gpu(fsdp_gpu_report, tmp_path):
 @needs_browser
 @needs_gpu_trace
 def test_browser_public_gpu_trace(gpu_report, tmp_path):
-    _check_in_browser(render(gpu_report), "gpu.html", 2, tmp_path)
+    _check_in_browser(render(gpu_report), "gpu.html", 3, tmp_path)
+
+
+@needs_browser
+def test_browser_waterfall(waterfall_report, tmp_path):
+    """The waterfall renders offline: the total bar (#333333) and the relative bars (#4C78A8) painted."""
+    img = _check_in_browser(render(waterfall_report), "waterfall.html", 3, tmp_path)
+    rgb = img[..., :3].astype(int)
+    for hex_colour in ("#4C78A8", "#333333"):
+        target = np.array([int(hex_colour[i:i + 2], 16) for i in (1, 3, 5)])
+        assert (np.abs(rgb - target).max(axis=2) < 6).sum() > 2_000, hex_colour
 
 
 @needs_browser

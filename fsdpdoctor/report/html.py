@@ -1,10 +1,12 @@
 """HTML: one self-contained page (plotly.js inlined once, no network) with the ticket and charts.
 
 Sections: the headline and findings (as in the terminal, with evidence and fixes), the per-step
-GPU time breakdown of every rank, a zoomable GPU timeline of one step of one rank (from
+GPU time breakdown of every rank, where the step goes against the ideal (the efficiency
+waterfall, :mod:`.html_waterfall`), a zoomable GPU timeline of one step of one rank (from
 :mod:`fsdpdoctor.analysis.timeline_extract`), per-unit collective bytes and exposed time, memory
 at the peak (when a snapshot was given), the detail tables of :mod:`.sections`, and the notes.
-:func:`render_comparison` draws ``compare``'s step-time delta as a waterfall.
+:func:`render_comparison` (:mod:`.html_compare`) draws ``compare``'s step-time delta as a waterfall;
+the page's building blocks are :mod:`.html_page`'s.
 
 Every string that comes from a trace (module names, kernel names, paths) is escaped: with
 :func:`html.escape` in the page, and by plotly's JSON encoder (``<`` as ``\\u003c``) in figures.
@@ -12,232 +14,23 @@ Every string that comes from a trace (module names, kernel names, paths) is esca
 
 from __future__ import annotations
 
-import html
-import json
-import math
-import re
-from typing import TYPE_CHECKING, Any, Iterable
+from typing import TYPE_CHECKING, Any
 
 import plotly.graph_objects as go
-import plotly.io as pio
-from plotly.offline import get_plotlyjs
 from plotly.subplots import make_subplots
 
-from .. import __version__
 from ..fmt import mib, ms
-from .sections import ENGINE_LABEL, Table, all_tables, fix_language, headline, no_collectives, saving_text
+from .html_compare import comparison_parts, render_comparison
+from .html_page import (COLORS, MAX_UNIT_LINES, MEMORY_COLORS, SEVERITY_COLORS, TITLES, _byte_scale, _comm_color, _e, _get,
+                        _headline_html, _label, _Page, _table_html)
+from .html_waterfall import waterfall_section
+from .sections import ENGINE_LABEL, all_tables, fix_language, headline, no_collectives, saving_text
 
 if TYPE_CHECKING:
     from ..analysis.timeline_extract import StepTimeline
     from ..api import Report
 
-__all__ = ["render", "render_comparison", "TITLES"]
-
-# One colour per meaning, shared by every chart (and the legend of each).
-COLORS = {
-    "compute": "#4C78A8",
-    "all_gather": "#54A24B",
-    "reduce_scatter": "#F58518",
-    "all_reduce": "#B279A2",
-    "all_to_all": "#72B7B2",
-    "send_recv": "#EECA3B",
-    "broadcast": "#FF9DA6",
-    "barrier": "#9D755D",
-    "other_comm": "#9D755D",
-    "memcpy": "#79706E",
-    "other": "#BAB0AC",
-    "idle": "#E3E3E3",
-    "other_steps": "#B8C4D6",
-    "exposed": "#E45756",
-    "cpu_step": "#333333",
-    "step_time": "#d62728",
-    "forward": "#A0CBE8",
-    "backward": "#FFBE7D",
-    "optimizer": "#D4A6C8",
-    "other_phase": "#EEEEEE",
-    "allocated": "#3D5A80",
-    "reserved": "#E45756",
-}
-MEMORY_COLORS = {
-    "parameters_sharded": "#4C78A8",
-    "parameters_unsharded": "#A0CBE8",
-    "gradients": "#F58518",
-    "optimizer_state": "#B279A2",
-    "activations": "#54A24B",
-    "temporary": "#8CD17D",
-    "allgather_buffers": "#72B7B2",
-    "reduce_scatter_buffers": "#FFBE7D",
-    "other": "#BAB0AC",
-}
-SEVERITY_COLORS = {"critical": "#C62828", "warning": "#E08A00", "info": "#1565C0"}
-
-#: Section and chart titles (tests and users look for these).
-TITLES = {
-    "findings": "Findings",
-    "steps": "Where each step's GPU time goes, per rank",
-    "timeline": "GPU timeline of one step",
-    "units": "FSDP units: all-gather / reduce-scatter bytes and exposed time",
-    "memory": "Memory",
-    "memory_stack": "Memory at the peak by category",
-    "memory_curve": "Allocated and reserved memory over time",
-    "compute": "Compute: achieved TFLOP/s by engine against the peak, and MFU per step",
-    "details": "Details",
-    "notes": "Notes",
-    "compare": "Step-time change from before to after",
-}
-
-PLOT_CONFIG = {"displaylogo": False, "responsive": True, "scrollZoom": False}
-MAX_UNIT_LINES = 400  # vertical unit-boundary lines on the timeline (shapes are slow beyond that)
-
-CSS = """
-:root { --fg:#1f2328; --muted:#59636e; --line:#d1d9e0; --bg:#ffffff; --code:#f6f8fa; }
-* { box-sizing: border-box; }
-body { font: 14px/1.5 -apple-system, "Segoe UI", Helvetica, Arial, sans-serif; color: var(--fg);
-       background: var(--bg); margin: 0; }
-main { max-width: 1360px; margin: 0 auto; padding: 24px 28px 64px; }
-h1 { font-size: 26px; margin: 0 0 4px; }
-h2 { font-size: 20px; margin: 36px 0 8px; padding-bottom: 4px; border-bottom: 1px solid var(--line); }
-h3 { font-size: 16px; margin: 18px 0 6px; }
-.sub { color: var(--muted); margin: 0 0 16px; }
-table { border-collapse: collapse; margin: 6px 0 14px; }
-th, td { padding: 4px 10px; border-bottom: 1px solid var(--line); text-align: right; vertical-align: top; }
-th:first-child, td:first-child, th:nth-child(2), td:nth-child(2) { text-align: left; }
-th { background: #f6f8fa; font-weight: 600; }
-th.text, td.text { text-align: left; }
-table.headline th { background: none; text-align: left; padding-right: 18px; white-space: nowrap; }
-table.headline td { text-align: left; }
-.finding { border: 1px solid var(--line); border-left: 6px solid var(--sev); border-radius: 6px;
-           padding: 10px 16px; margin: 12px 0; }
-.finding h3 { margin: 2px 0 6px; }
-.sev { display: inline-block; color: #fff; background: var(--sev); border-radius: 4px; padding: 0 7px;
-       font-size: 12px; font-weight: 600; text-transform: uppercase; vertical-align: 2px; }
-.saving { color: var(--muted); font-weight: normal; }
-.finding h4 { margin: 10px 0 2px; font-size: 13px; }
-pre { background: var(--code); border: 1px solid var(--line); border-radius: 6px; padding: 10px 12px;
-      overflow-x: auto; font: 12.5px/1.45 ui-monospace, SFMono-Regular, Menlo, Consolas, monospace; }
-code { font: 12.5px ui-monospace, SFMono-Regular, Menlo, Consolas, monospace; }
-.note { color: var(--muted); }
-.missing { background: #fff8e1; border: 1px solid #f0d48a; border-radius: 6px; padding: 8px 12px; }
-.chart { width: 100%; }
-.ok { color: #2e7d32; font-weight: 600; }
-footer { color: var(--muted); margin-top: 40px; font-size: 12px; }
-"""
-
-
-def _script_safe(js: str) -> str:
-    """JSON that cannot close or confuse the <script> element it is written into: ``<``, ``>``
-    and ``&`` only occur inside JSON strings, where their \\u escapes mean the same."""
-    return (js.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
-            .replace("\u2028", "\\u2028").replace("\u2029", "\\u2029"))
-
-
-def _e(v: Any) -> str:
-    return html.escape("" if v is None else str(v), quote=True)
-
-
-def _get(obj: Any, key: str, default: Any = None) -> Any:
-    """Attribute or key access, so dataclasses and their dict forms (saved JSON) both work."""
-    if obj is None:
-        return default
-    if isinstance(obj, dict):
-        return obj.get(key, default)
-    return getattr(obj, key, default)
-
-
-def _byte_scale(max_bytes: float) -> tuple[float, str]:
-    for div, unit in ((2**30, "GiB"), (2**20, "MiB"), (2**10, "KiB")):
-        if max_bytes >= div:
-            return float(div), unit
-    return 1.0, "B"
-
-
-def _label(kind: str) -> str:
-    return kind.replace("_", "-")
-
-
-COMM_KINDS = ("all_gather", "reduce_scatter", "all_reduce", "all_to_all", "send_recv", "broadcast", "barrier")
-
-
-def _comm_color(kind: str | None) -> str:
-    return COLORS[kind] if kind in COMM_KINDS else COLORS["other_comm"]
-
-
-# ---------------------------------------------------------------------------------------------
-# page assembly
-# ---------------------------------------------------------------------------------------------
-
-
-class _Page:
-    """Collects body HTML and figures; plotly.js goes into the head once, if any figure is drawn."""
-
-    def __init__(self) -> None:
-        self.parts: list[str] = []
-        self.figures = 0
-
-    def add(self, text: str) -> None:
-        self.parts.append(text)
-
-    def figure(self, fig: go.Figure, div_id: str) -> None:
-        """The figure as a div and a script; the JSON is made safe to sit inside <script> here
-        (not every plotly version escapes ``</script>`` in trace-derived strings)."""
-        self.figures += 1
-        fig.update_layout(template="plotly_white", font=dict(size=12))
-        data = _script_safe(pio.to_json(fig, validate=False, pretty=False))
-        config = _script_safe(json.dumps(PLOT_CONFIG))
-        height = int(fig.layout.height or 450)
-        self.parts.append(
-            f'<div class="chart"><div id="{_e(div_id)}" class="plotly-graph-div" style="height:{height}px; width:100%;">'
-            f'</div>\n<script type="text/javascript">\n(function () {{ var fig = {data};\n'
-            f'Plotly.newPlot({json.dumps(div_id)}, fig.data, fig.layout, {config}); }})();\n</script></div>'
-        )
-
-    def html(self, title: str) -> str:
-        head = [
-            "<!DOCTYPE html>",
-            '<html lang="en">',
-            "<head>",
-            '<meta charset="utf-8">',
-            '<meta name="viewport" content="width=device-width, initial-scale=1">',
-            f'<meta name="generator" content="fsdpdoctor {_e(__version__)}">',
-            f"<title>{_e(title)}</title>",
-            f"<style>{CSS}</style>",
-        ]
-        if self.figures:
-            # plotly.js, inlined once: the page must open offline (no CDN, no network)
-            head.append('<script type="text/javascript">window.PlotlyConfig = {MathJaxConfig: "local"};</script>')
-            head.append(f'<script type="text/javascript">{get_plotlyjs()}</script>')
-        head.append("</head>")
-        foot = f"<footer>fsdpdoctor {_e(__version__)} · charts: drag to zoom, double-click to reset</footer>"
-        return "\n".join(head + ["<body>", "<main>", *self.parts, foot, "</main>", "</body>", "</html>", ""])
-
-
-_NUMERIC = re.compile(r"^\s*([+\-−–]|\d|\.\d|$)")
-
-
-def _table_html(t: Table) -> str:
-    # the first two columns are labels; after them a column is numbers (right-aligned) unless
-    # some cell in it is text
-    text_col = [i < 2 or any(not _NUMERIC.match(str(r[i])) for r in t.rows if i < len(r)) for i in range(len(t.headers))]
-
-    def cls(i: int) -> str:
-        return ' class="text"' if i >= 2 and i < len(text_col) and text_col[i] else ""
-
-    if not t.rows:  # nothing to show: the title and the one line saying why
-        return "\n".join(([f"<h3>{_e(t.title)}</h3>"] if t.title else []) + [f'<p class="missing">{_e(t.note or "nothing to show")}</p>'])
-    out = ([f"<h3>{_e(t.title)}</h3>"] if t.title else []) + ["<table>", "<thead><tr>"]
-    out += [f"<th{cls(i)}>{_e(h)}</th>" for i, h in enumerate(t.headers)]
-    out.append("</tr></thead><tbody>")
-    for row in t.rows:
-        out.append("<tr>" + "".join(f"<td{cls(i)}>{_e(c)}</td>" for i, c in enumerate(row)) + "</tr>")
-    out.append("</tbody></table>")
-    if t.note:
-        out.append(f'<p class="note">{_e(t.note)}</p>')
-    return "\n".join(out)
-
-
-def _headline_html(pairs: Iterable[tuple[str, str]]) -> str:
-    rows = "".join(f"<tr><th>{_e(k)}</th><td>{_e(v)}</td></tr>" for k, v in pairs)
-    return f'<table class="headline">{rows}</table>'
+__all__ = ["render", "render_comparison", "comparison_parts", "TITLES"]
 
 
 def _highlight(code: str, lang: str) -> str:
@@ -657,6 +450,7 @@ def render(report: "Report", timeline: "StepTimeline | None" = None) -> str:
             page.add(f'<p class="sub">{_e(note)}</p>')
         if fig is not None:
             page.figure(fig, "fig-steps")
+    waterfall_section(page, f)
     _timeline_section(page, tl, f)
 
     if f.rank_facts:
@@ -698,150 +492,3 @@ def render(report: "Report", timeline: "StepTimeline | None" = None) -> str:
         page.add(f'<h2 id="notes">{_e(TITLES["notes"])}</h2>')
         page.add("<ul>" + "".join(f"<li>{_e(n)}</li>" for n in f.notes) + "</ul>")
     return page.html("fsdpdoctor report")
-
-
-# ---------------------------------------------------------------------------------------------
-# compare
-# ---------------------------------------------------------------------------------------------
-
-def _as_dict(obj: Any) -> dict:
-    """A comparison's JSON dict (a :class:`~fsdpdoctor.analysis.compare.Comparison` is converted)."""
-    if isinstance(obj, dict):
-        return obj
-    from .comparison import to_dict
-
-    return to_dict(obj)
-
-
-def _number(v: Any) -> float | None:
-    if isinstance(v, bool) or not isinstance(v, (int, float)):
-        return None
-    return float(v) if math.isfinite(float(v)) else None
-
-
-def comparison_parts(comparison: Any) -> tuple[float | None, list[tuple[str, float]], float | None, float | None]:
-    """(before ms, [(component, delta ms)], after ms, total delta ms) of a comparison.
-
-    Reads the keys :func:`fsdpdoctor.report.comparison.to_dict` writes: ``step_time_before_ms``,
-    ``step_time_after_ms``, ``step_time_delta_ms`` and ``components`` (name → ``delta_ms``).
-    """
-    d = _as_dict(comparison)
-    before, after = _number(d.get("step_time_before_ms")), _number(d.get("step_time_after_ms"))
-    total = _number(d.get("step_time_delta_ms"))
-    comps = [(str(n), v) for n, c in (d.get("components") or {}).items()
-             if isinstance(c, dict) and (v := _number(c.get("delta_ms"))) is not None]
-    if total is None and before is not None and after is not None:
-        total = after - before
-    return before, comps, after, total
-
-
-def _component_labels() -> dict[str, str]:
-    from .comparison import LABELS
-
-    return dict(LABELS)
-
-
-def _waterfall(before: float | None, comps: list[tuple[str, float]], after: float | None,
-               total: float | None, labels: dict[str, str]) -> go.Figure:
-    x: list[str] = []
-    y: list[float] = []
-    text: list[str] = []
-    measure: list[str] = []
-    if before is not None:
-        x.append("before")
-        y.append(before)
-        text.append(f"{before:.2f} ms")
-        measure.append("absolute")
-    explained = sum(v for _, v in comps)
-    for name, v in comps:
-        if abs(v) < 5e-4:  # below the 0.001 ms the labels show: left to the table
-            continue
-        x.append(labels.get(name, name.replace("_", " ")))
-        y.append(v)
-        text.append(f"{v:+.2f}")
-        measure.append("relative")
-    if total is not None and abs(total - explained) > 1e-6 * max(1.0, abs(total)):
-        x.append("unexplained")
-        y.append(total - explained)
-        text.append(f"{total - explained:+.2f}")
-        measure.append("relative")
-    x.append("after" if before is not None else "total change")
-    y.append(0.0)
-    end = (before or 0.0) + (total if total is not None else explained)
-    text.append(f"{end:.2f} ms" if before is not None else f"{end:+.2f} ms")
-    measure.append("total")
-    fig = go.Figure(go.Waterfall(
-        x=x, y=y, measure=measure, orientation="v", text=text,
-        increasing=dict(marker=dict(color="#E45756")),  # slower
-        decreasing=dict(marker=dict(color="#54A24B")),  # faster
-        totals=dict(marker=dict(color="#4C78A8")),
-        connector=dict(line=dict(color="#999", width=1, dash="dot")),
-        texttemplate="%{text}", textposition="outside",
-        hovertemplate="%{x}: %{delta:+.3f} ms (running %{y:.3f} ms)<extra></extra>",
-    ))
-    fig.update_layout(height=480, margin=dict(l=60, r=20, t=30, b=140), yaxis_title="step time (ms)",
-                      showlegend=False, xaxis=dict(tickangle=-30))
-    return fig
-
-
-def render_comparison(comparison: Any, title: str = "fsdpdoctor compare") -> str:
-    """A self-contained page with the before → after step-time waterfall.
-
-    ``comparison`` is :class:`fsdpdoctor.analysis.compare.Comparison` or its JSON dict
-    (:func:`fsdpdoctor.report.comparison.to_dict`). Components are drawn largest first; a part of
-    the total that they do not add up to is drawn as "unexplained".
-    """
-    d = _as_dict(comparison)
-    before, comps, after, total = comparison_parts(d)
-    comps = sorted(comps, key=lambda kv: -abs(kv[1]))
-    labels = _component_labels()
-    page = _Page()
-    page.add(f"<h1>{_e(title)}</h1>")
-    pairs = []
-    for label, key in (("Before", "before"), ("After", "after")):
-        if isinstance(d.get(key), str) and d[key]:
-            pairs.append((label, d[key]))
-    if before is not None:
-        pairs.append(("Step time before", ms(before)))
-    if after is not None:
-        pairs.append(("Step time after", ms(after)))
-    if total is not None:
-        rel = f" ({100 * total / before:+.1f}%)" if before else ""
-        pairs.append(("Change", f"{total:+.2f} ms{rel}"))
-    if isinstance(d.get("primary_cause"), str):
-        pairs.append(("Primary cause", d["primary_cause"]))
-    if pairs:
-        page.add(_headline_html(pairs))
-    page.add(f'<h2 id="compare">{_e(TITLES["compare"])}</h2>')
-    if not comps and total is None:
-        page.add('<p class="missing">The comparison holds no step-time delta to draw.</p>')
-    else:
-        basis = d.get("basis_definition")
-        page.add('<p class="sub">Components sorted by size; red makes the step slower, green faster. '
-                 "An <i>unexplained</i> bar, when present, is the part of the change no component accounts for."
-                 + (f" Basis: {_e(basis)}." if isinstance(basis, str) else "") + "</p>")
-        page.figure(_waterfall(before, comps, after, total, labels), "fig-compare")
-        rows = [[labels.get(n, n.replace("_", " ")), f"{v:+.3f} ms"] for n, v in comps]
-        if rows:
-            page.add(_table_html(Table("Components", ["component", "delta"], rows)))
-    causes = d.get("causes")
-    if isinstance(causes, list) and causes and all(isinstance(c, dict) for c in causes):
-        rows = [[str(c.get("slug", "")), f"{c['delta_ms']:+.3f} ms" if _number(c.get("delta_ms")) is not None else "–",
-                 str(c.get("summary", ""))] for c in causes]
-        page.add(f'<h2 id="causes">Causes, ranked</h2>{_table_html(Table("", ["cause", "delta", "summary"], rows))}')
-        prim = next((c for c in causes if c.get("slug") == d.get("primary_cause")), None)
-        for flavour, code in ((prim or {}).get("fix") or {}).items():
-            page.add(f"<h4>Fix for the primary cause ({_e(flavour)})</h4><pre><code>{_e(str(code).rstrip())}</code></pre>")
-    findings = d.get("findings") or {}  # {"appeared": [...], "disappeared": [...], "persisting": [...]}
-    findings = [dict(f, status=st) for st, lst in findings.items() for f in lst]
-    if findings:
-        items = []
-        for fdd in findings:
-            status = f"[{fdd['status']}] " if fdd.get("status") else ""
-            items.append(f"<li>{_e(status)}<b>{_e(fdd.get('code', ''))}</b> <code>{_e(fdd.get('slug', ''))}</code> "
-                         f"{_e(fdd.get('summary', ''))}</li>")
-        page.add(f"<h2>Findings</h2><ul>{''.join(items)}</ul>")
-    notes = d.get("notes")
-    if isinstance(notes, list) and notes:
-        page.add(f'<h2 id="notes">{_e(TITLES["notes"])}</h2><ul>' + "".join(f"<li>{_e(n)}</li>" for n in notes) + "</ul>")
-    return page.html(title)
