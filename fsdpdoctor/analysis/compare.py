@@ -3,7 +3,7 @@
 Plain functions over :class:`~fsdpdoctor.facts.RunFacts` (and the findings drawn from them); no
 trace is ever re-read. :func:`compare` aligns the two runs (ranks, steps, FSDP units by FQN,
 collectives by unit, phase and kind), splits the step-time delta into parts that add up to it
-exactly, lists what changed in structure and configuration and which findings appeared or
+exactly (first by the efficiency waterfall's parts, :mod:`.compare_waterfall`), lists what changed in structure and configuration and which findings appeared or
 disappeared, and ranks the causes.
 
 Step time and its parts (the *basis*; :data:`GPU_BASIS` / :data:`CPU_BASIS` state it in every
@@ -58,6 +58,7 @@ from typing import Any
 
 from ..engine import SEVERITIES, Finding, load_rules
 from ..facts import RankFacts, RunFacts
+from .compare_waterfall import waterfall_split
 
 PHASES = ("forward", "backward", "optimizer", "other")
 STEP_CLOCK_SCHEMA = 3  # facts of this schema on measure a step from completion to completion
@@ -208,6 +209,8 @@ class Comparison:
     fsdp_versions: tuple[int | None, int | None] = (None, None)
     # the GPU compute change split by what changed (:func:`compute_split`); empty without FLOPs
     compute_split: dict[str, float] = field(default_factory=dict)
+    # the step as the waterfall's parts, before and after (:mod:`.compare_waterfall`); GPU runs
+    waterfall: dict[str, tuple[float, float]] = field(default_factory=dict)
 
     # -- headline numbers ------------------------------------------------------------------
     @property
@@ -764,8 +767,12 @@ def compare(
     if causes and (any_finding_change or (sb and abs(delta) / sb >= 0.01) or (not sb and abs(delta) > 0)):
         primary = causes[0].slug
     split = compute_split(before, after) if basis == "gpu" else {}
+    parts, why = waterfall_split(before, after, [r.rank for r in _ranks_for(before, basis)],
+                                 [r.rank for r in _ranks_for(after, basis)]) if basis == "gpu" else ({}, None)
+    notes += [why] if why else []
     return Comparison(
         compute_split=split,
+        waterfall=parts,
         before_label=before_label,
         after_label=after_label,
         basis=basis,

@@ -90,6 +90,7 @@ def to_dict(c: Comparison) -> dict[str, Any]:
         "primary_cause": c.primary_cause,
         "primary_fix": prim.fix if prim else {},
         "compute_split_ms": dict(c.compute_split),
+        "waterfall_ms": {k: {"before_ms": b, "after_ms": a, "delta_ms": a - b} for k, (b, a) in c.waterfall.items()},
         "causes": [
             {
                 "slug": k.slug,
@@ -317,8 +318,22 @@ def compute_split_table(c: Comparison) -> Table | None:
                  "run's achieved GEMM + attention rate")
 
 
+def waterfall_table(c: Comparison) -> Table | None:
+    """The change split by the efficiency waterfall's parts, before the components and causes."""
+    from .waterfall import PART_LABEL
+
+    if not c.waterfall:
+        return None
+    rows = [[PART_LABEL.get(k, k), ms(b), ms(a), dms(a - b), _share(c, a - b)] for k, (b, a) in c.waterfall.items()
+            if abs(a - b) >= 0.0005 or b or a]
+    return Table("Where the change went against the ideal (per step)", ["part", "before", "after", "Δ", "share of Δ step"],
+                 rows, "the parts add up to each run's step time; at-peak parts are the model FLOPs at the dense BF16 peak "
+                 "(MFU), the rest the time lost below it")
+
+
 def all_tables(c: Comparison, compact: bool = False) -> list[Table]:
     ts = [
+        waterfall_table(c),
         causes_table(c, compact),
         compute_split_table(c),
         parts_table(c),

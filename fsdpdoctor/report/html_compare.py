@@ -132,6 +132,15 @@ def render_comparison(comparison: Any, title: str = "fsdpdoctor compare") -> str
         rows = [[labels.get(n, n.replace("_", " ")), f"{v:+.3f} ms"] for n, v in comps]
         if rows:
             page.add(_table_html(Table("Components", ["component", "delta"], rows)))
+    parts = d.get("waterfall_ms")
+    if isinstance(parts, dict) and parts and before is not None:
+        from .waterfall import PART_LABEL
+
+        deltas = [(str(k), v) for k, p in parts.items() if isinstance(p, dict) and (v := _number(p.get("delta_ms"))) is not None]
+        page.add('<h2 id="compare-parts">Where the change went against the ideal</h2><p class="sub">The same change split by '
+                 "the efficiency waterfall's parts (at peak, below peak, recompute, other kernels, exposed comm and copies, "
+                 "GPU idle), in that order.</p>")
+        page.figure(_waterfall(before, deltas, after, total, dict(PART_LABEL)), "fig-compare-parts")
     causes = d.get("causes")
     if isinstance(causes, list) and causes and all(isinstance(c, dict) for c in causes):
         rows = [[str(c.get("slug", "")), f"{c['delta_ms']:+.3f} ms" if _number(c.get("delta_ms")) is not None else "–",
