@@ -7,6 +7,7 @@ from collections.abc import Callable
 import numpy as np
 
 from ...facts import ComputeFacts
+from .. import intervals as iv
 from ..comms import Collective
 from ..layers import RepeatedBlocks
 from ..steps import StepWindow
@@ -304,16 +305,46 @@ def _hook_own(g: Graph) -> tuple[np.ndarray, np.ndarray]:
     return hooks, hooks[:, 1] - hooks[:, 0] - (csum[hi] - csum[lo])
 
 
+CUT_EPS_US = 1e-3
+
+
 def fix_hooks_off(g: Graph) -> Fix | None:
-    """FSDP hooks free on the CPU: the CPU time of the outermost FSDP hook ranges is cut (less
-    the blocking calls inside them, which wait for the GPU, not for Python). What fewer, larger
-    units would save at most on the host side; a saving means the hooks sit on the critical path."""
+    """FSDP hooks free on the CPU: the CPU time of the outermost FSDP hook ranges is cut where it
+    is spent — every gap between the launches and blocking calls inside a hook, so that what the
+    hook launches goes out at its start — except the blocking calls themselves, which wait for the
+    GPU, not for Python; what the hooks launched loses its inferred cross-stream edge (its start
+    was the hook's timing). What fewer, larger units would save at most on the host side; a saving
+    means the hooks sit on the critical path."""
     hooks, own = _hook_own(g)
     if not hooks.size:
         return None
-    keep = own > 0
-    cuts = list(zip((hooks[keep, 1] - own[keep]).tolist(), hooks[keep, 1].tolist()))
-    return Fix("hooks_off", cpu_cuts=cuts) if cuts else None
+    order = np.argsort(g.key, kind="stable")
+    order = order[~g.backlog[order]]
+    launched = g.key[order]
+    sy = np.array([(ts, te) for ts, te, *_ in g.syncs], dtype=np.float64).reshape(-1, 2)
+    sy = sy[np.argsort(sy[:, 0], kind="stable")]
+    cuts: list[tuple[float, float]] = []
+    inside: list[np.ndarray] = []
+    for (a, b), o in zip(hooks.tolist(), own.tolist()):
+        if o <= 0:
+            continue
+        lo, hi = np.searchsorted(launched, a, "left"), np.searchsorted(launched, b, "left")
+        inner = launched[lo:hi]
+        inside.append(order[lo:hi])
+        blocks = sy[(sy[:, 0] >= a) & (sy[:, 0] < b)]
+        # the hook's own time: [a, b] less its blocking calls, cut piece by piece up to each launch
+        free = iv.subtract((np.array([a]), np.array([b])), iv.merge(blocks[:, 0], blocks[:, 1]))
+        pts = np.unique(np.concatenate((free[0], free[1], inner)))
+        p, q = pts[:-1], pts[1:]
+        mid = (p + q) / 2
+        k = np.searchsorted(free[0], mid, side="right") - 1
+        ok = (q > p) & (k >= 0) & (mid < free[1][np.maximum(k, 0)])
+        # a cut takes effect at its end, after what the CPU launched at that instant: end it just before
+        cuts += list(zip((p[ok] - CUT_EPS_US).tolist(), (q[ok] - CUT_EPS_US).tolist()))
+    # what a hook launched started when the hook let it: an edge inferred from that timing (it began as
+    # work on another stream ended) is the hook's doing, not a dependency
+    dropped = set(np.concatenate(inside).tolist()) if inside else set()
+    return Fix("hooks_off", cpu_cuts=cuts, drop_inferred=dropped) if cuts else None
 
 
 def _hook_us_per_unit(hooks: np.ndarray, own: np.ndarray, step: StepWindow, phase: str, units: int) -> float:
@@ -441,6 +472,44 @@ def fix_pin(g: Graph) -> Fix | None:
     return fx if fx.scale or fx.free_syncs else None
 
 
+#: a fused AdamW step moves about a third of the bytes the per-op kernels move per parameter (~28:
+#: read the parameter, its gradient and both moments, write three; against ~84 over the ~8 ops of
+#: the per-parameter or foreach step) and pays no tiny kernel's own floor per op
+FUSED_TRAFFIC = 1 / 3
+KERNEL_FLOOR_US = 2.0
+
+
+def fix_fused_optimizer(g: Graph) -> Fix | None:
+    """``AdamW(fused=True)`` for an optimizer step that runs per-parameter or foreach kernels: in
+    each ``Optimizer.step`` range, the CPU does one op's work per tensor (group) instead of one per
+    op — its CPU time × the share of the most frequent kernel's count it keeps (one kernel per
+    tensor, or per group, of ~8 per tensor or group: the count of its rarest kernel name), the
+    launches compressed into that time — and each kernel keeps FUSED_TRAFFIC of its time above a
+    tiny kernel's floor (KERNEL_FLOOR_US)."""
+    fx = Fix("fused_optimizer")
+    dur = g.end - g.start
+    notes = []
+    for a, b in g.ranges.get("optimizer", []):
+        m = np.flatnonzero((g.key >= a) & (g.key < b) & g.is_compute & ~g.backlog)
+        if m.size < 2 or b <= a:
+            continue
+        codes = g.name_code[m] if g.name_code is not None else np.unique(np.array([g.names[i] for i in m]), return_inverse=True)[1]
+        counts = np.unique(codes, return_counts=True)[1]
+        units = int(counts.min())
+        keep = (b - a) * min(units / m.size, 1.0)
+        fx.cpu_cuts.append((a + keep, b))
+        for i in m.tolist():
+            fx.move[i] = a + (g.key[i] - a) * keep / (b - a)
+            fx.scale[i] = max(dur[i] - KERNEL_FLOOR_US, 0.0) * FUSED_TRAFFIC / dur[i] if dur[i] > 0 else 1.0
+        notes.append((m.size, units, b - a, keep))
+    if not notes:
+        return None
+    k, u, cpu, keep = (sum(x[i] for x in notes) / len(notes) for i in range(4))
+    fx.note = (f"{k:.0f} optimizer kernels a step ({u:.0f} of its rarest), {cpu / 1e3:.2f} ms of CPU: fused, the step keeps "
+               f"{keep / 1e3:.2f} ms of CPU and {100 * FUSED_TRAFFIC:.0f}% of the kernels' time above {KERNEL_FLOOR_US:g} µs each")
+    return fx
+
+
 FIXES = {
     "prefetch": fix_prefetch,
     "pin": fix_pin,
@@ -449,4 +518,5 @@ FIXES = {
     "mixed_precision": fix_mixed_precision,
     "wrap": fix_wrap,
     "hooks_off": fix_hooks_off,
+    "fused_optimizer": fix_fused_optimizer,
 }

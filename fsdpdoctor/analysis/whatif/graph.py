@@ -72,6 +72,7 @@ class Fix:
     cpu_cuts: list[tuple[float, float]] = field(default_factory=list)  # measured CPU time removed
     free_syncs: set[int] = field(default_factory=set)  # blocking calls that no longer block (rows)
     cpu_adds: list[tuple[float, float]] = field(default_factory=list)  # (CPU key, µs) inserted there
+    drop_inferred: set[int] = field(default_factory=set)  # ops whose inferred cross-stream edge goes (it was the fix's cause)
     note: str = ""  # how the transformation was built, for the finding's evidence
 
 

@@ -99,7 +99,7 @@ def replay(g: Graph, fix: Fix | None = None, replays: int = 1, blind: bool = Fal
     moved = [*fix.move, *fix.drop_deps]
     if moved:  # a moved op's unseen wait is not carried along
         g_wait[np.array(moved, dtype=np.int64)] = 0.0
-    dep_ptr, dep_op, dep_gap = _deps_csr(g, fix.drop_deps, blind)
+    dep_ptr, dep_op, dep_gap = _deps_csr(g, fix.drop_deps, blind, fix.drop_inferred)
     free = np.isin(sy["row"], np.fromiter(fix.free_syncs, dtype=np.int64, count=len(fix.free_syncs))) \
         if fix.free_syncs else np.zeros(sy["row"].size, dtype=bool)
     _, stream_ix = np.unique(g.stream, return_inverse=True)
@@ -163,14 +163,16 @@ def _sync_arrays(g: Graph) -> dict[str, np.ndarray]:
     return out
 
 
-def _deps_csr(g: Graph, drop: set[int], blind: bool = False) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _deps_csr(g: Graph, drop: set[int], blind: bool = False,
+              drop_inferred: set[int] | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """The cross-stream edges as CSR arrays (ptr per op, awaited op, gap), without ``drop``'s
-    (and, ``blind``, without the inferred ones)."""
+    (and, ``blind``, without the inferred ones; else without those of ``drop_inferred``)."""
     n = g.start.size
     deps = g.deps
-    if blind and g.inferred:
+    gone = g.inferred if blind else [i for i in g.inferred if i in drop_inferred] if drop_inferred else []
+    if gone:
         deps = dict(deps)
-        for i in g.inferred:
+        for i in gone:
             deps[i] = deps[i][:-1]
     owner = np.fromiter((i for i, dl in deps.items() for _ in dl), dtype=np.int64)
     op = np.fromiter((a for dl in deps.values() for a, _ in dl), dtype=np.int64, count=owner.size)

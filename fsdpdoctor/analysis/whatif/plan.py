@@ -28,9 +28,10 @@ def _exposed_rs_ms(g: Graph, S: np.ndarray, E: np.ndarray) -> float:
     return iv.total(exposed) / 1e3 / max(len(g.steps), 1)
 
 
-def _applies(fsdp: FsdpFacts | None) -> dict[str, bool]:
+def _applies(fsdp: FsdpFacts | None, optimizer: str | None = None) -> dict[str, bool]:
     """Which transformations are worth a replay on this rank (the rest would change nothing, or
-    their finding cannot fire)."""
+    their finding cannot fire); ``optimizer``: how the optimizer step's kernels run
+    (``EfficiencyFacts.optimizer``)."""
     if fsdp is None:
         return dict.fromkeys(FIXES, True)
     is_fsdp = fsdp.version in (1, 2)
@@ -42,6 +43,7 @@ def _applies(fsdp: FsdpFacts | None) -> dict[str, bool]:
         "mixed_precision": is_fsdp and fsdp.mixed_precision is not True,
         "wrap": is_fsdp,
         "hooks_off": is_fsdp,
+        "fused_optimizer": optimizer in ("per-parameter", "foreach"),
     }
 
 
@@ -78,13 +80,14 @@ class WhatIfPlan:
 
 
 def plan_whatif(rt: RankTrace, steps: list[StepWindow], colls: list[Collective],
-                fsdp: FsdpFacts | None = None, kflops=None, compute: ComputeFacts | None = None) -> WhatIfPlan | None:
+                fsdp: FsdpFacts | None = None, kflops=None, compute: ComputeFacts | None = None,
+                optimizer: str | None = None) -> WhatIfPlan | None:
     """The graph of this rank's steps and every transformation that applies (all of them when
     ``fsdp`` is None): everything of the what-if replay that reads the trace."""
     g = build_graph(rt, steps, colls)
     if g is None:
         return None
-    applies = _applies(fsdp)
+    applies = _applies(fsdp, optimizer)
     fixes = [(name, make(g, lambda: repeated_blocks(rt, steps)) if name == "wrap" else make(g))
              for name, make in FIXES.items() if applies.get(name, True)]
     if kflops is not None and compute is not None and fp32_share(compute) >= TENSOR_CORE_MIN_SHARE:
