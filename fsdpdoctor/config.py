@@ -58,6 +58,10 @@ THRESHOLDS: dict[str, tuple[float, str]] = {
     "memory_budget_gib": (0.0, "memory: the memory (GiB per GPU) memory findings are judged against (0: the GPU's total memory from the traces; --memory-budget)"),
     "memory_pressure_pct": (80.0, "memory: memory findings are warnings or worse only when the peak reserved is at least this % of that memory, or the run ran out of memory"),
     "hook_overhead_pct": (30.0, "auto-wrap-too-fine: CPU time in FSDP hooks as % of the step that counts as evidence"),
+    "waterfall_min_part_pct": (5.0, "the waterfall's rules (gpu-starved-by-hooks, non-matmul-kernels, sync-in-step, matmul-shapes-below-peak): their part of the step is material from this %"),
+    "hook_idle_min_pct": (3.0, "gpu-starved-by-hooks: GPU idle while the launching thread is inside FSDP hooks, as % of the step"),
+    "sync_drain_min_pct": (1.0, "sync-in-step: GPU idle after synchronizations that drained the launch queue, as % of the step"),
+    "gemm_flagged_min_pct": (2.0, "matmul-shapes-below-peak: below-peak time of misaligned or small matmul shapes, as % of the step"),
 }
 
 

@@ -37,6 +37,8 @@ THRESHOLDS = ("pageable_min_count",)
 # compare: the parts of the step time this finding explains when it appears or goes away
 EXPLAINS = {"gpu": [("memcpy", None), ("host_bound_idle", None), ("other_idle", None)], "cpu": []}
 CLAIM_PRIORITY = 40  # specific findings claim before the general ones that they explain
+# copies that .item() / .cpu() read back each step: removing the read (sync-in-step) is the fix, not pinning
+SUPERSEDED_BY = ("sync-in-step",)
 
 
 FIX_OFFLOAD = """from torch.distributed.fsdp import CPUOffloadPolicy, fully_shard

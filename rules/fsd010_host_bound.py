@@ -35,7 +35,7 @@ THRESHOLDS = ("host_bound_idle_pct",)
 EXPLAINS = {"gpu": [("host_bound_idle", None), ("other_idle", None)], "cpu": []}
 CLAIM_PRIORITY = 100  # specific findings claim before the general ones that they explain
 
-SUPERSEDED_BY = ("cpu-offload-stall", "straggler-rank")
+SUPERSEDED_BY = ("cpu-offload-stall", "straggler-rank", "gpu-starved-by-hooks")
 
 FIX = """model = torch.compile(model)            # fewer, larger kernels; less Python per step
 loader = DataLoader(ds, batch_size=bs, num_workers=8, pin_memory=True, persistent_workers=True)

@@ -351,7 +351,8 @@ GPU_REC = __import__("pathlib").Path(__file__).resolve().parents[1] / "fixtures"
 
 def test_the_tools_own_fix_passes_every_gate(tmp_path):
     """fp32 → bf16 (FSD015's fix) on the H100: the step falls by half; MFU (against the BF16 peak)
-    doubles; the new host-bound finding is where the bottleneck moved, not a regression."""
+    doubles; the new finding on the GPU waiting for FSDP's hooks is where the bottleneck moved, not a
+    regression."""
     base = tmp_path / "fsdp2.json"
     r = cli("analyze", GPU_REC / "fsdp2", "--save-baseline", base, "--format", "json", "-o", tmp_path / "r.json")
     assert r.returncode == 0, r.stderr
@@ -359,7 +360,7 @@ def test_the_tools_own_fix_passes_every_gate(tmp_path):
     assert r.returncode == 0, r.stdout + r.stderr
     g = {x["name"]: x for x in json.loads(r.stdout)["gates"]}
     assert g["step-time-regression"]["status"] == "pass" and g["mfu-drop"]["status"] == "pass"
-    assert g["new-findings"]["status"] == "pass" and "host-bound" in g["new-findings"]["detail"]
+    assert g["new-findings"]["status"] == "pass" and "gpu-starved-by-hooks" in g["new-findings"]["detail"]
     assert "the step got faster" in g["new-findings"]["detail"]
 
 

@@ -89,8 +89,9 @@ def test_the_twin_table_is_what_the_tool_predicts_today(analyzed):
 
 
 def test_a_rule_without_a_twin_says_so(analyzed):
-    """FSD006 outside CPU offload has no real twin: ±50% of its estimate, said in the basis."""
-    f = next(x for x in analyzed("gpu/fsdp2-bf16").findings if x.slug == "host-bound")
+    """A rule without a real twin (the GPU waiting for FSDP's hooks): ±50% of its estimate, said
+    in the basis."""
+    f = next(x for x in analyzed("gpu/fsdp2-bf16").findings if x.slug == "gpu-starved-by-hooks")
     assert f.saving_range_basis.startswith("no real twin")
     assert f.saving_range_ms == pytest.approx([0.5 * f.model_saving_ms, 1.5 * f.model_saving_ms])
 

@@ -1,0 +1,122 @@
+"""What it detects
+    A step whose GPU time goes to kernels that are neither matmuls nor attention — elementwise
+    ops, norms, softmax and the loss, casts, copies, the optimizer — where a fix removes part of
+    it: the optimizer step runs per-parameter or foreach kernels (``AdamW(fused=True)`` runs one
+    fused kernel per group), or the chains of small ops between the matmuls are not fused
+    (``torch.compile``).
+
+Why it hurts
+    These kernels move memory and do little arithmetic: each reads and writes whole activations,
+    so a chain of them costs several passes over memory where one fused kernel makes one. Every
+    one of them is also a launch on the CPU; an optimizer running ~8 kernels per parameter tensor
+    launches thousands a step.
+
+How it shows in a trace
+    The waterfall's ``other_kernels`` part is material, split by family
+    (``efficiency.other_kernels_ms``: elementwise, norms, softmax / loss, casts, copies,
+    reductions, embedding, the optimizer fused / foreach / per-parameter), and the optimizer
+    step's kernels say how it runs (``aten::_fused_adamw_`` vs ``aten::_foreach_*`` vs one
+    ``aten::mul_`` / ``addcdiv_`` … per tensor).
+
+Fix
+    ``AdamW(..., fused=True)`` where the optimizer runs per-parameter or foreach kernels;
+    ``torch.compile`` (of each block, under FSDP2) to fuse elementwise chains; fused RMSNorm /
+    RoPE / SwiGLU / cross-entropy kernels (e.g. Liger Kernel) for what compile does not fuse.
+
+Known problems
+    The optimizer's saving is the what-if replay of a fused step: its CPU time kept for one op per
+    tensor (the rarest of its kernels) instead of one per op, and a third of the kernels' time
+    (the bytes a fused AdamW moves against ~8 separate ops). Fusion by ``torch.compile`` is priced
+    at half the fusable families' time, an assumption (the range is ±50%); where the optimizer
+    lever applies, the saving counts it alone and states the fusion's bound beside it.
+"""
+
+from fsdpdoctor.fmt import ms, pct
+
+from ._util import finding, fix_for, of_step, replay_evidence, replayed_saving, step_ms
+
+CODE = "FSD017"
+SLUG = "non-matmul-kernels"
+TITLE = "Kernels that are not matmuls take much of the step, and a fix can fuse them"
+SEVERITY = "warning"
+THRESHOLDS = ("waterfall_min_part_pct", "severity_warning_pct")
+REPLAY_FIX = "fused_optimizer"
+
+EXPLAINS = {"gpu": [("compute", None)], "cpu": [("cpu_optimizer", None)]}
+CLAIM_PRIORITY = 40
+SUPERSEDED_BY = ("matmul-wrong-engine",)
+
+#: the families torch.compile fuses into the matmuls' neighbours, and the share of their time
+#: assumed to go (an estimate: the saving's range is ±50%)
+FUSABLE = ("elementwise", "norm", "softmax_loss", "casts")
+FUSION_SHARE = 0.5
+OPTIMIZER = ("optimizer_per_parameter", "optimizer_foreach")
+LABEL = {"elementwise": "elementwise", "norm": "norms", "softmax_loss": "softmax / loss", "casts": "casts",
+         "copies": "copies", "reductions": "reductions", "embedding": "embedding", "optimizer_fused": "optimizer (fused)",
+         "optimizer_foreach": "optimizer (foreach)", "optimizer_per_parameter": "optimizer (per-parameter)", "other": "other"}
+
+FIX_OPT = "optimizer = torch.optim.AdamW(model.parameters(), lr=lr, fused=True)  # one fused kernel per group\n"
+FIX_FSDP2 = """# fuse the elementwise / norm / softmax chains between the matmuls: compile each block
+for block in model.layers:
+    block.compile()
+# fused RMSNorm / RoPE / SwiGLU / cross-entropy where compile does not fuse them, e.g. Liger Kernel:
+# from liger_kernel.transformers import LigerRMSNorm, LigerFusedLinearCrossEntropyLoss
+"""
+FIX_FSDP1 = """# fuse the elementwise / norm / softmax chains between the matmuls
+model = FSDP(model, auto_wrap_policy=policy, use_orig_params=True)   # compile needs the original parameters
+model = torch.compile(model)
+"""
+FIX_ANY = """# fuse the elementwise / norm / softmax chains between the matmuls
+model = torch.compile(model)
+"""
+
+
+def check(facts, cfg):
+    e = facts.efficiency
+    step = step_ms(facts)
+    if e is None or not facts.gpu_present or not step or facts.workload == "inference":
+        return []
+    other = e.parts_ms["other_kernels"]
+    if 100 * other / step < cfg["waterfall_min_part_pct"]:
+        return []
+    fam = e.other_kernels_ms
+    fusable = sum(fam.get(k, 0.0) for k in FUSABLE) if facts.fsdp.compiled is not True else 0.0
+    opt_ms = sum(fam.get(k, 0.0) for k in OPTIMIZER)
+    optimizer = e.optimizer in ("per-parameter", "foreach") and opt_ms > 0
+    replayed = replayed_saving(facts, REPLAY_FIX) if optimizer else None
+    if optimizer:
+        saving, kind = (replayed if replayed is not None else opt_ms * (1 - 1 / 3)), "optimizer"
+    else:
+        saving, kind = FUSION_SHARE * fusable, "fusion"
+    # the fix must pay: a saving of at least a warning's share of the step, the fusion lever on a
+    # material part of it
+    if 100 * saving / step < cfg["severity_warning_pct"] or (kind == "fusion" and 100 * fusable / step < cfg["waterfall_min_part_pct"]):
+        return []
+    top = sorted(fam.items(), key=lambda kv: -kv[1])
+    evidence = [f"kernels that are not matmuls or attention: {ms(other)} per step = {of_step(facts, other)}: "
+                + ", ".join(f"{LABEL.get(k, k)} {ms(v)}" for k, v in top[:6] if v >= 0.005)]
+    if optimizer:
+        evidence.append(f"the optimizer step runs {e.optimizer} kernels: {e.optimizer_kernels_per_step:,.0f} a step taking "
+                        f"{ms(opt_ms)} of GPU time; AdamW(fused=True) runs one kernel per parameter group")
+        if replayed is not None:
+            evidence.append(replay_evidence(facts, REPLAY_FIX, "a fused optimizer step"))
+        if fusable:
+            evidence.append(f"not counted in the saving: torch.compile's fusion of {ms(fusable)} of elementwise / norm / "
+                            f"softmax kernels (about half of it, an estimate)")
+        summary = (f"The optimizer runs {e.optimizer_kernels_per_step:,.0f} {e.optimizer} kernels a step: "
+                   f"AdamW(fused=True) saves about {ms(saving)} ({pct(100 * saving / step)} of the step).")
+    else:
+        evidence.append(f"fusable by torch.compile: {ms(fusable)} of elementwise / norm / softmax / cast kernels; the "
+                        f"saving assumes {FUSION_SHARE:.0%} of it goes (an estimate)")
+        summary = (f"Kernels that are not matmuls take {ms(other)} ({pct(100 * other / step)} of the step); fusing the "
+                   f"elementwise, norm and softmax chains saves about {ms(saving)}.")
+    if e.optimizer == "fused":
+        evidence.append("the optimizer step is fused already")
+    fix = fix_for(facts, fsdp2=(FIX_OPT if optimizer else "") + FIX_FSDP2, fsdp1=(FIX_OPT if optimizer else "") + FIX_FSDP1,
+                  ddp=(FIX_OPT if optimizer else "") + FIX_ANY, training=(FIX_OPT if optimizer else "") + FIX_ANY)
+    f = finding(__name__, summary, evidence=evidence,
+                cause=("the optimizer step is not fused" if optimizer else
+                       "elementwise, norm and softmax kernels run one by one between the matmuls"),
+                fix=fix, confidence=0.6, est_saving_ms=saving)
+    f.saving_kind = f"{SLUG}/{kind}"
+    return [f]
