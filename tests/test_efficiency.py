@@ -22,6 +22,7 @@ import fsdpdoctor
 from fsdpdoctor.facts_efficiency import PARTS
 
 from conftest import public_trace_files
+from fixtures.scenarios.waterfall_truth import union as _union  # the generator truth's plain interval union (no fsdpdoctor code)
 from test_compute import model_flops
 
 REC = Path(__file__).resolve().parents[1] / "fixtures" / "recorded"
@@ -37,16 +38,6 @@ def _events(path: Path) -> list[dict]:
     with gzip.open(path, "rt") as fh:
         doc = json.load(fh)
     return [e for e in (doc["traceEvents"] if isinstance(doc, dict) else doc) if e.get("ph") == "X"]
-
-
-def _union(iv: list[tuple[float, float]]) -> list[list[float]]:
-    out: list[list[float]] = []
-    for a, b in sorted(iv):
-        if out and a <= out[-1][1]:
-            out[-1][1] = max(out[-1][1], b)
-        else:
-            out.append([a, b])
-    return out
 
 
 def raw_idle(path: Path) -> dict | None:
