@@ -214,3 +214,30 @@ def test_recompute_counts_every_rerun_op_on_the_public_checkpointed_trace(shared
     1.37 ms a step on it (issue #32); the GEMM / convolution ops alone give 1.20 ms."""
     e = analyzed(shared_traces / "tracelens-mi300-ddp" / "resnet_act_checkpoint.json.gz").facts.efficiency
     assert e.parts_ms["recompute"] == pytest.approx(1.37, rel=0.05)
+
+
+def test_a_given_peak_resplits_the_parts(analyzed):
+    """--peak-tflops: the at-peak parts are the same FLOPs at the given peak, the parts still add up
+    to the step, and their share is the MFU against that peak."""
+    base = analyzed(REC / "gpu-h200" / "gpt2-bf16-b96").facts.efficiency
+    rep = fsdpdoctor.analyze(REC / "gpu-h200" / "gpt2-bf16-b96", config={"peak_tflops": 500.0})
+    e = rep.facts.efficiency
+    assert e.peak_tflops == 500.0
+    assert e.parts_ms["matmul_at_peak"] == pytest.approx(base.parts_ms["matmul_at_peak"] * 989 / 500, rel=1e-9)
+    assert sum(e.parts_ms.values()) == pytest.approx(rep.facts.step_clock_ms, rel=1e-6)
+    assert e.parts_ms["gpu_idle"] == pytest.approx(base.parts_ms["gpu_idle"], rel=1e-9)
+    assert e.mfu_pct == pytest.approx(rep.facts.compute.mfu_pct, rel=1e-6)
+
+
+def test_compare_splits_the_change_by_the_parts_first(analyzed):
+    """The checkpointed GPT-2 run against its twin: the parts' deltas add up to the step-time
+    change, and the recompute part carries most of it."""
+    from fsdpdoctor.analysis.compare import compare
+
+    ac, plain = (analyzed(REC / "gpu-h200" / v) for v in ("gpt2-bf16-b96-ac", "gpt2-bf16-b96"))
+    c = compare(ac.facts, plain.facts, ac.findings, plain.findings)
+    assert list(c.waterfall) == list(PARTS)
+    assert sum(a - b for b, a in c.waterfall.values()) == pytest.approx(c.step_time_delta_ms, rel=1e-6, abs=1e-6)
+    deltas = {k: a - b for k, (b, a) in c.waterfall.items()}
+    assert min(deltas, key=deltas.get) == "recompute"
+    assert deltas["matmul_at_peak"] == pytest.approx(0.0, abs=1e-6)  # the same model FLOPs
