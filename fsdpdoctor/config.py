@@ -61,6 +61,7 @@ THRESHOLDS: dict[str, tuple[float, str]] = {
     "waterfall_min_part_pct": (5.0, "the waterfall's rules (gpu-starved-by-hooks, non-matmul-kernels, sync-in-step, matmul-shapes-below-peak): their part of the step is material from this %"),
     "hook_idle_min_pct": (3.0, "gpu-starved-by-hooks: GPU idle while the launching thread is inside FSDP hooks, as % of the step"),
     "sync_drain_min_pct": (1.0, "sync-in-step: GPU idle after synchronizations that drained the launch queue, as % of the step"),
+    "fusion_min_pct": (15.0, "non-matmul-kernels: elementwise, norm, softmax and cast kernels this % of the step before torch.compile's fusion is named a lever (where the optimizer's is not)"),
     "gemm_flagged_min_pct": (2.0, "matmul-shapes-below-peak: below-peak time of misaligned or small matmul shapes, as % of the step"),
 }
 

@@ -103,11 +103,14 @@ def check(facts, cfg):
         evidence.append(f"memory headroom: the peak reserved {mib(p.peak_reserved_bytes)} is {pct(p.used_pct)} of the "
                         f"{mib(p.capacity_bytes)} {'budget' if p.capacity_source == 'budget' else 'GPU'}: a micro-batch up to "
                         f"~{grow:.0f}× larger fits (more GPU work per hook)")
+        k = min(int(grow), 8)
+        fix = {key: f"batch_size = bs * {k}  # activations could grow ~{grow:.0f}x before 80% of memory; grow in steps\n" + code
+               for key, code in fix.items()}
     top = max(e.hooks, key=lambda h: h.gpu_wait_ms_per_step, default=None)
     where = {"unit": top.unit, "hook": top.hook} if top is not None else {}
     return [finding(
         __name__,
-        f"The GPU waits {ms(waited)} per step ({pct(100 * waited / step)}) for FSDP's hooks on the CPU: "
+        f"The GPU waits {ms(waited)} per step ({of_step(facts, waited)}) for FSDP's hooks on the CPU: "
         f"{_per_unit(e.hooks)}.",
         evidence=evidence,
         cause="FSDP's Python hooks take longer on the CPU than the GPU work of the unit before them",

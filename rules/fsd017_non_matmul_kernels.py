@@ -31,7 +31,7 @@ Known problems
     lever applies, the saving counts it alone and states the fusion's bound beside it.
 """
 
-from fsdpdoctor.fmt import ms, pct
+from fsdpdoctor.fmt import ms
 
 from ._util import finding, fix_for, of_step, replay_evidence, replayed_saving, step_ms
 
@@ -39,7 +39,7 @@ CODE = "FSD017"
 SLUG = "non-matmul-kernels"
 TITLE = "Kernels that are not matmuls take much of the step, and a fix can fuse them"
 SEVERITY = "warning"
-THRESHOLDS = ("waterfall_min_part_pct", "severity_warning_pct")
+THRESHOLDS = ("waterfall_min_part_pct", "severity_warning_pct", "fusion_min_pct")
 REPLAY_FIX = "fused_optimizer"
 
 EXPLAINS = {"gpu": [("compute", None)], "cpu": [("cpu_optimizer", None)]}
@@ -90,7 +90,7 @@ def check(facts, cfg):
         saving, kind = FUSION_SHARE * fusable, "fusion"
     # the fix must pay: a saving of at least a warning's share of the step, the fusion lever on a
     # material part of it
-    if 100 * saving / step < cfg["severity_warning_pct"] or (kind == "fusion" and 100 * fusable / step < cfg["waterfall_min_part_pct"]):
+    if 100 * saving / step < cfg["severity_warning_pct"] or (kind == "fusion" and 100 * fusable / step < cfg["fusion_min_pct"]):
         return []
     top = sorted(fam.items(), key=lambda kv: -kv[1])
     evidence = [f"kernels that are not matmuls or attention: {ms(other)} per step = {of_step(facts, other)}: "
@@ -104,11 +104,11 @@ def check(facts, cfg):
             evidence.append(f"not counted in the saving: torch.compile's fusion of {ms(fusable)} of elementwise / norm / "
                             f"softmax kernels (about half of it, an estimate)")
         summary = (f"The optimizer runs {e.optimizer_kernels_per_step:,.0f} {e.optimizer} kernels a step: "
-                   f"AdamW(fused=True) saves about {ms(saving)} ({pct(100 * saving / step)} of the step).")
+                   f"AdamW(fused=True) saves about {ms(saving)} ({of_step(facts, saving)}).")
     else:
         evidence.append(f"fusable by torch.compile: {ms(fusable)} of elementwise / norm / softmax / cast kernels; the "
                         f"saving assumes {FUSION_SHARE:.0%} of it goes (an estimate)")
-        summary = (f"Kernels that are not matmuls take {ms(other)} ({pct(100 * other / step)} of the step); fusing the "
+        summary = (f"Kernels that are not matmuls take {ms(other)} ({of_step(facts, other)}); fusing the "
                    f"elementwise, norm and softmax chains saves about {ms(saving)}.")
     if e.optimizer == "fused":
         evidence.append("the optimizer step is fused already")

@@ -26,7 +26,7 @@ Known problems
     is not counted.
 """
 
-from fsdpdoctor.fmt import ms, pct
+from fsdpdoctor.fmt import ms
 
 from ._util import finding, of_step, step_ms
 
@@ -71,7 +71,7 @@ def check(facts, cfg):
     return [finding(
         __name__,
         f"Synchronizations inside the step ({top}{' …' if len(sites) > 1 else ''}) leave the GPU idle "
-        f"{ms(drained)} per step ({pct(100 * drained / step)}).",
+        f"{ms(drained)} per step ({of_step(facts, drained)}).",
         evidence=evidence,
         cause="GPU values read back on the CPU inside the step (.item(), .cpu(), explicit synchronizations)",
         fix={"any": FIX},

@@ -406,8 +406,11 @@ def _real_comparison(before: Path, after: Path):
 
 def _check_real_comparison(cmp) -> str:
     page = render_comparison(cmp)
-    assert_self_contained(page, n_figures=1)
     d = comparison_dict(cmp)
+    # the change by compare's components, and (GPU runs) by the waterfall's parts
+    assert_self_contained(page, n_figures=2 if d["waterfall_ms"] else 1)
+    if d["waterfall_ms"]:
+        assert sum(p["delta_ms"] for p in d["waterfall_ms"].values()) == pytest.approx(d["step_time_delta_ms"], abs=1e-6)
     before, parts, after, total = comparison_parts(cmp)
     assert before == pytest.approx(d["step_time_before_ms"]) and after == pytest.approx(d["step_time_after_ms"])
     assert total == pytest.approx(d["step_time_delta_ms"])
