@@ -291,6 +291,22 @@ class FsdpFacts:
         units do not say (placeholder names, per-linear units, one unit)."""
         return block_container([u.fqn for u in self.units if u.named])
 
+    def fix_applies(self, fix: str) -> bool:
+        """Whether the configuration the trace shows leaves room for a what-if fix (the replay's
+        transformation of that name, :mod:`fsdpdoctor.analysis.whatif.fixes`): decided here once,
+        for the replay (which transformations to run) and the rules (whether to fire)."""
+        is_fsdp = self.version in (1, 2)
+        return {
+            "prefetch": self.backward_prefetch in ("NONE", "BACKWARD_POST"),
+            "pin": self.cpu_offload.pageable_count > 0,
+            "offload_off": self.cpu_offload.detected,
+            "rate_limiter_off": self.version == 1 and self.rate_limiter_ms_per_step > 0,
+            # known to be off (None: the trace does not say, e.g. no collective to read a dtype from)
+            "mixed_precision": is_fsdp and self.mixed_precision is False,
+            "wrap": is_fsdp,
+            "hooks_off": is_fsdp,
+        }.get(fix, True)
+
 
 @dataclass(slots=True)
 class ParallelismFacts:
@@ -364,6 +380,12 @@ class ComputeFacts:
     dtype_mfu_pct: float | None = None
     ops_with_shapes: int = 0
     ops_without_shapes: int = 0
+
+    @property
+    def fp32_share_pct(self) -> float:
+        """% of GEMM + attention kernel time on fp32 engines (CUDA cores, or fp32 of no known
+        engine): what the tensor-core fix can move."""
+        return self.dtype_mix.get("fp32-simt", 0.0) + self.dtype_mix.get("fp32", 0.0)
 
 
 @dataclass(slots=True)

@@ -56,7 +56,7 @@ def _optimizer_ms(facts) -> float:
 
 def check(facts, cfg):
     off = facts.fsdp.cpu_offload
-    if not is_fsdp(facts) or not off.detected:
+    if not is_fsdp(facts) or not facts.fsdp.fix_applies("offload_off"):
         return []
     evidence = [off.evidence]
     if not facts.gpu_present:

@@ -61,7 +61,7 @@ def check(facts, cfg):
     c = facts.compute
     if c is None or not facts.gpu_present or not c.tensor_cores:
         return []
-    fp32 = sum(c.dtype_mix.get(e, 0.0) for e in FP32)
+    fp32 = c.fp32_share_pct
     if fp32 < cfg["wrong_engine_min_pct"]:
         return []
     fp32_ms = sum(c.engine_ms_per_step.get(e, 0.0) for e in FP32)
