@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..facts import MemoryFacts
+from ...facts import MemoryFacts
+from .curve import CURVE_POINTS
 
 CUDA_DEVICE_TYPE = 1
-CURVE_POINTS = 500
 
 
 def memory_from_events(path: str, events: np.ndarray) -> MemoryFacts | None:
