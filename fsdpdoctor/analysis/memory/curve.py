@@ -1,4 +1,6 @@
-"""The allocated / reserved curve the reports draw: at most ``CURVE_POINTS`` points."""
+"""The allocated / reserved curve the reports draw, from a snapshot's replay or a trace's
+``[memory]`` events alike: at most ``CURVE_POINTS`` points, each bucket's highest, so that the
+peak of every step survives, not only the global one."""
 
 from __future__ import annotations
 
