@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 
 from ...facts import MEMORY_CATEGORIES as CATEGORIES
-from ...facts import MemoryFacts
+from ...facts import AllocatorSettings, MemoryFacts
 from ...ingest.snapshot import (
     TIMELINE_CATEGORIES,
     MemoryTimeline,
@@ -18,6 +18,7 @@ from ...ingest.snapshot import (
     snapshot_from_object,
 )
 from .allocator import Replay, replay, state_series
+from .checkpointing import detect as detect_checkpointing
 from .categorize import TIMELINE_TO_CATEGORY, Labels, event_phases, event_times, label_blocks
 from .curve import downsample
 from .stacks import OPT, PH_BACKWARD, PH_FORWARD, PH_OPTIM, PH_RECOMPUTE, PHASE_NAMES, RS, StackCache
@@ -130,9 +131,35 @@ def _analyze_device(snap: Snapshot, device: int) -> MemoryFacts:
         curve=downsample(x, alloc, None if r.pseudo else r.reserved, unit),
         notes=notes,
     )
+    ckpt = detect_checkpointing([stacks(e.get("frames")) for e in trace], [e["action"] for e in trace], phase)
+    facts.activation_checkpointing = ckpt.verdict
+    facts.checkpointed_blocks, facts.forward_blocks = ckpt.checkpointed, ckpt.blocks
+    if ckpt.verdict in ("partial", "selective", "full"):
+        cat = np.array(labels.category)
+        unchecked = np.zeros(len(cat), dtype=bool)
+        traced = r.alloc_idx >= 0
+        unchecked[traced] = ckpt.unchecked_events[r.alloc_idx[traced]]
+        facts.activations_unchecked_bytes = int(r.size[live & unchecked & (cat == "activations")].sum())
     if r.ooms:
         facts.oom = _oom(r, trace, labels, alloc, pend, r.ooms, device, times)
     return facts
+
+
+def allocator_settings(snap: Snapshot) -> AllocatorSettings | None:
+    """The allocator settings the snapshot recorded (torch >= 2.3), None when it has none."""
+    s = snap.allocator_settings
+    if not s:
+        return None
+    split = s.get("max_split_size")
+    gc = s.get("garbage_collection_threshold")
+    conf = s.get("PYTORCH_CUDA_ALLOC_CONF")
+    expandable = s.get("expandable_segments")
+    return AllocatorSettings(
+        expandable_segments=expandable if isinstance(expandable, bool) else None,
+        max_split_size_bytes=split if isinstance(split, int) and not isinstance(split, bool) and split > 0 else None,
+        garbage_collection_threshold=float(gc) if isinstance(gc, (int, float)) and not isinstance(gc, bool) else None,
+        alloc_conf=conf if isinstance(conf, str) else None,
+    )
 
 
 def _oom(r: Replay, trace, labels: Labels, alloc, pend, ooms: list[dict], device: int, times) -> dict:
@@ -166,6 +193,7 @@ def _oom(r: Replay, trace, labels: Labels, alloc, pend, ooms: list[dict], device
         "categories": _categories(live, r, labels),
         "top_sites": _top_sites(live, r, labels),
         "explanation": why,
+        "statement": labels.statement.as_dict(r.size) if labels.statement is not None else None,
     }
 
 
@@ -245,6 +273,7 @@ def analyze_snapshot(snap: Snapshot) -> MemoryFacts:
     ]
     if best.oom is None:
         best.oom = next((f.oom for f in per if f.oom is not None), None)
+    best.allocator_settings = allocator_settings(snap)
     return best
 
 

@@ -14,6 +14,7 @@ import numpy as np
 
 from ...facts import MEMORY_CATEGORIES as CATEGORIES
 from .allocator import NEVER, Replay, round_size
+from .statement import Statement, failing_statement
 from .stacks import (
     OPT,
     OPTIM_STATES,
@@ -25,7 +26,6 @@ from .stacks import (
     PH_UNKNOWN,
     PHASE_NAMES,
     RS,
-    Stack,
     StackCache,
 )
 
@@ -151,6 +151,7 @@ class Labels:
     fsdp: str | None
     world_size: int | None
     attributed: dict[str, int]  # pre-existing bytes per category (all pre-existing blocks)
+    statement: Statement | None = None  # the statement of the last OOM
 
 
 def _forward_fates(
@@ -184,30 +185,6 @@ def _forward_fates(
         if open_ended[b] and crossed[b]:
             fates[b] = True
     return fates
-
-
-def _failing_statement_temps(r: Replay, ev: list[Stack], st: list[Stack], open_ended: np.ndarray,
-                             traced: np.ndarray) -> set[int]:
-    """Blocks the statement that ran out of memory allocated from the user's own line (a cast such
-    as ``logits.float()``, an elementwise op: no torch frame) and still held at the OOM: that
-    statement's intermediates, which it frees once it completes (autograd keeps what torch's
-    functions return, such as a log-softmax output, not these), so temporaries, however large.
-
-    The statement is the run of trace events up to the OOM whose innermost user frame is the OOM's
-    (frameless events, which C++ code records, inside the run)."""
-    if not r.ooms:
-        return set()
-    i = int(r.ooms[-1]["index"])
-    site = ev[i].site if 0 <= i < len(ev) else None
-    if site is None:
-        return set()
-    j = i
-    while j > 0 and ev[j - 1].site in (site, None):
-        j -= 1
-    return {
-        b for b in traced.tolist()
-        if open_ended[b] and j <= r.alloc_idx[b] < i and st[b].user_only and st[b].site == site
-    }
 
 
 def _concatenated_grads(r: Replay, candidates: np.ndarray) -> set[int]:
@@ -305,7 +282,8 @@ def label_blocks(r: Replay, stacks: StackCache, phase: np.ndarray, trace: list[d
                     last_kept[sz] = b
     cat_sizes = {rounded[b] for b in cat_grads}
     rs_input_sizes = {rounded[b] for b in rs_inputs}
-    stmt_temps = _failing_statement_temps(r, ev, st, open_ended, traced)
+    statement = failing_statement(r, ev, st, phase)
+    stmt_temps = statement.temporaries if statement is not None else set()
 
     def lifetime(b: int, ph: int, default_long: bool) -> bool:
         """Whether block b outlives its phase."""
@@ -354,7 +332,7 @@ def label_blocks(r: Replay, stacks: StackCache, phase: np.ndarray, trace: list[d
     for b in np.flatnonzero(pre):
         site[b] = site[b] or "<allocated before recording>"
     attributed = _attribute_pre_existing(r, cats, pre, fsdp, world_size, optimizers, phase)
-    return Labels(cats, site, pre, fsdp, world_size, attributed)
+    return Labels(cats, site, pre, fsdp, world_size, attributed, statement)
 
 
 def _shard_divisor(unsharded: set[int], pre_sizes: Counter) -> int | None:

@@ -4,6 +4,13 @@ allocation site (the innermost user line, else the innermost Python line).
 
 Frames are innermost first. Match on (path suffix, function name), never on line numbers; ``\\``
 is normalised to ``/`` (Windows snapshots exist). See ``notes/memory-categorization.md``.
+
+Stacks come as the recorder wrote them: ``stacks="python"`` gives Python frames only;
+``stacks="all"`` (torchtitan's memory profiler, for one) adds C++ frames (``torch::``, ``c10::``,
+``at::``, ``??``; line 0, or a ``.cpp`` / ``.h`` file and line where symbols were found) and
+CPython's own C frames (``cfunction_call (Objects/methodobject.c:543)``, ``_PyEval_EvalFrameDefault``)
+between and after the Python ones. Sites, labels, phases and statements are read from the
+Python frames only; the C++ op (``at::_ops::_log_softmax::call``) is kept as the allocation's op.
 """
 
 from __future__ import annotations
@@ -112,6 +119,17 @@ _RECOMPUTE_FUNCS = {"unpack_hook", "recompute_fn", "_recompute", "backward"}
 _CPP_BACKWARD = re.compile(
     r"torch::autograd::(Engine::|generated::\w+Backward|AccumulateGrad)|^<built-in method run_backward "
 )
+#: source files that are not Python: C / C++ / CUDA sources and headers (CPython's ``Objects/*.c``,
+#: ``Python/*.c``, ``Include/cpython/*.h``, generated ``*.c.h``; torch's ``*.cpp``)
+_NATIVE_SUFFIXES = (".c", ".cc", ".cpp", ".cxx", ".h", ".hh", ".hpp", ".hxx", ".cu", ".cuh", ".inl", ".inc", ".S", ".s")
+#: the ATen operator a C++ frame runs (``at::_ops::_log_softmax::call(...)``)
+_CPP_OP = re.compile(r"\bat::_ops::(\w+)::(?:call|redispatch)\b")
+#: ops that only hand out memory for another op: the op above them names the allocation
+_ALLOCATION_OPS = {"empty", "empty_strided", "empty_like", "new_empty", "new_empty_strided", "resize_", "empty_memory_format"}
+#: torch/utils/checkpoint.py and checkpoint_wrapper.py frames a checkpointed forward runs under
+_CHECKPOINT_FORWARD = {"checkpoint", "forward", "apply", "_checkpoint_without_reentrant_generator", "checkpoint_sequential"}
+#: selective activation checkpointing: the policy's dispatch modes (torch >= 2.4)
+_SELECTIVE_FUNCS = {"__torch_dispatch__", "_policy_from_bool", "create_selective_checkpoint_contexts"}
 # _memory_viz._profile_to_snapshot writes Python frames as {"filename": "none", "line": 0, "name": "path(line): func"}
 _PROFILER_FRAME = re.compile(r"^(?P<path>[^()]+\.py)\((?P<line>\d+)\): (?P<func>.+)$")
 
@@ -141,9 +159,23 @@ class FrameInfo:
     optimizer: str | None  # torch.optim file stem
     autograd: bool = False  # torch/autograd/ code (custom Function.backward runs under it)
     script: bool = False  # a script's top level (`<module>`): the bottom of a main-thread stack
+    path: str = ""  # normalised file name
+    name: str = ""
+    line: int = 0
+    op: str | None = None  # the ATen op a C++ frame runs (allocation primitives left out)
+    module_call: bool = False  # torch/nn/modules/module.py's _call_impl: a module's forward below it
+    checkpoint: bool = False  # a checkpointed forward runs below it (torch.utils.checkpoint, checkpoint_wrapper)
+    selective: bool = False  # selective checkpointing's policy dispatch
 
 
-def _short_path(path: str) -> str:
+def is_native(path: str, name: str, line: int) -> bool:
+    """A C / C++ / CPython frame (not Python): no line, no file (``??``), a C source or header
+    (``Objects/methodobject.c``, ``/build/Python-3.12.3/Python/ceval.c``, ``cpython/abstract.h``,
+    ``torch/csrc/...cpp``), or a C++ symbol (``c10::``, ``at::``, ``torch::``)."""
+    return line <= 0 or path in ("??", "") or path.endswith(_NATIVE_SUFFIXES) or "/build/Python-" in path or "::" in name
+
+
+def short_path(path: str) -> str:
     if "site-packages/" in path:
         return path.rsplit("site-packages/", 1)[1]
     if path.startswith("torch/"):
@@ -160,7 +192,7 @@ def frame_info(filename: str, name: str, line: int) -> FrameInfo:
     if line == 0 and filename in ("none", "") and (m := _PROFILER_FRAME.match(name)):
         filename, name, line = m["path"], m["func"], int(m["line"])
     path = filename.replace("\\", "/")
-    python = line > 0
+    python = not is_native(path, name, line)
     base = path.rsplit("/", 1)[-1]
     label = None
     phase = PH_UNKNOWN
@@ -195,9 +227,29 @@ def frame_info(filename: str, name: str, line: int) -> FrameInfo:
             phase = PH_FORWARD
     elif not python and _CPP_BACKWARD.search(name):
         phase = PH_BACKWARD
-    site = f"{name} ({_short_path(path)}:{line})" if python else name
+    site = f"{name} ({short_path(path)}:{line})" if python else name
+    op = None
+    if not python and (m := _CPP_OP.search(name)) and m[1] not in _ALLOCATION_OPS:
+        op = m[1]
+    torch_py = python and in_torch
+    ckpt_file = path.endswith(("torch/utils/checkpoint.py", "_checkpoint/checkpoint_wrapper.py"))
     return FrameInfo(
-        label, phase, python, in_torch, site, fsdp, optimizer, python and "torch/autograd/" in path, name == "<module>"
+        label,
+        phase,
+        python,
+        in_torch,
+        site,
+        fsdp,
+        optimizer,
+        python and "torch/autograd/" in path,
+        name == "<module>",
+        path=path,
+        name=name,
+        line=line,
+        op=op,
+        module_call=torch_py and path.endswith("torch/nn/modules/module.py") and name in ("_call_impl", "_wrapped_call_impl"),
+        checkpoint=torch_py and ckpt_file and name in _CHECKPOINT_FORWARD,
+        selective=torch_py and path.endswith("torch/utils/checkpoint.py") and name in _SELECTIVE_FUNCS,
     )
 
 
@@ -217,6 +269,9 @@ class Stack:
     # Python frames, none of them in torch: the user's own line allocated it (a cast, an
     # elementwise op, a tensor creation), not a module, a functional or an optimizer
     user_only: bool = False
+    op: str | None = None  # the innermost ATen op of its C++ frames (stacks="all"), allocation primitives left out
+    # the Python frames, innermost first (C, C++ and CPython frames left out)
+    py: tuple[FrameInfo, ...] = ()
 
 
 NO_STACK = Stack()
@@ -243,6 +298,8 @@ def summarize(key: tuple) -> Stack:
         and any(i.script for i in infos if i.python)
         and not any(i.autograd for i in infos),
         user_only=any(i.python for i in infos) and not any(i.in_torch for i in infos if i.python),
+        op=next((i.op for i in infos if i.op), None),
+        py=tuple(i for i in infos if i.python),
     )
 
 
