@@ -191,7 +191,8 @@ def check(facts, cfg):
         if stmt_fix is not None:
             fix = {"any": stmt_fix, **({"allocator": fix["any"]} if kind in ("fragmentation", "cache") and fix else {})}
     elif st:
-        summary = f"Out of memory requesting {mib(req)} at `{st['function']}` ({st['file']}:{st['line']}): {cause.split(';')[0]}."
+        where = f"`{st['function']}` ({st['file']}:{st['line']})"
+        summary = f"Out of memory requesting {mib(req)} at {where}: {cause.split(';')[0]}."
     if not fix:
         fix = {"any": "# expandable_segments is already on: reduce the largest requests (see the evidence)"}
     fix = {k: name_blocks(facts, code) for k, code in fix.items()}

@@ -99,3 +99,12 @@ def test_plain_trace_folders_are_not_dump_folders():
     from fsdpdoctor.ingest.layouts import dump_folder
 
     assert dump_folder(GPU / "fsdp2") is None and dump_folder(GPU) is None
+
+
+def test_traces_in_the_folder_snapshots_in_iteration_folders(tmp_path):
+    """A run that keeps its traces in the folder itself and torchtitan-style snapshot folders below."""
+    _gunzip(GPU / "fsdp2" / "rank0.json.gz", tmp_path / "rank0.json")
+    _gunzip(GPU / "fsdp2" / "rank0.memory.pickle.gz", tmp_path / "memory_snapshot" / "iteration_4" / "rank0_memory_snapshot.pickle")
+    f = fsdpdoctor.analyze(tmp_path).facts
+    assert Path(f.inputs[0].path).name == "rank0.json"
+    assert Path(f.memory.path).parent.name == "iteration_4"

@@ -282,3 +282,21 @@ def test_fragmentation_advice_knows_expandable_segments(on):
     assert ("already on" in f.summary) is on
     assert ("already on" in f.fix["any"]) is on
     assert f"expandable_segments {'on' if on else 'off'}" in " ".join(f.evidence)
+
+
+def test_activation_finding_reads_the_traces_recompute_without_stacks():
+    """No stacks to read (a snapshot without Python frames), but the trace shows forward ops
+    recomputed in backward: checkpointing is on, and the finding does not propose it again."""
+    from fsdpdoctor.config import defaults
+    from fsdpdoctor.facts import MemoryFacts, RunFacts
+    from fsdpdoctor.rules import fsd020_activation_memory_dominates as rule
+
+    cats = dict.fromkeys(MemoryFacts(source="snapshot").categories, 0)
+    cats.update(activations=6 << 30, other=2 << 30)
+    facts = RunFacts(memory=MemoryFacts(source="snapshot", peak_allocated_bytes=8 << 30, categories=cats))
+    (off,) = rule.check(facts, defaults())
+    assert "would free about 4.80 GiB" in off.summary and off.est_saving_bytes == int((6 << 30) * 0.8)
+    facts.fsdp.activation_checkpointing = True
+    (on,) = rule.check(facts, defaults())
+    assert "already on" in on.summary and on.est_saving_bytes is None
+    assert "apply_activation_checkpointing" not in on.fix["any"]

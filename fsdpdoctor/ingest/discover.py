@@ -131,11 +131,8 @@ def discover(
         except OSError:
             st = None
         dump = dump_folder(p, iteration) if st is not None and stat.S_ISDIR(st.st_mode) else None
-        if dump is not None:
-            dumps += 1
-            if not dump.traces:
-                hint = f"; its memory snapshots ({dump.latest_snapshot_iteration}): fsdpdoctor memory {p}" if dump.latest_snapshots else ""
-                raise InputError(p, f"a {dump.layout} dump folder without profile traces{hint}")
+        dumps += dump is not None
+        if dump is not None and dump.traces:
             skipped.extend(dump.skipped)
             found = _traces_among(dump.traces, cycle, skipped)
             if not found:
@@ -149,6 +146,9 @@ def discover(
             except OSError as exc:
                 raise InputError(p, f"cannot list the directory ({exc.strerror or exc})") from None
             found = _traces_among(named, cycle, skipped)
+            if not found and dump is not None:  # iteration folders of snapshots only
+                hint = f" ({dump.latest_snapshot_iteration}): fsdpdoctor memory {p}" if dump.latest_snapshots else ""
+                raise InputError(p, f"a {dump.layout} dump folder without profile traces; its memory snapshots{hint}")
             if not found:
                 raise InputError(p, "directory contains no trace files (*.json, *.json.gz with traceEvents)")
             out.extend(found)
@@ -243,13 +243,15 @@ def snapshots_beside(paths: list[str | Path], iteration: int | None = None) -> l
         s = str(raw)
         p = Path(s)
         dump = dump_folder(p, iteration)
-        if dump is not None:
+        if dump is not None and dump.traces:
             cands = dump.snapshots
         elif p.is_dir():
             try:
                 cands = sorted(q for q in p.iterdir() if q.is_file() and not _is_trace_name(q))
             except OSError:
                 continue
+            if dump is not None:  # traces lie in the folder itself, snapshots in iteration folders below
+                cands += dump.latest_snapshots
         elif not p.exists() and any(ch in s for ch in "*?["):
             cands = sorted(Path(q) for q in glob.glob(s) if Path(q).is_file() and not _is_trace_name(Path(q)))
         else:

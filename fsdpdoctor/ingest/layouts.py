@@ -100,7 +100,8 @@ def torchtitan(root: Path, iteration: int | None = None) -> DumpFolder | None:
         out.snapshots = snaps.get((out.iteration, False)) or snaps.get((out.iteration, True)) or []
         for n in sorted(traces):
             if n != out.iteration:
-                out.skipped.append((str(traces[n][0].parent), f"iteration {n}; iteration {out.iteration} analysed (--iteration N to choose)"))
+                why = f"iteration {n}; iteration {out.iteration} analysed (--iteration N to choose)"
+                out.skipped.append((str(traces[n][0].parent), why))
     if snaps:
         if iteration is not None:
             key = (iteration, False) if (iteration, False) in snaps else (iteration, True)

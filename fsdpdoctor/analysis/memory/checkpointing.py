@@ -71,7 +71,8 @@ def detect(ev: list[Stack], actions: list[str], phase: np.ndarray) -> Checkpoint
         if inner:
             b = py[max(inner)]
             below = py[:q]
-            out = (_key(py[q]), (b.path, b.name), b.line, any(f.checkpoint for f in below), any(f.selective for f in below))
+            ckpt, selective = any(f.checkpoint for f in below), any(f.selective for f in below)
+            out = (_key(py[q]), (b.path, b.name), b.line, ckpt, selective)
         memo[id(s)] = out
         return out
 

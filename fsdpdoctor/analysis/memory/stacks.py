@@ -125,9 +125,12 @@ _NATIVE_SUFFIXES = (".c", ".cc", ".cpp", ".cxx", ".h", ".hh", ".hpp", ".hxx", ".
 #: the ATen operator a C++ frame runs (``at::_ops::_log_softmax::call(...)``)
 _CPP_OP = re.compile(r"\bat::_ops::(\w+)::(?:call|redispatch)\b")
 #: ops that only hand out memory for another op: the op above them names the allocation
-_ALLOCATION_OPS = {"empty", "empty_strided", "empty_like", "new_empty", "new_empty_strided", "resize_", "empty_memory_format"}
+_ALLOCATION_OPS = {
+    "empty", "empty_strided", "empty_like", "new_empty", "new_empty_strided", "resize_", "empty_memory_format"
+}
 #: torch/utils/checkpoint.py and checkpoint_wrapper.py frames a checkpointed forward runs under
-_CHECKPOINT_FORWARD = {"checkpoint", "forward", "apply", "_checkpoint_without_reentrant_generator", "checkpoint_sequential"}
+_CHECKPOINT_FORWARD = {"checkpoint", "forward", "_checkpoint_without_reentrant_generator", "checkpoint_sequential"}
+_MODULE_CALL = ("_call_impl", "_wrapped_call_impl")
 #: selective activation checkpointing: the policy's dispatch modes (torch >= 2.4)
 _SELECTIVE_FUNCS = {"__torch_dispatch__", "_policy_from_bool", "create_selective_checkpoint_contexts"}
 # _memory_viz._profile_to_snapshot writes Python frames as {"filename": "none", "line": 0, "name": "path(line): func"}
@@ -247,7 +250,7 @@ def frame_info(filename: str, name: str, line: int) -> FrameInfo:
         name=name,
         line=line,
         op=op,
-        module_call=torch_py and path.endswith("torch/nn/modules/module.py") and name in ("_call_impl", "_wrapped_call_impl"),
+        module_call=torch_py and path.endswith("torch/nn/modules/module.py") and name in _MODULE_CALL,
         checkpoint=torch_py and ckpt_file and name in _CHECKPOINT_FORWARD,
         selective=torch_py and path.endswith("torch/utils/checkpoint.py") and name in _SELECTIVE_FUNCS,
     )
