@@ -147,6 +147,7 @@ def analyze(
     cycle: int | None = None,
     allow_mixed_runs: bool = False,
     rank_detail: str = "auto",
+    iteration: int | None = None,
 ) -> Report:
     """Analyse traces (files, directories or globs) and return the :class:`Report`.
 
@@ -169,7 +170,9 @@ def analyze(
 
     A directory contributes the files whose content is a trace (other JSON beside them is
     skipped and listed in ``facts.notes``); when ``fsdpdoctor.capture(repeat > 1)`` wrote several
-    profiling cycles, ``cycle`` picks one (default: the last).
+    profiling cycles, ``cycle`` picks one (default: the last). A framework's dump folder
+    (torchtitan's ``job.dump_folder``; :mod:`fsdpdoctor.ingest.layouts`) gives the profile traces
+    of iteration ``iteration`` (default: the latest) and the memory snapshots of that iteration.
 
     Traces that look like different runs (world size, device, backend or NCCL version differ, or
     they start more than an hour apart; :mod:`fsdpdoctor.analysis.runs`) raise an InputError
@@ -190,7 +193,7 @@ def analyze(
     if isinstance(paths, (str, Path)):
         paths = [paths]
     skipped: list[tuple[str, str]] = []
-    files = discover(list(paths), cycle=cycle, skipped=skipped)
+    files = discover(list(paths), cycle=cycle, skipped=skipped, iteration=iteration)
     load = load_ranks(files, jobs=jobs, progress=progress, strict=strict, scheduler=scheduler,
                       **({"detail_ranks": None} if rank_detail == "all" else {}))
     mixed = run_differences(load.ranks)
@@ -218,7 +221,7 @@ def analyze(
         else:
             facts.notes.append(problem)
     fetched: dict[str, str] = {}  # snapshots fetched from object storage: local copy → URL
-    found = [] if memory else _found_snapshots(list(paths), facts, fetched)
+    found = [] if memory else _found_snapshots(list(paths), facts, fetched, iteration)
     try:
         if memory or found:
             attach_memory(facts, memory or found, found=bool(found))
@@ -250,14 +253,23 @@ def analyze(
 MEMORY_SUFFIXES = (".pickle", ".pkl", ".pickle.gz", ".pkl.gz", ".raw.json.gz", ".raw.json")
 
 
-def memory_files(paths: str | Path | Iterable[str | Path]) -> list[Path]:
-    """Snapshot / memory-timeline files named by ``paths`` (files, or directories of them)."""
+def memory_files(paths: str | Path | Iterable[str | Path], iteration: int | None = None) -> list[Path]:
+    """Snapshot / memory-timeline files named by ``paths`` (files, or directories of them). A
+    framework's dump folder (:mod:`fsdpdoctor.ingest.layouts`) gives the snapshots of iteration
+    ``iteration``, by default its latest (an out-of-memory exit's included)."""
+    from .ingest.layouts import dump_folder
+
     if isinstance(paths, (str, Path)):
         paths = [paths]
     out: list[Path] = []
     for raw in paths:
         p = Path(raw)
-        if p.is_dir():
+        dump = dump_folder(p, iteration)
+        if dump is not None:
+            if not dump.latest_snapshots:
+                raise InputError(p, f"a {dump.layout} dump folder without memory snapshots")
+            out.extend(dump.latest_snapshots)
+        elif p.is_dir():
             try:
                 found = sorted(q for q in p.iterdir() if q.is_file() and q.name.endswith(MEMORY_SUFFIXES))
             except PermissionError:
@@ -272,7 +284,7 @@ def memory_files(paths: str | Path | Iterable[str | Path]) -> list[Path]:
     return out
 
 
-def _found_snapshots(paths: list, facts: RunFacts, fetched: dict[str, str]) -> list[Path]:
+def _found_snapshots(paths: list, facts: RunFacts, fetched: dict[str, str], iteration: int | None = None) -> list[Path]:
     """Memory snapshots lying beside the traces (:func:`fsdpdoctor.ingest.discover.snapshots_beside`);
     one in object storage is fetched into a temporary folder under its own name first (``fetched``:
     local copy → URL)."""
@@ -283,7 +295,7 @@ def _found_snapshots(paths: list, facts: RunFacts, fetched: dict[str, str]) -> l
     from .ingest.discover import snapshots_beside
 
     out = []
-    for p in snapshots_beside(paths):
+    for p in snapshots_beside(paths, iteration):
         if not isinstance(p, str):
             out.append(p)
             continue
@@ -301,7 +313,9 @@ def _found_snapshots(paths: list, facts: RunFacts, fetched: dict[str, str]) -> l
     return out
 
 
-def attach_memory(facts: RunFacts, memory: str | Path | Iterable[str | Path], *, found: bool = False) -> None:
+def attach_memory(
+    facts: RunFacts, memory: str | Path | Iterable[str | Path], *, found: bool = False, iteration: int | None = None
+) -> None:
     """Analyse every snapshot; keep the one with the highest peak in ``facts.memory``.
 
     ``found``: the snapshots were found beside the traces, not named with ``--memory``: the
@@ -312,7 +326,7 @@ def attach_memory(facts: RunFacts, memory: str | Path | Iterable[str | Path], *,
 
     best = None
     read = []
-    for f in memory_files(memory):
+    for f in memory_files(memory, iteration):
         try:
             mf = analyze_memory(f)
         except InputError as exc:
@@ -333,10 +347,13 @@ def attach_memory(facts: RunFacts, memory: str | Path | Iterable[str | Path], *,
                            + " found beside the traces and read (no --memory needed)")
 
 
-def analyze_memory_only(memory: str | Path | Iterable[str | Path], config: dict[str, Any] | None = None) -> Report:
-    """A report from memory snapshots alone (``fsdpdoctor memory``)."""
+def analyze_memory_only(
+    memory: str | Path | Iterable[str | Path], config: dict[str, Any] | None = None, iteration: int | None = None
+) -> Report:
+    """A report from memory snapshots alone (``fsdpdoctor memory``); ``iteration`` chooses in a
+    framework's dump folder (default: its latest snapshot)."""
     facts = RunFacts(tool=f"fsdpdoctor {__version__}")
-    attach_memory(facts, memory)
+    attach_memory(facts, memory, iteration=iteration)
     _pressure(facts, config)
     return _checked(Report(facts=facts, findings=run_rules(facts, config)))
 

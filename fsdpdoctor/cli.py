@@ -32,6 +32,8 @@ from .facts import AUTO_FULL_RANKS, RANK_DETAIL
               help="JSON report and baseline: which ranks' per-step and per-collective detail to write. auto: every rank in "
               f"runs of up to {AUTO_FULL_RANKS} ranks, else the ranks that matter (slowest, fastest, straggler, lowest overlap, worst "
               "replay, first); all: every rank (and every rank's collectives); none: none. Every rank has a summary line.")
+@click.option("--iteration", type=click.IntRange(0), default=None, metavar="N",
+              help="A framework's dump folder (torchtitan): the iteration whose traces and snapshots to read (default: the latest).")
 @input_limit_option
 @scale_options
 @guarded
@@ -40,6 +42,7 @@ def analyze(
     settings: tuple[str, ...], disable: tuple[str, ...], save_baseline: Path | None,
     timeline_rank: int | None, timeline_step: int | None, scheduler: str | None, strict: bool, cycle: int | None,
     allow_mixed_runs: bool, brief: bool = False, details: bool = False, rank_detail: str = "auto",
+    iteration: int | None = None,
 ) -> None:
     """Analyse trace files, directories of rank traces, or globs: local paths or URLs
     (s3://, gs://, az://, http(s)://, file://).
@@ -56,6 +59,7 @@ def analyze(
         report = run(
             list(paths), memory=list(memory) or None, jobs=jobs, config=cfg, timeline_step=tl_step, progress=progress,
             scheduler=scheduler, strict=strict, cycle=cycle, allow_mixed_runs=allow_mixed_runs, rank_detail=rank_detail,
+            iteration=iteration,
         )
     warn_partial(report.facts)
     if save_baseline is not None:
@@ -67,14 +71,17 @@ def analyze(
 @click.argument("paths", nargs=-1, required=True)
 @click.option("--format", "fmt", type=click.Choice(["terminal", "markdown", "json"]), default="terminal", show_default=True, help="Report format.")
 @click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path), help="Write the report to FILE.")
+@click.option("--iteration", type=click.IntRange(0), default=None, metavar="N",
+              help="A framework's dump folder (torchtitan): the iteration whose snapshots to read (default: the latest).")
 @input_limit_option
 @memory_budget_option
 @guarded
-def memory(paths: tuple[str, ...], fmt: str, output: Path | None) -> None:
-    """Analyse CUDA memory snapshots (or profiler memory timelines) alone."""
+def memory(paths: tuple[str, ...], fmt: str, output: Path | None, iteration: int | None = None) -> None:
+    """Analyse CUDA memory snapshots (or profiler memory timelines) alone: files, folders of
+    them, or a framework's dump folder (torchtitan's memory_snapshot/iteration_<N>)."""
     from .api import analyze_memory_only
 
-    _emit(analyze_memory_only(list(paths), config=rule_config()), fmt, output, details=True)
+    _emit(analyze_memory_only(list(paths), config=rule_config(), iteration=iteration), fmt, output, details=True)
 
 
 def _emit(report, fmt: str, output: Path | None, *, brief: bool = False, details: bool = False) -> None:

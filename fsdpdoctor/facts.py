@@ -45,6 +45,15 @@ MEMORY_CATEGORIES = (
 
 
 @dataclass(slots=True)
+class AllocatorSettings:
+    """The caching allocator's settings a snapshot recorded (``PYTORCH_CUDA_ALLOC_CONF``, torch >= 2.3)."""
+    expandable_segments: bool | None = None
+    max_split_size_bytes: int | None = None  # None: unlimited (the default)
+    garbage_collection_threshold: float | None = None  # None or 0: off
+    alloc_conf: str | None = None  # PYTORCH_CUDA_ALLOC_CONF as the process saw it
+
+
+@dataclass(slots=True)
 class MemoryFacts:
     """Plain memory facts for one run (one rank's snapshot or memory timeline).
 
@@ -95,6 +104,11 @@ class MemoryFacts:
     oom: dict | None = None
     curve: dict = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
+    activation_checkpointing: str | None = None  # from forward stacks: none/partial/full/selective; None: unknown
+    checkpointed_blocks: int | None = None  # the share is checkpointed_blocks / forward_blocks (one forward pass)
+    forward_blocks: int | None = None
+    activations_unchecked_bytes: int | None = None  # at the peak, from blocks without checkpointing (or selective)
+    allocator_settings: AllocatorSettings | None = None  # as the snapshot recorded them (torch >= 2.3)
 
     def to_dict(self) -> dict:
         d = dataclasses.asdict(self)
@@ -111,8 +125,9 @@ class MemoryFacts:
         if kw.get("oom") is not None:
             kw["oom"] = dict(kw["oom"])
             kw["oom"]["top_sites"] = [(str(s), int(b)) for s, b in kw["oom"].get("top_sites", [])]
+        if isinstance(settings := kw.get("allocator_settings"), dict):
+            kw["allocator_settings"] = AllocatorSettings(**settings)
         return cls(**kw)
-
 
 
 @dataclass(slots=True)

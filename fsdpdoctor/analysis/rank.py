@@ -15,7 +15,7 @@ from .compute import analyze_compute, finish
 from .comms import Collective, assign_roles, find_collectives, issue_rows, parallelism_facts
 from .fsdp import analyze_fsdp
 from .labels import enclosing, label_rows
-from .memory_events import memory_from_events
+from .memory.trace_events import memory_from_events
 from .steps import find_steps
 from .timeline import hta_overlap, step_timeline_backlog
 from .whatif import WhatIfPlan, plan_whatif, run_whatif

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from ..errors import InputError
 from . import fs
+from .layouts import dump_folder
 from .sidecar import SIDECAR_NAME
 
 TRACE_PATTERNS = ("*.json", "*.json.gz")
@@ -86,7 +87,11 @@ def _pick_cycle(found: list[Path], cycle: int | None, skipped: list[tuple[str, s
 
 
 def discover(
-    paths: list[str | Path], *, cycle: int | None = None, skipped: list[tuple[str, str]] | None = None
+    paths: list[str | Path],
+    *,
+    cycle: int | None = None,
+    skipped: list[tuple[str, str]] | None = None,
+    iteration: int | None = None,
 ) -> list[Path | str]:
     """Trace files named by ``paths``, in a stable order, without duplicates.
 
@@ -98,9 +103,13 @@ def discover(
     file named directly is taken as it is (its reader says what is wrong with it). URLs
     (``s3://``, ``gs://``, ``http(s)://``, ``memory://``...; see :mod:`.fs`) are expanded through
     fsspec alike and come back as URL strings; ``file://`` URLs as local Paths.
+
+    A framework's dump folder (:mod:`.layouts`: torchtitan's ``profile_traces/iteration_<N>``)
+    contributes the traces of iteration ``iteration`` (default: the latest).
     """
     skipped = [] if skipped is None else skipped
     out: list[Path | str] = []
+    dumps = 0
     for raw in paths:
         raw = fs.localize(raw)
         if fs.is_url(raw):
@@ -121,7 +130,15 @@ def discover(
             raise InputError(p, "permission denied") from None
         except OSError:
             st = None
-        if st is not None and stat.S_ISDIR(st.st_mode):
+        dump = dump_folder(p, iteration) if st is not None and stat.S_ISDIR(st.st_mode) else None
+        dumps += dump is not None
+        if dump is not None and dump.traces:
+            skipped.extend(dump.skipped)
+            found = _traces_among(dump.traces, cycle, skipped)
+            if not found:
+                raise InputError(p, f"no trace files in iteration {dump.iteration}'s profile traces")
+            out.extend(found)
+        elif st is not None and stat.S_ISDIR(st.st_mode):
             try:
                 named = sorted(q for q in p.iterdir() if q.is_file() and _is_trace_name(q))
             except PermissionError:
@@ -129,6 +146,9 @@ def discover(
             except OSError as exc:
                 raise InputError(p, f"cannot list the directory ({exc.strerror or exc})") from None
             found = _traces_among(named, cycle, skipped)
+            if not found and dump is not None:  # iteration folders of snapshots only
+                hint = f" ({dump.latest_snapshot_iteration}): fsdpdoctor memory {p}" if dump.latest_snapshots else ""
+                raise InputError(p, f"a {dump.layout} dump folder without profile traces; its memory snapshots{hint}")
             if not found:
                 raise InputError(p, "directory contains no trace files (*.json, *.json.gz with traceEvents)")
             out.extend(found)
@@ -144,6 +164,8 @@ def discover(
             out.extend(found)
         else:
             raise InputError(p, "no such file or directory")
+    if iteration is not None and not dumps:
+        raise InputError(" ".join(map(str, paths)), "--iteration chooses among a framework's dump folder's iterations; none given")
     seen: set[Path | str] = set()
     unique = []
     for p in out:
@@ -208,10 +230,10 @@ def _url_listing(url: str) -> list[str]:
         return []
 
 
-def snapshots_beside(paths: list[str | Path]) -> list[Path | str]:
+def snapshots_beside(paths: list[str | Path], iteration: int | None = None) -> list[Path | str]:
     """Memory snapshots in the directories (or among the files a glob matches) that ``paths``
     name, local or URL, recognised by content (:func:`looks_like_snapshot`), in a stable order;
-    URLs come back as URL strings."""
+    URLs come back as URL strings. In a framework's dump folder, those of the traces' iteration."""
     out: list[Path | str] = []
     for raw in paths:
         raw = fs.localize(raw)
@@ -220,11 +242,16 @@ def snapshots_beside(paths: list[str | Path]) -> list[Path | str]:
             continue
         s = str(raw)
         p = Path(s)
-        if p.is_dir():
+        dump = dump_folder(p, iteration)
+        if dump is not None and dump.traces:
+            cands = dump.snapshots
+        elif p.is_dir():
             try:
                 cands = sorted(q for q in p.iterdir() if q.is_file() and not _is_trace_name(q))
             except OSError:
                 continue
+            if dump is not None:  # traces lie in the folder itself, snapshots in iteration folders below
+                cands += dump.latest_snapshots
         elif not p.exists() and any(ch in s for ch in "*?["):
             cands = sorted(Path(q) for q in glob.glob(s) if Path(q).is_file() and not _is_trace_name(Path(q)))
         else:

@@ -140,8 +140,14 @@ def memory_headline(f: RunFacts) -> list[tuple[str, str]]:
         lines.append(("Active peak", f"{mib(m.peak_active_bytes)} (memory_viz: freed blocks still in use on another stream count)"))
     if m.history_missing:
         lines.append(("", "snapshot has no allocation history: categories from segments only"))
+    ac = m.activation_checkpointing
+    if ac is not None:
+        blocks = f" on {m.checkpointed_blocks} of {m.forward_blocks} blocks" if ac != "none" and m.forward_blocks else ""
+        lines.append(("Checkpointing", f"{ac}{blocks} (activation checkpointing, from the allocation stacks)"))
     if m.oom:
-        lines.append(("OOM", f"the run ran out of memory requesting {mib(m.oom.get('requested_bytes') or m.oom.get('size'))} (see the oom finding)"))
+        st = m.oom.get("statement")
+        where = f" in `{st['function']}` ({st['file']}:{st['line']})" if st else ""
+        lines.append(("OOM", f"the run ran out of memory requesting {mib(m.oom.get('requested_bytes') or m.oom.get('size'))}{where} (see the oom finding)"))
     return lines
 
 
