@@ -153,3 +153,27 @@ def test_plan_params_7b_equals_7e9_and_rejects_bytes():
     assert a.returncode == 0 and a.stdout == b.stdout
     bad = run("7GiB")
     assert bad.returncode == 2 and "7GiB" in bad.stderr and "parameter count" in bad.stderr and "Traceback" not in bad.stderr
+
+
+def test_one_size_parser_binary_units():
+    """Sizes are parsed in one place with binary units however they are spelled: plan's --gpu-mem
+    80G used to be 80e9 bytes while --max-input-bytes 80G was 80 GiB."""
+    import subprocess
+    import sys
+
+    from fsdpdoctor.fmt import parse_size
+
+    for text in ("80G", "80GB", "80GiB", "80 gib", "85899345920", "8.589934592e10"):
+        assert parse_size(text) == 80 * 2**30, text
+    for bad in ("", "x", "80Q", "-1G"):
+        with pytest.raises(ValueError):
+            parse_size(bad)
+
+    def plan(mem: str) -> str:
+        r = subprocess.run([sys.executable, "-m", "fsdpdoctor", "plan", "--params", "7B", "--gpus", "8", "--gpu-mem", mem,
+                            "--format", "json"], capture_output=True, text=True, timeout=120)
+        assert r.returncode == 0, r.stderr
+        return r.stdout
+
+    assert plan("80G") == plan("80GiB")
+    assert json.loads(plan("80G"))["inputs"]["gpu_memory_bytes"] == 80 * 2**30
