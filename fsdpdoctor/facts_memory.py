@@ -6,6 +6,8 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 
+import msgspec
+
 
 MEMORY_CATEGORIES = (
     "parameters_sharded",
@@ -27,6 +29,83 @@ class AllocatorSettings:
     max_split_size_bytes: int | None = None  # None: unlimited (the default)
     garbage_collection_threshold: float | None = None  # None or 0: off
     alloc_conf: str | None = None  # PYTORCH_CUDA_ALLOC_CONF as the process saw it
+
+
+@dataclass(slots=True)
+class MemoryCurve:
+    """Allocated and reserved bytes along the run, at most 500 points (each bucket's highest):
+    ``x`` in ``x_unit`` ("time_us" or "event_index"); ``reserved`` None where not recorded."""
+
+    x_unit: str = "event_index"
+    x: list[float] = field(default_factory=list)
+    allocated: list[int] = field(default_factory=list)
+    reserved: list[int | None] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class MemoryDevice:
+    """One device of a snapshot (or of a trace's ``[memory]`` events): its own peak."""
+
+    device: int
+    peak_allocated_bytes: int = 0
+    reserved_at_peak_bytes: int | None = None
+    peak_time_us: float | None = None
+    peak_event_index: int | None = None
+    history_missing: bool = False
+    oom: bool = False
+    events: int | None = None  # trace [memory] events of this device
+
+
+@dataclass(slots=True)
+class OomStatement:
+    """The failing statement of an OOM: the innermost Python line of the failed request's stack,
+    its enclosing function, the lines of the statement, what it is (``kind``: "loss",
+    "activation", "allgather", "optimizer", ...) and the blocks it already held (its
+    temporaries, allocated since it began)."""
+
+    site: str = ""
+    function: str = ""
+    file: str = ""
+    line: int = 0
+    lines: list[int] = field(default_factory=list)
+    kind: str | None = None
+    op: str | None = None
+    first_event_index: int | None = None
+    temporaries: int = 0
+    temporaries_bytes: int = 0
+
+
+#: OomFacts.cause: "outside" (memory held outside PyTorch's allocator exceeds what PyTorch
+#: reserved and the request; needs the device's total from a trace), "fragmentation" (cached free
+#: memory would cover the request, no block is large enough), "cache" (cached free plus device
+#: free would, neither alone), "allocated" (PyTorch's tensors fill the device)
+OOM_CAUSES = ("outside", "fragmentation", "cache", "allocated")
+
+
+@dataclass(slots=True)
+class OomFacts:
+    """An out-of-memory the snapshot recorded (the last, when several), decided once: its cause
+    (:data:`OOM_CAUSES`) from the snapshot's allocator state and, where a trace gives the device's
+    total, the memory held outside PyTorch (:func:`fsdpdoctor.analysis.pressure.judge_oom`)."""
+
+    device: int | None = None
+    count: int = 1
+    event_index: int | None = None
+    time_us: float | None = None
+    requested_bytes: int = 0
+    device_free_bytes: int | None = None
+    allocated_bytes: int = 0
+    reserved_bytes: int = 0
+    pending_free_bytes: int = 0
+    cached_free_bytes: int = 0
+    largest_cached_free_block_bytes: int | None = None
+    categories: dict[str, int] = field(default_factory=dict)
+    top_sites: list[tuple[str, int]] = field(default_factory=list)
+    cause: str = "allocated"
+    explanation: str = ""
+    device_total_bytes: int | None = None  # from the traces' deviceProperties, when known
+    outside_bytes: int | None = None  # device total − free − reserved, when the total is known
+    statement: OomStatement | None = None
 
 
 @dataclass(slots=True)
@@ -52,7 +131,7 @@ class MemoryFacts:
     device: int | None = None
     rank: int | None = None  # the rank the snapshot belongs to (from its file name), when known
     discovered: bool = False  # found beside the traces (not named with --memory)
-    devices: list[dict] = field(default_factory=list)
+    devices: list[MemoryDevice] = field(default_factory=list)
     history_missing: bool = False
     n_events: int = 0
     peak_allocated_bytes: int = 0
@@ -77,8 +156,8 @@ class MemoryFacts:
     end_reserved_bytes: int | None = None
     fsdp_version: str | None = None
     world_size: int | None = None
-    oom: dict | None = None
-    curve: dict = field(default_factory=dict)
+    oom: OomFacts | None = None
+    curve: MemoryCurve = field(default_factory=MemoryCurve)
     notes: list[str] = field(default_factory=list)
     activation_checkpointing: str | None = None  # from forward stacks: none/partial/full/selective; None: unknown
     checkpointed_blocks: int | None = None  # the share is checkpointed_blocks / forward_blocks (one forward pass)
@@ -87,23 +166,12 @@ class MemoryFacts:
     allocator_settings: AllocatorSettings | None = None  # as the snapshot recorded them (torch >= 2.3)
 
     def to_dict(self) -> dict:
-        d = dataclasses.asdict(self)
-        d["top_sites"] = [list(t) for t in self.top_sites]
-        if d["oom"] is not None:
-            d["oom"]["top_sites"] = [list(t) for t in d["oom"].get("top_sites", [])]
-        return d
+        return msgspec.to_builtins(self)
 
     @classmethod
     def from_dict(cls, data: dict) -> MemoryFacts:
         names = {f.name for f in dataclasses.fields(cls)}
-        kw = {k: v for k, v in data.items() if k in names}
-        kw["top_sites"] = [(str(s), int(b)) for s, b in kw.get("top_sites", [])]
-        if kw.get("oom") is not None:
-            kw["oom"] = dict(kw["oom"])
-            kw["oom"]["top_sites"] = [(str(s), int(b)) for s, b in kw["oom"].get("top_sites", [])]
-        if isinstance(settings := kw.get("allocator_settings"), dict):
-            kw["allocator_settings"] = AllocatorSettings(**settings)
-        return cls(**kw)
+        return msgspec.convert({k: v for k, v in data.items() if k in names}, cls)
 
 
 @dataclass(slots=True)

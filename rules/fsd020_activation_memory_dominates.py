@@ -31,7 +31,7 @@ Known problems
 
 from fsdpdoctor.fmt import mib, pct
 
-from ._util import finding, name_blocks, oom_cause
+from ._util import finding, name_blocks
 
 CODE = "FSD020"
 SLUG = "activation-memory-dominates"
@@ -59,7 +59,7 @@ def check(facts, cfg):
     m = facts.memory
     if m is None or not m.peak_allocated_bytes:
         return []
-    if oom_cause(facts)[0] == "outside":  # the run crashed on memory held outside PyTorch: checkpointing cannot help
+    if m.oom is not None and m.oom.cause == "outside":  # the run crashed on memory held outside PyTorch: checkpointing cannot help
         return []
     act = m.categories.get("activations", 0)
     share = 100 * act / m.peak_allocated_bytes

@@ -45,7 +45,7 @@ def check(facts, cfg):
         return []
     ext = m.external_fragmentation_bytes or 0
     res = m.reserved_at_peak_bytes or 0
-    oom_frag = bool(m.oom and str(m.oom.get("explanation", "")).startswith("fragmentation"))
+    oom_frag = m.oom is not None and m.oom.cause == "fragmentation"
     big = res and 100 * ext / res >= cfg["fragmentation_pct"] and ext >= cfg["fragmentation_min_mib"] * 2**20
     if not (oom_frag or big):
         return []
@@ -61,8 +61,8 @@ def check(facts, cfg):
     if oom_frag:
         o = m.oom
         evidence.append(
-            f"OOM: requested {mib(o.get('requested_bytes'))}, cached free {mib(o.get('cached_free_bytes'))}, "
-            f"largest free block {mib(o.get('largest_cached_free_block_bytes'))}"
+            f"OOM: requested {mib(o.requested_bytes)}, cached free {mib(o.cached_free_bytes)}, "
+            f"largest free block {mib(o.largest_cached_free_block_bytes)}"
         )
     return [
         finding(

@@ -44,7 +44,7 @@ Known problems
 
 from fsdpdoctor.fmt import mib
 
-from ._util import finding, name_blocks, oom_cause
+from ._util import finding, name_blocks
 
 CODE = "FSD024"
 SLUG = "oom"
@@ -116,13 +116,13 @@ def _activation_fix(m) -> str:
     return REMAINING_BLOCKS_FIX if ac in ("partial", "selective") else CATEGORY_FIX["activations"]
 
 
-def _statement_evidence(st: dict) -> str:
-    lines = st.get("lines") or [st["line"]]
-    where = f"{st['file']}:{st['line']}" + (f", lines {lines[0]}-{lines[-1]}" if len(lines) > 1 else "")
-    text = f"failing statement: `{st['function']}` ({where})" + (f", op {st['op']}" if st.get("op") else "")
-    if st.get("temporaries_bytes"):
-        n = st.get("temporaries", 0)
-        text += (f"; it already holds {n} block{'s' if n != 1 else ''} of its own, {mib(st['temporaries_bytes'])}, "
+def _statement_evidence(st) -> str:
+    lines = st.lines or [st.line]
+    where = f"{st.file}:{st.line}" + (f", lines {lines[0]}-{lines[-1]}" if len(lines) > 1 else "")
+    text = f"failing statement: `{st.function}` ({where})" + (f", op {st.op}" if st.op else "")
+    if st.temporaries_bytes:
+        n = st.temporaries
+        text += (f"; it already holds {n} block{'s' if n != 1 else ''} of its own, {mib(st.temporaries_bytes)}, "
                  "allocated since it began (counted as temporary, freed when it completes)")
     return text
 
@@ -136,14 +136,10 @@ def check(facts, cfg):
     if m is None or not m.oom:
         return []
     o = m.oom
-    req = o.get("requested_bytes") or 0
-    free = o.get("device_free_bytes")
-    alloc = o.get("allocated_bytes") or 0
-    reserved = o.get("reserved_bytes") or 0
-    cached = o.get("cached_free_bytes") or 0
-    largest = o.get("largest_cached_free_block_bytes")
-    kind, total, outside = oom_cause(facts)
-    cats = sorted(((k, v) for k, v in (o.get("categories") or {}).items() if v), key=lambda kv: -kv[1])
+    req, free, alloc, reserved = o.requested_bytes, o.device_free_bytes, o.allocated_bytes, o.reserved_bytes
+    cached, largest = o.cached_free_bytes, o.largest_cached_free_block_bytes
+    kind, total, outside = o.cause, o.device_total_bytes, o.outside_bytes
+    cats = sorted(((k, v) for k, v in o.categories.items() if v), key=lambda kv: -kv[1])
     evidence = [f"requested {mib(req)} with {mib(free)} free on the device"]
     if total:
         evidence.append(f"device total {mib(total)} (the trace's deviceProperties)")
@@ -155,9 +151,9 @@ def check(facts, cfg):
         evidence.append("device total unknown (no trace with deviceProperties): memory outside PyTorch not measured")
     if cats:
         evidence.append("allocated by: " + ", ".join(f"{k} {mib(v)}" for k, v in cats[:4]))
-    if o.get("count", 1) > 1:
-        evidence.append(f"{o['count']} OOM events recorded; the last is described")
-    st = o.get("statement")
+    if o.count > 1:
+        evidence.append(f"{o.count} OOM events recorded; the last is described")
+    st = o.statement
     if st:
         evidence.insert(0, _statement_evidence(st))
     if _expandable_on(m) and kind in ("fragmentation", "cache"):
@@ -182,16 +178,16 @@ def check(facts, cfg):
         fix = {"any": CATEGORY_FIX.get(top, "# Reduce what dominates the allocated memory (see the evidence).")}
     summary = f"Out of memory requesting {mib(req)}: {cause.split(';')[0]}."
     if st and kind != "outside":  # what the statement is decides the fix; the allocator's state follows
-        what = KIND_WORDS.get(st.get("kind"), "in")
-        summary = f"Out of memory requesting {mib(req)} {what}, `{st['function']}` ({st['file']}:{st['line']})"
-        if st.get("temporaries_bytes"):
-            summary += f", while the statement already holds {mib(st['temporaries_bytes'])} of its own"
+        what = KIND_WORDS.get(st.kind, "in")
+        summary = f"Out of memory requesting {mib(req)} {what}, `{st.function}` ({st.file}:{st.line})"
+        if st.temporaries_bytes:
+            summary += f", while the statement already holds {mib(st.temporaries_bytes)} of its own"
         summary += "; besides, no cached free block is large enough (fragmentation)." if kind == "fragmentation" else "."
-        stmt_fix = {"loss": LOSS_FIX, "allgather": ALLGATHER_FIX, "activation": _activation_fix(m)}.get(st.get("kind"))
+        stmt_fix = {"loss": LOSS_FIX, "allgather": ALLGATHER_FIX, "activation": _activation_fix(m)}.get(st.kind)
         if stmt_fix is not None:
             fix = {"any": stmt_fix, **({"allocator": fix["any"]} if kind in ("fragmentation", "cache") and fix else {})}
     elif st:
-        where = f"`{st['function']}` ({st['file']}:{st['line']})"
+        where = f"`{st.function}` ({st.file}:{st.line})"
         summary = f"Out of memory requesting {mib(req)} at {where}: {cause.split(';')[0]}."
     if not fix:
         fix = {"any": "# expandable_segments is already on: reduce the largest requests (see the evidence)"}

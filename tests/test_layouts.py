@@ -68,7 +68,7 @@ def test_analyze_chosen_iteration(dump):
 def test_memory_reads_the_latest_snapshot_an_oom_exit(dump):
     m = analyze_memory_only(dump).facts.memory
     assert Path(m.path).parent.name == "iteration_20_exit"
-    assert m.oom is not None and m.oom["statement"]["op"] == "gelu"
+    assert m.oom is not None and m.oom.statement.op == "gelu"
     assert Path(analyze_memory_only(dump, iteration=10).facts.memory.path).parent.name == "iteration_10"
 
 

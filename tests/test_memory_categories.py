@@ -82,9 +82,9 @@ def test_the_two_peaks_differ_where_frees_wait_on_another_stream(built):
 def test_categories_at_the_oom(built, name):
     facts, truth = built(name)
     want = truth["oom"]
-    assert facts.oom["event_index"] == want["event_index"]
-    assert _error(facts.oom["categories"], want["categories"]) <= 0.02 * want["allocated_bytes"]
-    assert _top(facts.oom["categories"]) == _top(want["categories"])
+    assert facts.oom.event_index == want["event_index"]
+    assert _error(facts.oom.categories, want["categories"]) <= 0.02 * want["allocated_bytes"]
+    assert _top(facts.oom.categories) == _top(want["categories"])
 
 
 @pytest.mark.parametrize("name", ["fsdp2_act_oom", "fsdp2_composable_act_oom", "fsdp1_act_oom"])
@@ -111,7 +111,7 @@ def test_oom_in_the_loss(built, name):
     assert truth["categories"]["temporary"] >= cast > 0.2 * truth["peak_allocated_bytes"]
     for c in ("activations", "temporary"):
         assert abs(facts.categories[c] - truth["categories"][c]) <= 0.02 * truth["peak_allocated_bytes"], c
-        assert abs(facts.oom["categories"][c] - truth["oom"]["categories"][c]) <= 0.02 * truth["oom"]["allocated_bytes"], c
+        assert abs(facts.oom.categories[c] - truth["oom"]["categories"][c]) <= 0.02 * truth["oom"]["allocated_bytes"], c
 
 
 def test_checkpoint_recompute_is_backward(built):

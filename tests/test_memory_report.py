@@ -95,7 +95,7 @@ def test_trace_memory_events_give_the_curve_without_a_snapshot(snap):
     assert m.source == "trace [memory] events"
     assert m.peak_allocated_bytes == peak == 6629508096
     assert m.reserved_at_peak_bytes == at_peak["Total Reserved"]
-    assert m.n_events == len(events) and len(m.curve["x"]) <= 501
+    assert m.n_events == len(events) and len(m.curve.x) <= 501
     # a snapshot, when given, is the better source and wins
     path, _ = snap
     assert fsdpdoctor.analyze(trace, memory=[path]).facts.memory.source == "snapshot"
@@ -139,8 +139,8 @@ def test_trace_memory_curve_keeps_every_steps_peak():
     events = np.column_stack([ts, np.ones_like(ts), np.zeros_like(ts), allocated, allocated + (1 << 29)])
     m = memory_from_events("synthetic", events)
     curve = m.curve
-    assert len(curve["x"]) <= CURVE_POINTS
+    assert len(curve.x) <= CURVE_POINTS
     assert m.peak_allocated_bytes == spikes[n_steps - 1][1]
-    points = dict(zip(curve["x"], curve["allocated"], strict=True))
+    points = dict(zip(curve.x, curve.allocated, strict=True))
     for s, (t, height) in spikes.items():
         assert points.get(t) == height, f"step {s}'s peak ({height} bytes at {t} us) is not in the curve"

@@ -13,6 +13,7 @@ import json
 import re
 from pathlib import Path
 
+import msgspec
 import pytest
 
 from fsdpdoctor.analysis.memory import analyze_memory
@@ -51,9 +52,9 @@ def built():
 def _sites(f) -> list[str]:
     out = [s for s, _ in f.top_sites]
     if f.oom:
-        out += [s for s, _ in f.oom["top_sites"]]
-        if f.oom.get("statement"):
-            out.append(f.oom["statement"]["site"])
+        out += [s for s, _ in f.oom.top_sites]
+        if f.oom.statement:
+            out.append(f.oom.statement.site)
     return out
 
 
@@ -91,7 +92,7 @@ def test_cpp_stacks_give_the_same_sites_as_python_stacks(built, python, native):
     assert a.top_sites == b.top_sites and a.categories == b.categories
     assert a.activation_checkpointing == b.activation_checkpointing
     if a.oom:
-        sa, sb = dict(a.oom["statement"]), dict(b.oom["statement"])
+        sa, sb = msgspec.to_builtins(a.oom.statement), msgspec.to_builtins(b.oom.statement)
         assert sb.pop("op") == "_log_softmax" and sa.pop("op") is None  # only C++ frames name the op
         assert sa == sb
 
@@ -161,21 +162,21 @@ def test_loss_oom_names_the_statement_and_counts_its_fp32_copy(built, name):
     cross_entropy_loss), inside F.cross_entropy, in a helper: the statement and its temporary
     are the generator's; the categories at the OOM within 2% of its truth."""
     _, truth, f = built(name)
-    want, st = truth["oom_statement"], f.oom["statement"]
-    assert (st["function"], st["line"]) == (want["function"], want["line"])
-    assert want["file"].endswith(st["file"])
-    assert st["kind"] == "loss"
-    assert st["temporaries_bytes"] == want["temporaries_bytes"] > 0 and st["temporaries"] == 1
+    want, st = truth["oom_statement"], f.oom.statement
+    assert (st.function, st.line) == (want["function"], want["line"])
+    assert want["file"].endswith(st.file)
+    assert st.kind == "loss"
+    assert st.temporaries_bytes == want["temporaries_bytes"] > 0 and st.temporaries == 1
     total = truth["oom"]["allocated_bytes"]
     for c, v in truth["oom"]["categories"].items():
-        assert abs(f.oom["categories"][c] - v) <= 0.02 * total, c
+        assert abs(f.oom.categories[c] - v) <= 0.02 * total, c
     # the fp32 copy is the statement's temporary, not an activation
-    assert f.oom["categories"]["temporary"] >= want["temporaries_bytes"]
+    assert f.oom.categories["temporary"] >= want["temporaries_bytes"]
 
 
 def test_next_line_statement_spans_both_lines(built):
-    st = built("fsdp2_loss_oom_next_line")[2].oom["statement"]
-    assert st["lines"] == [21, 22]
+    st = built("fsdp2_loss_oom_next_line")[2].oom.statement
+    assert st.lines == [21, 22]
 
 
 @pytest.mark.parametrize("name", ["fsdp2_loss_oom", "fsdp2_loss_oom_in_torch", "fsdp2_loss_oom_native"])
@@ -195,11 +196,11 @@ def test_real_oom_statement_is_the_gelu_line():
     """The H100 recording ran out of memory on the MLP's GELU output: the statement is the
     recorder's own line, read from its source here, and C++ frames name the op."""
     f = analyze_memory(REPO / "fixtures" / "recorded" / "gpu" / "oom" / "rank0.memory.pickle.gz")
-    st = f.oom["statement"]
-    src = (REPO / st["file"]).read_text().splitlines()[st["line"] - 1]
-    assert "F.gelu(" in src and st["function"] == "forward"
-    assert st["op"] == "gelu" and st["kind"] == "activation"
-    assert st["temporaries"] == 0  # fc1's output is below a module call: the lifetime rules decide it
+    st = f.oom.statement
+    src = (REPO / st.file).read_text().splitlines()[st.line - 1]
+    assert "F.gelu(" in src and st.function == "forward"
+    assert st.op == "gelu" and st.kind == "activation"
+    assert st.temporaries == 0  # fc1's output is below a module call: the lifetime rules decide it
 
 
 # ---------------------------------------------------------------------------------------------

@@ -145,9 +145,9 @@ def memory_headline(f: RunFacts) -> list[tuple[str, str]]:
         blocks = f" on {m.checkpointed_blocks} of {m.forward_blocks} blocks" if ac != "none" and m.forward_blocks else ""
         lines.append(("Checkpointing", f"{ac}{blocks} (activation checkpointing, from the allocation stacks)"))
     if m.oom:
-        st = m.oom.get("statement")
-        where = f" in `{st['function']}` ({st['file']}:{st['line']})" if st else ""
-        lines.append(("OOM", f"the run ran out of memory requesting {mib(m.oom.get('requested_bytes') or m.oom.get('size'))}{where} (see the oom finding)"))
+        st = m.oom.statement
+        where = f" in `{st.function}` ({st.file}:{st.line})" if st else ""
+        lines.append(("OOM", f"the run ran out of memory requesting {mib(m.oom.requested_bytes)}{where} (see the oom finding)"))
     return lines
 
 

@@ -10,6 +10,7 @@ import numpy as np
 
 from ...facts import MEMORY_CATEGORIES as CATEGORIES
 from ...facts import AllocatorSettings, MemoryFacts
+from ...facts_memory import MemoryDevice, OomFacts, OomStatement
 from ...ingest.snapshot import (
     TIMELINE_CATEGORIES,
     MemoryTimeline,
@@ -162,7 +163,7 @@ def allocator_settings(snap: Snapshot) -> AllocatorSettings | None:
     )
 
 
-def _oom(r: Replay, trace, labels: Labels, alloc, pend, ooms: list[dict], device: int, times) -> dict:
+def _oom(r: Replay, trace, labels: Labels, alloc, pend, ooms: list[dict], device: int, times) -> OomFacts:
     last = ooms[-1]
     k = last["index"]
     e = trace[k]
@@ -173,28 +174,29 @@ def _oom(r: Replay, trace, labels: Labels, alloc, pend, ooms: list[dict], device
     cached = reserved - allocated - pending
     largest = last["largest_cached_free_block_bytes"]
     if largest is not None and cached >= requested > largest:
-        why = "fragmentation: enough cached free memory in total, but no contiguous block large enough"
+        cause, why = "fragmentation", "fragmentation: enough cached free memory in total, but no contiguous block large enough"
     elif cached + (free_dev or 0) >= requested:
-        why = "cached free memory plus free device memory would cover the request, but neither alone does"
+        cause, why = "cache", "cached free memory plus free device memory would cover the request, but neither alone does"
     else:
-        why = "the device is full: allocated tensors (see categories) leave too little free memory"
-    return {
-        "device": device,
-        "count": len(ooms),
-        "event_index": k,
-        "time_us": float(times[k]) if times is not None else None,
-        "requested_bytes": requested,
-        "device_free_bytes": free_dev,
-        "allocated_bytes": allocated,
-        "reserved_bytes": reserved,
-        "pending_free_bytes": pending,
-        "cached_free_bytes": cached,
-        "largest_cached_free_block_bytes": largest,
-        "categories": _categories(live, r, labels),
-        "top_sites": _top_sites(live, r, labels),
-        "explanation": why,
-        "statement": labels.statement.as_dict(r.size) if labels.statement is not None else None,
-    }
+        cause, why = "allocated", "the device is full: allocated tensors (see categories) leave too little free memory"
+    return OomFacts(
+        device=device,
+        count=len(ooms),
+        event_index=k,
+        time_us=float(times[k]) if times is not None else None,
+        requested_bytes=requested,
+        device_free_bytes=free_dev,
+        allocated_bytes=allocated,
+        reserved_bytes=reserved,
+        pending_free_bytes=pending,
+        cached_free_bytes=cached,
+        largest_cached_free_block_bytes=largest,
+        categories=_categories(live, r, labels),
+        top_sites=_top_sites(live, r, labels),
+        cause=cause,
+        explanation=why,
+        statement=OomStatement(**labels.statement.as_dict(r.size)) if labels.statement is not None else None,
+    )
 
 
 def _analyze_without_history(snap: Snapshot, device: int, segs: list[dict], end: Counter) -> MemoryFacts:
@@ -260,15 +262,15 @@ def analyze_snapshot(snap: Snapshot) -> MemoryFacts:
     per = [_analyze_device(snap, d) for d in devices]
     best = max(per, key=lambda f: f.peak_allocated_bytes)
     best.devices = [
-        {
-            "device": f.device,
-            "peak_allocated_bytes": f.peak_allocated_bytes,
-            "reserved_at_peak_bytes": f.reserved_at_peak_bytes,
-            "peak_time_us": f.peak_time_us,
-            "peak_event_index": f.peak_event_index,
-            "history_missing": f.history_missing,
-            "oom": f.oom is not None,
-        }
+        MemoryDevice(
+            device=f.device,
+            peak_allocated_bytes=f.peak_allocated_bytes,
+            reserved_at_peak_bytes=f.reserved_at_peak_bytes,
+            peak_time_us=f.peak_time_us,
+            peak_event_index=f.peak_event_index,
+            history_missing=f.history_missing,
+            oom=f.oom is not None,
+        )
         for f in per
     ]
     if best.oom is None:

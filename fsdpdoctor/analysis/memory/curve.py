@@ -6,10 +6,12 @@ from __future__ import annotations
 
 import numpy as np
 
+from ...facts_memory import MemoryCurve
+
 CURVE_POINTS = 500
 
 
-def downsample(x: np.ndarray, alloc: np.ndarray, reserved: np.ndarray | None, x_unit: str) -> dict:
+def downsample(x: np.ndarray, alloc: np.ndarray, reserved: np.ndarray | None, x_unit: str) -> MemoryCurve:
     n = len(alloc)
     if n <= CURVE_POINTS:
         idx = np.arange(n)
@@ -18,10 +20,10 @@ def downsample(x: np.ndarray, alloc: np.ndarray, reserved: np.ndarray | None, x_
         idx = np.array(
             [lo + int(np.argmax(alloc[lo:hi])) for lo, hi in zip(bounds[:-1], bounds[1:], strict=True) if hi > lo]
         )
-    return {
-        "x_unit": x_unit,
-        "x": [float(v) if x_unit == "time_us" else int(v) for v in x[idx]],
-        "allocated": [int(v) for v in alloc[idx]],
-        "reserved": [int(v) for v in reserved[idx]] if reserved is not None else [None] * len(idx),
-    }
+    return MemoryCurve(
+        x_unit=x_unit,
+        x=[float(v) if x_unit == "time_us" else int(v) for v in x[idx]],
+        allocated=[int(v) for v in alloc[idx]],
+        reserved=[int(v) for v in reserved[idx]] if reserved is not None else [None] * len(idx),
+    )
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 from ...facts import MemoryFacts
+from ...facts_memory import MemoryDevice
 from .curve import downsample
 
 CUDA_DEVICE_TYPE = 1
@@ -28,7 +29,7 @@ def memory_from_events(path: str, events: np.ndarray) -> MemoryFacts | None:
     for dev in np.unique(dev_id[gpu]):
         m = gpu & (dev_id == dev)
         peak = float(allocated[m].max())
-        devices.append({"device": int(dev), "peak_allocated_bytes": int(peak), "events": int(m.sum())})
+        devices.append(MemoryDevice(device=int(dev), peak_allocated_bytes=int(peak), events=int(m.sum())))
         if peak > best_peak:
             best, best_peak = dev, peak
     m = gpu & (dev_id == best)
