@@ -114,8 +114,8 @@ def rules_cmd(thresholds: bool) -> None:
             mark = "" if cfg[key] == default else f" (default {default:g})"
             click.echo(f"{key:<30} {cfg[key]:<8g}{mark}  {doc}")
         return
-    for mod in load_rules():
-        click.echo(f"{mod.CODE}  {mod.SLUG:<34} {getattr(mod, 'SEVERITY', ''):<8} {getattr(mod, 'TITLE', '')}")
+    for rule in load_rules():
+        click.echo(f"{rule.code}  {rule.slug:<34} {rule.severity:<8} {rule.title}")
 
 
 @main.command("schema")
@@ -137,14 +137,14 @@ def explain(rule: str) -> None:
     """Print a rule's documentation (by code or slug)."""
     from .engine import find_rule
 
-    mod = find_rule(rule)
-    if mod is None:
+    meta = find_rule(rule)
+    if meta is None:
         raise InputError(rule, "no such rule (see 'fsdpdoctor rules')")
     from .config import THRESHOLDS, load_config
 
-    click.echo(f"{mod.CODE} {mod.SLUG}: {getattr(mod, 'TITLE', '')}\n")
-    click.echo((mod.__doc__ or "").strip())
-    keys = getattr(mod, "THRESHOLDS", ())
+    click.echo(f"{meta.code} {meta.slug}: {meta.title}\n")
+    click.echo(meta.doc)
+    keys = meta.thresholds
     if keys:
         cfg = load_config()
         click.echo("\nThresholds (override with --set KEY=VALUE or [tool.fsdpdoctor]):")

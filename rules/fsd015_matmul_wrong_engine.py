@@ -25,6 +25,12 @@ Fix
     plain models ``torch.autocast("cuda", dtype=torch.bfloat16)``; where bf16 is not wanted, TF32
     (``torch.backends.cuda.matmul.allow_tf32 = True`` or
     ``torch.set_float32_matmul_precision("high")``).
+
+Known problems
+    The replay moves fp32 GEMM / attention kernels to tensor cores at half the BF16 peak; it does
+    not see CPU-side effects of the change. On the H200 TF32 → bf16 twin it predicts nothing where
+    the bf16 run was 9.8 ms faster (its CPU span 7.9 ms shorter); on the two fp32 → bf16 twins the
+    real saving was 1.08× and 1.28× the prediction (docs/savings.md).
 """
 
 from fsdpdoctor.fmt import ms, pct

@@ -32,7 +32,7 @@ from fsdpdoctor.config import defaults
 from fsdpdoctor.engine import load_rules
 
 CFG = defaults()
-CLOCK = {m.SLUG: getattr(m, "SAVES_ON", "gpu") for m in load_rules()}
+CLOCK = {r.slug: r.saves_on for r in load_rules()}
 # the rules whose fix also removes time outside the GPU window: exactly these, each for its reason
 STEP_CLOCK_RULES = {"cpu-offload-stall", "step-time-jitter", "sharding-strategy", "ddp-would-be-faster"}
 FSDP_CODE = re.compile(r"fully_shard|FullyShardedDataParallel|\bFSDP\(|CPUOffloadPolicy|MixedPrecisionPolicy|"
