@@ -447,6 +447,11 @@ class StrategyFacts:
     assumptions: list[str]
     inputs: dict[str, float | int | str | None]
     fix: dict[str, str] = field(default_factory=dict)
+    # the model's estimate of the current strategy against the measured step, in % (None without a
+    # current strategy or a measured step); ``trusted`` is False beyond
+    # analysis.strategy.MODEL_TOLERANCE_PCT: then nothing is recommended
+    model_error_pct: float | None = None
+    trusted: bool = True
 
     def candidate(self, name: str | None) -> "Candidate | None":
         return next((c for c in self.candidates if c.name == name), None)

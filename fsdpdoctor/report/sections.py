@@ -418,7 +418,7 @@ def strategy_tables(f: RunFacts) -> list[Table]:
     rows = []
     for c in st.candidates:
         mark = " ← current" if c.name == st.current else ""
-        mark += " ← recommended" if c.name == st.recommended else ""
+        mark += " ← recommended" if c.name == st.recommended and st.trusted and c.name != st.current else ""
         rows.append([c.name + mark, mib(c.memory_bytes), "yes" if c.fits else "no", ms(c.comm_ms), ms(c.exposed_ms), ms(c.step_ms)])
     return [
         Table(
