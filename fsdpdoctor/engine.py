@@ -200,7 +200,7 @@ def mark_basis(f: Finding, facts: RunFacts, fix: str | None) -> None:
     in the evidence when the replay was set aside for missing the measured step."""
     from .config import REPLAY_MAX_ERROR_PCT
 
-    if f.est_saving_ms is None:
+    if f.est_saving_ms is None or f.saving_basis:  # (a rule may say its saving is its own estimate)
         return
     w = facts.whatif
     if fix is None or w is None or fix not in w.saving_ms:

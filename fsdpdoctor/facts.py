@@ -273,6 +273,9 @@ class RankFacts:
     backend: str | None = None
     nccl_version: str | None = None
     workload: str | None = None  # "training" (a backward pass or optimizer step in some step) / "inference" / None (no steps)
+    # training pipelines the trace's annotations show already in use, e.g. "TrainPipelineSparseDist"
+    # (TorchRec's ``## sparse_data_dist ##`` / ``## wait_sparse_data_dist ##``)
+    pipelines: list[str] = field(default_factory=list)
     # the warm-up steps' GPU work still running when the profiler's window opened (no launch
     # event in the trace): counted in no step
     backlog_ops: int = 0
@@ -522,6 +525,7 @@ class RunFacts:
     ranks_expected: int | None = None
     cross_rank: CrossRankFacts | None = None  # wait skew and straggler ranking (2+ ranks with collectives)
     workload: str | None = None  # "training" / "inference" (no backward pass or optimizer step in any step) / None
+    pipelines: list[str] = field(default_factory=list)  # RankFacts.pipelines of any rank
     # inputs that look like different runs, analysed together with --allow-mixed-runs: what differs
     mixed_runs: list[str] = field(default_factory=list)
     # one line per rank (every rank, whatever the detail); which ranks' RankFacts are written:

@@ -582,6 +582,7 @@ def fold(
             )
     kinds_of_work = {r.workload for r in ranks if r.workload}
     rf.workload = "training" if "training" in kinds_of_work else ("inference" if kinds_of_work else None)
+    rf.pipelines = sorted({p for r in ranks for p in r.pipelines})
     rf.collectives = arrived.collectives.result()
     rf.whatif = arrived.whatif.result()
     rf.compute = arrived.compute.result(rf.step_clock_ms)

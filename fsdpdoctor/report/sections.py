@@ -396,6 +396,8 @@ def ranks_table(f: RunFacts) -> Table | None:
     if len(f.ranks) < 2:
         return None
     rows = []
+    cr = f.cross_rank
+    straggler = cr.ranks[0].rank if cr is not None and cr.ranks and cr.ranks[0].last_arrivals * 2 >= max(cr.collectives_matched, 1) else None
     for r in f.all_ranks():
         steps = [s.step_ms for s in r.steps]
         exp = [s.exposed_comm_ms for s in r.steps]
@@ -406,9 +408,10 @@ def ranks_table(f: RunFacts) -> Table | None:
                 pct(r.overlap_pct) if r.gpu_present else "–",
                 ms(sum(exp) / len(exp) if exp and r.gpu_present else None),
                 r.rank_source,
+                "straggler: the others wait for it" if r.rank == straggler else "",
             ]
         )
-    return Table("Per rank", ["rank", "step", "overlap", "exposed comm", "rank from"], rows)
+    return Table("Per rank", ["rank", "step", "overlap", "exposed comm", "rank from", "note"], rows)
 
 
 def strategy_tables(f: RunFacts) -> list[Table]:
