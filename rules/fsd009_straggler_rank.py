@@ -74,6 +74,8 @@ def check(facts, cfg):
         f"rank {slow} waits {ms(wait[slow])} per step at collectives, the least of {len(wait)} ranks; the others wait "
         f"{ms(others)} on average (from {source})",
     ]
+    if facts.world_size and len(ranks) < facts.world_size:
+        evidence.append(f"only {len(ranks)} of the job's {facts.world_size} ranks were given: compared among these")
     cr = facts.cross_rank
     last = next((w.last_arrivals for w in cr.ranks if w.rank == slow), None) if cr is not None else None
     if last:
@@ -83,6 +85,8 @@ def check(facts, cfg):
     replayed = replayed_saving(facts, "straggler")
     if replayed is not None:
         saving = replayed
+    if saving < 0.01 * (facts.step_clock_ms or 0.0):
+        return []  # nobody waits for it enough to matter: a slower rank, not a straggler
         evidence.append(f"what-if replay: {facts.whatif.evidence.get('straggler', '')}; the slowest rank sets the step "
                         f"(unchanged replay within {facts.whatif.error_pct:.2f}% of every measured step)")
     return [
