@@ -55,6 +55,7 @@ THRESHOLDS: dict[str, tuple[float, str]] = {
     "recompute_min_pct": (3.0, "activation-recompute: GPU time of recomputed forward ops per step as % of the step"),
     "wrong_engine_min_pct": (20.0, "matmul-wrong-engine: GEMM + attention kernel time on fp32 engines (CUDA cores, no TF32) as % of all of it, on a GPU with tensor cores"),
     "peak_tflops": (0.0, "compute: the device's dense peak TFLOP/s MFU is measured against (0: from the peak table by device name and compute dtype; --peak-tflops)"),
+    "hang_late_s": (1.0, "collective-hang: a rank that entered the stuck collective at least this many seconds after the median rank (Flight Recorder time_created_ns) is late"),
     "hook_overhead_pct": (30.0, "auto-wrap-too-fine: CPU time in FSDP hooks as % of the step that counts as evidence"),
 }
 

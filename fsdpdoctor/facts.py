@@ -17,6 +17,8 @@ from typing import Any
 
 import msgspec
 
+from .facts_hang import HangFacts
+
 #: 2: the report is one document (every RunFacts field once, at the top level, plus ``findings``);
 #: 1 wrote the summaries at the top level and all facts again under ``facts``. Both load.
 #: 3: StepFacts.step_ms is the interval between step completions (was the CPU span).
@@ -658,6 +660,7 @@ class RunFacts:
     workload: str | None = None  # "training" / "inference" (no backward pass or optimizer step in any step) / None
     # inputs that look like different runs, analysed together with --allow-mixed-runs: what differs
     mixed_runs: list[str] = field(default_factory=list)
+    hang: HangFacts | None = None  # what the Flight Recorder dumps say (fsdpdoctor.facts_hang), when given
     # one line per rank (every rank, whatever the detail); which ranks' RankFacts are written:
     # "all" (every rank), "auto" (those with detail reasons, or all in small runs), "none"
     rank_summaries: list[RankSummary] = field(default_factory=list)
