@@ -294,10 +294,12 @@ def dump_from_object(obj: Any, path: str | Path, form: str = "pickle", nbytes: i
     entries = _validate(path, "entries", raw_entries, _ENTRIES)
     stacks = _stacks(path, raw_entries, entries)
     for e in entries:
-        if e.seq is None:  # 1.x: one counter for collectives and p2p
-            e.seq = e.seq_v1 or 0
         if e.is_p2p is None:
             e.is_p2p = e.op in ("send", "recv")
+        if e.seq is None:  # 1.x: one counter for collectives and p2p ops
+            e.seq = e.seq_v1 or 0
+            if e.is_p2p:
+                e.p2p_seq = e.seq
         if form == "json":  # JSON writes 0 where the pickle writes None
             e.started_ns = e.started_ns or None
             e.completed_ns = e.completed_ns or None
