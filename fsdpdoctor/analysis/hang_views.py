@@ -133,95 +133,112 @@ def view_of(path: str, rank: int | None = None, extra: set[tuple[str, str, int]]
 def view_from_dump(d: Dump, extra: set[tuple[str, str, int]] | None = None) -> RankView:
     infos = [read_stack(s) for s in d.stacks]
     no_info = StackInfo("", None, None, None)
+    entries = d.entries
     sig_ids: dict[Any, int] = {}
+    esig_cache: dict[tuple, tuple] = {}  # (op, sizes as recorded) → the entry's signature, and its group size
     groups: dict[tuple[str, str], GroupSeqs] = {}
-    open_seq: dict[tuple[str, str], tuple[int, list]] = {}  # the collective being built: (seq, its entry sigs)
+    members: dict[tuple[str, str], list[list[int]]] = {}  # per group, the entry indices of each collective
+    p2p_idx: dict[tuple[str, str], list[int]] = {}
+    open_parts: dict[tuple[str, str], list] = {}
+    passes = [0] * len(entries)
+    units: list[int | None] = [None] * len(entries)
     pass_i, last_fb = 0, None
     ordinal: dict[tuple, int] = {}
     seen_unit: dict[tuple, int] = {}
-    views_by_group: dict[tuple[str, str], list[OpView]] = {}
-    last_view = None
+    wrapped = bool(entries) and entries[0].record_id > 0
 
     def close(key: tuple[str, str]) -> None:
-        if key in open_seq:
-            _, parts = open_seq.pop(key)
+        parts = open_parts.pop(key, None)
+        if parts is not None:
             sig = parts[0] if len(parts) == 1 else ("coalesced", tuple(parts))
             groups[key].sigs.append(sig_ids.setdefault(sig, len(sig_ids)))
 
-    for e in d.entries:
+    for i, e in enumerate(entries):
         info = infos[e.stack] if 0 <= e.stack < len(infos) else no_info
-        if info.phase == "forward" and last_fb != "forward":
+        phase = info.phase
+        if phase == "forward" and last_fb != "forward":
             pass_i += 1
-        if info.phase in ("forward", "backward", "optimizer"):
-            last_fb = info.phase
+        if phase in ("forward", "backward", "optimizer"):
+            last_fb = phase
+        passes[i] = pass_i if phase else 0
         key = e.process_group
         g = groups.get(key)
         if g is None:
             cfg = d.pg_config.get(key[0])
             g = groups[key] = GroupSeqs(key[0], key[1], e.pg_id, cfg.ranks if cfg is not None else None, None,
-                                        [], [], [], [], {}, [], partial_first=d.entries[0].record_id > 0)
-        op = e.op
-        unit = None
+                                        [], [], [], [], {}, [], partial_first=wrapped)
+            members[key] = []
         if info.fsdp_kind in ("unshard", "reduce"):
-            ukey = (key, pass_i, info.phase, info.fsdp_kind)
+            ukey = (key, pass_i, phase, info.fsdp_kind)
             if seen_unit.get(ukey) != e.seq:
                 ordinal[ukey] = ordinal.get(ukey, 0) + 1
                 seen_unit[ukey] = e.seq
-            unit = ordinal[ukey]
-        v = OpView(op, e.profiling_name, e.seq, e.p2p_seq, bool(e.is_p2p), e.input_sizes, e.output_sizes,
-                   e.input_dtypes, e.output_dtypes, e.state, e.time_created_ns, e.record_id, e.stack, info.phase,
-                   info.fsdp, info.call_site, pass_i if info.phase else 0, unit,
-                   _peer(e.profiling_name) if e.is_p2p else None, e.duration_ms)
-        last_view = v
+            units[i] = ordinal[ukey]
         if e.is_p2p:
-            g.p2p.append(v)
+            p2p_idx.setdefault(key, []).append(i)
             continue
-        size = _group_size(op, e)
-        if size is not None:
-            g.size = max(g.size or 0, size)
-        esig = (op, (), (), tuple(e.input_dtypes), tuple(e.output_dtypes)) if _size_free(op) else (
-            op, tuple(map(tuple, e.input_sizes)), tuple(map(tuple, e.output_sizes)), tuple(e.input_dtypes),
-            tuple(e.output_dtypes))
-        cur = open_seq.get(key)
-        if cur is not None and cur[0] == e.seq:  # another op of the same (coalesced) collective
-            cur[1].append(esig)
+        op = e.op
+        ck = (op, repr(e.input_sizes), repr(e.output_sizes), tuple(e.input_dtypes), tuple(e.output_dtypes))
+        hit = esig_cache.get(ck)
+        if hit is None:
+            esig = (op, (), (), ck[3], ck[4]) if _size_free(op) else (
+                op, tuple(map(tuple, e.input_sizes)), tuple(map(tuple, e.output_sizes)), ck[3], ck[4])
+            hit = esig_cache[ck] = (esig, _group_size(op, e))
+        esig, size = hit
+        if size is not None and size > (g.size or 0):
+            g.size = size
+        parts = open_parts.get(key)
+        if parts is not None and g.seqs[-1] == e.seq:  # another op of the same (coalesced) collective
+            parts.append(esig)
             g.states[-1] = min(g.states[-1], STATE_CODE.get(e.state, 0))
-            views_by_group[key].append(v)
+            members[key][-1].append(i)
             continue
         close(key)
-        open_seq[key] = (e.seq, [esig])
+        open_parts[key] = [esig]
         g.seqs.append(e.seq)
         g.times.append(e.time_created_ns)
         g.states.append(STATE_CODE.get(e.state, 0))
-        views_by_group.setdefault(key, []).append(v)
-    for key in list(open_seq):
+        members[key].append([i])
+    for key in list(open_parts):
         close(key)
-    # keep the last DETAIL collectives of each group in full, and the stacks they use
-    used: dict[int, int] = {}
+
+    made: dict[int, OpView] = {}
+
+    def view(i: int) -> OpView:  # OpViews only for the entries kept
+        v = made.get(i)
+        if v is None:
+            e = entries[i]
+            info = infos[e.stack] if 0 <= e.stack < len(infos) else no_info
+            v = made[i] = OpView(e.op, e.profiling_name, e.seq, e.p2p_seq, bool(e.is_p2p), e.input_sizes, e.output_sizes,
+                                 e.input_dtypes, e.output_dtypes, e.state, e.time_created_ns, e.record_id, e.stack,
+                                 info.phase, info.fsdp, info.call_site, passes[i], units[i],
+                                 _peer(e.profiling_name) if e.is_p2p else None, e.duration_ms)
+        return v
+
+    # the last DETAIL collectives of each group in full (and any asked for), every p2p op, the last op
     for key, g in groups.items():
-        keep = set(g.seqs[-DETAIL:]) | {q for n, ds, q in (extra or ()) if (n, ds) == key}
-        for v in views_by_group.get(key, []):
-            if v.seq in keep:
-                g.detail.setdefault(v.seq, []).append(v)
-    kept = [v for g in groups.values() for vs in g.detail.values() for v in vs] + [v for g in groups.values() for v in g.p2p]
-    if last_view is not None:
-        kept.append(last_view)
-    kept = list({id(v): v for v in kept}.values())  # an op kept twice (in detail and as the last) is re-indexed once
-    for v in kept:
+        want = {q for n, ds, q in (extra or ()) if (n, ds) == key}
+        idx = members[key]
+        for j, seq in enumerate(g.seqs):
+            if j >= len(g.seqs) - DETAIL or seq in want:
+                g.detail[seq] = [view(i) for i in idx[j]]
+        g.p2p = [view(i) for i in p2p_idx.get(key, [])]
+    last_view = view(len(entries) - 1) if entries else None
+    used: dict[int, int] = {}
+    for v in made.values():
         if v.stack >= 0 and v.stack not in used:
             used[v.stack] = len(used)
-    for v in kept:
+    for v in made.values():
         v.stack = used.get(v.stack, -1)
     stacks = [d.stacks[i] for i in sorted(used, key=used.get)]
     names: dict[str, list[str]] = {}
-    for e in d.entries:
+    for e in entries:
         names.setdefault(str(e.pg_id), list(e.process_group))
     sigs = [None] * len(sig_ids)
-    for s, i in sig_ids.items():
-        sigs[i] = s
-    return RankView(d.path, d.rank, d.version, d.form, d.backend, d.comm_lib_version,
-                    bool(d.entries) and d.entries[0].record_id > 0, len(d.entries), list(groups.values()), sigs, stacks,
-                    d.pg_status, names, last_view, sorted(d.pg_config))
+    for sg, i in sig_ids.items():
+        sigs[i] = sg
+    return RankView(d.path, d.rank, d.version, d.form, d.backend, d.comm_lib_version, wrapped, len(entries),
+                    list(groups.values()), sigs, stacks, d.pg_status, names, last_view, sorted(d.pg_config))
 
 
 def view_task(path: str, rank: int | None = None) -> RankView | InputError:
