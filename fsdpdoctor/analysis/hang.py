@@ -142,12 +142,13 @@ class Mismatch:
     t: int
 
 
-def _global_sigs(by_rank: dict[int, RankView]) -> dict[int, list[int]]:
+def _global_sigs(by_rank: dict[int, RankView]) -> dict[int, np.ndarray]:
+    """rank → its local signature ids mapped to ids shared by every rank."""
     table: dict[Any, int] = {}
-    return {r: [table.setdefault(s, len(table)) for s in v.sigs] for r, v in by_rank.items()}
+    return {r: np.asarray([table.setdefault(s, len(table)) for s in v.sigs], dtype=np.int64) for r, v in by_rank.items()}
 
 
-def _mismatch(grp: Group, gsig: dict[int, list[int]]) -> Mismatch | None:
+def _mismatch(grp: Group, gsig: dict[int, np.ndarray]) -> Mismatch | None:
     """The earliest sequence number at which the ranks of ``grp`` recorded different signatures."""
     seqs, sigs, ranks, times = [], [], [], []
     for r, g in grp.per_rank.items():
@@ -155,11 +156,10 @@ def _mismatch(grp: Group, gsig: dict[int, list[int]]) -> Mismatch | None:
         lo = 1 if g.partial_first and n else 0
         if n - lo <= 0:
             continue
-        seqs.append(np.asarray(g.seqs[lo:], dtype=np.int64))
-        table = gsig[r]
-        sigs.append(np.asarray([table[i] for i in g.sigs[lo:]], dtype=np.int64))
+        seqs.append(np.frombuffer(g.seqs, dtype=np.int64)[lo:])
+        sigs.append(gsig[r][np.frombuffer(g.sigs, dtype=np.int32)[lo:]])
         ranks.append(np.full(n - lo, r, dtype=np.int64))
-        times.append(np.asarray(g.times[lo:], dtype=np.int64))
+        times.append(np.frombuffer(g.times, dtype=np.int64)[lo:])
     if len(seqs) < 2:
         return None
     S, G, R, T = (np.concatenate(x) for x in (seqs, sigs, ranks, times))

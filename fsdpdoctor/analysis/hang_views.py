@@ -14,6 +14,7 @@ passes are counted along the buffer: an entry in forward after one in backward o
 from __future__ import annotations
 
 import math
+from array import array
 from typing import Any
 
 import msgspec
@@ -61,10 +62,10 @@ class GroupSeqs(msgspec.Struct, gc=False):
     pg_id: int
     ranks: list[int] | None  # members from pg_config, when it lists them
     size: int | None  # members implied by the collectives' sizes (all-gather out/in), when any
-    seqs: list[int]
-    sigs: list[int]
-    times: list[int]
-    states: list[int]
+    seqs: Any  # array('q'): compact, and no objects for the garbage collector to walk at 1,000 ranks
+    sigs: Any  # array('i')
+    times: Any  # array('q'), ns
+    states: Any  # array('b'): 0 scheduled, 1 started, 2 completed
     detail: dict[int, list[OpView]]  # the last DETAIL sequence numbers, op by op
     p2p: list[OpView]
     partial_first: bool = False  # the buffer wrapped: the first collective may be cut (coalesced)
@@ -146,6 +147,7 @@ def view_from_dump(d: Dump, extra: set[tuple[str, str, int]] | None = None) -> R
     ordinal: dict[tuple, int] = {}
     seen_unit: dict[tuple, int] = {}
     wrapped = bool(entries) and entries[0].record_id > 0
+    op_of: dict[str, str] = {}
 
     def close(key: tuple[str, str]) -> None:
         parts = open_parts.pop(key, None)
@@ -166,7 +168,7 @@ def view_from_dump(d: Dump, extra: set[tuple[str, str, int]] | None = None) -> R
         if g is None:
             cfg = d.pg_config.get(key[0])
             g = groups[key] = GroupSeqs(key[0], key[1], e.pg_id, cfg.ranks if cfg is not None else None, None,
-                                        [], [], [], [], {}, [], partial_first=wrapped)
+                                        array("q"), array("i"), array("q"), array("b"), {}, [], partial_first=wrapped)
             members[key] = []
         if info.fsdp_kind in ("unshard", "reduce"):
             ukey = (key, pass_i, phase, info.fsdp_kind)
@@ -177,7 +179,9 @@ def view_from_dump(d: Dump, extra: set[tuple[str, str, int]] | None = None) -> R
         if e.is_p2p:
             p2p_idx.setdefault(key, []).append(i)
             continue
-        op = e.op
+        op = op_of.get(e.profiling_name)
+        if op is None:
+            op = op_of[e.profiling_name] = e.op
         ck = (op, repr(e.input_sizes), repr(e.output_sizes), tuple(e.input_dtypes), tuple(e.output_dtypes))
         hit = esig_cache.get(ck)
         if hit is None:

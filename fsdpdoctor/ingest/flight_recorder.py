@@ -319,10 +319,13 @@ def _str(v: Any) -> str | None:
 
 def _backend(entries: list[Entry]) -> str:
     counts: dict[str, int] = {}
-    for e in entries:
-        b = e.backend
-        counts[b] = counts.get(b, 0) + 1
-    return max(counts, key=counts.get) if counts else ""
+    for e in entries:  # by profiling name first: a few distinct names, thousands of entries
+        counts[e.profiling_name] = counts.get(e.profiling_name, 0) + 1
+    by_backend: dict[str, int] = {}
+    for name, n in counts.items():
+        b = name.partition(":")[0] if ":" in name else ""
+        by_backend[b] = by_backend.get(b, 0) + n
+    return max(by_backend, key=by_backend.get) if by_backend else ""
 
 
 def _pg_config(raw: Any) -> dict[str, PgConfig]:
