@@ -140,6 +140,21 @@ def test_hsdp_hang_is_placed_in_the_shard_group_and_the_replicas_are_victims(han
     assert not any(r in h.culprit_ranks for r in range(4) if r != culprit)
 
 
+def test_fsdp1_stacks_say_unshard_in_forward_and_reduce_in_backward(hang_recording):
+    dumps, truth, rep = _case(hang_recording, "fsdp1-leave-early")
+    h = rep.facts.hang
+    culprit, at = truth["culprit"], truth["at_step"]
+    others = [r for r in range(truth["world_size"]) if r != culprit]
+    assert h.kind == "missing" and h.culprit_ranks == [culprit]
+    assert h.seq_id == _seq_before(truth, others[0], at) + 1
+    first = next(o for o in h.ops if o.status == "entered")
+    # FSDP1 wraps each nn.Linear; the root holds no parameters: the step's first all-gather is layer 0's
+    assert (first.fsdp, first.phase, first.step, first.unit) == ("FSDP1 unshard", "forward", at + 1, 1)
+    c = h.culprits[0]
+    assert c.fsdp == "FSDP1 post_backward reduce" and c.phase == "backward" and c.step == at
+    assert any("_post_backward_hook" in f for f in c.stack)
+
+
 def test_terminal_ticket_names_culprit_and_collective_first(hang_recording):
     d = hang_recording("leave-early") / "dumps"
     truth = json.loads((d.parent / "truth.json").read_text())
