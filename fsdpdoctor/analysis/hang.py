@@ -292,7 +292,7 @@ def payload(ops: list[OpView], word: str = "of") -> str:
     return ""
 
 
-def _op_of(v: OpView | None, ops: list[OpView] | None, status: str, rank: int, from_start: bool, late: float | None) -> HangOp:
+def _op_of(ops: list[OpView] | None, status: str, rank: int, from_start: bool, late: float | None) -> HangOp:
     if not ops:
         return HangOp(rank, status)
     h = ops[0]
@@ -413,14 +413,14 @@ def _fill_mismatch(facts: HangFacts, m: Mismatch, by_rank, gsig, from_start: boo
             facts.ops.append(HangOp(r, "no_dump"))
         elif r in at:
             status = "different" if r in culprits else "entered"
-            h = _op_of(None, at[r][1], status, r, from_start, None)
+            h = _op_of(at[r][1], status, r, from_start, None)
             facts.ops.append(h)
             if status == "different":
                 facts.mismatched_ranks.append(h)
         else:
             facts.ops.append(HangOp(r, "not_entered"))
     facts.waiting_ranks = sorted(r for r in at if r not in culprits)
-    ref = _op_of(None, ref_ops, "entered", ref_rank, from_start, None) if ref_ops else None
+    ref = _op_of(ref_ops, "entered", ref_rank, from_start, None) if ref_ops else None
     for r in culprits:
         view, ops = at[r]
         v = ops[0]
@@ -470,12 +470,12 @@ def _fill_missing(facts: HangFacts, stucks: list[Stuck], p2p: list[Stuck], by_ra
                 at[r] = (by_rank[r], [v])
     ref = next(iter(at.values()), (None, []))[1]
     facts.op = op_name(ref) if ref else None
-    for r in grp.members:
+    for r in (sorted(set(primary.waiting) | set(primary.laggards)) if is_p2p else grp.members):  # p2p: the channel's two ends
         if r not in by_rank:
             facts.ops.append(HangOp(r, "no_dump"))
         elif r in at:
-            facts.ops.append(_op_of(None, at[r][1], "entered", r, from_start, None))
-        elif r in primary.laggards or r in grp.per_rank:
+            facts.ops.append(_op_of(at[r][1], "entered", r, from_start, None))
+        else:
             facts.ops.append(HangOp(r, "not_entered"))
     for r in facts.missing_ranks:
         view = by_rank[r]
@@ -557,7 +557,7 @@ def _fill_late(facts: HangFacts, grp: Group, seq: int, lateness: dict[int, float
         if r not in by_rank:
             facts.ops.append(HangOp(r, "no_dump"))
         elif r in at:
-            facts.ops.append(_op_of(None, at[r][1], "entered", r, from_start, round(lateness[r], 3) if r in lateness else None))
+            facts.ops.append(_op_of(at[r][1], "entered", r, from_start, round(lateness[r], 3) if r in lateness else None))
     for r, s in sorted(lateness.items()):
         facts.late_ranks.append(LateRank(r, round(s, 3), gap(r), og))
         view, ops = at[r]
@@ -610,7 +610,7 @@ def _fill_rest(facts: HangFacts, groups, lasts, by_rank, from_start: bool) -> No
     facts.op = op_name(ref) if ref else None
     for r in grp.members:
         facts.ops.append(HangOp(r, "no_dump") if r not in by_rank else
-                         _op_of(None, at[r][1], "entered", r, from_start, None) if r in at else HangOp(r, "not_entered"))
+                         _op_of(at[r][1], "entered", r, from_start, None) if r in at else HangOp(r, "not_entered"))
     facts.waiting_ranks = sorted(at)
     ctx = context(ref[0], from_start) if ref else ""
     if kind == "no_dump":
