@@ -19,6 +19,10 @@ Fixtures (all session-scoped):
     ``VARIANTS``, ``WAIT``/``WARMUP``/``ACTIVE``...), for computing expected values.
 ``recorded_world_size``
     The world size the runs are recorded with (2).
+``hang_recording``
+    A factory ``hang_recording(scenario) -> Path``: real Flight Recorder dumps of a hung FSDP2 /
+    FSDP1 job on 4 gloo processes (``fixtures/record_hang.py``, every scenario at the first call,
+    ~20 s); ``FSDPDOCTOR_HANG_DIR=/some/dir`` reuses ``record_hang.py --all --out /some/dir``.
 
 Set ``FSDPDOCTOR_RECORDED_DIR=/some/dir`` to reuse recordings made earlier with
 ``python fixtures/record_cpu.py --all --out /some/dir`` instead of recording again.
