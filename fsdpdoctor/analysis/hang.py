@@ -149,35 +149,36 @@ def _global_sigs(by_rank: dict[int, RankView]) -> dict[int, np.ndarray]:
 
 
 def _mismatch(grp: Group, gsig: dict[int, np.ndarray]) -> Mismatch | None:
-    """The earliest sequence number at which the ranks of ``grp`` recorded different signatures."""
-    seqs, sigs, ranks, times = [], [], [], []
+    """The earliest sequence number at which the ranks of ``grp`` recorded different signatures:
+    every rank's (sequence number, signature) pairs as one sorted key array, then the sequence
+    numbers that occur with two signatures (one pass, a few bytes per collective of every rank)."""
+    per: dict[int, tuple[np.ndarray, np.ndarray]] = {}
     for r, g in grp.per_rank.items():
         n = len(g.seqs)
-        lo = 1 if g.partial_first and n else 0
-        if n - lo <= 0:
-            continue
-        seqs.append(np.frombuffer(g.seqs, dtype=np.int64)[lo:])
-        sigs.append(gsig[r][np.frombuffer(g.sigs, dtype=np.int32)[lo:]])
-        ranks.append(np.full(n - lo, r, dtype=np.int64))
-        times.append(np.frombuffer(g.times, dtype=np.int64)[lo:])
-    if len(seqs) < 2:
+        lo = 1 if g.partial_first and n else 0  # a wrapped buffer may have cut its first coalesced group
+        if n - lo > 0:
+            per[r] = (np.frombuffer(g.seqs, dtype=np.int64)[lo:], gsig[r][np.frombuffer(g.sigs, dtype=np.int32)[lo:]])
+    if len(per) < 2:
         return None
-    S, G, R, T = (np.concatenate(x) for x in (seqs, sigs, ranks, times))
-    order = np.lexsort((G, S))
-    S, G = S[order], G[order]
-    new_pair = np.ones(len(S), dtype=bool)
-    new_pair[1:] = (S[1:] != S[:-1]) | (G[1:] != G[:-1])
-    pair_seq = S[new_pair]
-    dup = pair_seq[1:] == pair_seq[:-1]  # a sequence number with a second signature
+    width = int(max(int(s.max()) for _, s in per.values())) + 1
+    key = np.concatenate([q * width + s for q, s in per.values()])
+    key.sort()
+    key = key[np.concatenate(([True], key[1:] != key[:-1]))]  # distinct (seq, signature) pairs
+    seq_of = key // width
+    dup = seq_of[1:] == seq_of[:-1]  # a sequence number with a second signature
     if not dup.any():
         return None
-    seq = int(pair_seq[1:][dup].min())
+    seq = int(seq_of[1:][dup].min())
     by_sig: dict[int, list[int]] = {}
     t = None
-    S, G = S[np.argsort(order)], G[np.argsort(order)]  # back in input order, aligned with R and T
-    for i in np.nonzero(S == seq)[0]:
-        by_sig.setdefault(int(G[i]), []).append(int(R[i]))
-        t = int(T[i]) if t is None else min(t, int(T[i]))
+    for r, (q, s) in per.items():
+        hit = np.nonzero(q == seq)[0]
+        if len(hit):
+            i = int(hit[0])
+            by_sig.setdefault(int(s[i]), []).append(r)
+            g = grp.per_rank[r]
+            ti = g.times[i + (1 if g.partial_first else 0)]
+            t = ti if t is None else min(t, ti)
     return Mismatch(grp, seq, {k: sorted(v) for k, v in by_sig.items()}, t or 0)
 
 
@@ -263,7 +264,7 @@ def op_name(ops: list[OpView]) -> str:
 def _step(v: OpView, from_start: bool) -> str | None:
     if v.phase not in ("forward", "backward") or v.pass_index <= 0:
         return None
-    return f"{v.phase} of step {v.pass_index}" if from_start else f"{v.phase} of the buffer's forward pass {v.pass_index}"
+    return f"{v.phase} of step {v.pass_index}" if from_start else f"{v.phase} of pass {v.pass_index} of the buffer"
 
 
 def context(v: OpView, from_start: bool) -> str:
