@@ -152,6 +152,9 @@ def analyze(
     """Analyse traces (files, directories or globs) and return the :class:`Report`.
 
     Raises :class:`fsdpdoctor.errors.InputError` when an input cannot be read.
+    PyTorch Flight Recorder dumps (one per rank, any name; found by content in the directories
+    given and their torchtitan ``comm_trace(s)/`` folder) are read alongside, or alone: the hang
+    diagnosis goes into ``facts.hang`` (:func:`attach_hang`); a dump that cannot be read raises.
     ``memory``: CUDA memory snapshot pickles (``torch.cuda.memory._dump_snapshot``), profiler
     memory-timeline exports (``.raw.json.gz``), or directories of them; the one with the highest
     peak becomes ``facts.memory``.
@@ -193,14 +196,22 @@ def analyze(
     if isinstance(paths, (str, Path)):
         paths = [paths]
     skipped: list[tuple[str, str]] = []
-    files = discover(list(paths), cycle=cycle, skipped=skipped, iteration=iteration)
-    load = load_ranks(files, jobs=jobs, progress=progress, strict=strict, scheduler=scheduler,
-                      **({"detail_ranks": None} if rank_detail == "all" else {}))
-    mixed = run_differences(load.ranks)
-    if mixed and not allow_mixed_runs:
-        raise InputError(load.ranks[1].path if len(load.ranks) > 1 else files[0],
-                         "not one run: " + "; ".join(mixed) + " (--allow-mixed-runs analyses them together)")
-    facts = fold(load.ranks, load.excluded, load.cross_rank, arrived=load.arrived)
+    dumps: list[Path] = []
+    files = discover(list(paths), cycle=cycle, skipped=skipped, iteration=iteration, dumps=dumps)
+    if files:
+        load = load_ranks(files, jobs=jobs, progress=progress, strict=strict, scheduler=scheduler,
+                          **({"detail_ranks": None} if rank_detail == "all" else {}))
+        mixed = run_differences(load.ranks)
+        if mixed and not allow_mixed_runs:
+            raise InputError(load.ranks[1].path if len(load.ranks) > 1 else files[0],
+                             "not one run: " + "; ".join(mixed) + " (--allow-mixed-runs analyses them together)")
+        facts = fold(load.ranks, load.excluded, load.cross_rank, arrived=load.arrived)
+        traced_memory = [r.memory_trace for r in load.ranks if r.memory_trace is not None]
+    else:  # Flight Recorder dumps alone (a hung job)
+        mixed, traced_memory = [], []
+        facts = RunFacts(tool=f"fsdpdoctor {__version__}")
+    if dumps:
+        attach_hang(facts, dumps, jobs=jobs, config=config)
     if config and config.get("peak_tflops") and facts.compute is not None:  # --peak-tflops
         from .analysis.compute import finish
 
@@ -232,9 +243,8 @@ def analyze(
         facts.memory.path = fetched[facts.memory.path]
     facts.memory_per_input = {fetched.get(k, k): v for k, v in facts.memory_per_input.items()}
     if facts.memory is None:  # no snapshot: the allocator totals the trace recorded, if it did (profile_memory=True)
-        traced = [r.memory_trace for r in load.ranks if r.memory_trace is not None]
-        if traced:
-            facts.memory = max(traced, key=lambda m: m.peak_allocated_bytes)
+        if traced_memory:
+            facts.memory = max(traced_memory, key=lambda m: m.peak_allocated_bytes)
     plan_inputs = inputs_from_facts(facts)
     if plan_inputs is not None:
         if plan_inputs.world_size > 1:  # on one GPU every strategy holds the same and sends nothing
@@ -243,11 +253,25 @@ def analyze(
             facts.memory_expected = expected_memory(plan_inputs, plan_inputs.current)
     _pressure(facts, config)
     report = _checked(Report(facts=facts, findings=run_rules(facts, config), rank_detail=rank_detail))
-    if timeline_step is not None:
+    if timeline_step is not None and (facts.rank_facts or timeline_step != (None, None)):  # dumps alone: no timeline
         from .analysis.timeline_extract import extract_for_facts
 
         report.timeline = extract_for_facts(facts, *timeline_step)
     return report
+
+
+def attach_hang(facts: RunFacts, dumps: list[Path], *, jobs: int | None = None, config: dict[str, Any] | None = None) -> None:
+    """Read the Flight Recorder dumps (one per rank) and put the hang diagnosis in ``facts.hang``
+    (:mod:`fsdpdoctor.analysis.hang`). A dump that cannot be read raises its InputError."""
+    from .analysis.hang import DEFAULT_LATE_S, diagnose, load_views
+
+    late = float((config or {}).get("hang_late_s", DEFAULT_LATE_S))
+    facts.hang = diagnose(load_views(dumps, jobs), late_s=late, world_size=facts.world_size)
+    h = facts.hang
+    facts.notes.append(f"{h.dumps} Flight Recorder dump{'s' if h.dumps != 1 else ''} read "
+                       f"({h.backend or 'no collectives'}, version {', '.join(h.versions)}"
+                       + (f"; no dump from {len(h.ranks_without_dump)} of {h.world_size} ranks" if h.ranks_without_dump else "")
+                       + ")")
 
 
 MEMORY_SUFFIXES = (".pickle", ".pkl", ".pickle.gz", ".pkl.gz", ".raw.json.gz", ".raw.json")

@@ -48,7 +48,10 @@ def analyze(
     (s3://, gs://, az://, http(s)://, file://).
 
     A rank file that cannot be read is left out with a warning and named in the report
-    (--strict: fail on it instead).
+    (--strict: fail on it instead). PyTorch Flight Recorder dumps of a hung job (one per rank,
+    found by content, also in a torchtitan comm_trace(s)/ folder) are read alongside or alone:
+    the report then opens with the hang (which rank, which collective); a dump that cannot be
+    read stops the analysis.
     """
     from .api import analyze as run
     from .progress import load_progress

@@ -23,6 +23,7 @@ import msgspec
 # the contract's pages: importable from here, as every consumer does
 from .facts_compute import ComputeFacts, WhatIfFacts, compute_v4  # noqa: F401
 from .facts_memory import MEMORY_CATEGORIES, AllocatorSettings, MemoryFacts, MemoryPressureFacts  # noqa: F401
+from .facts_hang import HangFacts
 
 #: 2: the report is one document (every RunFacts field once, at the top level, plus ``findings``);
 #: 1 wrote the summaries at the top level and all facts again under ``facts``. Both load.
@@ -528,6 +529,7 @@ class RunFacts:
     pipelines: list[str] = field(default_factory=list)  # RankFacts.pipelines of any rank
     # inputs that look like different runs, analysed together with --allow-mixed-runs: what differs
     mixed_runs: list[str] = field(default_factory=list)
+    hang: HangFacts | None = None  # what the Flight Recorder dumps say (fsdpdoctor.facts_hang), when given
     # one line per rank (every rank, whatever the detail); which ranks' RankFacts are written:
     # "all" (every rank), "auto" (those with detail reasons, or all in small runs), "none"
     rank_summaries: list[RankSummary] = field(default_factory=list)

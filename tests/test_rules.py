@@ -56,7 +56,8 @@ class RuleCase(msgspec.Struct, forbid_unknown_fields=True):
     whether the rule fires, and what the finding must (not) say. A misspelt key is an error."""
 
     why: str
-    source: Literal["recorded", "gpu-recorded", "scenario", "snapshot", "public", "public-snapshot", "facts"]
+    source: Literal["recorded", "gpu-recorded", "scenario", "snapshot", "public", "public-snapshot", "facts",
+                    "fr-recorded", "fr-generated"]
     input: str
     expect: Literal["fires", "silent"]
     min_saving_ms: float | None = None
@@ -128,7 +129,7 @@ def _patched_report(base: "fsdpdoctor.Report", patch: dict) -> "fsdpdoctor.Repor
 
 
 @pytest.fixture(scope="module")
-def analyzed(recorded_run, tmp_path_factory):
+def analyzed(recorded_run, hang_recording, tmp_path_factory):
     cache: dict[tuple[str, str], list] = {}
 
     def get(source: str, name: str, patch: dict | None = None, knobs: dict | None = None):
@@ -160,6 +161,14 @@ def analyzed(recorded_run, tmp_path_factory):
                 if not path.exists():
                     pytest.skip("../shared/snapshots/public is absent")
                 cache[key] = [fsdpdoctor.api.analyze_memory_only(path)]
+            elif source == "fr-recorded":  # real Flight Recorder dumps of a hung gloo job (fixtures/record_hang.py)
+                cache[key] = [fsdpdoctor.analyze(hang_recording(name) / "dumps")]
+            elif source == "fr-generated":  # NCCL-format dumps (fixtures/flight_recorder/gen.py presets)
+                from fixtures.flight_recorder import gen as fr_gen
+
+                out = tmp_path_factory.mktemp(f"fr-{name}")
+                fr_gen.write(fr_gen.PRESETS[name], out)
+                cache[key] = [fsdpdoctor.analyze(out)]
             elif source == "scenario":
                 import dataclasses
 

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from ..facts import RunFacts
-from ..fmt import mib, ms, pct
+from ..fmt import mib, ms, pct, rank_list, ranks_text, seconds
 
 if TYPE_CHECKING:
     from ..engine import Finding
@@ -107,7 +107,7 @@ def ticket_headline(f: RunFacts) -> list[tuple[str, str]]:
     limits it, MFU where known, overlap, exposed communication, memory peak. Extend here: each
     item is a (label, text) pair, in display order."""
     if not f.rank_facts:
-        return memory_headline(f) or [("Run", "no traces")]
+        return hang_headline(f) + memory_headline(f) or [("Run", "no traces")]
     full = dict(headline(f))
     items = [("Run", full["Run"] + " · " + full["FSDP"])]
     if f.step_clock_ms:
@@ -118,7 +118,46 @@ def ticket_headline(f: RunFacts) -> list[tuple[str, str]]:
         items.append(("Comm", f"no collectives in the traces (world size {f.world_size or len(f.ranks)})"))
     elif f.gpu_present:
         items.append(("Comm", f"{pct(f.overlap.pct)} hidden behind compute · exposed {ms(f.exposed_comm.mean_ms_per_step)} per step"))
-    return items + memory_headline(f)
+    return hang_headline(f) + items + memory_headline(f)
+
+
+def hang_headline(f: RunFacts) -> list[tuple[str, str]]:
+    """The hang's lines, first in every report: what is stuck and who is to blame, then the dumps."""
+    h = f.hang
+    if h is None:
+        return []
+    dumps = (f"{h.dumps} Flight Recorder dump{'s' if h.dumps != 1 else ''} · {h.backend or 'no collectives'} · "
+             f"version {', '.join(h.versions)}" + (f" · world size {h.world_size}" if h.world_size else ""))
+    if h.ranks_without_dump:
+        dumps += f" · no dump from {ranks_text(h.ranks_without_dump)}"
+    if h.kind == "none":
+        return [("Hang", "none found: " + h.summary), ("Dumps", dumps)]
+    lines = [("Hang", h.summary)]
+    if h.culprits:
+        lines.append(("Culprits", "; ".join(f"rank {c.rank} ({c.kind})" for c in h.culprits[:6])
+                      + (f"; … {len(h.culprits) - 6} more" if len(h.culprits) > 6 else "")))
+    return lines + [("Dumps", dumps)]
+
+
+def hang_table(f: RunFacts) -> Table | None:
+    """What each rank ran at the stuck collective, ranks with the same row together."""
+    h = f.hang
+    if h is None or not h.ops:
+        return None
+    rows: dict[tuple, list[int]] = {}
+    for o in h.ops:
+        coll = ""
+        if o.op:
+            coll = f"{o.op} " + "+".join(str(list(x)) for x in o.input_sizes) + " " + "/".join(dict.fromkeys(o.input_dtypes))
+        said = ", ".join(x for x in (o.fsdp, f"{o.phase} of step {o.step}" if o.step is not None else o.phase,
+                                     o.call_site) if x)
+        key = (o.status.replace("_", " "), coll.strip(), o.state or "", seconds(o.late_s) if o.late_s is not None else "", said)
+        rows.setdefault(key, []).append(o.rank)
+    pg = h.process_group
+    title = f"Hang: what each rank ran at #{h.seq_id} of {pg.desc or pg.name} (ranks {rank_list(pg.ranks)})" if pg else "Hang"
+    return Table(title, ["ranks", "status", "collective", "state", "late", "what its stack says"],
+                 [[rank_list(rs), *k] for k, rs in sorted(rows.items(), key=lambda kv: kv[1][0])],
+                 note="state as recorded (gloo records none: every entry 'scheduled'); step: forward pass, counted from 1")
 
 
 def memory_headline(f: RunFacts) -> list[tuple[str, str]]:
@@ -154,7 +193,7 @@ def memory_headline(f: RunFacts) -> list[tuple[str, str]]:
 def headline(f: RunFacts) -> list[tuple[str, str]]:
     """Key/value lines for the top of every report."""
     if not f.rank_facts:
-        return memory_headline(f) or [("Run", "no traces")]
+        return hang_headline(f) + memory_headline(f) or [("Run", "no traces")]
     fs = f.fsdp
     ws = f.world_size
     ranks = f.ranks
@@ -196,7 +235,7 @@ def headline(f: RunFacts) -> list[tuple[str, str]]:
         lines.append(("Exposed comm", f"{ms(f.exposed_comm.mean_ms_per_step)} per step"))
     if f.compute is not None and f.compute.mfu_pct is not None:
         lines.append(("MFU", mfu_text(f)))
-    return lines + memory_headline(f)
+    return hang_headline(f) + lines + memory_headline(f)
 
 
 def steps_text(f: RunFacts) -> str:
@@ -457,5 +496,6 @@ def compute_table(f: RunFacts) -> Table | None:
 
 
 def all_tables(f: RunFacts) -> list[Table]:
-    tables = [breakdown_table(f), compute_table(f), phase_table(f), collectives_table(f), units_table(f), ranks_table(f)]
+    tables = [hang_table(f), breakdown_table(f), compute_table(f), phase_table(f), collectives_table(f), units_table(f),
+              ranks_table(f)]
     return [t for t in tables if t] + memory_tables(f) + strategy_tables(f)
