@@ -108,3 +108,19 @@ def test_traces_in_the_folder_snapshots_in_iteration_folders(tmp_path):
     f = fsdpdoctor.analyze(tmp_path).facts
     assert Path(f.inputs[0].path).name == "rank0.json"
     assert Path(f.memory.path).parent.name == "iteration_4"
+
+
+def test_the_dump_folder_brings_its_flight_recorder_dumps_too(tmp_path):
+    """A torchtitan run that hung after profiling: its dump folder holds the profile traces of an
+    iteration and the Flight Recorder dumps of every rank (comm_traces/rank_<r>); analyze reads
+    both from the dump folder alone, the traces' steps and the hang's culprit."""
+    from fixtures.flight_recorder import gen
+
+    root = tmp_path / "outputs"
+    _gunzip(GPU / "fsdp2" / "rank0.json.gz", root / "profile_traces" / "iteration_10" / "rank0_trace.json")
+    truth = gen.write(gen.PRESETS["missing"], root / "comm_traces")
+    for p in (root / "comm_traces").iterdir():
+        p.rename(p.with_name(p.name.replace(gen.PREFIX, "rank_")))
+    f = fsdpdoctor.analyze(root).facts
+    assert f.steps.count == 2 and f.gpu_present
+    assert f.hang is not None and f.hang.culprit_ranks == truth.culprits and f.hang.dumps == 4
