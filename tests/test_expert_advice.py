@@ -67,3 +67,21 @@ def test_straggler_that_arrives_late_is_named_and_not_shown_as_fastest(shared_tr
     assert re.search(r"\| 7 \|[^\n]*straggler", table)
     lo = _finding(rep, "low-overlap")
     assert lo is None or all("TrainPipelineSparseDist(" not in code for code in lo.fix.values())
+
+
+def test_wording_says_what_the_trace_shows(shared_traces):
+    """Item 11: AMD's matrix cores are not "tensor cores"; a world-size-1 run with no all-gather
+    claims no "low-precision all-gathers"; no "Memory at the peak" heading without its table;
+    "1 step", not "1 steps"."""
+    mi300 = fsdpdoctor.analyze(shared_traces / "tracelens-mi300-ddp").to_markdown()
+    assert "matrix cores" in mi300 and "tensor cores" not in mi300
+    rec = Path(__file__).resolve().parents[1] / "fixtures" / "recorded"
+    raw = _events(rec / "gpu" / "fsdp2-bf16" / "rank0.json.gz")
+    assert not any("all_gather" in str((e.get("args") or {}).get("Collective name", "")) for e in raw)
+    md = fsdpdoctor.analyze(rec / "gpu" / "fsdp2-bf16").to_markdown()
+    assert "all-gathers" not in md.split("## ")[0]  # the headline
+    df = fsdpdoctor.analyze(shared_traces / "hta-df-index-v100").to_markdown()
+    assert "Memory at the peak" not in df
+    from fsdpdoctor.report.sections import plural
+
+    assert (plural(1, "unit"), plural(5, "unit"), plural(1, "step")) == ("1 unit", "5 units", "1 step")

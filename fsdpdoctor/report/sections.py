@@ -68,6 +68,11 @@ def _num(v: float) -> str:
     return f"{v:.2f}" if v >= 0 else f"−{-v:.2f}"
 
 
+def plural(n: int | float, word: str) -> str:
+    """"1 unit", "5 units", "2.5 steps"."""
+    return f"{n:g} {word}" + ("" if n == 1 else "s")
+
+
 def limit_text(f: RunFacts) -> str:
     """What limits the step (:attr:`TimelineSummary.bound`) with its figures."""
     if not f.gpu_present or not f.timeline.bound:
@@ -92,8 +97,16 @@ def mfu_text(f: RunFacts) -> str:
         out += f", HFU {pct(c.hfu_pct)} with the recompute"
     top = max(c.dtype_mix, key=c.dtype_mix.get) if c.dtype_mix else None
     if top:
-        out += f"; {pct(c.dtype_mix[top])} of GEMM time {ENGINE_TEXT.get(top, top)}"
+        out += f"; {pct(c.dtype_mix[top])} of GEMM time {vendor_words(c.peak_label, ENGINE_TEXT.get(top, top))}"
     return out + ")"
+
+
+def vendor_words(peak_label: str | None, text: str) -> str:
+    """NVIDIA's words for the matrix and vector units, in AMD's where the device is an Instinct
+    (MI*): "tensor cores" → "matrix cores", "CUDA cores" → "SIMD units"."""
+    if (peak_label or "").startswith("MI"):
+        return text.replace("tensor cores", "matrix cores").replace("CUDA cores", "SIMD units")
+    return text
 
 
 ENGINE_LABEL = {"fp32-simt": "fp32, CUDA cores", "fp32": "fp32, engine unknown", "tf32": "TF32 tensor cores",
@@ -111,13 +124,15 @@ def ticket_headline(f: RunFacts) -> list[tuple[str, str]]:
     full = dict(headline(f))
     items = [("Run", full["Run"] + " · " + full["FSDP"])]
     if f.step_clock_ms:
-        items.append(("Step", f"{ms(f.step_clock_ms)} ({f.steps.count} steps per rank) · {limit_text(f)}"))
+        items.append(("Step", f"{ms(f.step_clock_ms)} ({plural(f.steps.count, 'step')} per rank) · {limit_text(f)}"))
     if f.compute is not None and f.compute.mfu_pct is not None:
         items.append(("MFU", mfu_text(f)))
     if not f.collectives:
         items.append(("Comm", f"no collectives in the traces (world size {f.world_size or len(f.ranks)})"))
-    elif f.gpu_present:
+    elif f.gpu_present and f.overlap.pct is not None:
         items.append(("Comm", f"{pct(f.overlap.pct)} hidden behind compute · exposed {ms(f.exposed_comm.mean_ms_per_step)} per step"))
+    elif f.gpu_present:
+        items.append(("Comm", f"no collective kernel in the GPU window · exposed {ms(f.exposed_comm.mean_ms_per_step)} per step"))
     return hang_headline(f) + items + memory_headline(f)
 
 
@@ -202,7 +217,8 @@ def headline(f: RunFacts) -> list[tuple[str, str]]:
     if fs.version is None:
         fsdp_txt = "not detected (" + fs.version_evidence + ")"
     else:
-        fsdp_txt = f"FSDP{fs.version}" + (f" {fs.sharding_strategy}" if fs.sharding_strategy else "") + f", {fs.unit_count} units"
+        fsdp_txt = (f"FSDP{fs.version}" + (f" {fs.sharding_strategy}" if fs.sharding_strategy else "")
+                    + f", {plural(fs.unit_count, 'unit')}")
         if fs.backward_prefetch:
             fsdp_txt += f", backward prefetch {fs.backward_prefetch}"
         if fs.forward_prefetch:
@@ -211,7 +227,7 @@ def headline(f: RunFacts) -> list[tuple[str, str]]:
             fsdp_txt += ", no reshard after forward"
         if fs.cpu_offload.detected:
             fsdp_txt += ", CPU offload"
-        if fs.mixed_precision is not None:
+        if fs.mixed_precision is not None and any(c.kind == "all_gather" for c in f.collectives):
             fsdp_txt += ", " + ("low-precision" if fs.mixed_precision else "fp32") + " all-gathers"
     if f.inputs_excluded:  # a partial run: "7 of 8 ranks", whatever the traces say the world size is
         rank_txt = f"{len(ranks)} of {f.ranks_expected} ranks" + (f" (world size {ws})" if ws and ws != f.ranks_expected else "")
@@ -321,7 +337,7 @@ def memory_tables(f: RunFacts) -> list[Table]:
         headers.insert(2, "at active peak")
     if exp:
         headers.insert(2, "expected (ZeRO)")
-    out = [Table(f"Memory at the peak ({m.source}: {m.path or ''})", headers, rows, note=_instant_note(m))]
+    out = [Table(f"Memory at the peak ({m.source}: {m.path or ''})", headers, rows, note=_instant_note(m))] if rows else []
     frag = [["peak allocated", mib(m.peak_allocated_bytes)]]
     if m.reserved_at_peak_bytes is not None:
         frag.append(["reserved at peak", mib(m.reserved_at_peak_bytes)])
@@ -486,7 +502,7 @@ def compute_table(f: RunFacts) -> Table | None:
     for e, t in sorted(c.engine_ms_per_step.items(), key=lambda kv: -kv[1]):
         rate = c.engine_tflops.get(e)
         peak = peaks.get(dtype.get(e, e))
-        rows.append([ENGINE_LABEL.get(e, e), ms(t), pct(c.dtype_mix.get(e)), f"{rate:.1f}" if rate else "–",
+        rows.append([vendor_words(c.peak_label, ENGINE_LABEL.get(e, e)), ms(t), pct(c.dtype_mix.get(e)), f"{rate:.1f}" if rate else "–",
                      f"{peak:,.0f}" if peak else "–", pct(100 * rate / peak) if rate and peak else "–"])
     note = (f"{c.model_flops_per_step / 1e9:,.1f} GFLOP per step of matmuls and attention (model; "
             f"{c.recompute_flops_per_step / 1e9:,.1f} recomputed); by phase: "
