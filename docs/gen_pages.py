@@ -23,8 +23,8 @@ RECORDED = REPO / "fixtures" / "recorded"
 SHARED = REPO.parent / "shared"  # the public traces and snapshots, when checked out beside the repo
 
 
-def rule_page_name(mod) -> str:
-    return f"rules/{mod.CODE.lower()}-{mod.SLUG}.md"
+def rule_page_name(rule) -> str:
+    return f"rules/{rule.code.lower()}-{rule.slug}.md"
 
 
 def examples() -> dict[str, tuple[str, object, object]]:
@@ -54,6 +54,7 @@ def sections(doc: str) -> list[tuple[str, str]]:
     for line in doc.strip().splitlines():
         if line and not line.startswith(" ") and line.strip() in (
             "What it detects", "Why it hurts", "How it shows in a trace", "Fix", "Fix (FSDP1)", "Fix (FSDP2)",
+            "Saving", "Known problems",
         ) or (line and not line.startswith(" ") and not out):
             out.append((line.strip(), []))
         else:
@@ -61,12 +62,12 @@ def sections(doc: str) -> list[tuple[str, str]]:
     return [(h, "\n".join(body).strip()) for h, body in out]
 
 
-def rule_page(mod, example) -> str:
-    lines = [f"# {mod.CODE} `{mod.SLUG}`", "", f"**{getattr(mod, 'TITLE', '')}** · default severity "
-             f"`{getattr(mod, 'SEVERITY', '')}` · `fsdpdoctor explain {mod.SLUG}`", ""]
-    for head, body in sections(mod.__doc__ or ""):
+def rule_page(rule, example) -> str:
+    lines = [f"# {rule.code} `{rule.slug}`", "", f"**{rule.title}** · default severity "
+             f"`{rule.severity}` · `fsdpdoctor explain {rule.slug}`", ""]
+    for head, body in sections(rule.doc):
         lines += [f"## {head}", "", body, ""]
-    keys = getattr(mod, "THRESHOLDS", ())
+    keys = rule.thresholds
     if keys:
         cfg = defaults()
         lines += ["## Thresholds", "", "| key | default | meaning |", "|---|---|---|"]
@@ -76,7 +77,7 @@ def rule_page(mod, example) -> str:
     if example is None:
         lines += ["None of the real recordings (`fixtures/recorded`, `../shared/traces/public`) makes this "
                   "rule fire; its firing and silent cases are in "
-                  f"`rules/cases/{Path(mod.__file__).stem}.toml`.", ""]
+                  f"`rules/cases/{Path(rule.path).stem}.toml`.", ""]
     else:
         where, f, facts = example
         lines += [f"`fsdpdoctor {where}`:", "", f"> **{f.severity}** {f.summary}", ""]
@@ -93,17 +94,17 @@ def rule_page(mod, example) -> str:
 
 
 def main() -> None:
-    mods = load_rules()
+    rules = load_rules()
     ex = examples()
     index = ["# Rules", "", "One page per rule, generated from the rule modules in `rules/`. "
              "`fsdpdoctor rules` lists them; `fsdpdoctor explain CODE` prints a page's text.", "",
              "| code | rule | title | default severity |", "|---|---|---|---|"]
-    for mod in mods:
-        name = rule_page_name(mod)
-        index.append(f"| {mod.CODE} | [`{mod.SLUG}`]({Path(name).name}) | {getattr(mod, 'TITLE', '')} | {getattr(mod, 'SEVERITY', '')} |")
+    for rule in rules:
+        name = rule_page_name(rule)
+        index.append(f"| {rule.code} | [`{rule.slug}`]({Path(name).name}) | {rule.title} | {rule.severity} |")
         with mkdocs_gen_files.open(name, "w") as fh:
-            fh.write(rule_page(mod, ex.get(mod.SLUG)))
-        mkdocs_gen_files.set_edit_path(name, Path(mod.__file__).relative_to(REPO).as_posix())
+            fh.write(rule_page(rule, ex.get(rule.slug)))
+        mkdocs_gen_files.set_edit_path(name, Path(rule.path).relative_to(REPO).as_posix())
     with mkdocs_gen_files.open("rules/index.md", "w") as fh:
         fh.write("\n".join(index) + "\n")
     with mkdocs_gen_files.open("reference/cli.md", "w") as fh:

@@ -147,10 +147,14 @@ def analyze(
     cycle: int | None = None,
     allow_mixed_runs: bool = False,
     rank_detail: str = "auto",
+    iteration: int | None = None,
 ) -> Report:
     """Analyse traces (files, directories or globs) and return the :class:`Report`.
 
     Raises :class:`fsdpdoctor.errors.InputError` when an input cannot be read.
+    PyTorch Flight Recorder dumps (one per rank, any name; found by content in the directories
+    given and their torchtitan ``comm_trace(s)/`` folder) are read alongside, or alone: the hang
+    diagnosis goes into ``facts.hang`` (:func:`attach_hang`); a dump that cannot be read raises.
     ``memory``: CUDA memory snapshot pickles (``torch.cuda.memory._dump_snapshot``), profiler
     memory-timeline exports (``.raw.json.gz``), or directories of them; the one with the highest
     peak becomes ``facts.memory``.
@@ -169,7 +173,9 @@ def analyze(
 
     A directory contributes the files whose content is a trace (other JSON beside them is
     skipped and listed in ``facts.notes``); when ``fsdpdoctor.capture(repeat > 1)`` wrote several
-    profiling cycles, ``cycle`` picks one (default: the last).
+    profiling cycles, ``cycle`` picks one (default: the last). A framework's dump folder
+    (torchtitan's ``job.dump_folder``; :mod:`fsdpdoctor.ingest.layouts`) gives the profile traces
+    of iteration ``iteration`` (default: the latest) and the memory snapshots of that iteration.
 
     Traces that look like different runs (world size, device, backend or NCCL version differ, or
     they start more than an hour apart; :mod:`fsdpdoctor.analysis.runs`) raise an InputError
@@ -190,14 +196,22 @@ def analyze(
     if isinstance(paths, (str, Path)):
         paths = [paths]
     skipped: list[tuple[str, str]] = []
-    files = discover(list(paths), cycle=cycle, skipped=skipped)
-    load = load_ranks(files, jobs=jobs, progress=progress, strict=strict, scheduler=scheduler,
-                      **({"detail_ranks": None} if rank_detail == "all" else {}))
-    mixed = run_differences(load.ranks)
-    if mixed and not allow_mixed_runs:
-        raise InputError(load.ranks[1].path if len(load.ranks) > 1 else files[0],
-                         "not one run: " + "; ".join(mixed) + " (--allow-mixed-runs analyses them together)")
-    facts = fold(load.ranks, load.excluded, load.cross_rank, arrived=load.arrived)
+    dumps: list[Path] = []
+    files = discover(list(paths), cycle=cycle, skipped=skipped, iteration=iteration, dumps=dumps)
+    if files:
+        load = load_ranks(files, jobs=jobs, progress=progress, strict=strict, scheduler=scheduler,
+                          **({"detail_ranks": None} if rank_detail == "all" else {}))
+        mixed = run_differences(load.ranks)
+        if mixed and not allow_mixed_runs:
+            raise InputError(load.ranks[1].path if len(load.ranks) > 1 else files[0],
+                             "not one run: " + "; ".join(mixed) + " (--allow-mixed-runs analyses them together)")
+        facts = fold(load.ranks, load.excluded, load.cross_rank, arrived=load.arrived)
+        traced_memory = [r.memory_trace for r in load.ranks if r.memory_trace is not None]
+    else:  # Flight Recorder dumps alone (a hung job)
+        mixed, traced_memory = [], []
+        facts = RunFacts(tool=f"fsdpdoctor {__version__}")
+    if dumps:
+        attach_hang(facts, dumps, jobs=jobs, config=config)
     if config and config.get("peak_tflops") and facts.compute is not None:  # --peak-tflops
         from .analysis.compute import finish
 
@@ -222,7 +236,7 @@ def analyze(
         else:
             facts.notes.append(problem)
     fetched: dict[str, str] = {}  # snapshots fetched from object storage: local copy → URL
-    found = [] if memory else _found_snapshots(list(paths), facts, fetched)
+    found = [] if memory else _found_snapshots(list(paths), facts, fetched, iteration)
     try:
         if memory or found:
             attach_memory(facts, memory or found, found=bool(found))
@@ -233,9 +247,8 @@ def analyze(
         facts.memory.path = fetched[facts.memory.path]
     facts.memory_per_input = {fetched.get(k, k): v for k, v in facts.memory_per_input.items()}
     if facts.memory is None:  # no snapshot: the allocator totals the trace recorded, if it did (profile_memory=True)
-        traced = [r.memory_trace for r in load.ranks if r.memory_trace is not None]
-        if traced:
-            facts.memory = max(traced, key=lambda m: m.peak_allocated_bytes)
+        if traced_memory:
+            facts.memory = max(traced_memory, key=lambda m: m.peak_allocated_bytes)
     plan_inputs = inputs_from_facts(facts)
     if plan_inputs is not None:
         if plan_inputs.world_size > 1:  # on one GPU every strategy holds the same and sends nothing
@@ -244,24 +257,47 @@ def analyze(
             facts.memory_expected = expected_memory(plan_inputs, plan_inputs.current)
     _pressure(facts, config)
     report = _checked(Report(facts=facts, findings=run_rules(facts, config), rank_detail=rank_detail))
-    if timeline_step is not None:
+    if timeline_step is not None and (facts.rank_facts or timeline_step != (None, None)):  # dumps alone: no timeline
         from .analysis.timeline_extract import extract_for_facts
 
         report.timeline = extract_for_facts(facts, *timeline_step)
     return report
 
 
+def attach_hang(facts: RunFacts, dumps: list[Path], *, jobs: int | None = None, config: dict[str, Any] | None = None) -> None:
+    """Read the Flight Recorder dumps (one per rank) and put the hang diagnosis in ``facts.hang``
+    (:mod:`fsdpdoctor.analysis.hang`). A dump that cannot be read raises its InputError."""
+    from .analysis.hang import DEFAULT_LATE_S, diagnose, load_views
+
+    late = float((config or {}).get("hang_late_s", DEFAULT_LATE_S))
+    facts.hang = diagnose(load_views(dumps, jobs), late_s=late, world_size=facts.world_size)
+    h = facts.hang
+    facts.notes.append(f"{h.dumps} Flight Recorder dump{'s' if h.dumps != 1 else ''} read "
+                       f"({h.backend or 'no collectives'}, version {', '.join(h.versions)}"
+                       + (f"; no dump from {len(h.ranks_without_dump)} of {h.world_size} ranks" if h.ranks_without_dump else "")
+                       + ")")
+
+
 MEMORY_SUFFIXES = (".pickle", ".pkl", ".pickle.gz", ".pkl.gz", ".raw.json.gz", ".raw.json")
 
 
-def memory_files(paths: str | Path | Iterable[str | Path]) -> list[Path]:
-    """Snapshot / memory-timeline files named by ``paths`` (files, or directories of them)."""
+def memory_files(paths: str | Path | Iterable[str | Path], iteration: int | None = None) -> list[Path]:
+    """Snapshot / memory-timeline files named by ``paths`` (files, or directories of them). A
+    framework's dump folder (:mod:`fsdpdoctor.ingest.layouts`) gives the snapshots of iteration
+    ``iteration``, by default its latest (an out-of-memory exit's included)."""
+    from .ingest.layouts import dump_folder
+
     if isinstance(paths, (str, Path)):
         paths = [paths]
     out: list[Path] = []
     for raw in paths:
         p = Path(raw)
-        if p.is_dir():
+        dump = dump_folder(p, iteration)
+        if dump is not None:
+            if not dump.latest_snapshots:
+                raise InputError(p, f"a {dump.layout} dump folder without memory snapshots")
+            out.extend(dump.latest_snapshots)
+        elif p.is_dir():
             try:
                 found = sorted(q for q in p.iterdir() if q.is_file() and q.name.endswith(MEMORY_SUFFIXES))
             except PermissionError:
@@ -276,7 +312,7 @@ def memory_files(paths: str | Path | Iterable[str | Path]) -> list[Path]:
     return out
 
 
-def _found_snapshots(paths: list, facts: RunFacts, fetched: dict[str, str]) -> list[Path]:
+def _found_snapshots(paths: list, facts: RunFacts, fetched: dict[str, str], iteration: int | None = None) -> list[Path]:
     """Memory snapshots lying beside the traces (:func:`fsdpdoctor.ingest.discover.snapshots_beside`);
     one in object storage is fetched into a temporary folder under its own name first (``fetched``:
     local copy → URL)."""
@@ -287,7 +323,7 @@ def _found_snapshots(paths: list, facts: RunFacts, fetched: dict[str, str]) -> l
     from .ingest.discover import snapshots_beside
 
     out = []
-    for p in snapshots_beside(paths):
+    for p in snapshots_beside(paths, iteration):
         if not isinstance(p, str):
             out.append(p)
             continue
@@ -305,7 +341,9 @@ def _found_snapshots(paths: list, facts: RunFacts, fetched: dict[str, str]) -> l
     return out
 
 
-def attach_memory(facts: RunFacts, memory: str | Path | Iterable[str | Path], *, found: bool = False) -> None:
+def attach_memory(
+    facts: RunFacts, memory: str | Path | Iterable[str | Path], *, found: bool = False, iteration: int | None = None
+) -> None:
     """Analyse every snapshot; keep the one with the highest peak in ``facts.memory``.
 
     ``found``: the snapshots were found beside the traces, not named with ``--memory``: the
@@ -316,7 +354,7 @@ def attach_memory(facts: RunFacts, memory: str | Path | Iterable[str | Path], *,
 
     best = None
     read = []
-    for f in memory_files(memory):
+    for f in memory_files(memory, iteration):
         try:
             mf = analyze_memory(f)
         except InputError as exc:
@@ -337,10 +375,13 @@ def attach_memory(facts: RunFacts, memory: str | Path | Iterable[str | Path], *,
                            + " found beside the traces and read (no --memory needed)")
 
 
-def analyze_memory_only(memory: str | Path | Iterable[str | Path], config: dict[str, Any] | None = None) -> Report:
-    """A report from memory snapshots alone (``fsdpdoctor memory``)."""
+def analyze_memory_only(
+    memory: str | Path | Iterable[str | Path], config: dict[str, Any] | None = None, iteration: int | None = None
+) -> Report:
+    """A report from memory snapshots alone (``fsdpdoctor memory``); ``iteration`` chooses in a
+    framework's dump folder (default: its latest snapshot)."""
     facts = RunFacts(tool=f"fsdpdoctor {__version__}")
-    attach_memory(facts, memory)
+    attach_memory(facts, memory, iteration=iteration)
     _pressure(facts, config)
     return _checked(Report(facts=facts, findings=run_rules(facts, config)))
 

@@ -32,6 +32,8 @@ from .facts import AUTO_FULL_RANKS, RANK_DETAIL
               help="JSON report and baseline: which ranks' per-step and per-collective detail to write. auto: every rank in "
               f"runs of up to {AUTO_FULL_RANKS} ranks, else the ranks that matter (slowest, fastest, straggler, lowest overlap, worst "
               "replay, first); all: every rank (and every rank's collectives); none: none. Every rank has a summary line.")
+@click.option("--iteration", type=click.IntRange(0), default=None, metavar="N",
+              help="A framework's dump folder (torchtitan): the iteration whose traces and snapshots to read (default: the latest).")
 @input_limit_option
 @scale_options
 @guarded
@@ -40,12 +42,16 @@ def analyze(
     settings: tuple[str, ...], disable: tuple[str, ...], save_baseline: Path | None,
     timeline_rank: int | None, timeline_step: int | None, scheduler: str | None, strict: bool, cycle: int | None,
     allow_mixed_runs: bool, brief: bool = False, details: bool = False, rank_detail: str = "auto",
+    iteration: int | None = None,
 ) -> None:
     """Analyse trace files, directories of rank traces, or globs: local paths or URLs
     (s3://, gs://, az://, http(s)://, file://).
 
     A rank file that cannot be read is left out with a warning and named in the report
-    (--strict: fail on it instead).
+    (--strict: fail on it instead). PyTorch Flight Recorder dumps of a hung job (one per rank,
+    found by content, also in a torchtitan comm_trace(s)/ folder) are read alongside or alone:
+    the report then opens with the hang (which rank, which collective); a dump that cannot be
+    read stops the analysis.
     """
     from .api import analyze as run
     from .progress import load_progress
@@ -56,6 +62,7 @@ def analyze(
         report = run(
             list(paths), memory=list(memory) or None, jobs=jobs, config=cfg, timeline_step=tl_step, progress=progress,
             scheduler=scheduler, strict=strict, cycle=cycle, allow_mixed_runs=allow_mixed_runs, rank_detail=rank_detail,
+            iteration=iteration,
         )
     warn_partial(report.facts)
     if save_baseline is not None:
@@ -67,14 +74,17 @@ def analyze(
 @click.argument("paths", nargs=-1, required=True)
 @click.option("--format", "fmt", type=click.Choice(["terminal", "markdown", "json"]), default="terminal", show_default=True, help="Report format.")
 @click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path), help="Write the report to FILE.")
+@click.option("--iteration", type=click.IntRange(0), default=None, metavar="N",
+              help="A framework's dump folder (torchtitan): the iteration whose snapshots to read (default: the latest).")
 @input_limit_option
 @memory_budget_option
 @guarded
-def memory(paths: tuple[str, ...], fmt: str, output: Path | None) -> None:
-    """Analyse CUDA memory snapshots (or profiler memory timelines) alone."""
+def memory(paths: tuple[str, ...], fmt: str, output: Path | None, iteration: int | None = None) -> None:
+    """Analyse CUDA memory snapshots (or profiler memory timelines) alone: files, folders of
+    them, or a framework's dump folder (torchtitan's memory_snapshot/iteration_<N>)."""
     from .api import analyze_memory_only
 
-    _emit(analyze_memory_only(list(paths), config=rule_config()), fmt, output, details=True)
+    _emit(analyze_memory_only(list(paths), config=rule_config(), iteration=iteration), fmt, output, details=True)
 
 
 def _emit(report, fmt: str, output: Path | None, *, brief: bool = False, details: bool = False) -> None:
@@ -107,8 +117,8 @@ def rules_cmd(thresholds: bool) -> None:
             mark = "" if cfg[key] == default else f" (default {default:g})"
             click.echo(f"{key:<30} {cfg[key]:<8g}{mark}  {doc}")
         return
-    for mod in load_rules():
-        click.echo(f"{mod.CODE}  {mod.SLUG:<34} {getattr(mod, 'SEVERITY', ''):<8} {getattr(mod, 'TITLE', '')}")
+    for rule in load_rules():
+        click.echo(f"{rule.code}  {rule.slug:<34} {rule.severity:<8} {rule.title}")
 
 
 @main.command("schema")
@@ -130,14 +140,14 @@ def explain(rule: str) -> None:
     """Print a rule's documentation (by code or slug)."""
     from .engine import find_rule
 
-    mod = find_rule(rule)
-    if mod is None:
+    meta = find_rule(rule)
+    if meta is None:
         raise InputError(rule, "no such rule (see 'fsdpdoctor rules')")
     from .config import THRESHOLDS, load_config
 
-    click.echo(f"{mod.CODE} {mod.SLUG}: {getattr(mod, 'TITLE', '')}\n")
-    click.echo((mod.__doc__ or "").strip())
-    keys = getattr(mod, "THRESHOLDS", ())
+    click.echo(f"{meta.code} {meta.slug}: {meta.title}\n")
+    click.echo(meta.doc)
+    keys = meta.thresholds
     if keys:
         cfg = load_config()
         click.echo("\nThresholds (override with --set KEY=VALUE or [tool.fsdpdoctor]):")

@@ -78,7 +78,8 @@ def guarded(fn):
 def _set_input_limit(ctx: click.Context, param: click.Parameter, value: str | None) -> None:
     if value is None:
         return
-    from .ingest._io import MAX_INPUT_ENV, parse_size
+    from .fmt import parse_size
+    from .ingest._io import MAX_INPUT_ENV
 
     try:
         n = parse_size(value)

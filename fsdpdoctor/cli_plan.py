@@ -14,11 +14,8 @@ from rich.table import Table
 from .analysis.strategy import DEFAULT_INTER_BUSBW, DEFAULT_INTRA_BUSBW, OPTIMIZER_STATE_BYTES, PlanInputs, advise
 from .cli_base import _write, guarded, main
 from .errors import InputError
-from .fmt import mib, ms
+from .fmt import mib, ms, parse_size
 
-_SIZE = re.compile(r"^\s*([0-9.]+(?:e[0-9]+)?)\s*([kmgt]i?b?)?\s*$", re.I)
-_UNITS = {"": 1, "b": 1, "k": 1e3, "kb": 1e3, "m": 1e6, "mb": 1e6, "g": 1e9, "gb": 1e9, "t": 1e12, "tb": 1e12,
-          "ki": 2**10, "kib": 2**10, "mi": 2**20, "mib": 2**20, "gi": 2**30, "gib": 2**30, "ti": 2**40, "tib": 2**40}
 DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
 
 
@@ -34,11 +31,12 @@ def parse_count(text: str) -> float:
     return float(m.group(1)) * _COUNT_UNITS[m.group(2).lower()]
 
 
-def parse_size(text: str) -> float:
-    m = _SIZE.match(text)
-    if not m:
-        raise InputError(text, "not a size in bytes (examples: 80GiB, 80GB, 8.6e10)")
-    return float(m.group(1)) * _UNITS[(m.group(2) or "").lower()]
+def gpu_memory(text: str) -> float:
+    """``--gpu-mem``: a size (:func:`fsdpdoctor.fmt.parse_size`: binary units, 80G = 80GiB)."""
+    try:
+        return float(parse_size(text))
+    except ValueError:
+        raise InputError(text, "not a size in bytes (examples: 80GiB, 80G, 8.6e10)") from None
 
 
 def plan_inputs(params: float, gpus: int, nodes: int, gpu_mem: float, *, seq: int | None, batch: int | None,
@@ -83,7 +81,7 @@ def plan_inputs(params: float, gpus: int, nodes: int, gpu_mem: float, *, seq: in
 @click.option("--params", required=True, help="Parameter count: 7B, 70B, 1.5T, 125M or 7e9.")
 @click.option("--gpus", type=int, required=True, help="Total GPUs (world size).")
 @click.option("--nodes", type=int, default=1, show_default=True, help="Nodes the GPUs are spread over (equal GPUs per node).")
-@click.option("--gpu-mem", default="80GiB", show_default=True, help="Memory per GPU, e.g. 80GiB.")
+@click.option("--gpu-mem", default="80GiB", show_default=True, help="Memory per GPU, e.g. 80GiB (units are binary: 80G = 80GiB).")
 @click.option("--seq", type=int, help="Sequence length (for activations and compute).")
 @click.option("--batch", type=int, help="Micro-batch per GPU.")
 @click.option("--layers", type=int, help="Transformer blocks (unit size, activations).")
@@ -100,7 +98,7 @@ def plan_inputs(params: float, gpus: int, nodes: int, gpu_mem: float, *, seq: in
 @guarded
 def plan(params, gpus, nodes, gpu_mem, seq, batch, layers, hidden, optimizer, dtype, intra_bw, inter_bw, tflops, mfu, current, fmt, output):
     """Compare sharding strategies before a run exists (arithmetic + stated assumptions)."""
-    inp = plan_inputs(parse_count(params), gpus, nodes, parse_size(gpu_mem), seq=seq, batch=batch, layers=layers,
+    inp = plan_inputs(parse_count(params), gpus, nodes, gpu_memory(gpu_mem), seq=seq, batch=batch, layers=layers,
                       hidden=hidden, optimizer=optimizer, dtype=dtype, intra_bw=intra_bw, inter_bw=inter_bw,
                       tflops=tflops, mfu=mfu, current=current)
     st = advise(inp)

@@ -57,6 +57,7 @@ THRESHOLDS: dict[str, tuple[float, str]] = {
     "peak_tflops": (0.0, "compute: the dense peak TFLOP/s MFU is measured against (0: the device's dense BF16 peak from the peak table, by device name; --peak-tflops)"),
     "memory_budget_gib": (0.0, "memory: the memory (GiB per GPU) memory findings are judged against (0: the GPU's total memory from the traces; --memory-budget)"),
     "memory_pressure_pct": (80.0, "memory: memory findings are warnings or worse only when the peak reserved is at least this % of that memory, or the run ran out of memory"),
+    "hang_late_s": (1.0, "collective-hang: a rank that entered the stuck collective at least this many seconds after the median rank (Flight Recorder time_created_ns) is late"),
     "hook_overhead_pct": (30.0, "auto-wrap-too-fine: CPU time in FSDP hooks as % of the step that counts as evidence"),
     "waterfall_min_part_pct": (5.0, "the waterfall's rules (gpu-starved-by-hooks, non-matmul-kernels, sync-in-step, matmul-shapes-below-peak): their part of the step is material from this %"),
     "hook_idle_min_pct": (3.0, "gpu-starved-by-hooks: GPU idle while the launching thread is inside FSDP hooks, as % of the step"),

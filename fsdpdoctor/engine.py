@@ -1,6 +1,7 @@
 """Rule registry and runner.
 
-A rule is a module with ``CODE``, ``SLUG``, ``TITLE``, ``SEVERITY``, a docstring in the form
+A rule is a module with ``CODE``, ``SLUG``, ``TITLE``, ``SEVERITY`` (and the other metadata of
+:class:`fsdpdoctor.rulemeta.RuleMeta`, read once by :func:`load_rules`), a docstring in the form
 *What it detects / Why it hurts / How it shows in a trace / Fix*, and ``check(facts, cfg)``
 returning a list of :class:`Finding`. Built-in rules live in the ``fsdpdoctor.rules`` package
 (the top-level ``rules/`` folder); third-party rules register modules under the
@@ -31,13 +32,11 @@ import importlib
 import pkgutil
 from dataclasses import dataclass, field
 from importlib.metadata import entry_points
-from types import ModuleType
 from typing import Any
 
 from .facts import RunFacts
 from .fmt import ms
-
-SEVERITIES = ("critical", "warning", "info")
+from .rulemeta import SEVERITIES, RuleError, RuleMeta, is_rule_module, rule_meta
 
 
 @dataclass
@@ -73,21 +72,19 @@ class Finding:
     saving_kind: str = ""
 
 
-def _is_rule(mod: ModuleType) -> bool:
-    return all(hasattr(mod, a) for a in ("CODE", "SLUG", "check"))
-
-
-def load_rules() -> list[ModuleType]:
-    """Built-in rule modules, then entry-point rules; sorted by code."""
+def load_rules() -> tuple[RuleMeta, ...]:
+    """Built-in rules, then entry-point rules, as frozen :class:`RuleMeta`; sorted by code. A
+    built-in rule whose metadata is wrong is a bug (RuleError); a plugin's is said in a warning
+    and the plugin left out."""
     from . import rules as pkg
 
-    mods: dict[str, ModuleType] = {}
+    metas: dict[str, RuleMeta] = {}
     for info in pkgutil.iter_modules(pkg.__path__):
         if info.name.startswith("_"):
             continue
         mod = importlib.import_module(f"{pkg.__name__}.{info.name}")
-        if _is_rule(mod):
-            mods[mod.CODE] = mod
+        if is_rule_module(mod):
+            metas[mod.CODE] = rule_meta(mod)
     for ep in entry_points(group="fsdpdoctor.rules"):
         try:
             mod = ep.load()
@@ -95,11 +92,16 @@ def load_rules() -> list[ModuleType]:
             msg = str(exc).strip().splitlines()[0][:160] if str(exc).strip() else ""
             _plugin_problem(ep, f"failed to load ({type(exc).__name__}{': ' + msg if msg else ''})")
             continue
-        if isinstance(mod, ModuleType) and _is_rule(mod):
-            mods.setdefault(mod.CODE, mod)
-        else:
+        if not is_rule_module(mod):
             _plugin_problem(ep, "is not a rule module (it needs CODE, SLUG and check)")
-    return [mods[k] for k in sorted(mods)]
+            continue
+        try:
+            meta = rule_meta(mod)
+        except RuleError as exc:
+            _plugin_problem(ep, f"has unusable metadata ({exc})")
+            continue
+        metas.setdefault(meta.code, meta)
+    return tuple(metas[k] for k in sorted(metas))
 
 
 class PluginLoadWarning(UserWarning):
@@ -120,11 +122,11 @@ def _plugin_problem(ep, why: str) -> None:
     warnings.warn(PluginLoadWarning(f"rule plugin '{key}' {why}; its rules did not run"), stacklevel=3)
 
 
-def find_rule(key: str) -> ModuleType | None:
+def find_rule(key: str) -> RuleMeta | None:
     key = key.strip().lower()
-    for mod in load_rules():
-        if key in (mod.CODE.lower(), mod.SLUG.lower()):
-            return mod
+    for rule in load_rules():
+        if key in (rule.code.lower(), rule.slug.lower()):
+            return rule
     return None
 
 
@@ -136,27 +138,24 @@ def run_rules(facts: RunFacts, config: dict[str, Any] | None = None) -> list[Fin
     cfg = defaults() | cfg
     findings: list[Finding] = []
     disabled = set(cfg.get("disable", []))
-    mods = [m for m in load_rules() if m.CODE not in disabled and m.SLUG not in disabled]
-    for mod in mods:
-        findings.extend(mod.check(facts, cfg))
-    findings = _drop_explained(findings, {m.SLUG: set(getattr(m, "SUPERSEDED_BY", ())) for m in mods})
+    rules = [r for r in load_rules() if r.code not in disabled and r.slug not in disabled]
+    for rule in rules:
+        findings.extend(rule.check(facts, cfg))
+    findings = _drop_explained(findings, {r.slug: set(r.superseded_by) for r in rules})
     findings = _fold(findings)
-    clocks = {m.SLUG: getattr(m, "SAVES_ON", "gpu") for m in mods}
-    replays = {m.SLUG: getattr(m, "REPLAY_FIX", None) for m in mods}
-    caps = {m.SLUG: getattr(m, "MAX_SEVERITY", None) for m in mods}
-    memory_advice = {m.SLUG for m in mods if getattr(m, "MEMORY_ADVICE", False)}
+    by_slug = {r.slug: r for r in rules}
     for f in findings:
-        if f.slug in memory_advice:
+        rule = by_slug[f.slug]
+        if rule.memory_advice:
             judge_pressure(f, facts)
-        bound_saving(f, facts, clocks.get(f.slug, "gpu"))
-        mark_basis(f, facts, replays.get(f.slug))
-        set_range(f, facts, replays.get(f.slug), clocks.get(f.slug, "gpu"))
+        bound_saving(f, facts, rule.saves_on)
+        mark_basis(f, facts, rule.replay_fix)
+        set_range(f, facts, rule.replay_fix, rule.saves_on)
         grade(f, facts, cfg)
-        cap = caps.get(f.slug)
+        cap = rule.max_severity
         if cap in SEVERITIES and SEVERITIES.index(f.severity) < SEVERITIES.index(cap):
             f.severity = cap  # a trade-off finding (its rule's MAX_SEVERITY) is never graded above it
-    crash = {m.SLUG for m in mods if getattr(m, "CRASH", False)}
-    return rank(findings, crash)
+    return rank(findings, frozenset(r.slug for r in rules if r.crash))
 
 
 def rank(findings: list[Finding], crash: set[str] | frozenset[str] = frozenset({"oom"})) -> list[Finding]:
@@ -201,7 +200,7 @@ def mark_basis(f: Finding, facts: RunFacts, fix: str | None) -> None:
     in the evidence when the replay was set aside for missing the measured step."""
     from .config import REPLAY_MAX_ERROR_PCT
 
-    if f.est_saving_ms is None:
+    if f.est_saving_ms is None or f.saving_basis:  # (a rule may say its saving is its own estimate)
         return
     w = facts.whatif
     if fix is None or w is None or fix not in w.saving_ms:

@@ -1,5 +1,8 @@
 """RunFacts: everything the analysis learned, as plain data that serialises to JSON.
 
+The memory facts live in :mod:`.facts_memory`, the compute and what-if facts in
+:mod:`.facts_compute`; every class is importable from here.
+
 Rules, reports, ``compare`` and ``check`` read only these classes. A saved RunFacts JSON file is
 what ``--baseline`` reads back, so field names here are a compatibility contract: add fields
 freely, rename none without bumping :data:`SCHEMA_VERSION`.
@@ -17,7 +20,11 @@ from typing import Any
 
 import msgspec
 
-from .facts_efficiency import EfficiencyFacts, GemmShape, HookCost, SyncSite  # noqa: F401 - part of the facts
+# the contract's pages: importable from here, as every consumer does
+from .facts_compute import ComputeFacts, WhatIfFacts, compute_v4  # noqa: F401
+from .facts_memory import MEMORY_CATEGORIES, AllocatorSettings, MemoryFacts, MemoryPressureFacts  # noqa: F401
+from .facts_hang import HangFacts
+from .facts_efficiency import EfficiencyFacts, GemmShape, HookCost, SyncSite  # noqa: F401
 
 #: 2: the report is one document (every RunFacts field once, at the top level, plus ``findings``);
 #: 1 wrote the summaries at the top level and all facts again under ``facts``. Both load.
@@ -31,112 +38,6 @@ from .facts_efficiency import EfficiencyFacts, GemmShape, HookCost, SyncSite  # 
 #: interval (the steady rate of the CPU or of the completions; was the completions').
 SCHEMA_VERSION = 5
 OLDEST_SCHEMA_VERSION = 1  # the oldest saved report / baseline this version still reads
-
-
-MEMORY_CATEGORIES = (
-    "parameters_sharded",
-    "parameters_unsharded",
-    "gradients",
-    "optimizer_state",
-    "activations",
-    "temporary",
-    "allgather_buffers",
-    "reduce_scatter_buffers",
-    "other",
-)
-
-
-@dataclass(slots=True)
-class MemoryFacts:
-    """Plain memory facts for one run (one rank's snapshot or memory timeline).
-
-    Byte counts are allocator block bytes unless named ``requested``. ``peak_event_index`` is the
-    trace entry after which the peak is reached (-1: already at the start of recording; None:
-    no history). ``categories`` always has every name in :data:`MEMORY_CATEGORIES` and sums to
-    ``peak_allocated_bytes``. ``curve`` holds ``x`` (``x_unit`` "time_us" or "event_index"),
-    ``allocated`` and ``reserved`` (None entries where unknown), at most 500 points, peak kept.
-
-    Two peaks: ``peak_allocated_bytes`` is ``torch.cuda.max_memory_allocated()`` (a block leaves
-    at ``free_requested``); ``peak_active_bytes`` is memory_viz's active-memory peak (a block
-    leaves at ``free_completed``: freed by Python but still in use on another stream counts).
-    ``categories_instant`` names the instant ``categories`` describe: "peak_allocated" (the
-    allocated peak) or "snapshot" (no history: the state when the snapshot was taken);
-    ``categories_at_active_peak`` holds the categories at the active peak, pending frees included.
-    """
-
-    source: str
-    path: str | None = None
-    device: int | None = None
-    rank: int | None = None  # the rank the snapshot belongs to (from its file name), when known
-    discovered: bool = False  # found beside the traces (not named with --memory)
-    devices: list[dict] = field(default_factory=list)
-    history_missing: bool = False
-    n_events: int = 0
-    peak_allocated_bytes: int = 0
-    peak_requested_bytes: int | None = None
-    reserved_at_peak_bytes: int | None = None
-    peak_time_us: float | None = None
-    peak_event_index: int | None = None
-    peak_phase: str | None = None
-    pending_free_at_peak_bytes: int | None = None
-    internal_fragmentation_bytes: int | None = None
-    external_fragmentation_bytes: int | None = None
-    categories: dict[str, int] = field(default_factory=lambda: dict.fromkeys(MEMORY_CATEGORIES, 0))
-    categories_instant: str = "peak_allocated"
-    peak_active_bytes: int | None = None
-    peak_active_event_index: int | None = None
-    peak_active_time_us: float | None = None
-    categories_at_active_peak: dict[str, int] = field(default_factory=dict)
-    pre_existing_bytes: int = 0
-    pre_existing_attributed: dict[str, int] = field(default_factory=dict)
-    top_sites: list[tuple[str, int]] = field(default_factory=list)
-    end_allocated_bytes: int | None = None
-    end_reserved_bytes: int | None = None
-    fsdp_version: str | None = None
-    world_size: int | None = None
-    oom: dict | None = None
-    curve: dict = field(default_factory=dict)
-    notes: list[str] = field(default_factory=list)
-
-    def to_dict(self) -> dict:
-        d = dataclasses.asdict(self)
-        d["top_sites"] = [list(t) for t in self.top_sites]
-        if d["oom"] is not None:
-            d["oom"]["top_sites"] = [list(t) for t in d["oom"].get("top_sites", [])]
-        return d
-
-    @classmethod
-    def from_dict(cls, data: dict) -> MemoryFacts:
-        names = {f.name for f in dataclasses.fields(cls)}
-        kw = {k: v for k, v in data.items() if k in names}
-        kw["top_sites"] = [(str(s), int(b)) for s, b in kw.get("top_sites", [])]
-        if kw.get("oom") is not None:
-            kw["oom"] = dict(kw["oom"])
-            kw["oom"]["top_sites"] = [(str(s), int(b)) for s, b in kw["oom"].get("top_sites", [])]
-        return cls(**kw)
-
-
-
-@dataclass(slots=True)
-class MemoryPressureFacts:
-    """How close the run came to its memory (:mod:`fsdpdoctor.analysis.pressure`).
-
-    ``level``: "oom" (it ran out), "high" (the peak reserved is at least ``threshold_pct`` of the
-    capacity), "low" (below it), "unknown" (no capacity known: no trace with ``deviceProperties``
-    and no ``--memory-budget``). ``capacity_source``: "budget" (``--memory-budget``) or "device"
-    (the GPU's total memory). Memory findings are warnings or worse only at "oom" or "high"."""
-
-    level: str = "unknown"
-    threshold_pct: float = 80.0
-    capacity_bytes: int | None = None
-    capacity_source: str = ""
-    peak_reserved_bytes: int | None = None
-    used_pct: float | None = None  # peak reserved / capacity
-    headroom_bytes: int | None = None  # capacity − peak reserved
-
-    @property
-    def under_pressure(self) -> bool:
-        return self.level in ("oom", "high")
 
 
 @dataclass(slots=True)
@@ -293,6 +194,22 @@ class FsdpFacts:
         units do not say (placeholder names, per-linear units, one unit)."""
         return block_container([u.fqn for u in self.units if u.named])
 
+    def fix_applies(self, fix: str) -> bool:
+        """Whether the configuration the trace shows leaves room for a what-if fix (the replay's
+        transformation of that name, :mod:`fsdpdoctor.analysis.whatif.fixes`): decided here once,
+        for the replay (which transformations to run) and the rules (whether to fire)."""
+        is_fsdp = self.version in (1, 2)
+        return {
+            "prefetch": self.backward_prefetch in ("NONE", "BACKWARD_POST"),
+            "pin": self.cpu_offload.pageable_count > 0,
+            "offload_off": self.cpu_offload.detected,
+            "rate_limiter_off": self.version == 1 and self.rate_limiter_ms_per_step > 0,
+            # known to be off (None: the trace does not say, e.g. no collective to read a dtype from)
+            "mixed_precision": is_fsdp and self.mixed_precision is False,
+            "wrap": is_fsdp,
+            "hooks_off": is_fsdp,
+        }.get(fix, True)
+
 
 @dataclass(slots=True)
 class ParallelismFacts:
@@ -318,98 +235,6 @@ class CollectiveStats:
     group_size: int | None = None  # the most common group size of these collectives
     role: str | None = None  # the most common role (see analysis.comms.ROLES)
     roles: dict[str, float] = field(default_factory=dict)  # role → collectives per step
-
-
-@dataclass(slots=True)
-class ComputeFacts:
-    """Compute efficiency (fsdpdoctor.analysis.compute): FLOPs from recorded shapes, GEMM and
-    attention kernel time by engine, achieved TFLOP/s and MFU. Per rank, or the run's (means over
-    ranks, per device). ``flops_per_step`` counts hardware FLOPs (activation-checkpointing
-    recompute included); ``model_flops_per_step`` leaves the recompute out. ``mfu_pct`` /
-    ``hfu_pct`` are model / hardware FLOPs per step over (step time × ``peak_tflops``, the
-    device's dense BF16 peak, FP16 where it has no BF16, whatever dtype the run used: the PaLM /
-    torchtitan convention); ``dtype_mfu_pct`` is the same against the dense peak of the run's
-    compute dtype (``dtype_peak_tflops``), for information: an fp32 run near its fp32 peak still
-    leaves the tensor cores idle.
-    ``dtype_mix``: engine → % of GEMM + attention kernel time (engines: fp32-simt, fp32, tf32,
-    bf16, fp16, fp8). ``source`` is "shapes", or "" when no counted op had recorded shapes."""
-
-    source: str = ""
-    device: str | None = None
-    flops_per_step: float = 0.0
-    model_flops_per_step: float = 0.0
-    matmul_flops_per_step: float = 0.0
-    attention_flops_per_step: float = 0.0
-    recompute_flops_per_step: float = 0.0
-    flops_by_phase: dict[str, float] = field(default_factory=dict)
-    gemm_ms_per_step: float = 0.0  # |union| of the GEMM kernels of counted ops
-    attention_ms_per_step: float = 0.0
-    recompute_ms_per_step: float = 0.0  # |union| of the GEMM / attention kernels of recomputed ops
-    gemm_tflops: float | None = None  # GEMM FLOPs / GEMM kernel time
-    attention_tflops: float | None = None
-    engine_ms_per_step: dict[str, float] = field(default_factory=dict)  # Σ kernel time by engine
-    attention_engine_ms_per_step: dict[str, float] = field(default_factory=dict)  # the attention kernels' part of it
-    engine_tflops: dict[str, float] = field(default_factory=dict)  # achieved by the kernels of each engine
-    dtype_mix: dict[str, float] = field(default_factory=dict)
-    compute_dtype: str | None = None  # the engine with the most GEMM + attention time
-    tensor_cores: bool = False  # the device has matrix units much faster than fp32
-    step_ms: float = 0.0  # the step time the rates below are on
-    achieved_tflops: float | None = None  # model FLOPs per step / step time
-    hardware_tflops: float | None = None
-    peak_label: str | None = None
-    peak_tflops: float | None = None  # dense BF16 (FP16 without BF16) peak, or --peak-tflops: what MFU is against
-    peak_dtype: str | None = None  # "bf16", "fp16" (a device without BF16), None (--peak-tflops)
-    dtype_peak: str | None = None  # the compute dtype's peak: "fp32", "tf32", "bf16", "fp16", "fp8"
-    dtype_peak_tflops: float | None = None
-    mfu_pct: float | None = None
-    hfu_pct: float | None = None
-    dtype_mfu_pct: float | None = None
-    ops_with_shapes: int = 0
-    ops_without_shapes: int = 0
-
-
-@dataclass(slots=True)
-class WhatIfFacts:
-    """What-if replay of one rank's steps (fsdpdoctor.analysis.whatif), or the run's summary.
-
-    ``measured_step_ms`` is the step time as the analysis counts it (the steady rate of the slower
-    side, :func:`fsdpdoctor.analysis.steps.step_times_ms`; the mean is ``TimelineSummary.wall_ms``);
-    ``replayed_step_ms`` is the unchanged graph's replay, counted alike; ``error_pct`` is its
-    *fidelity* (per run: the worst rank): the larger of its error on the step time and its largest
-    per-step error on the completion clock. Fidelity is not the error of a saving (a graph built
-    from a trace reproduces that trace almost by construction); savings get their ranges from real
-    twins (:mod:`fsdpdoctor.savings`). ``sensitivity_ms[fix]``: how much a saving changes when the
-    waits the trace does not explain and the inferred edges are left out (per run: the maximum).
-    ``step_ms[fix]`` is the replayed mean step time with the fix applied, ``saving_ms[fix]`` the
-    replayed step time without it minus with it (per run: the maximum over ranks, since the
-    slowest rank sets the step). ``exposed_rs_ms[fix]`` is the exposed reduce-scatter per step
-    in the replay ("none": unchanged).
-    """
-
-    measured_step_ms: float = 0.0
-    replayed_step_ms: float = 0.0
-    error_pct: float = 0.0
-    ops: int = 0
-    wait_edges: int = 0
-    blocking_calls: int = 0
-    # ops that started later than anything in the trace explains: an edge inferred where the op
-    # started just as work on another stream ended, else the measured wait kept as is
-    inferred_edges: int = 0
-    unexplained_waits: int = 0
-    unexplained_wait_ms: float = 0.0  # Σ of the kept waits per step
-    backlog_ops: int = 0  # GPU ops replayed where they were measured (launched before the window)
-    step_ms: dict[str, float] = field(default_factory=dict)
-    saving_ms: dict[str, float] = field(default_factory=dict)
-    exposed_rs_ms: dict[str, float] = field(default_factory=dict)
-    sensitivity_ms: dict[str, float] = field(default_factory=dict)
-    evidence: dict[str, str] = field(default_factory=dict)  # fix → what the transformation changed
-    per_rank_error_pct: dict[str, float] = field(default_factory=dict)  # run summary only
-    # fixed-cost share of the median all-gather / reduce-scatter (fit duration = a + bytes/bw);
-    # None when the sizes do not vary enough to tell
-    latency_share: float | None = None
-
-    def saving(self, fix: str) -> float | None:
-        return self.saving_ms.get(fix)
 
 
 @dataclass(slots=True)
@@ -450,6 +275,9 @@ class RankFacts:
     backend: str | None = None
     nccl_version: str | None = None
     workload: str | None = None  # "training" (a backward pass or optimizer step in some step) / "inference" / None (no steps)
+    # training pipelines the trace's annotations show already in use, e.g. "TrainPipelineSparseDist"
+    # (TorchRec's ``## sparse_data_dist ##`` / ``## wait_sparse_data_dist ##``)
+    pipelines: list[str] = field(default_factory=list)
     # the warm-up steps' GPU work still running when the profiler's window opened (no launch
     # event in the trace): counted in no step
     backlog_ops: int = 0
@@ -626,6 +454,11 @@ class StrategyFacts:
     assumptions: list[str]
     inputs: dict[str, float | int | str | None]
     fix: dict[str, str] = field(default_factory=dict)
+    # the model's estimate of the current strategy against the measured step, in % (None without a
+    # current strategy or a measured step); ``trusted`` is False beyond
+    # analysis.strategy.MODEL_TOLERANCE_PCT: then nothing is recommended
+    model_error_pct: float | None = None
+    trusted: bool = True
 
     def candidate(self, name: str | None) -> "Candidate | None":
         return next((c for c in self.candidates if c.name == name), None)
@@ -697,8 +530,10 @@ class RunFacts:
     ranks_expected: int | None = None
     cross_rank: CrossRankFacts | None = None  # wait skew and straggler ranking (2+ ranks with collectives)
     workload: str | None = None  # "training" / "inference" (no backward pass or optimizer step in any step) / None
+    pipelines: list[str] = field(default_factory=list)  # RankFacts.pipelines of any rank
     # inputs that look like different runs, analysed together with --allow-mixed-runs: what differs
     mixed_runs: list[str] = field(default_factory=list)
+    hang: HangFacts | None = None  # what the Flight Recorder dumps say (fsdpdoctor.facts_hang), when given
     # one line per rank (every rank, whatever the detail); which ranks' RankFacts are written:
     # "all" (every rank), "auto" (those with detail reasons, or all in small runs), "none"
     rank_summaries: list[RankSummary] = field(default_factory=list)
@@ -770,7 +605,7 @@ class RunFacts:
             d["fsdp"] = {k: v for k, v in d["fsdp"].items() if k != "unit_count"}
         version = d.get("schema_version")
         if isinstance(version, int) and version < 5:
-            _compute_v4(d)
+            compute_v4(d)
         known = {f for f in cls.__dataclass_fields__}
         out = msgspec.convert({k: v for k, v in d.items() if k in known}, cls)
         if isinstance(version, int) and version < 5 and out.steps.count:
@@ -832,36 +667,3 @@ class RunFacts:
 
 
 REGENERATE = "regenerate it with 'fsdpdoctor analyze TRACES --save-baseline FILE'"
-
-
-def _compute_v4(d: dict[str, Any]) -> None:
-    """Schema 4's compute figures in schema 5's fields, in place: MFU against the BF16 peak (4's
-    ``mfu_bf16_pct``), the dtype's peak and MFU as ``dtype_*``. Rank summaries' MFU is scaled by
-    the run's ratio of the two peaks."""
-    def move(c: Any) -> float | None:
-        if not isinstance(c, dict) or "dtype_peak_tflops" in c:
-            return None
-        old_peak, bf16 = c.get("peak_tflops"), c.pop("bf16_peak_tflops", None)
-        c["dtype_peak"], c["dtype_peak_tflops"] = c.pop("peak_dtype", None), old_peak
-        c["dtype_mfu_pct"] = c.get("mfu_pct")
-        label = c.get("peak_label")
-        ratio = old_peak / bf16 if isinstance(old_peak, (int, float)) and isinstance(bf16, (int, float)) and bf16 else None
-        if label == "--peak-tflops":
-            c["peak_dtype"], c["dtype_peak"], c["dtype_peak_tflops"], c["dtype_mfu_pct"] = None, None, None, None
-            ratio = 1.0
-        else:
-            c["peak_tflops"], c["peak_dtype"] = bf16, "bf16" if bf16 else None
-            c["mfu_pct"] = c.pop("mfu_bf16_pct", None)
-            c["hfu_pct"] = c["hfu_pct"] * ratio if isinstance(c.get("hfu_pct"), (int, float)) and ratio else None
-        c.pop("mfu_bf16_pct", None)
-        return ratio
-
-    ratio = move(d.get("compute"))
-    ranks, sums = d.get("rank_facts"), d.get("rank_summaries")
-    for r in ranks if isinstance(ranks, list) else []:
-        if isinstance(r, dict):
-            move(r.get("compute"))
-    for s in sums if isinstance(sums, list) else []:
-        if isinstance(s, dict) and isinstance(s.get("mfu_pct"), (int, float)):
-            s["mfu_pct"] = s["mfu_pct"] * ratio if ratio else None
-

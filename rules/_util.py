@@ -157,42 +157,6 @@ def replay_evidence(facts: RunFacts, fix: str, what: str) -> str:
             f"(the unchanged replay reproduces the measured steps within {w.error_pct:.2f}%{kept})")
 
 
-def device_total(facts: RunFacts, rank: int | None) -> int | None:
-    """Total memory of rank ``rank``'s GPU from the traces' ``deviceProperties`` (any rank's
-    when ``rank`` is unknown and every rank has the same GPU); None without traces."""
-    totals = {r.rank: r.device_memory_bytes for r in facts.rank_facts if r.device_memory_bytes}
-    if rank in totals:
-        return totals[rank]
-    return next(iter(totals.values())) if len(set(totals.values())) == 1 else None
-
-
-def oom_cause(facts: RunFacts) -> tuple[str, int | None, int | None]:
-    """(cause, device total, bytes outside PyTorch's allocator) of the snapshot's OOM.
-
-    cause: "outside" (memory held outside PyTorch's allocator exceeds what PyTorch reserved and
-    the request), "fragmentation" (cached free memory would cover the request, no block is large
-    enough), "cache" (cached free plus device free would), "allocated" (PyTorch's tensors fill
-    the device), "" (no OOM). Outside = device total − free − reserved, at the OOM."""
-    m = facts.memory
-    if m is None or not m.oom:
-        return "", None, None
-    o = m.oom
-    req = o.get("requested_bytes") or 0
-    free = o.get("device_free_bytes")
-    reserved = o.get("reserved_bytes") or 0
-    cached = o.get("cached_free_bytes") or 0
-    largest = o.get("largest_cached_free_block_bytes")
-    total = device_total(facts, m.rank)
-    outside = max(total - free - reserved, 0) if total and free is not None else None
-    if outside is not None and outside > reserved and outside >= req:
-        return "outside", total, outside
-    if largest is not None and cached >= req > largest:
-        return "fragmentation", total, outside
-    if free is not None and cached + free >= req:
-        return "cache", total, outside
-    return "allocated", total, outside
-
-
 def tensor_parallel_degree(facts: RunFacts) -> dict[str, int]:
     """FSDP unit → tensor-parallel degree, for units whose parameters are TP-sharded DTensors.
 

@@ -50,7 +50,7 @@ for prev, cur in zip(layers, layers[1:]):
 
 def check(facts, cfg):
     fs = facts.fsdp
-    if not is_fsdp(facts) or fs.backward_prefetch not in ("NONE", "BACKWARD_POST"):
+    if not is_fsdp(facts) or not fs.fix_applies("prefetch"):
         return []
     ev = fs.backward_prefetch_evidence
     n_total = sum(ev.values())

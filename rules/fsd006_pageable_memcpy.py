@@ -21,6 +21,12 @@ Saving
 Fix
     Pin the host buffers: ``CPUOffloadPolicy(pin_memory=True)`` (FSDP2), ``pin_memory=True`` in
     the DataLoader, ``tensor.pin_memory()`` for buffers you copy yourself.
+
+Known problems
+    Under CPU offload the one real twin went the other way (the pinned run 18.8 ms slower: its CPU
+    AdamW ran longer on pinned host memory), so the finding promises nothing there. The replay
+    frees the CPU at every pinned copy; a consumer that needs the data still waits for it, which
+    the trace shows only where it synchronizes.
 """
 
 from fsdpdoctor.fmt import ms

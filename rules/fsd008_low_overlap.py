@@ -12,15 +12,18 @@ How it shows in a trace
 Fix
     Depends on the cause and on the parallelism the traces show: check the collectives table for
     the kind and phase that dominate. FSDP: forward prefetch, bf16 collectives, larger units.
-    DDP: larger gradient buckets (``bucket_cap_mb``), ``gradient_as_bucket_view``,
-    ``static_graph``, a bf16 compression hook. Embedding all-to-all (recommendation models):
-    pipeline the sparse input distribution so that it overlaps the previous batch. Other
+    DDP, from the measured all-reduces: larger gradient buckets (``bucket_cap_mb``) only where
+    many small all-reduces are latency-bound, a bf16 compression hook only where gradients are
+    reduced in fp32, and a measurement of the link where the bus bandwidth is far below any GPU
+    interconnect's (the collectives wait for other ranks, or the link is slow: no schedule hides
+    that). Embedding all-to-all (recommendation models): pipeline the sparse input distribution
+    so that it overlaps the previous batch, unless the trace shows it already is. Other
     communication (inference, point-to-point): fsdpdoctor knows no code fix and says so.
 """
 
-from fsdpdoctor.fmt import ms, pct
+from fsdpdoctor.fmt import mib, ms, pct
 
-from ._util import ALL_COMM, finding, fix_for, is_fsdp, no_fix_known, of_step, step_ms
+from ._util import ALL_COMM, finding, fix_for, is_ddp, is_fsdp, no_fix_known, of_step, step_ms
 
 CODE = "FSD008"
 SLUG = "low-overlap"
@@ -58,16 +61,22 @@ model = FSDP(model, auto_wrap_policy=policy, forward_prefetch=True,
              mixed_precision=MixedPrecision(param_dtype=torch.bfloat16, reduce_dtype=torch.float32))
 """
 
-FIX_DDP = """from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+#: DDP advice follows the measured all-reduces: larger buckets only where many small ones are
+#: latency-bound, bf16 compression only where gradients are reduced in fp32, and a look at the link
+#: and the other ranks where the bus bandwidth is far below what any GPU interconnect gives
+DDP_SMALL_BUCKET_BYTES = 4 << 20
+DDP_MANY_BUCKETS = 8
+DDP_SLOW_BUSBW_GBPS = 20.0
 
-model = DistributedDataParallel(
-    model, device_ids=[local_rank],
-    bucket_cap_mb=100,             # fewer, larger all-reduces than the default 25 MB buckets
-    gradient_as_bucket_view=True,  # gradients are views into the buckets: no copy before each all-reduce
-    static_graph=True,             # the same graph every step: buckets follow the backward order
+DDP_BUCKETS = "    bucket_cap_mb=100,  # {n:.0f} all-reduces per step of {avg} each are latency-bound: fewer, larger"
+DDP_BF16 = "model.register_comm_hook(None, default_hooks.bf16_compress_hook)  # reduced in {dtype} now: half the bytes"
+DDP_LINK = (
+    "# the all-reduces run at {busbw:.1f} GB/s bus bandwidth: measure the link itself and look for ranks that\n"
+    "# arrive late (their wait counts in the kernel) before changing the schedule\n"
+    "#   NCCL_DEBUG=INFO torchrun ...                       which transport and topology NCCL picked\n"
+    "#   ./build/all_reduce_perf -b {size} -e {size} -g 1   nccl-tests / rccl-tests on the same nodes"
 )
-model.register_comm_hook(None, default_hooks.bf16_compress_hook)  # half the all-reduce bytes
-"""
+
 
 FIX_EMBEDDING = """# The all-to-all of the sparse features (embedding input distribution) waits on the forward:
 # pipeline it so that the next batch's input distribution overlaps this batch's compute (TorchRec)
@@ -79,12 +88,61 @@ for _ in range(steps):
 """
 
 
+def ddp_fix(facts) -> tuple[str | None, list[str]]:
+    """The DDP fix the measured all-reduces call for (None when they call for none), and the
+    evidence it rests on: the buckets (count and size per step), their dtype, their bus bandwidth."""
+    ar = next((c for c in facts.collectives if c.kind == "all_reduce"), None)
+    if ar is None or not ar.count_per_step:
+        return None, []
+    n, total = ar.count_per_step, ar.bytes_per_step or 0.0
+    avg = total / n
+    dtypes = "/".join(ar.dtypes) or "dtype unknown"
+    if not total:
+        return None, [f"DDP all-reduces {n:.0f} bucket(s) per step; the trace records neither their sizes nor their "
+                      "dtypes (profile with record_shapes=True): no bucket or compression advice can follow from it"]
+    bw = f", at {ar.mean_busbw_gbps:.1f} GB/s bus bandwidth" if ar.mean_busbw_gbps else ""
+    evidence = [f"DDP all-reduces {n:.0f} bucket(s) per step, {mib(total)} in all ({mib(avg)} each), {dtypes}{bw}"]
+    ctor, hook, link = [], [], []
+    if n > DDP_MANY_BUCKETS and avg < DDP_SMALL_BUCKET_BYTES:
+        ctor.append(DDP_BUCKETS.format(n=n, avg=mib(avg)))
+    else:
+        evidence.append(f"larger buckets would not help: {n:.0f} bucket(s) of {mib(avg)} are not latency-bound "
+                        "(and fewer buckets overlap less)")
+    fp32 = [d for d in ar.dtypes if d.lower() in ("float", "float32", "fp32")]
+    if fp32:
+        hook.append(DDP_BF16.format(dtype=fp32[0]))
+    elif ar.dtypes:
+        evidence.append(f"the gradients are already reduced in {dtypes}: no compression hook")
+    if ar.mean_busbw_gbps is not None and ar.mean_busbw_gbps < DDP_SLOW_BUSBW_GBPS and avg >= 1 << 20:
+        link.append(DDP_LINK.format(busbw=ar.mean_busbw_gbps, size=f"{max(int(avg) >> 20, 1)}M"))
+        evidence.append(f"{ar.mean_busbw_gbps:.1f} GB/s of bus bandwidth is slow for {mib(avg)} messages: the "
+                        "collectives wait for other ranks or the link is slow, which no schedule hides")
+    code: list[str] = []
+    if hook:
+        code += ["from torch.distributed.algorithms.ddp_comm_hooks import default_hooks", ""]
+    if ctor:
+        code += ["model = DistributedDataParallel(", "    model, device_ids=[local_rank],", *ctor, ")"]
+    code += hook
+    if link:
+        code += ([""] if code else []) + link
+    return ("\n".join(code) + "\n" if code else None), evidence
+
+
 def _fix(facts, top_kind: str | None) -> dict[str, str]:
     """The fix for the parallelism and the collective kind that carry the exposed time."""
     if top_kind == "all_to_all" and not is_fsdp(facts) and facts.workload != "inference":
+        if "TrainPipelineSparseDist" in facts.pipelines:
+            return no_fix_known("exposed all-to-all", "The sparse input distribution is already pipelined "
+                                "(TrainPipelineSparseDist's annotations are in the trace): see which ranks the "
+                                "all-to-alls wait for (cross-rank table).")
         return {"embedding": FIX_EMBEDDING}
     if top_kind in ("all_gather", "reduce_scatter", "all_reduce", None) or is_fsdp(facts):
-        return fix_for(facts, fsdp2=FIX_FSDP2, fsdp1=FIX_FSDP1, ddp=FIX_DDP,
+        if is_ddp(facts) and not is_fsdp(facts) and facts.workload != "inference":
+            ddp = ddp_fix(facts)[0]
+            return {"ddp": ddp} if ddp else no_fix_known(
+                f"exposed {(top_kind or 'communication').replace('_', '-')} in this DDP run",
+                "Nothing in the measured buckets, dtypes or bandwidth calls for a change (see the evidence).")
+        return fix_for(facts, fsdp2=FIX_FSDP2, fsdp1=FIX_FSDP1,
                        none_known=f"exposed {(top_kind or 'communication').replace('_', '-')} outside FSDP and DDP")
     return no_fix_known(f"exposed {top_kind.replace('_', '-')} communication",
                         "See which phase issues it (table below) and whether it can move off the critical path.")
@@ -105,6 +163,8 @@ def check(facts, cfg):
     evidence = [f"overlap {pct(ov)} (threshold {pct(cfg['min_overlap_pct'])})",
                 f"exposed communication {ms(exposed)} per step = {of_step(facts, exposed)}"]
     evidence += [f"{k.replace('_', '-')} in {p}: {ms(v)} exposed per step" for p, k, v in top]
+    if is_ddp(facts) and not is_fsdp(facts):
+        evidence += ddp_fix(facts)[1]
     comm = facts.timeline.comm_ms
     # raising overlap to the threshold hides that share of the communication, never more than is exposed
     saving = min(comm * (cfg["min_overlap_pct"] - ov) / 100, exposed) if comm else None

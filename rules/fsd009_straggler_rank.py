@@ -9,7 +9,10 @@ Why it hurts
 How it shows in a trace
     Compare ranks: the straggler computes longest per step *and* waits least at collectives (it
     arrives last, so its collectives complete as soon as it gets there), while the others wait
-    for it. Both must hold: a rank that computes longest but also waits longest is not what the
+    for it. A rank that arrives last at most matched collectives and waits least while its GPU
+    computes like the others is a straggler too: what delays it is its host or its input (a
+    TorchRec rank reaching its all-to-all late), and in its own trace its step looks the
+    shortest, since it waits least. Both must hold: a rank that computes longest but also waits longest is not what the
     others wait for (the wait comes from elsewhere: its host, its network), and no finding is
     drawn. Waits come from the cross-rank arrival times of matched collectives
     (``facts.cross_rank``), else from each rank's collective kernel time. Traces of different
@@ -61,7 +64,7 @@ def check(facts, cfg):
     med = statistics.median(compute.values())
     slow = max(compute, key=compute.get)
     if med <= 0 or 100 * (compute[slow] - med) / med < cfg["straggler_pct"]:
-        return []
+        return _late_arrival(facts, ranks, compute, cfg)
     wait, source = waits(facts, ranks)
     if min(wait, key=wait.get) != slow:
         return []  # the slowest-computing rank is not the one the others wait for
@@ -71,6 +74,8 @@ def check(facts, cfg):
         f"rank {slow} waits {ms(wait[slow])} per step at collectives, the least of {len(wait)} ranks; the others wait "
         f"{ms(others)} on average (from {source})",
     ]
+    if facts.world_size and len(ranks) < facts.world_size:
+        evidence.append(f"only {len(ranks)} of the job's {facts.world_size} ranks were given: compared among these")
     cr = facts.cross_rank
     last = next((w.last_arrivals for w in cr.ranks if w.rank == slow), None) if cr is not None else None
     if last:
@@ -80,6 +85,8 @@ def check(facts, cfg):
     replayed = replayed_saving(facts, "straggler")
     if replayed is not None:
         saving = replayed
+    if saving < 0.01 * (facts.step_clock_ms or 0.0):
+        return []  # nobody waits for it enough to matter: a slower rank, not a straggler
         evidence.append(f"what-if replay: {facts.whatif.evidence.get('straggler', '')}; the slowest rank sets the step "
                         f"(unchanged replay within {facts.whatif.error_pct:.2f}% of every measured step)")
     return [
@@ -93,5 +100,53 @@ def check(facts, cfg):
             confidence=0.7,
             est_saving_ms=saving,
             where={"rank": slow},
+        )
+    ]
+
+
+def _late_arrival(facts, ranks, compute: dict[int, float], cfg) -> list:
+    """A straggler whose GPU computes like the others: it arrives last at most matched collectives
+    and waits least, while the others wait for it. What delays it is before its GPU work (its
+    host, its input), and in its own trace its step looks the shortest (it waits least)."""
+    cr = facts.cross_rank
+    if cr is None or not cr.collectives_matched or len(cr.ranks) < 2:
+        return []
+    late = cr.ranks[0]  # the one the others wait for: least waiting
+    if late.last_arrivals * 2 < cr.collectives_matched:
+        return []
+    others = [w.wait_ms_per_step for w in cr.ranks[1:]]
+    extra = _mean(others) - late.wait_ms_per_step
+    step = facts.step_clock_ms
+    if not step or 100 * extra / step < cfg["straggler_pct"] / 2:
+        return []
+    med = statistics.median(compute.values())
+    steps = {r.rank: _mean([s.step_ms for s in r.steps]) for r in ranks}
+    evidence = [
+        f"rank {late.rank} arrives last at {late.last_arrivals} of {cr.collectives_matched} matched collectives "
+        f"({cr.arrival}); it waits {ms(late.wait_ms_per_step)} per step there, the other {len(others)} ranks "
+        f"{ms(_mean(others))} on average",
+        f"its GPU computes like the others: {ms(compute.get(late.rank))} per step against a median of {ms(med)}",
+        f"in its own trace its step is the shortest, {ms(steps.get(late.rank))} against a median of "
+        f"{ms(statistics.median(steps.values()))}: it waits least because the others wait for it",
+    ]
+    mine = [k for k in cr.top_skew if k.last_rank == late.rank]
+    if mine:
+        k = mine[0]
+        evidence.append(f"the largest skew it causes: {k.kind.replace('_', '-')} #{k.index} in {k.phase} of step {k.step}, "
+                        f"{ms(k.skew_ms)} from the first rank's arrival to its own")
+    return [
+        finding(
+            __name__,
+            f"Rank {late.rank} is a straggler: the others wait {ms(extra)} per step for it at collectives, although its "
+            "GPU computes no longer than theirs (its host or input is late).",
+            evidence=evidence,
+            cause="the rank reaches its collectives late: its CPU work, data loading or input distribution takes longer",
+            fix={"any": f"# on rank {late.rank}'s host: what runs before its collectives (the CPU timeline of its trace)\n"
+                        "py-spy dump --pid <its pid>   # or profile that rank's data loader and input pipeline\n"
+                        "nvidia-smi -q -d PERFORMANCE,CLOCK"},
+            confidence=0.6,
+            est_saving_ms=extra,
+            saving_basis="heuristic",  # the others' extra wait, not the replay of faster compute
+            where={"rank": late.rank},
         )
     ]

@@ -45,7 +45,7 @@ FIX_FSDP1 = MIXED_PRECISION_FSDP1
 
 def check(facts, cfg):
     fs = facts.fsdp
-    if not is_fsdp(facts) or fs.mixed_precision is not False:
+    if not is_fsdp(facts) or not fs.fix_applies("mixed_precision"):
         return []
     ag = next((c for c in facts.collectives if c.kind == "all_gather"), None)
     if ag is None or not ag.bytes_per_step or ag.bytes_per_step < cfg["mp_min_ag_mib"] * 2**20:

@@ -35,7 +35,7 @@ def check(facts, cfg):
     fs = facts.fsdp
     rl = fs.rate_limiter_ms_per_step
     sm = step_ms(facts)
-    if fs.version != 1 or not sm:
+    if not fs.fix_applies("rate_limiter_off") or not sm:
         return []
     # a blocked CPU only costs time when the GPU runs dry meanwhile: on GPU traces the cost is
     # bounded by the GPU's idle time; CPU-only traces cannot tell, so the CPU time is reported

@@ -19,16 +19,32 @@ How it shows in a trace
     enough); cached free plus device free memory covering the request; otherwise the category
     of allocated memory that dominates.
 
+    The failing statement is named from the failed request's stack: its innermost user line and
+    function (``cross_entropy_loss (loss.py:21)``), the lines it spans, the C++ op where the
+    stack has C++ frames, and the blocks it already holds (allocated since it began, in the same
+    call, not below a module call) with their size; those count as temporaries, not activations.
+
 Fix
     Only what can help the cause found: free or move what holds memory outside PyTorch;
-    ``expandable_segments`` for fragmentation; activation checkpointing when activations
-    dominate; more sharding or CPU offload for parameters, gradients and optimizer state;
-    smaller micro-batches or chunked computation for temporaries.
+    otherwise the fix for what the failing statement is, when it is recognised (a loss over a
+    large vocabulary: a chunked or fused cross-entropy, loss parallel, a smaller local batch; an
+    attention or MLP activation: checkpointing, or a smaller micro-batch where every block is
+    already checkpointed; an all-gather: smaller FSDP units), else for what dominates memory
+    (activation checkpointing for activations, more sharding or CPU offload for parameters,
+    gradients and optimizer state, smaller micro-batches or chunked computation for
+    temporaries); ``expandable_segments`` for fragmentation, or for cached plus device free
+    memory covering the request, unless the snapshot's ``allocator_settings`` say it is on.
+
+Known problems
+    The statement is read from line numbers, not source: lines of the failing call's function
+    that ran after the failing line since the statement began count as its lines, so a loop
+    body re-entered in the same call joins the statement. Without Python frames on the failed
+    request (an autograd-thread allocation in backward) no statement is named.
 """
 
 from fsdpdoctor.fmt import mib
 
-from ._util import finding, name_blocks, oom_cause
+from ._util import finding, name_blocks
 
 CODE = "FSD024"
 SLUG = "oom"
@@ -67,19 +83,63 @@ fully_shard(block, reshard_after_forward=True)  # FSDP2""",
 }
 
 
+LOSS_FIX = """# The loss over a large vocabulary holds logits-sized fp32 buffers at once (the upcast copy,
+# the log-softmax output). Any of:
+# 1. chunk it over the sequence, so one chunk's fp32 copy exists at a time
+n = labels.numel()
+loss = sum(F.cross_entropy(x.flatten(0, 1).float(), y.flatten(), reduction="sum")
+           for x, y in zip(logits.split(1024, dim=1), labels.split(1024, dim=1))) / n
+# 2. a fused linear + cross-entropy kernel that never materialises the logits
+#    (e.g. Liger-Kernel's LigerFusedLinearCrossEntropyLoss)
+# 3. with tensor parallelism, keep the logits sharded over the vocabulary:
+#    with torch.distributed.tensor.parallel.loss_parallel(): loss = F.cross_entropy(logits, labels)
+# 4. a smaller local batch (gradient accumulation keeps the global batch)"""
+ALLGATHER_FIX = """# All-gathered parameters do not fit beside what is held: smaller FSDP units (wrap each block,
+# or its attention and MLP), so less is gathered at once; no deeper prefetch
+for block in model.layers:
+    fully_shard(block, reshard_after_forward=True)  # FSDP2"""
+SMALLER_BATCH_FIX = """# Every block already recomputes its activations in backward (full activation checkpointing):
+# the other lever is the batch: a smaller micro-batch (or sequence) with gradient accumulation
+# keeping the global batch, or more GPUs with context / tensor parallelism for long sequences."""
+REMAINING_BLOCKS_FIX = """from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import apply_activation_checkpointing
+
+# checkpointing is on for some blocks only: wrap the rest too
+apply_activation_checkpointing(model, check_fn=lambda m: isinstance(m, TransformerBlock))"""
+KIND_WORDS = {"loss": "in the loss", "activation": "in a forward activation", "allgather": "all-gathering parameters",
+              "optimizer": "in the optimizer step"}
+
+
+def _activation_fix(m) -> str:
+    ac = m.activation_checkpointing
+    if ac == "full":
+        return SMALLER_BATCH_FIX
+    return REMAINING_BLOCKS_FIX if ac in ("partial", "selective") else CATEGORY_FIX["activations"]
+
+
+def _statement_evidence(st) -> str:
+    lines = st.lines or [st.line]
+    where = f"{st.file}:{st.line}" + (f", lines {lines[0]}-{lines[-1]}" if len(lines) > 1 else "")
+    text = f"failing statement: `{st.function}` ({where})" + (f", op {st.op}" if st.op else "")
+    if st.temporaries_bytes:
+        n = st.temporaries
+        text += (f"; it already holds {n} block{'s' if n != 1 else ''} of its own, {mib(st.temporaries_bytes)}, "
+                 "allocated since it began (counted as temporary, freed when it completes)")
+    return text
+
+
+def _expandable_on(m) -> bool:
+    return bool(m.allocator_settings and m.allocator_settings.expandable_segments)
+
+
 def check(facts, cfg):
     m = facts.memory
     if m is None or not m.oom:
         return []
     o = m.oom
-    req = o.get("requested_bytes") or 0
-    free = o.get("device_free_bytes")
-    alloc = o.get("allocated_bytes") or 0
-    reserved = o.get("reserved_bytes") or 0
-    cached = o.get("cached_free_bytes") or 0
-    largest = o.get("largest_cached_free_block_bytes")
-    kind, total, outside = oom_cause(facts)
-    cats = sorted(((k, v) for k, v in (o.get("categories") or {}).items() if v), key=lambda kv: -kv[1])
+    req, free, alloc, reserved = o.requested_bytes, o.device_free_bytes, o.allocated_bytes, o.reserved_bytes
+    cached, largest = o.cached_free_bytes, o.largest_cached_free_block_bytes
+    kind, total, outside = o.cause, o.device_total_bytes, o.outside_bytes
+    cats = sorted(((k, v) for k, v in o.categories.items() if v), key=lambda kv: -kv[1])
     evidence = [f"requested {mib(req)} with {mib(free)} free on the device"]
     if total:
         evidence.append(f"device total {mib(total)} (the trace's deviceProperties)")
@@ -91,8 +151,13 @@ def check(facts, cfg):
         evidence.append("device total unknown (no trace with deviceProperties): memory outside PyTorch not measured")
     if cats:
         evidence.append("allocated by: " + ", ".join(f"{k} {mib(v)}" for k, v in cats[:4]))
-    if o.get("count", 1) > 1:
-        evidence.append(f"{o['count']} OOM events recorded; the last is described")
+    if o.count > 1:
+        evidence.append(f"{o.count} OOM events recorded; the last is described")
+    st = o.statement
+    if st:
+        evidence.insert(0, _statement_evidence(st))
+    if _expandable_on(m) and kind in ("fragmentation", "cache"):
+        evidence.append("expandable_segments is already on (the snapshot's allocator_settings)")
 
     if kind == "outside":
         cause = (f"{mib(outside)} of the {mib(total)} device is held outside PyTorch's allocator (another process, another "
@@ -101,21 +166,36 @@ def check(facts, cfg):
     elif kind == "fragmentation":
         cause = (f"fragmentation: {mib(cached)} cached free in PyTorch's allocator, but no free block of {mib(req)} "
                  f"(largest {mib(largest)})")
-        fix = {"any": FRAGMENTATION_FIX}
+        fix = {} if _expandable_on(m) else {"any": FRAGMENTATION_FIX}
     elif kind == "cache":
         cause = (f"{mib(cached)} cached free plus {mib(free)} free on the device would cover the {mib(req)} request, "
                  "but neither alone does")
-        fix = {"any": CACHE_FIX}
+        fix = {} if _expandable_on(m) else {"any": CACHE_FIX}
     else:
         top, v = cats[0] if cats else ("other", 0)
         cause = (f"PyTorch's allocated tensors fill the device; {top} take the most ({mib(v)} of {mib(alloc)})"
                  if cats else "PyTorch's allocated tensors fill the device")
         fix = {"any": CATEGORY_FIX.get(top, "# Reduce what dominates the allocated memory (see the evidence).")}
+    summary = f"Out of memory requesting {mib(req)}: {cause.split(';')[0]}."
+    if st and kind != "outside":  # what the statement is decides the fix; the allocator's state follows
+        what = KIND_WORDS.get(st.kind, "in")
+        summary = f"Out of memory requesting {mib(req)} {what}, `{st.function}` ({st.file}:{st.line})"
+        if st.temporaries_bytes:
+            summary += f", while the statement already holds {mib(st.temporaries_bytes)} of its own"
+        summary += "; besides, no cached free block is large enough (fragmentation)." if kind == "fragmentation" else "."
+        stmt_fix = {"loss": LOSS_FIX, "allgather": ALLGATHER_FIX, "activation": _activation_fix(m)}.get(st.kind)
+        if stmt_fix is not None:
+            fix = {"any": stmt_fix, **({"allocator": fix["any"]} if kind in ("fragmentation", "cache") and fix else {})}
+    elif st:
+        where = f"`{st.function}` ({st.file}:{st.line})"
+        summary = f"Out of memory requesting {mib(req)} at {where}: {cause.split(';')[0]}."
+    if not fix:
+        fix = {"any": "# expandable_segments is already on: reduce the largest requests (see the evidence)"}
     fix = {k: name_blocks(facts, code) for k, code in fix.items()}
     return [
         finding(
             __name__,
-            f"Out of memory requesting {mib(req)}: {cause.split(';')[0]}.",
+            summary,
             evidence=evidence,
             cause=cause,
             fix=fix,

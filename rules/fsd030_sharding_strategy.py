@@ -34,7 +34,7 @@ CLAIM_PRIORITY = 120  # specific findings claim before the general ones that the
 
 def check(facts, cfg):
     st = facts.strategy
-    if st is None or not is_fsdp(facts) or st.recommended in (None, st.current, "NO_SHARD"):
+    if st is None or not st.trusted or not is_fsdp(facts) or st.recommended in (None, st.current, "NO_SHARD"):
         return []
     cur, best = st.candidate(st.current), st.candidate(st.recommended)
     if cur is None or best is None:

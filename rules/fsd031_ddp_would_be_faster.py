@@ -33,7 +33,7 @@ CLAIM_PRIORITY = 130  # specific findings claim before the general ones that the
 
 def check(facts, cfg):
     st = facts.strategy
-    if st is None or not is_fsdp(facts):
+    if st is None or not st.trusted or not is_fsdp(facts):
         return []
     cur, ddp = st.candidate(st.current), st.candidate("NO_SHARD")
     if cur is None or ddp is None or not ddp.fits or cur.name == "NO_SHARD":

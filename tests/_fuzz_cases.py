@@ -1,5 +1,6 @@
 """Bad-input cases for the fuzz suite: hand-named hostile files and seeded, structure-aware
-mutations of real inputs (recorded CPU FSDP traces, the memory snapshot, a saved baseline).
+mutations of real inputs (recorded CPU FSDP traces, the memory snapshot, a saved baseline) and
+of a Flight Recorder dump from the NCCL generator.
 
 Every case is ``Case(id, argv, names)``: the CLI arguments, and the path the one error line must
 name when the case is refused. Files are written under a directory the caller owns.
@@ -77,6 +78,20 @@ def snapshot_obj() -> dict:
         "allocator_settings": {},
         "external_annotations": [],
     }
+
+
+def fr_dump_obj(json_form: bool = False) -> dict:
+    """One rank's Flight Recorder dump of a small hung NCCL job (fixtures/flight_recorder/gen.py)."""
+    import dataclasses
+    import sys
+
+    if str(REPO) not in sys.path:
+        sys.path.insert(0, str(REPO))
+    from fixtures.flight_recorder import gen
+
+    spec = dataclasses.replace(gen.PRESETS["missing"], steps=3, n_units=2, at_step=2)
+    ranks, _, _ = gen._simulate(spec)
+    return gen.dump_dict(spec, ranks[0], json_form)
 
 
 def gz_members(*parts: bytes, repeat_middle: int = 1) -> bytes:
@@ -241,6 +256,38 @@ def named_cases(work: Path, baseline: Path | None) -> list[Case]:
         memory(f"deep_{where}.pickle", data=pickle.dumps(o, protocol=2).replace(pat, b"]" * 100_000 + b"a" * 99_999), family="pickle")
     memory("snap_gz_bomb.pickle.gz", data=gz_members(b"\x80\x04", b"\0" * (64 << 20), b"", repeat_middle=32), family="bomb")
 
+    # 6b. Flight Recorder dumps (issue 35): named like the watchdog names them, given to analyze
+    fr = fr_dump_obj()
+
+    def dump(name: str, obj: Any = None, data: bytes | None = None, family: str = "fr") -> None:
+        p = t / name
+        p.write_bytes(data if data is not None else pickle.dumps(obj, protocol=2))
+        cases.append(Case(name, ["analyze", str(p), "-j", "1"], str(p), family))
+
+    def fr_mut(fn: Callable[[dict], None]) -> dict:
+        o = copy.deepcopy(fr)
+        fn(o)
+        return o
+
+    dump("fr_seq_big_rank_0", fr_mut(lambda o: o["entries"][2].__setitem__("collective_seq_id", BIG)), family="bigint")
+    dump("fr_time_big_rank_0", fr_mut(lambda o: o["entries"][2].__setitem__("time_created_ns", -BIG)), family="bigint")
+    dump("fr_sizes_big_rank_0", fr_mut(lambda o: o["entries"][2].__setitem__("input_sizes", [[BIG]])), family="bigint")
+    dump("fr_version_3_rank_0", fr_mut(lambda o: o.__setitem__("version", "3.0")))
+    dump("fr_version_int_rank_0", fr_mut(lambda o: o.__setitem__("version", 2)))
+    dump("fr_entries_dict_rank_0", fr_mut(lambda o: o.__setitem__("entries", {"0": 1})))
+    dump("fr_pg_tuple3_rank_0", fr_mut(lambda o: o["entries"][1].__setitem__("process_group", ("0", "x", "y"))))
+    dump("fr_frames_not_dicts_rank_0", fr_mut(lambda o: o["entries"][1].__setitem__("frames", [1, "x", None])))
+    dump("fr_deep_frames_rank_0", fr_mut(lambda o: o["entries"][1].__setitem__("frames", json.loads(nested(400)))))
+    dump("fr_pg_config_junk_rank_0", fr_mut(lambda o: o.__setitem__("pg_config", {"0": {"ranks": "[" + "1," * 100000 + "]"}})))
+    dump("fr_pg_status_junk_rank_0", fr_mut(lambda o: o.__setitem__("pg_status", {"0": {"last_enqueued_collective": "9" * 5000}})))
+    o = copy.deepcopy(fr)  # memo fan-out: one 1,000-frame list shared by 10**5 entries
+    e0 = dict(o["entries"][0])
+    e0["frames"] = [{"name": "f", "filename": "x.py", "line": 1}] * 1000
+    o["entries"] = [e0] * 100_000
+    dump("fr_memo_fanout_rank_0", o, family="pickle")
+    dump("fr_truncated_rank_0", data=pickle.dumps(fr, protocol=2)[:-200], family="truncated")
+    dump("fr_json_truncated_rank_0.json", data=json.dumps(fr_dump_obj(True)).encode()[:-100], family="truncated")
+
     # 7. baselines
     if baseline is not None:
         raw = json.loads(baseline.read_bytes())
@@ -370,7 +417,9 @@ def seeded_cases(work: Path, seed: int, count: int, baseline: Path | None) -> li
     cases: list[Case] = []
     side = json.loads((RECORDED / "per-block" / "fsdpdoctor_meta.json").read_text())
     small_trace = json.dumps(doc).encode()
-    kinds = ["trace_obj", "trace_bytes", "trace_gz", "snapshot_obj", "snapshot_bytes", "sidecar"] + (["baseline"] if base_raw else [])
+    fr = fr_dump_obj()
+    kinds = ["trace_obj", "trace_bytes", "trace_gz", "snapshot_obj", "snapshot_bytes", "sidecar", "fr_obj", "fr_bytes"] + (
+        ["baseline"] if base_raw else [])
     for i in range(count):
         kind = kinds[i % len(kinds)]
         cid = f"s{seed}-{i}-{kind}"
@@ -399,6 +448,15 @@ def seeded_cases(work: Path, seed: int, count: int, baseline: Path | None) -> li
             p = t / f"{cid}.pickle"
             p.write_bytes(data)
             argv = ["memory", str(p), "--format", "json"]
+        elif kind in ("fr_obj", "fr_bytes"):  # a Flight Recorder dump, as the watchdog names it
+            if kind == "fr_obj":
+                obj, what = mutate_obj(fr, rng)
+                data = pickle.dumps(obj, protocol=2)
+            else:
+                data, what = mutate_bytes(pickle.dumps(fr, protocol=2), rng)
+            p = t / f"{cid}-nccl_trace_rank_{i % 4}"
+            p.write_bytes(data)
+            argv = ["analyze", str(p), "-j", "1", "--format", "json"]
         elif kind == "sidecar":  # a run directory whose capture sidecar is mutated
             obj, what = mutate_obj(side, rng)
             d = t / cid

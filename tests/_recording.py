@@ -19,6 +19,10 @@ Fixtures (all session-scoped):
     ``VARIANTS``, ``WAIT``/``WARMUP``/``ACTIVE``...), for computing expected values.
 ``recorded_world_size``
     The world size the runs are recorded with (2).
+``hang_recording``
+    A factory ``hang_recording(scenario) -> Path``: real Flight Recorder dumps of a hung FSDP2 /
+    FSDP1 job on 4 gloo processes (``fixtures/record_hang.py``, every scenario at the first call,
+    ~20 s); ``FSDPDOCTOR_HANG_DIR=/some/dir`` reuses ``record_hang.py --all --out /some/dir``.
 
 Set ``FSDPDOCTOR_RECORDED_DIR=/some/dir`` to reuse recordings made earlier with
 ``python fixtures/record_cpu.py --all --out /some/dir`` instead of recording again.
@@ -164,3 +168,57 @@ def recorded_report(recorded_run) -> Callable[[str], "object"]:
         return cache[variant]
 
     return get
+
+
+# -- Flight Recorder dumps of real hung jobs (fixtures/record_hang.py) ---------------------------
+
+HANG_RECORDER = REPO / "fixtures" / "record_hang.py"
+HANG_TIMEOUT_S = 300
+
+
+class _HangRecordings:
+    """scenario → the folder ``fixtures/record_hang.py`` recorded it into (``dumps/``, ``truth.json``);
+    every scenario is recorded on the first call, in one recorder process (~20 s)."""
+
+    def __init__(self, base: Path) -> None:
+        self.base = base
+        self.dirs: dict[str, Path] = {}
+        self.seconds: float | None = None
+        preset = os.environ.get("FSDPDOCTOR_HANG_DIR")
+        self.preset = Path(preset) if preset else None
+
+    def __call__(self, scenario: str) -> Path:
+        if scenario in self.dirs:
+            return self.dirs[scenario]
+        if self.preset is not None and (self.preset / scenario / "truth.json").exists():
+            self.dirs[scenario] = self.preset / scenario
+            return self.dirs[scenario]
+        pytest.importorskip("torch")
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join([str(REPO)] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
+        cmd = [sys.executable, str(HANG_RECORDER), "--all", "--out", str(self.base)]
+        t0 = time.perf_counter()
+        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=HANG_TIMEOUT_S, cwd=str(REPO))
+        self.seconds = time.perf_counter() - t0
+        if proc.returncode != 0:
+            raise RuntimeError(f"recording the hangs failed (exit {proc.returncode}):\n$ {' '.join(cmd)}\n"
+                               f"--- stdout ---\n{proc.stdout[-4000:]}\n--- stderr ---\n{proc.stderr[-8000:]}")
+        for d in self.base.iterdir():
+            if (d / "truth.json").exists():
+                self.dirs[d.name] = d
+        if scenario not in self.dirs:
+            raise ValueError(f"unknown hang scenario {scenario!r}; recorded: {sorted(self.dirs)}")
+        return self.dirs[scenario]
+
+
+_HANGS: _HangRecordings | None = None
+
+
+@pytest.fixture(scope="session")
+def hang_recording(tmp_path_factory) -> Callable[[str], Path]:
+    """Factory: ``hang_recording(scenario) -> Path`` of a real hung FSDP2 job recorded on gloo
+    (``fixtures/record_hang.py``); ``FSDPDOCTOR_HANG_DIR`` reuses an earlier ``--all --out DIR``."""
+    global _HANGS
+    if _HANGS is None:
+        _HANGS = _HangRecordings(tmp_path_factory.mktemp("hangs"))
+    return _HANGS

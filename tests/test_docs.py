@@ -31,11 +31,11 @@ def test_site_builds_strict_with_a_page_per_rule(tmp_path):
                        capture_output=True, text=True, env={"DISABLE_MKDOCS_2_WARNING": "true", "NO_MKDOCS_2_WARNING": "1",
                                                              **__import__("os").environ})
     assert r.returncode == 0, r.stderr[-3000:]
-    for mod in load_rules():
-        page = site / "rules" / f"{mod.CODE.lower()}-{mod.SLUG}" / "index.html"
-        assert page.exists(), mod.CODE
+    for rule in load_rules():
+        page = site / "rules" / f"{rule.code.lower()}-{rule.slug}" / "index.html"
+        assert page.exists(), rule.code
         html = page.read_text()
-        assert mod.TITLE.split()[0] in html and "What it detects" in html and "Fix" in html
+        assert rule.title.split()[0] in html and "What it detects" in html and "Fix" in html
     # the example on the OOM rule's page comes from the real recording and names the outside memory
     oom = (site / "rules" / "fsd024-oom" / "index.html").read_text()
     assert "fixtures/recorded/gpu/oom" in oom and "outside PyTorch" in oom

@@ -42,6 +42,8 @@ MAY_PASS = {
     "bigint_steps.json:check", "bigint_steps.json:compare",
     # deep lists in fields the analysis does not read are carried, not refused
     "deep_allocator_settings.pickle", "deep_segment_frames.pickle", "deep_user_metadata.pickle",
+    # a Flight Recorder dump's pg_config ranks and pg_status counters are read leniently (junk: not used)
+    "fr_pg_config_junk_rank_0", "fr_pg_status_junk_rank_0",
 }
 
 
@@ -98,7 +100,7 @@ def test_named_hostile_inputs(work, baseline):
     assert "likely a gzip bomb" in by_id["bomb_events.json.gz"]["stderr"], by_id["bomb_events.json.gz"]["stderr"]
     for cid, field in (("ts_1e30.json", "'ts'"), ("dur_1e30.json", "'dur'")):
         assert field in by_id[cid]["stderr"] and "range of a trace clock" in by_id[cid]["stderr"], by_id[cid]["stderr"]
-    for cid in ("memo_fanout_frames.pickle", "memo_fanout_blocks.pickle"):
+    for cid in ("memo_fanout_frames.pickle", "memo_fanout_blocks.pickle", "fr_memo_fanout_rank_0"):
         assert "shared references" in by_id[cid]["stderr"], by_id[cid]["stderr"]
     assert "named pipe" in by_id["fifo_trace"]["stderr"] and "character device" in by_id["dev_zero_trace"]["stderr"]
     assert "regenerate it with 'fsdpdoctor analyze" in by_id["schema_str.json:check"]["stderr"]

@@ -140,7 +140,7 @@ def test_real_snapshot_numbers_are_plausible():
     times = [e["time_us"] for e in trace]
     assert times[0] <= facts.peak_time_us <= times[-1]
     assert facts.top_sites and all(b > 0 for _, b in facts.top_sites)
-    assert 0 < len(facts.curve["x"]) <= 500 and max(facts.curve["allocated"]) == facts.peak_allocated_bytes
+    assert 0 < len(facts.curve.x) <= 500 and max(facts.curve.allocated) == facts.peak_allocated_bytes
 
 
 @needs_real_timeline
@@ -154,7 +154,7 @@ def test_real_memory_timeline():
     assert max(facts.categories, key=facts.categories.get) == "activations"
     assert facts.categories["activations"] > 0.8 * facts.peak_allocated_bytes
     assert facts.reserved_at_peak_bytes is None and facts.internal_fragmentation_bytes is None
-    assert 0 < len(facts.curve["x"]) <= 500 and max(facts.curve["allocated"]) == facts.peak_allocated_bytes
+    assert 0 < len(facts.curve.x) <= 500 and max(facts.curve.allocated) == facts.peak_allocated_bytes
 
 
 @needs_real_timeline
@@ -300,19 +300,19 @@ def test_oom_entry(generated):
     pkl, truth = generated["fsdp2_oom"]
     facts = analyze_memory(pkl)
     oom, want = facts.oom, truth["oom"]
-    assert oom is not None and oom["count"] == 1
-    assert oom["requested_bytes"] == want["requested_bytes"]
-    assert oom["device_free_bytes"] == want["device_free_bytes"]
-    assert oom["allocated_bytes"] == want["allocated_bytes"]
-    assert oom["reserved_bytes"] == want["reserved_bytes"]
-    assert oom["largest_cached_free_block_bytes"] == want["largest_cached_free_block_bytes"]
-    assert oom["event_index"] == want["event_index"]
-    assert sum(oom["categories"].values()) == oom["allocated_bytes"]
+    assert oom is not None and oom.count == 1
+    assert oom.requested_bytes == want["requested_bytes"]
+    assert oom.device_free_bytes == want["device_free_bytes"]
+    assert oom.allocated_bytes == want["allocated_bytes"]
+    assert oom.reserved_bytes == want["reserved_bytes"]
+    assert oom.largest_cached_free_block_bytes == want["largest_cached_free_block_bytes"]
+    assert oom.event_index == want["event_index"]
+    assert sum(oom.categories.values()) == oom.allocated_bytes
     for c in CATEGORIES:
-        assert abs(oom["categories"][c] - want["categories"][c]) <= 0.01 * want["allocated_bytes"], c
+        assert abs(oom.categories[c] - want["categories"][c]) <= 0.01 * want["allocated_bytes"], c
     # the cache held enough free bytes, just not in one piece
-    assert oom["cached_free_bytes"] >= oom["requested_bytes"] > oom["largest_cached_free_block_bytes"]
-    assert oom["explanation"].startswith("fragmentation")
+    assert oom.cached_free_bytes >= oom.requested_bytes > oom.largest_cached_free_block_bytes
+    assert oom.explanation.startswith("fragmentation")
 
 
 def test_multi_device_picks_highest_peak(generated):
@@ -321,7 +321,7 @@ def test_multi_device_picks_highest_peak(generated):
     assert len(snap.device_traces) == 3 and snap.device_traces[2] == []  # idle visible device
     facts = analyze_memory(snap)
     assert facts.device == truth["device"] == 1
-    assert [(d["device"], d["peak_allocated_bytes"]) for d in facts.devices] == [
+    assert [(d.device, d.peak_allocated_bytes) for d in facts.devices] == [
         (d["device"], d["peak_allocated_bytes"]) for d in truth["devices"]
     ]
 
@@ -356,7 +356,7 @@ def test_memory_facts_json_round_trip(generated):
     back = MemoryFacts.from_dict(data)
     assert back == facts
     assert isinstance(back.top_sites[0], tuple)
-    assert len(facts.curve["x"]) == len(facts.curve["allocated"]) == len(facts.curve["reserved"]) <= 500
+    assert len(facts.curve.x) == len(facts.curve.allocated) == len(facts.curve.reserved) <= 500
 
 
 def test_gzip_snapshot_and_load_memory_dispatch(generated, tmp_path):

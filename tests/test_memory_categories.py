@@ -12,16 +12,15 @@ from __future__ import annotations
 
 import pytest
 
-from fsdpdoctor.analysis.memory import (
+from fsdpdoctor.analysis.memory import CATEGORIES, analyze_memory
+from fsdpdoctor.analysis.memory.stacks import (
     PH_BACKWARD,
     PH_FORWARD,
     PH_IDLE,
     PH_OPTIM,
     PH_RECOMPUTE,
-    CATEGORIES,
-    _frame_info,
-    _summarize,
-    analyze_memory,
+    frame_info,
+    summarize,
 )
 
 from fixtures.snapshots import gen_snapshot as gen
@@ -83,9 +82,9 @@ def test_the_two_peaks_differ_where_frees_wait_on_another_stream(built):
 def test_categories_at_the_oom(built, name):
     facts, truth = built(name)
     want = truth["oom"]
-    assert facts.oom["event_index"] == want["event_index"]
-    assert _error(facts.oom["categories"], want["categories"]) <= 0.02 * want["allocated_bytes"]
-    assert _top(facts.oom["categories"]) == _top(want["categories"])
+    assert facts.oom.event_index == want["event_index"]
+    assert _error(facts.oom.categories, want["categories"]) <= 0.02 * want["allocated_bytes"]
+    assert _top(facts.oom.categories) == _top(want["categories"])
 
 
 @pytest.mark.parametrize("name", ["fsdp2_act_oom", "fsdp2_composable_act_oom", "fsdp1_act_oom"])
@@ -112,7 +111,7 @@ def test_oom_in_the_loss(built, name):
     assert truth["categories"]["temporary"] >= cast > 0.2 * truth["peak_allocated_bytes"]
     for c in ("activations", "temporary"):
         assert abs(facts.categories[c] - truth["categories"][c]) <= 0.02 * truth["peak_allocated_bytes"], c
-        assert abs(facts.oom["categories"][c] - truth["oom"]["categories"][c]) <= 0.02 * truth["oom"]["allocated_bytes"], c
+        assert abs(facts.oom.categories[c] - truth["oom"]["categories"][c]) <= 0.02 * truth["oom"]["allocated_bytes"], c
 
 
 def test_checkpoint_recompute_is_backward(built):
@@ -127,13 +126,13 @@ def test_checkpoint_recompute_is_backward(built):
 
 def test_frame_markers():
     site = "/opt/conda/lib/python3.11/site-packages/torch/"
-    assert _frame_info(site + "utils/checkpoint.py", "unpack_hook", 1141).phase == PH_RECOMPUTE
-    assert _frame_info(site + "utils/checkpoint.py", "recompute_fn", 1522).phase == PH_RECOMPUTE
-    fwd = _frame_info(site + "utils/checkpoint.py", "checkpoint", 495)
+    assert frame_info(site + "utils/checkpoint.py", "unpack_hook", 1141).phase == PH_RECOMPUTE
+    assert frame_info(site + "utils/checkpoint.py", "recompute_fn", 1522).phase == PH_RECOMPUTE
+    fwd = frame_info(site + "utils/checkpoint.py", "checkpoint", 495)
     assert fwd.label is None and fwd.phase not in (PH_RECOMPUTE, PH_BACKWARD)
-    assert _frame_info(site + "optim/optimizer.py", "zero_grad", 980).phase == PH_IDLE
-    assert _frame_info(site + "optim/adam.py", "_init_group", 150).phase == PH_OPTIM
-    assert _frame_info(site + "nn/modules/module.py", "_call_impl", 1750).phase == PH_FORWARD
+    assert frame_info(site + "optim/optimizer.py", "zero_grad", 980).phase == PH_IDLE
+    assert frame_info(site + "optim/adam.py", "_init_group", 150).phase == PH_OPTIM
+    assert frame_info(site + "nn/modules/module.py", "_call_impl", 1750).phase == PH_FORWARD
 
 
 def test_without_history_names_the_snapshot_instant():
@@ -149,6 +148,6 @@ def test_main_thread_stacks_end_a_backward():
     batch = ((user, "to_device", 18), (user, "train_step", 50), (user, "main", 97), (user, "<module>", 121))
     hook = ((user, "clip_hook", 30),)
     custom = (("/workspace/fsdp-run/ops.py", "backward", 12), ("/usr/lib/python3/site-packages/torch/autograd/function.py", "apply", 307), (user, "<module>", 121))
-    assert _summarize(batch).main_thread
-    assert not _summarize(hook).main_thread
-    assert not _summarize(custom).main_thread
+    assert summarize(batch).main_thread
+    assert not summarize(hook).main_thread
+    assert not summarize(custom).main_thread

@@ -95,7 +95,7 @@ def test_trace_memory_events_give_the_curve_without_a_snapshot(snap):
     assert m.source == "trace [memory] events"
     assert m.peak_allocated_bytes == peak == 6629508096
     assert m.reserved_at_peak_bytes == at_peak["Total Reserved"]
-    assert m.n_events == len(events) and len(m.curve["x"]) <= 501
+    assert m.n_events == len(events) and len(m.curve.x) <= 501
     # a snapshot, when given, is the better source and wins
     path, _ = snap
     assert fsdpdoctor.analyze(trace, memory=[path]).facts.memory.source == "snapshot"
@@ -115,3 +115,32 @@ def test_report_names_the_instant_and_both_peaks(tmp_path):
     md = rep.to_markdown()
     assert "Active peak" in md and "at active peak" in md
     assert f"event {truth['peak_event_index']}, during backward" in md
+
+
+def test_trace_memory_curve_keeps_every_steps_peak():
+    """Drift fixed in the split (#37): the curve from a trace's [memory] events sampled 500
+    evenly spaced events plus the global peak (501 points, above the 500 MemoryFacts promises),
+    so the peaks of the other steps fell between samples. It now shares the snapshot's
+    downsampling: each bucket's highest point. Ten steps of 1,000 events each, every step with
+    a one-event spike of its own height at an odd offset: each spike is in the curve."""
+    import numpy as np
+
+    from fsdpdoctor.analysis.memory.curve import CURVE_POINTS
+    from fsdpdoctor.analysis.memory.trace_events import memory_from_events
+
+    n_steps, per = 10, 1000
+    ts = np.arange(n_steps * per, dtype=np.float64) * 10.0
+    allocated = np.full(ts.size, 1 << 30, dtype=np.float64)
+    spikes = {}
+    for s in range(n_steps):
+        i = s * per + 101 + 37 * s  # where the step's largest tensor lives, one event long
+        allocated[i] = (2 << 30) + s * (64 << 20)
+        spikes[s] = (ts[i], int(allocated[i]))
+    events = np.column_stack([ts, np.ones_like(ts), np.zeros_like(ts), allocated, allocated + (1 << 29)])
+    m = memory_from_events("synthetic", events)
+    curve = m.curve
+    assert len(curve.x) <= CURVE_POINTS
+    assert m.peak_allocated_bytes == spikes[n_steps - 1][1]
+    points = dict(zip(curve.x, curve.allocated, strict=True))
+    for s, (t, height) in spikes.items():
+        assert points.get(t) == height, f"step {s}'s peak ({height} bytes at {t} us) is not in the curve"

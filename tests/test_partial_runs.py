@@ -164,3 +164,22 @@ def test_real_eight_rank_trace_with_one_truncated_rank(tmp_path):
     gates = {g["name"]: g for g in json.loads(proc.stdout)["gates"]}
     assert proc.returncode == 1 and gates["missing-ranks"]["status"] == "fail"
     assert gates["missing-ranks"]["current"] == "7 of 8"
+
+
+def test_a_lone_rank_file_is_a_sample_not_a_partial_run(tmp_path):
+    """#36 item 9: one rank's trace of a 2-rank job, given alone, is analysed as a sample of the
+    job ("1 rank of 2"), without warnings about the ranks it was never meant to hold; two files
+    with a hole between them are still a partial run."""
+    import shutil
+    import subprocess
+    import sys
+
+    rec = Path(__file__).resolve().parents[1] / "fixtures" / "recorded" / "per-block"
+    shutil.copy(rec / "rank1.json.gz", tmp_path / "rank1.json.gz")
+    r = subprocess.run([sys.executable, "-m", "fsdpdoctor", "analyze", str(tmp_path)], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0 and "warning" not in r.stderr, r.stderr
+    import fsdpdoctor
+
+    f = fsdpdoctor.analyze(tmp_path).facts
+    assert f.inputs_excluded == [] and f.ranks == [1] and f.world_size == 2
+    assert "1 of 2 ranks given" in f.notes

@@ -1,15 +1,18 @@
 """Rule contract and rule cases.
 
-Each rule module ``rules/fsdNNN_*.py`` has its cases as data in ``rules/cases/<module>.toml``:
+Each rule module ``rules/fsdNNN_*.py`` has its cases as data in ``rules/cases/<module>.toml``, one
+named table each (``[case.NAME]``, typed by :class:`RuleCase`, with a ``why``):
 inputs that must make it fire and inputs on which it must stay silent.
 """
 
 from __future__ import annotations
 
 import re
+from typing import Any, Literal
 import sys
 from pathlib import Path
 
+import msgspec
 import pytest
 
 import fsdpdoctor
@@ -29,31 +32,57 @@ SECTIONS = ("What it detects", "Why it", "How it shows in a trace", "Fix")
 
 
 def test_every_rule_honours_the_contract():
-    mods = load_rules()
-    assert len(mods) >= 19
-    codes = [m.CODE for m in mods]
-    slugs = [m.SLUG for m in mods]
+    rules = load_rules()
+    assert len(rules) >= 19
+    codes = [r.code for r in rules]
+    slugs = [r.slug for r in rules]
     assert len(set(codes)) == len(codes) and len(set(slugs)) == len(slugs)
-    for m in mods:
-        assert re.fullmatch(r"FSD\d{3}", m.CODE)
-        assert re.fullmatch(r"[a-z0-9]+(-[a-z0-9]+)*", m.SLUG)
-        assert m.SEVERITY in ("critical", "warning", "info")
-        doc = m.__doc__ or ""
+    for r in rules:
+        assert re.fullmatch(r"FSD\d{3}", r.code)
+        assert re.fullmatch(r"[a-z0-9]+(-[a-z0-9]+)*", r.slug)
+        assert r.severity in ("critical", "warning", "info")
         for sec in SECTIONS:
-            assert sec in doc, f"{m.CODE} docstring lacks '{sec}'"
-        for key in getattr(m, "THRESHOLDS", ()):
-            assert key in THRESHOLDS, f"{m.CODE} names unknown threshold {key}"
-        assert find_rule(m.SLUG) is m and find_rule(m.CODE.lower()) is m
-        case_file = CASE_DIR / (Path(m.__file__).stem + ".toml")
-        assert case_file.exists(), f"{m.CODE} has no cases file {case_file.name}"
+            assert sec in r.doc, f"{r.code} docstring lacks '{sec}'"
+        for key in r.thresholds:
+            assert key in THRESHOLDS, f"{r.code} names unknown threshold {key}"
+        assert find_rule(r.slug) == r and find_rule(r.code.lower()) == r
+        case_file = CASE_DIR / (Path(r.path).stem + ".toml")
+        assert case_file.exists(), f"{r.code} has no cases file {case_file.name}"
+
+
+class RuleCase(msgspec.Struct, forbid_unknown_fields=True):
+    """One case of a rule, a named table ``[case.NAME]`` in ``rules/cases/<rule module>.toml``
+    (sqlfluff's rule-case YAML, as typed TOML): what it is an example of (``why``), the input,
+    whether the rule fires, and what the finding must (not) say. A misspelt key is an error."""
+
+    why: str
+    source: Literal["recorded", "gpu-recorded", "scenario", "snapshot", "public", "public-snapshot", "facts",
+                    "fr-recorded", "fr-generated"]
+    input: str
+    expect: Literal["fires", "silent"]
+    min_saving_ms: float | None = None
+    summary_contains: str | None = None
+    fix_lacks: list[str] = []
+    patch: dict[str, Any] | None = None
+    set: dict[str, Any] | None = None
+
+
+def load_cases(path: Path) -> dict[str, RuleCase]:
+    data = tomllib.loads(path.read_text())
+    assert set(data) <= {"case"}, f"{path.name}: only [case.NAME] tables"
+    cases = msgspec.convert(data.get("case", {}), dict[str, RuleCase])
+    for name, c in cases.items():
+        assert re.fullmatch(r"[a-z0-9]+(-[a-z0-9]+)*", name), f"{path.name}: case name {name!r}"
+        assert c.why.strip(), f"{path.name}: case {name} says not why"
+    return cases
 
 
 def test_every_rule_has_a_firing_and_a_silent_case():
-    for m in load_rules():
-        data = tomllib.loads((CASE_DIR / (Path(m.__file__).stem + ".toml")).read_text())
-        expects = {c["expect"] for c in data.get("case", [])}
-        assert "fires" in expects, f"{m.CODE} {m.SLUG} has no case on which it fires"
-        assert "silent" in expects, f"{m.CODE} {m.SLUG} has no case on which it stays silent"
+    for r in load_rules():
+        cases = load_cases(CASE_DIR / (Path(r.path).stem + ".toml"))
+        expects = {c.expect for c in cases.values()}
+        assert "fires" in expects, f"{r.code} {r.slug} has no case on which it fires"
+        assert "silent" in expects, f"{r.code} {r.slug} has no case on which it stays silent"
 
 
 def test_what_each_finding_explains_names_real_parts_of_the_step():
@@ -62,27 +91,26 @@ def test_what_each_finding_explains_names_real_parts_of_the_step():
 
     parts = {"gpu": set(GPU_COMPONENTS), "cpu": set(CPU_COMPONENTS)}
     for m in load_rules():
-        tables = [getattr(m, "EXPLAINS", {})] + list(getattr(m, "EXPLAINS_IF_CHANGED", {}).values())
+        tables = [m.explains] + list(m.explains_if_changed.values())
         for t in tables:
             for basis, claims in t.items():
                 if basis == "note":
                     continue
                 for comp, phase in claims:
-                    assert comp in parts[basis], f"{m.CODE}: {comp} is not a {basis} part"
-                    assert phase is None or phase in PHASES, f"{m.CODE}: unknown phase {phase}"
+                    assert comp in parts[basis], f"{m.code}: {comp} is not a {basis} part"
+                    assert phase is None or phase in PHASES, f"{m.code}: unknown phase {phase}"
 
 
 def _cases():
     out = []
     for f in sorted(CASE_DIR.glob("*.toml")):
-        data = tomllib.loads(f.read_text())
-        for i, case in enumerate(data.get("case", [])):
-            out.append(pytest.param(f.stem, case, id=f"{f.stem}[{i}]-{case['source']}-{case['input']}-{case['expect']}"))
+        for name, case in load_cases(f).items():
+            out.append(pytest.param(f.stem, case, id=f"{f.stem}[{name}]"))
     return out
 
 
 def _slug_of(module_stem: str) -> str:
-    return next(m.SLUG for m in load_rules() if Path(m.__file__).stem == module_stem)
+    return next(r.slug for r in load_rules() if Path(r.path).stem == module_stem)
 
 
 def _patched_report(base: "fsdpdoctor.Report", patch: dict) -> "fsdpdoctor.Report":
@@ -101,7 +129,7 @@ def _patched_report(base: "fsdpdoctor.Report", patch: dict) -> "fsdpdoctor.Repor
 
 
 @pytest.fixture(scope="module")
-def analyzed(recorded_run, tmp_path_factory):
+def analyzed(recorded_run, hang_recording, tmp_path_factory):
     cache: dict[tuple[str, str], list] = {}
 
     def get(source: str, name: str, patch: dict | None = None, knobs: dict | None = None):
@@ -133,6 +161,14 @@ def analyzed(recorded_run, tmp_path_factory):
                 if not path.exists():
                     pytest.skip("../shared/snapshots/public is absent")
                 cache[key] = [fsdpdoctor.api.analyze_memory_only(path)]
+            elif source == "fr-recorded":  # real Flight Recorder dumps of a hung gloo job (fixtures/record_hang.py)
+                cache[key] = [fsdpdoctor.analyze(hang_recording(name) / "dumps")]
+            elif source == "fr-generated":  # NCCL-format dumps (fixtures/flight_recorder/gen.py presets)
+                from fixtures.flight_recorder import gen as fr_gen
+
+                out = tmp_path_factory.mktemp(f"fr-{name}")
+                fr_gen.write(fr_gen.PRESETS[name], out)
+                cache[key] = [fsdpdoctor.analyze(out)]
             elif source == "scenario":
                 import dataclasses
 
@@ -151,27 +187,27 @@ def analyzed(recorded_run, tmp_path_factory):
 @pytest.mark.parametrize("module_stem,case", _cases())
 def test_rule_case(module_stem, case, analyzed):
     slug = _slug_of(module_stem)
-    for rep in analyzed(case["source"], case["input"], case.get("patch"), case.get("set")):
+    for rep in analyzed(case.source, case.input, case.patch, case.set):
         fired = [f for f in rep.findings if f.slug == slug]
-        if case["expect"] == "fires":
-            assert fired, f"{slug} did not fire on {case['source']}:{case['input']}; findings: {[f.slug for f in rep.findings]}"
+        if case.expect == "fires":
+            assert fired, f"{slug} did not fire on {case.source}:{case.input} ({case.why}); findings: {[f.slug for f in rep.findings]}"
             f = fired[0]
             assert f.summary and f.evidence and f.fix
-            if "min_saving_ms" in case:
-                assert f.est_saving_ms is not None and f.est_saving_ms >= case["min_saving_ms"]
-            if "summary_contains" in case:
-                assert case["summary_contains"] in f.summary, f.summary
-            for text in case.get("fix_lacks", []):
+            if case.min_saving_ms is not None:
+                assert f.est_saving_ms is not None and f.est_saving_ms >= case.min_saving_ms
+            if case.summary_contains is not None:
+                assert case.summary_contains in f.summary, f.summary
+            for text in case.fix_lacks:
                 assert all(text not in code for code in f.fix.values()), (text, f.fix)
         else:
-            assert not fired, f"{slug} fired on {case['source']}:{case['input']}: {fired[0].summary}"
+            assert not fired, f"{slug} fired on {case.source}:{case.input} ({case.why}): {fired[0].summary}"
 
 
 def test_nothing_fsdp_specific_fires_on_public_traces():
     files = public_trace_files()
     if not files:
         pytest.skip("../shared/traces/public is absent")
-    fsdp_specific = {m.SLUG for m in load_rules()} - {"fsdp-not-detected", "low-overlap", "host-bound", "straggler-rank", "step-time-jitter", "pageable-memcpy",
+    fsdp_specific = {r.slug for r in load_rules()} - {"fsdp-not-detected", "low-overlap", "host-bound", "straggler-rank", "step-time-jitter", "pageable-memcpy",
                                                           "activation-recompute",  # the MI300 DDP run checkpoints for real
                                                           # the waterfall's levers hold for any training run
                                                           "non-matmul-kernels", "sync-in-step", "matmul-shapes-below-peak"}
@@ -262,3 +298,37 @@ def test_fixes_name_the_models_own_blocks():
     rep = fsdpdoctor.analyze(recorded / "gpu" / "fsdp2")
     code = "\n".join(next(x for x in rep.findings if x.slug == "matmul-wrong-engine").fix.values())
     assert "for block in model.layers:" in code
+
+
+def test_rule_metadata_is_declared_once_and_checked():
+    """load_rules reads each rule's metadata into one frozen RuleMeta with its defaults; a
+    misspelt name or a value of the wrong kind is an error, not a silently ignored default."""
+    import dataclasses
+    import types
+
+    from fsdpdoctor.rulemeta import RuleError, RuleMeta, rule_meta
+
+    r = find_rule("cpu-offload-stall")
+    assert isinstance(r, RuleMeta) and r.saves_on == "step" and r.replay_fix == "offload_off"
+    assert find_rule("host-bound").saves_on == "gpu" and find_rule("host-bound").memory_advice is False
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        r.severity = "info"
+
+    def module(**names):
+        m = types.ModuleType("acme_rule", "What it detects\n    x\n")
+        m.check = lambda facts, cfg: []
+        for k, v in dict(CODE="FSD900", SLUG="acme", **names).items():
+            setattr(m, k, v)
+        return m
+
+    assert rule_meta(module()).severity == "warning" and rule_meta(module()).claim_priority == 1000
+    for bad, why in ((dict(SAVE_ON="step"), "did you mean SAVES_ON"), (dict(SEVERITY="high"), "SEVERITY"),
+                     (dict(SAVES_ON="cpu"), "SAVES_ON"), (dict(THRESHOLDS="min_overlap_pct"), "THRESHOLDS"),
+                     (dict(MEMORY_ADVICE=1), "MEMORY_ADVICE")):
+        with pytest.raises(RuleError, match=why):
+            rule_meta(module(**bad))
+    m = module()
+    m.check = lambda facts: []
+    with pytest.raises(RuleError, match="check"):
+        rule_meta(m)
+    assert rule_meta(module(FIX_FSDP2="...", KIND_WORDS={})).slug == "acme"  # a rule's own constants are its own

@@ -153,3 +153,72 @@ def test_plan_params_7b_equals_7e9_and_rejects_bytes():
     assert a.returncode == 0 and a.stdout == b.stdout
     bad = run("7GiB")
     assert bad.returncode == 2 and "7GiB" in bad.stderr and "parameter count" in bad.stderr and "Traceback" not in bad.stderr
+
+
+def test_one_size_parser_binary_units():
+    """Sizes are parsed in one place with binary units however they are spelled: plan's --gpu-mem
+    80G used to be 80e9 bytes while --max-input-bytes 80G was 80 GiB."""
+    import subprocess
+    import sys
+
+    from fsdpdoctor.fmt import parse_size
+
+    for text in ("80G", "80GB", "80GiB", "80 gib", "85899345920", "8.589934592e10"):
+        assert parse_size(text) == 80 * 2**30, text
+    for bad in ("", "x", "80Q", "-1G"):
+        with pytest.raises(ValueError):
+            parse_size(bad)
+
+    def plan(mem: str) -> str:
+        r = subprocess.run([sys.executable, "-m", "fsdpdoctor", "plan", "--params", "7B", "--gpus", "8", "--gpu-mem", mem,
+                            "--format", "json"], capture_output=True, text=True, timeout=120)
+        assert r.returncode == 0, r.stderr
+        return r.stdout
+
+    assert plan("80G") == plan("80GiB")
+    assert json.loads(plan("80G"))["inputs"]["gpu_memory_bytes"] == 80 * 2**30
+
+
+def test_no_impossible_strategy_on_other_peoples_traces(shared_traces):
+    """#36 item 7. The TorchRec / DLRM traces all-reduce a few scalars and ids (2-10 bytes of
+    "parameters" per GPU): no strategy estimate at all. On the MI300 DDP run the model puts the
+    current DDP at ~3x the measured 18.8 ms: it is not trusted and recommends nothing."""
+    for name in ("param-dlrm-v100-8ranks", "hta-sendrecv-a100-16ranks", "hta-sampled-128ranks"):
+        assert fsdpdoctor.analyze(shared_traces / name).facts.strategy is None, name
+    f = fsdpdoctor.analyze(shared_traces / "tracelens-mi300-ddp").facts
+    st = f.strategy
+    cur = st.candidate(st.current)
+    assert abs(cur.step_ms - f.step_clock_ms) > 0.25 * f.step_clock_ms  # the model misses the run
+    assert not st.trusted and st.recommended is None
+    assert "nothing is recommended" in st.reasoning
+    rep = fsdpdoctor.analyze(shared_traces / "tracelens-mi300-ddp")
+    assert "recommended" not in rep.to_markdown().split("Sharding strategy")[-1].split("\n\n")[1]
+
+
+def test_never_recommends_a_strategy_slower_than_the_measured_step():
+    """7B on 8 GPUs: the model puts FULL_SHARD at ~250 ms and SHARD_GRAD_OP at ~168 ms. Measured at
+    the model's own FULL_SHARD figure, it recommends SHARD_GRAD_OP; a run no candidate beats gets
+    no recommendation; a run the model misses by 3x neither."""
+    inp = PlanInputs(params=7e9, world_size=8, gpus_per_node=8, gpu_memory_bytes=80 * 2**30)
+    inp.current = "FULL_SHARD"
+    cands = {c.name: c for c in estimate(inp)}
+    cur, best = cands["FULL_SHARD"], cands["SHARD_GRAD_OP"]
+    assert best.fits and best.step_ms < cur.step_ms / 1.25 + 10  # (the arithmetic the case rests on)
+    inp.measured_step_ms = cur.step_ms
+    st = advise(inp)
+    assert st.trusted and st.model_error_pct == pytest.approx(0.0) and st.recommended == "SHARD_GRAD_OP"
+    # compute-bound (300 ms of compute, fast links): every strategy within a few ms of the others;
+    # measured at the best one's own estimate, the model is right about the current one (within
+    # tolerance) and no candidate is faster than the run: it recommends nothing new
+    fast = PlanInputs(params=7e9, world_size=8, gpus_per_node=8, gpu_memory_bytes=80 * 2**30,
+                      intra_busbw_gbps=5000.0, compute_forward_ms=100.0, compute_backward_ms=200.0)
+    fast.current = "SHARD_GRAD_OP"
+    cs = {c.name: c for c in estimate(fast)}
+    fastest = cs["FULL_SHARD"]  # ties SHARD_GRAD_OP on time and leaves more memory free
+    assert fastest.step_ms <= cs["SHARD_GRAD_OP"].step_ms <= 1.25 * fastest.step_ms
+    fast.measured_step_ms = fastest.step_ms
+    st = advise(fast)
+    assert st.trusted and st.recommended == "SHARD_GRAD_OP" and "nothing to recommend" in st.reasoning
+    inp.measured_step_ms = 0.5 * best.step_ms  # the model misses the run by 3x: not trusted
+    st = advise(inp)
+    assert not st.trusted and st.recommended is None

@@ -334,3 +334,18 @@ def test_the_trace_is_released_before_the_replays(monkeypatch):
     facts = rank.analyze_rank(str(gpu))
     assert alive_at_replay == [False]
     assert facts.whatif is not None and facts.whatif.error_pct < 2.0
+
+
+def test_replay_applicability_is_decided_once_with_the_rules():
+    """Which transformations the replay runs and whether their rules may fire come from one place
+    (FsdpFacts.fix_applies). They had drifted: the replay ran the mixed-precision fix when the
+    trace did not say (mixed_precision None) while FSD011 fires only when it is known off."""
+    from fsdpdoctor.analysis.whatif.fixes import FIXES
+    from fsdpdoctor.analysis.whatif.plan import _applies
+    from fsdpdoctor.facts import FsdpFacts
+
+    unknown, off, on = FsdpFacts(version=2), FsdpFacts(version=2, mixed_precision=False), FsdpFacts(version=2, mixed_precision=True)
+    assert not unknown.fix_applies("mixed_precision") and off.fix_applies("mixed_precision") and not on.fix_applies("mixed_precision")
+    for fs in (unknown, off, on):
+        assert _applies(fs) == {name: fs.fix_applies(name) for name in FIXES}
+    assert _applies(unknown)["mixed_precision"] is False

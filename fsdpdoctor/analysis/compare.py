@@ -567,7 +567,7 @@ def _alignment(b: RunFacts, a: RunFacts) -> dict[str, Any]:
 
 @functools.lru_cache(maxsize=1)
 def _rules_by_slug() -> dict[str, Any]:
-    return {m.SLUG: m for m in load_rules()}
+    return {r.slug: r for r in load_rules()}
 
 
 def _rule(slug: str) -> Any:
@@ -586,10 +586,10 @@ def _changed(structure: list[Change], key: str) -> bool:
 def _claims_for(slug: str, basis: str, structure: list[Change]) -> tuple[list[tuple[str, str | None]], str]:
     """The parts of the step a finding explains (its rule's ``EXPLAINS``, plus ``EXPLAINS_IF_CHANGED``
     entries whose structure key changed) and the note those extra parts carry."""
-    mod = _rule(slug)
-    claims = list(getattr(mod, "EXPLAINS", {}).get(basis, []))
+    rule = _rule(slug)
+    claims = list(rule.explains.get(basis, [])) if rule else []
     note = ""
-    for key, extra in getattr(mod, "EXPLAINS_IF_CHANGED", {}).items():
+    for key, extra in (rule.explains_if_changed if rule else {}).items():
         if extra.get(basis) and _changed(structure, key):
             claims += extra[basis]
             note = extra.get("note", "")
@@ -599,7 +599,8 @@ def _claims_for(slug: str, basis: str, structure: list[Change]) -> tuple[list[tu
 def _corroborated(slug: str, structure: list[Change]) -> bool:
     """A finding about a configuration (its rule's ``CONFIG_KEYS``) explains a change only when that
     configuration changed; otherwise it appeared or disappeared by crossing a threshold."""
-    keys = getattr(_rule(slug), "CONFIG_KEYS", None)
+    rule = _rule(slug)
+    keys = rule.config_keys if rule else None
     if keys is None:
         return True  # a measured finding: its appearance is the evidence
     return any(_changed(structure, k) for k in keys)
@@ -621,7 +622,7 @@ def _rank_causes(
     remaining = dict(cells)
     taken_by: dict[tuple[str, str], str] = {}
     candidates = [fc for fc in changes if fc.status in ("appeared", "disappeared")]
-    candidates.sort(key=lambda fc: (getattr(_rule(fc.slug), "CLAIM_PRIORITY", 1000), fc.status != "appeared"))
+    candidates.sort(key=lambda fc: (_rule(fc.slug).claim_priority if _rule(fc.slug) else 1000, fc.status != "appeared"))
     causes: list[Cause] = []
     for fc in candidates:
         claims, extra_note = _claims_for(fc.slug, basis, structure)
@@ -686,7 +687,7 @@ def _rank_causes(
         # that changed come first
         def key(c: Cause):
             if c.kind == "finding" and c.corroborated:
-                about_config = 0 if hasattr(_rule(c.slug), "CONFIG_KEYS") else 1
+                about_config = 0 if _rule(c.slug) is not None and _rule(c.slug).config_keys is not None else 1
                 return (0 if c.status == "appeared" else 1, about_config, sev.get(c.severity or "", 9), -sign * c.delta_ms)
             return (2, 0, 0, -sign * c.delta_ms)
 

@@ -33,17 +33,38 @@ def peak_reserved(facts: RunFacts) -> int | None:
     if m is None:
         return None
     seen = [v for v in (m.reserved_at_peak_bytes, m.end_reserved_bytes) if v]
-    seen += [int(v) for v in (m.curve or {}).get("reserved") or [] if v]
+    seen += [int(v) for v in m.curve.reserved if v]
     if seen:
         return max(seen)
     return m.peak_allocated_bytes or None
 
 
+def judge_oom(facts: RunFacts) -> None:
+    """The OOM's cause, decided once: where a trace gives the device's total, the memory held
+    outside PyTorch's allocator (total − free − reserved at the OOM); when it exceeds what PyTorch
+    reserved and the request, that is the cause ("outside"), whatever the allocator's state says."""
+    m = facts.memory
+    o = m.oom if m is not None else None
+    if o is None:
+        return
+    total = device_total(facts, m.rank)
+    o.device_total_bytes = total
+    if not total or o.device_free_bytes is None:
+        return
+    o.outside_bytes = max(total - o.device_free_bytes - o.reserved_bytes, 0)
+    if o.outside_bytes > o.reserved_bytes and o.outside_bytes >= o.requested_bytes:
+        o.cause = "outside"
+        o.explanation = (f"memory outside PyTorch's allocator ({o.outside_bytes} bytes: another process, another library's "
+                         "pool, NCCL buffers or a second model) leaves too little for the request")
+
+
 def memory_pressure(facts: RunFacts, budget_gib: float = 0.0, pressure_pct: float = 80.0) -> MemoryPressureFacts | None:
-    """The run's memory pressure (None without memory facts)."""
+    """The run's memory pressure (None without memory facts); decides the OOM's cause too
+    (:func:`judge_oom`)."""
     m = facts.memory
     if m is None:
         return None
+    judge_oom(facts)
     out = MemoryPressureFacts(threshold_pct=pressure_pct, peak_reserved_bytes=peak_reserved(facts))
     if budget_gib and budget_gib > 0:
         out.capacity_bytes, out.capacity_source = int(budget_gib * GiB), "budget"

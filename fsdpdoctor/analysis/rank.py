@@ -16,7 +16,7 @@ from .efficiency import analyze_efficiency
 from .comms import Collective, assign_roles, find_collectives, issue_rows, parallelism_facts
 from .fsdp import analyze_fsdp
 from .labels import enclosing, label_rows
-from .memory_events import memory_from_events
+from .memory.trace_events import memory_from_events
 from .steps import find_steps
 from .timeline import gpu_steps, hta_overlap, step_timeline_backlog
 from .whatif import WhatIfPlan, plan_whatif, run_whatif
@@ -133,6 +133,7 @@ def _read_rank(rt: RankTrace, order_index: int) -> tuple[RankFacts, WhatIfPlan |
         backend=_text(rt.distributed_info.get("backend")),
         nccl_version=_text(rt.distributed_info.get("nccl_version")),
         workload=workload(info.steps),
+        pipelines=pipelines(rt),
         backlog_ops=backlog.ops,
         backlog_ms=backlog.gpu_ms,
     )
@@ -155,6 +156,16 @@ def start_unix_s(rt: RankTrace) -> float | None:
     else:
         t = t0 / 1e6 if t0 >= EPOCH_US else None
     return t if t is not None and 0 < t < LATEST_UNIX_S else None
+
+
+#: CPU annotations that show a training pipeline already in use, and its name
+PIPELINE_MARKS = {"## sparse_data_dist ##": "TrainPipelineSparseDist", "## wait_sparse_data_dist ##": "TrainPipelineSparseDist"}
+
+
+def pipelines(rt: RankTrace) -> list[str]:
+    """The training pipelines the trace's annotations show (:data:`PIPELINE_MARKS`)."""
+    seen = rt.mask_cat("user_annotation", "cpu_op") & rt.mask_names(lambda n: n in PIPELINE_MARKS)
+    return sorted({PIPELINE_MARKS[rt.row_name(int(i))] for i in seen.nonzero()[0]})
 
 
 def workload(steps) -> str | None:

@@ -367,7 +367,10 @@ def load_ranks(
             rid = None
         excluded.append(ExcludedInput(path=exc.path, rank=rid, reason=exc.problem))
     ids = set(seen) | {e.rank for e in excluded if e.rank is not None}
-    for k in range(max(ids) + 1 if ids else 0):
+    # one rank's file given alone is a sample of the job, not a partial run: the ranks it does not
+    # hold are no gaps (the note says "1 of W ranks given"); with two or more, a missing id is one
+    lone = len(items) == 1 and not excluded
+    for k in range(max(ids) + 1 if ids and not lone else 0):
         if k not in ids:
             excluded.append(ExcludedInput(path=None, rank=k, reason="no trace file for this rank id (a gap in the rank ids)"))
     excluded.sort(key=lambda e: (e.rank is None, e.rank if e.rank is not None else 0, e.path or ""))
@@ -585,6 +588,7 @@ def fold(
             )
     kinds_of_work = {r.workload for r in ranks if r.workload}
     rf.workload = "training" if "training" in kinds_of_work else ("inference" if kinds_of_work else None)
+    rf.pipelines = sorted({p for r in ranks for p in r.pipelines})
     rf.collectives = arrived.collectives.result()
     rf.whatif = arrived.whatif.result()
     rf.compute = arrived.compute.result(rf.step_clock_ms)

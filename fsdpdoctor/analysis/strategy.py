@@ -41,6 +41,12 @@ DEFAULT_INTRA_BUSBW = 150.0  # GB/s, NVLink-class, reachable by NCCL collectives
 DEFAULT_INTER_BUSBW = 25.0  # GB/s, 200 Gb/s InfiniBand / RoCE per GPU
 DEFAULT_MEMORY_HEADROOM = 0.9  # a plan must leave 10% for the allocator and CUDA context
 DDP_BUCKETS_BYTES = 2 * 25 * 2**20
+#: the estimate of the current strategy must land within this % of the measured step for the
+#: model to recommend anything: one that misses the run it describes cannot rank the others
+MODEL_TOLERANCE_PCT = 25.0
+#: fewer parameters than this read from a trace's collectives are not a model's parameters (a
+#: metric all-reduced, an embedding lookup's ids): the strategy cannot be estimated
+MIN_PARAMS = 1_000_000
 CANDIDATES = ("FULL_SHARD", "SHARD_GRAD_OP", "HYBRID_SHARD", "NO_SHARD")
 CODE = {
     "FULL_SHARD": {
@@ -151,7 +157,15 @@ def advise(inp: PlanInputs) -> StrategyFacts:
     fitting = [c for c in cands if c.fits]
     best = min(fitting, key=lambda c: (round(c.step_ms, 3), -(inp.gpu_memory_bytes - c.memory_bytes))) if fitting else None
     cur = next((c for c in cands if c.name == inp.current), None)
-    if best is None:
+    measured = inp.measured_step_ms
+    error = 100 * (cur.step_ms - measured) / measured if cur is not None and measured else None
+    trusted = error is None or abs(error) <= MODEL_TOLERANCE_PCT
+    if not trusted:
+        best = None
+        reasoning = (f"The model estimates the current {cur.name} at {cur.step_ms:.1f} ms per step where the run measured "
+                     f"{measured:.1f} ms ({error:+.0f}%, beyond its ±{MODEL_TOLERANCE_PCT:g}% tolerance): it does not "
+                     "describe this run well enough to rank the others, so nothing is recommended.")
+    elif best is None:
         least = min(cands, key=lambda c: c.memory_bytes)
         reasoning = (
             f"No strategy fits in {DEFAULT_MEMORY_HEADROOM:.0%} of {inp.gpu_memory_bytes / GiB:.0f} GiB per GPU: even "
@@ -159,6 +173,11 @@ def advise(inp: PlanInputs) -> StrategyFacts:
             + (f", of which activations {inp.activation_bytes / GiB:.1f} GiB" if inp.activation_bytes else "")
             + ". Reduce activations first (checkpointing, smaller micro-batch), then add GPUs or offload."
         )
+    elif measured and best.name != inp.current and best.step_ms >= measured:
+        # never recommend a strategy the model itself puts at or above the step the run measured
+        reasoning = (f"The fastest strategy that fits, {best.name}, is estimated at {best.step_ms:.1f} ms per step, no "
+                     f"faster than the measured {measured:.1f} ms: nothing to recommend.")
+        best = cur
     else:
         why = []
         if best.name == "HYBRID_SHARD":
@@ -176,7 +195,7 @@ def advise(inp: PlanInputs) -> StrategyFacts:
         )
         if cur is not None and cur.name != best.name:
             reasoning += f" The current {cur.name} is estimated at {cur.step_ms:.1f} ms"
-            reasoning += f" (measured {inp.measured_step_ms:.1f} ms)." if inp.measured_step_ms else "."
+            reasoning += f" (measured {measured:.1f} ms)." if measured else "."
     assumptions = [f"{k}: {_fmt(getattr(inp, k))} ({src})" for k, src in sorted(inp.sources.items())]
     return StrategyFacts(
         current=inp.current,
@@ -186,6 +205,8 @@ def advise(inp: PlanInputs) -> StrategyFacts:
         assumptions=assumptions,
         inputs={k: getattr(inp, k) for k in inp.__dataclass_fields__ if k != "sources"},
         fix=CODE.get(best.name, {}) if best else {},
+        model_error_pct=error,
+        trusted=trusted,
     )
 
 
@@ -229,7 +250,7 @@ def inputs_from_facts(facts: RunFacts, gpus_per_node: int | None = None) -> Plan
     if not params:
         ar = [c for r in facts.rank_facts[:1] for c in r.collectives if c.kind == "all_reduce" and c.step == 0 and c.in_nelems]
         params = float(sum(c.in_nelems for c in ar))  # DDP: the gradient buckets cover the parameters
-    if not params:
+    if params < MIN_PARAMS:  # nothing, or too little to be a model's parameters: cannot estimate
         return None
     src["params"] = "measured (all-gather sizes)" if units else "measured (all-reduce sizes)"
     r0 = facts.rank_facts[0]

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Callable, IO, Iterator
 
 from ..errors import InputError
+from ..fmt import parse_size
 
 try:  # isal's gzip is several times faster than zlib's: same API, its own exception class
     from isal import igzip as gzip_impl
@@ -76,20 +77,6 @@ def explicit_max_bytes() -> int | None:
         return max(0, int(parse_size(raw)))
     except ValueError:
         return None
-
-
-def parse_size(text: str) -> int:
-    """``"123"``, ``"64M"``, ``"8GiB"``, ``"1.5G"`` → bytes. Raises ValueError."""
-    s = text.strip().upper().removesuffix("B").removesuffix("I")
-    mult = 1
-    for suffix, m in (("K", 1 << 10), ("M", 1 << 20), ("G", 1 << 30), ("T", 1 << 40)):
-        if s.endswith(suffix):
-            s, mult = s[:-1], m
-            break
-    value = float(s)
-    if not value >= 0 or value * mult > 1 << 62:
-        raise ValueError(text)
-    return int(value * mult)
 
 
 @contextmanager

@@ -9,7 +9,9 @@ import stat
 from pathlib import Path
 
 from ..errors import InputError
+from . import flight_recorder as fr
 from . import fs
+from .layouts import dump_folder
 from .sidecar import SIDECAR_NAME
 
 TRACE_PATTERNS = ("*.json", "*.json.gz")
@@ -53,17 +55,27 @@ def looks_like_trace(p: Path | str) -> bool:
     return b'"traceEvents"' in head or b'"schemaVersion"' in head
 
 
-def _traces_among(found: list, cycle: int | None, skipped: list[tuple[str, str]]) -> list:
-    """The traces among the files a directory or pattern expanded to, of one capture cycle."""
+def _traces_among(found: list, cycle: int | None, skipped: list[tuple[str, str]], dumps: list | None = None) -> list:
+    """The traces among the files a directory or pattern expanded to, of one capture cycle (with
+    ``dumps``: a Flight Recorder dump in JSON form goes there instead of into ``skipped``)."""
     kept = []
     for q in found:
         if Path(str(q)).name == SIDECAR_NAME:  # read as the run's sidecar, not a trace
             continue
         if looks_like_trace(q):
             kept.append(q)
+        elif dumps is not None and not fs.is_url(q) and fr.is_dump(Path(q)):
+            dumps.append(Path(q))
         else:
             skipped.append((str(q), f"not a profiler trace (no traceEvents in its first {SNIFF_BYTES >> 20} MiB)"))
     return _pick_cycle(kept, cycle, skipped) if kept else kept
+
+
+def _direct_dump(p: Path) -> bool:
+    """A file named directly that is not JSON trace-like: a Flight Recorder dump (or any pickle,
+    whose reader then says what it is)."""
+    head = fr._head(p)
+    return head[:2] in _PICKLE_MAGIC or fr.sniff(head) is not None
 
 
 def cycle_of(p: Path | str) -> int:
@@ -86,7 +98,12 @@ def _pick_cycle(found: list[Path], cycle: int | None, skipped: list[tuple[str, s
 
 
 def discover(
-    paths: list[str | Path], *, cycle: int | None = None, skipped: list[tuple[str, str]] | None = None
+    paths: list[str | Path],
+    *,
+    cycle: int | None = None,
+    skipped: list[tuple[str, str]] | None = None,
+    iteration: int | None = None,
+    dumps: list[Path] | None = None,
 ) -> list[Path | str]:
     """Trace files named by ``paths``, in a stable order, without duplicates.
 
@@ -98,9 +115,19 @@ def discover(
     file named directly is taken as it is (its reader says what is wrong with it). URLs
     (``s3://``, ``gs://``, ``http(s)://``, ``memory://``...; see :mod:`.fs`) are expanded through
     fsspec alike and come back as URL strings; ``file://`` URLs as local Paths.
+
+    A framework's dump folder (:mod:`.layouts`: torchtitan's ``profile_traces/iteration_<N>``)
+    contributes the traces of iteration ``iteration`` (default: the latest).
+
+    With ``dumps`` (a list), PyTorch Flight Recorder dumps are collected there too, by content:
+    those directly in a directory and in its torchtitan ``comm_trace(s)/`` sub-folder
+    (:func:`fsdpdoctor.ingest.flight_recorder.dumps_in`), those a pattern matches, and a file named
+    directly that is a dump (or any pickle); then a directory of dumps alone is no error, and the
+    list of traces may be empty.
     """
     skipped = [] if skipped is None else skipped
     out: list[Path | str] = []
+    folders = 0  # framework dump folders (layouts) among the paths
     for raw in paths:
         raw = fs.localize(raw)
         if fs.is_url(raw):
@@ -121,29 +148,58 @@ def discover(
             raise InputError(p, "permission denied") from None
         except OSError:
             st = None
-        if st is not None and stat.S_ISDIR(st.st_mode):
+        dump = dump_folder(p, iteration) if st is not None and stat.S_ISDIR(st.st_mode) else None
+        folders += dump is not None
+        if dump is not None and dump.traces:
+            skipped.extend(dump.skipped)
+            found = _traces_among(dump.traces, cycle, skipped)
+            if not found:
+                raise InputError(p, f"no trace files in iteration {dump.iteration}'s profile traces")
+            if dumps is not None:  # the job's Flight Recorder dumps (torchtitan's comm_traces/)
+                dumps.extend(fr.dumps_in(p, exclude=set()))
+            out.extend(found)
+        elif st is not None and stat.S_ISDIR(st.st_mode):
             try:
                 named = sorted(q for q in p.iterdir() if q.is_file() and _is_trace_name(q))
             except PermissionError:
                 raise InputError(p, "permission denied (cannot list the directory)") from None
             except OSError as exc:
                 raise InputError(p, f"cannot list the directory ({exc.strerror or exc})") from None
-            found = _traces_among(named, cycle, skipped)
-            if not found:
-                raise InputError(p, "directory contains no trace files (*.json, *.json.gz with traceEvents)")
+            before = len(dumps) if dumps is not None else 0
+            found = _traces_among(named, cycle, skipped, dumps)
+            if dumps is not None:
+                dumps.extend(fr.dumps_in(p, exclude=set(named)))
+            got_dumps = dumps is not None and len(dumps) > before
+            if not found and dump is not None and not got_dumps:  # iteration folders of snapshots only
+                hint = f" ({dump.latest_snapshot_iteration}): fsdpdoctor memory {p}" if dump.latest_snapshots else ""
+                raise InputError(p, f"a {dump.layout} dump folder without profile traces; its memory snapshots{hint}")
+            if not found and not got_dumps:
+                raise InputError(p, "directory contains no trace files (*.json, *.json.gz with traceEvents)"
+                                 + (" and no Flight Recorder dumps" if dumps is not None else ""))
             out.extend(found)
         elif st is not None:
+            if dumps is not None and stat.S_ISREG(st.st_mode) and not looks_like_trace(p) and _direct_dump(p):
+                dumps.append(p)
+                continue
             out.append(p)  # not a regular file? the reader says so, by stat, before opening
         elif any(ch in s for ch in "*?["):
             matched = sorted(Path(q) for q in glob.glob(s) if Path(q).is_file())
             if not matched:
                 raise InputError(s, "pattern matches no files")
-            found = _traces_among(matched, cycle, skipped)
+            before = len(dumps) if dumps is not None else 0
+            if dumps is not None:  # dumps have any name: those without a trace's are sniffed first
+                dumps.extend(q for q in matched if not _is_trace_name(q) and fr.is_dump(q))
+                matched = [q for q in matched if q not in dumps]
+            found = _traces_among(matched, cycle, skipped, dumps)
+            if not found and dumps is not None and len(dumps) > before:
+                continue
             if not found:
                 raise InputError(s, "pattern matches no trace files (*.json, *.json.gz with traceEvents)")
             out.extend(found)
         else:
             raise InputError(p, "no such file or directory")
+    if iteration is not None and not folders:
+        raise InputError(" ".join(map(str, paths)), "--iteration chooses among a framework's dump folder's iterations; none given")
     seen: set[Path | str] = set()
     unique = []
     for p in out:
@@ -151,7 +207,9 @@ def discover(
         if key not in seen:
             seen.add(key)
             unique.append(p)
-    if not unique:
+    if dumps is not None:
+        dumps[:] = list(dict.fromkeys(q.resolve() for q in dumps))
+    if not unique and not dumps:
         raise InputError(" ".join(map(str, paths)) or "(no paths)", "no trace files given")
     return unique
 
@@ -208,10 +266,10 @@ def _url_listing(url: str) -> list[str]:
         return []
 
 
-def snapshots_beside(paths: list[str | Path]) -> list[Path | str]:
+def snapshots_beside(paths: list[str | Path], iteration: int | None = None) -> list[Path | str]:
     """Memory snapshots in the directories (or among the files a glob matches) that ``paths``
     name, local or URL, recognised by content (:func:`looks_like_snapshot`), in a stable order;
-    URLs come back as URL strings."""
+    URLs come back as URL strings. In a framework's dump folder, those of the traces' iteration."""
     out: list[Path | str] = []
     for raw in paths:
         raw = fs.localize(raw)
@@ -220,14 +278,19 @@ def snapshots_beside(paths: list[str | Path]) -> list[Path | str]:
             continue
         s = str(raw)
         p = Path(s)
-        if p.is_dir():
+        dump = dump_folder(p, iteration)
+        if dump is not None and dump.traces:
+            cands = dump.snapshots
+        elif p.is_dir():
             try:
                 cands = sorted(q for q in p.iterdir() if q.is_file() and not _is_trace_name(q))
             except OSError:
                 continue
+            if dump is not None:  # traces lie in the folder itself, snapshots in iteration folders below
+                cands += dump.latest_snapshots
         elif not p.exists() and any(ch in s for ch in "*?["):
             cands = sorted(Path(q) for q in glob.glob(s) if Path(q).is_file() and not _is_trace_name(Path(q)))
         else:
             continue
-        out.extend(q for q in cands if looks_like_snapshot(q))
+        out.extend(q for q in cands if looks_like_snapshot(q) and not fr.is_dump(q))
     return list(dict.fromkeys(out))

@@ -3,10 +3,10 @@
 Two inputs are understood:
 
 * ``torch.cuda.memory._dump_snapshot()`` pickles (torch 2.0 – 2.13), also the bare segment list
-  that ``torch.cuda.memory_snapshot()`` returns, optionally gzip-compressed. They are read with an
-  unpickler that refuses every global, so a pickle can build only dicts, lists, tuples, strings
-  and numbers: a pickle that names ``os.system`` (or any other callable or class) is rejected
-  before anything runs.
+  that ``torch.cuda.memory_snapshot()`` returns, optionally gzip-compressed. They are read with the
+  unpickler of :mod:`._pickle` (shared with Flight Recorder dumps), which refuses every global, so
+  a pickle can build only dicts, lists, tuples, strings and numbers: a pickle that names
+  ``os.system`` (or any other callable or class) is rejected before anything runs.
 * ``torch.profiler.profile.export_memory_timeline`` exports: the ``.raw.json(.gz)`` rows
   ``[t_ns, action, bytes, category]`` and the plain ``[times_us, sizes]`` form.
 
@@ -18,13 +18,6 @@ Snapshot fields are read with defaults, because the format grew over releases (s
 
 from __future__ import annotations
 
-import copyreg
-import gc
-import io
-import os
-import pickle
-import pickletools
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any
@@ -36,6 +29,7 @@ from ..errors import InputError
 
 from ._io import read_input
 from ._io import short as _short
+from ._pickle import UNPICKLE_BYTES_PER_BYTE, UNPICKLE_FLOOR, load_plain_pickle, looks_like_json  # noqa: F401
 
 __all__ = [
     "SnapshotError",
@@ -67,42 +61,6 @@ _BLOCK_STATES = {"active_allocated", "inactive"} | _PENDING_STATES
 
 class SnapshotError(InputError):
     """A memory snapshot or memory timeline cannot be loaded; ``str(err)`` is ``"<file>: <problem>"``."""
-
-
-class _RefuseGlobals(pickle.Unpickler):
-    """Unpickler that can build only builtin containers and scalars.
-
-    GLOBAL, STACK_GLOBAL, INST and OBJ get their callable from ``find_class``, so refusing it here
-    means REDUCE/BUILD/NEWOBJ never get anything to call. EXT1/2/4 do too, unless ``copyreg``'s
-    extension cache already holds the object: :func:`_extension_opcode` covers that case.
-    """
-
-    def find_class(self, module: str, name: str) -> Any:
-        raise _RefusedGlobal(f"{module}.{name}")
-
-    def persistent_load(self, pid: Any) -> Any:
-        raise _RefusedGlobal(f"persistent id {pid!r}")
-
-
-class _RefusedGlobal(pickle.UnpicklingError):
-    pass
-
-
-def _extension_opcode(data: bytes) -> str | None:
-    """EXT1/2/4 opcodes resolve through ``copyreg``'s extension cache without ``find_class``.
-
-    Nothing registers extension codes by default, so the (slow, pure-Python) opcode scan runs
-    only when this process has some registered or cached.
-    """
-    if not (copyreg._extension_cache or copyreg._inverted_registry):
-        return None
-    try:
-        for op, arg, _ in pickletools.genops(data):
-            if op.name in ("EXT1", "EXT2", "EXT4"):
-                return f"copyreg extension code {arg}"
-    except (ValueError, EOFError):
-        return None  # malformed: the unpickler reports it
-    return None
 
 
 @dataclass
@@ -174,100 +132,11 @@ def _read(path: Path) -> bytes:
 
 
 def _looks_like_json(data: bytes) -> bool:
-    head = data[:64].lstrip()
-    return head[:1] in (b"[", b"{")
-
-
-@contextmanager
-def _gc_paused():
-    """Unpickling creates millions of small dicts; cyclic GC passes over them cost ~3x the load."""
-    was_enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was_enabled:
-            gc.enable()
-
-
-# What unpickling may allocate beyond what the process already has: the objects of a real
-# snapshot take ~10-30x its pickle size. A hostile pickle can claim far more with a few bytes (a
-# memo index of 2**28 makes CPython's unpickler size its memo table to 4 GiB and zero it).
-UNPICKLE_BYTES_PER_BYTE = 64
-UNPICKLE_FLOOR = 1 << 30
-
-
-def _vm_size() -> int | None:
-    try:
-        with open("/proc/self/statm") as f:
-            return int(f.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
-    except (OSError, ValueError, IndexError, AttributeError):
-        return None
-
-
-@contextmanager
-def _memory_bound(n: int):
-    """Bound the address space while unpickling ``n`` bytes (Linux; elsewhere a no-op), so a
-    pickle that asks for gigabytes fails at once with MemoryError instead of taking them."""
-    try:
-        import resource
-    except ImportError:  # pragma: no cover - Windows
-        yield
-        return
-    vm = _vm_size()
-    soft, hard = resource.getrlimit(resource.RLIMIT_AS)
-    limit = None if vm is None else vm + max(UNPICKLE_FLOOR, UNPICKLE_BYTES_PER_BYTE * n)
-    if limit is None or (soft != resource.RLIM_INFINITY and soft <= limit) or (
-        hard != resource.RLIM_INFINITY and hard < limit
-    ):
-        yield
-        return
-    resource.setrlimit(resource.RLIMIT_AS, (limit, hard))
-    try:
-        yield
-    finally:
-        resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
+    return looks_like_json(data)
 
 
 def _unpickle(path: Path, data: bytes) -> Any:
-    if data[:2] == b"PK":
-        raise SnapshotError(path, "is a zip archive (torch.save?), not a memory snapshot pickle")
-    if data[:1] != b"\x80" and _looks_like_json(data):
-        raise SnapshotError(path, "is JSON, not a memory snapshot pickle")
-    ext = _extension_opcode(data)
-    if ext:
-        raise SnapshotError(
-            path, f"refused to load: the pickle references {ext} (a memory snapshot holds only plain data)"
-        )
-    try:
-        with _gc_paused(), _memory_bound(len(data)):
-            return _RefuseGlobals(io.BytesIO(data)).load()
-    except _RefusedGlobal as exc:
-        raise SnapshotError(
-            path,
-            f"refused to load: the pickle references {exc} "
-            "(a memory snapshot holds only plain data; this file may be malicious)",
-        ) from None
-    except EOFError:
-        raise SnapshotError(path, "truncated pickle (ran out of data)") from None
-    except pickle.UnpicklingError as exc:
-        msg = _short(exc)
-        if "truncated" in msg or "ran out of input" in msg.lower():
-            raise SnapshotError(path, "truncated pickle (ran out of data)") from None
-        if data[:1] != b"\x80":
-            raise SnapshotError(path, f"not a pickle file (starts with {data[:8]!r})") from None
-        raise SnapshotError(path, f"corrupt pickle ({msg})") from None
-    except (ValueError, TypeError, KeyError, IndexError, AttributeError, OverflowError, RecursionError) as exc:
-        # the C unpickler raises these on malformed opcode streams
-        if data[:1] != b"\x80":
-            raise SnapshotError(path, f"not a pickle file (starts with {data[:8]!r})") from None
-        raise SnapshotError(path, f"corrupt pickle ({type(exc).__name__}: {_short(exc)})") from None
-    except MemoryError:
-        raise SnapshotError(
-            path,
-            f"corrupt pickle: it asks for more memory than a {len(data)}-byte snapshot can need "
-            "(a memo index or length field out of range)",
-        ) from None
+    return load_plain_pickle(path, data, "a memory snapshot", SnapshotError)
 
 
 # --------------------------------------------------------------------------- work bound

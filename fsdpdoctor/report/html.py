@@ -364,12 +364,12 @@ def _memory_figures(m) -> list[tuple[str, go.Figure, str]]:
     note += f" ({_get(m, 'source', '')}: {_get(m, 'path', '') or ''})."
     out.append((TITLES["memory_stack"], fig, note))
 
-    curve = _get(m, "curve") or {}
-    xs = list(curve.get("x") or [])
-    alloc = list(curve.get("allocated") or [])
+    curve = _get(m, "curve")
+    xs = list(_get(curve, "x") or [])
+    alloc = list(_get(curve, "allocated") or [])
     if xs and alloc:
-        res = list(curve.get("reserved") or [None] * len(xs))
-        x_unit = curve.get("x_unit", "event_index")
+        res = list(_get(curve, "reserved") or [None] * len(xs))
+        x_unit = _get(curve, "x_unit", "event_index")
         if x_unit == "time_us":
             x0 = xs[0]
             xv = [(v - x0) / 1e3 for v in xs]

@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ..facts import RunFacts
-from ..fmt import mib, ms, pct
+from ..fmt import mib, ms, pct, rank_list, ranks_text, seconds
 from .tables import Table
 from .waterfall import waterfall_line, waterfall_tables
 
@@ -63,6 +63,11 @@ def _num(v: float) -> str:
     return f"{v:.2f}" if v >= 0 else f"−{-v:.2f}"
 
 
+def plural(n: int | float, word: str) -> str:
+    """"1 unit", "5 units", "2.5 steps"."""
+    return f"{n:g} {word}" + ("" if n == 1 else "s")
+
+
 def limit_text(f: RunFacts) -> str:
     """What limits the step (:attr:`TimelineSummary.bound`) with its figures."""
     if not f.gpu_present or not f.timeline.bound:
@@ -87,8 +92,16 @@ def mfu_text(f: RunFacts) -> str:
         out += f", HFU {pct(c.hfu_pct)} with the recompute"
     top = max(c.dtype_mix, key=c.dtype_mix.get) if c.dtype_mix else None
     if top:
-        out += f"; {pct(c.dtype_mix[top])} of GEMM time {ENGINE_TEXT.get(top, top)}"
+        out += f"; {pct(c.dtype_mix[top])} of GEMM time {vendor_words(c.peak_label, ENGINE_TEXT.get(top, top))}"
     return out + ")"
+
+
+def vendor_words(peak_label: str | None, text: str) -> str:
+    """NVIDIA's words for the matrix and vector units, in AMD's where the device is an Instinct
+    (MI*): "tensor cores" → "matrix cores", "CUDA cores" → "SIMD units"."""
+    if (peak_label or "").startswith("MI"):
+        return text.replace("tensor cores", "matrix cores").replace("CUDA cores", "SIMD units")
+    return text
 
 
 ENGINE_LABEL = {"fp32-simt": "fp32, CUDA cores", "fp32": "fp32, engine unknown", "tf32": "TF32 tensor cores",
@@ -102,20 +115,61 @@ def ticket_headline(f: RunFacts) -> list[tuple[str, str]]:
     limits it, MFU where known, overlap, exposed communication, memory peak. Extend here: each
     item is a (label, text) pair, in display order."""
     if not f.rank_facts:
-        return memory_headline(f) or [("Run", "no traces")]
+        return hang_headline(f) + memory_headline(f) or [("Run", "no traces")]
     full = dict(headline(f))
     items = [("Run", full["Run"] + " · " + full["FSDP"])]
     if f.step_clock_ms:
-        items.append(("Step", f"{ms(f.step_clock_ms)} ({f.steps.count} steps per rank) · {limit_text(f)}"))
+        items.append(("Step", f"{ms(f.step_clock_ms)} ({plural(f.steps.count, 'step')} per rank) · {limit_text(f)}"))
     if f.compute is not None and f.compute.mfu_pct is not None:
         items.append(("MFU", mfu_text(f)))
     if waterfall_line(f):
         items.append(("Where", waterfall_line(f)))
     if not f.collectives:
         items.append(("Comm", f"no collectives in the traces (world size {f.world_size or len(f.ranks)})"))
-    elif f.gpu_present:
+    elif f.gpu_present and f.overlap.pct is not None:
         items.append(("Comm", f"{pct(f.overlap.pct)} hidden behind compute · exposed {ms(f.exposed_comm.mean_ms_per_step)} per step"))
-    return items + memory_headline(f)
+    elif f.gpu_present:
+        items.append(("Comm", f"no collective kernel in the GPU window · exposed {ms(f.exposed_comm.mean_ms_per_step)} per step"))
+    return hang_headline(f) + items + memory_headline(f)
+
+
+def hang_headline(f: RunFacts) -> list[tuple[str, str]]:
+    """The hang's lines, first in every report: what is stuck and who is to blame, then the dumps."""
+    h = f.hang
+    if h is None:
+        return []
+    dumps = (f"{h.dumps} Flight Recorder dump{'s' if h.dumps != 1 else ''} · {h.backend or 'no collectives'} · "
+             f"version {', '.join(h.versions)}" + (f" · world size {h.world_size}" if h.world_size else ""))
+    if h.ranks_without_dump:
+        dumps += f" · no dump from {ranks_text(h.ranks_without_dump)}"
+    if h.kind == "none":
+        return [("Hang", "none found: " + h.summary), ("Dumps", dumps)]
+    lines = [("Hang", h.summary)]
+    if h.culprits:
+        lines.append(("Culprits", "; ".join(f"rank {c.rank} ({c.kind})" for c in h.culprits[:6])
+                      + (f"; … {len(h.culprits) - 6} more" if len(h.culprits) > 6 else "")))
+    return lines + [("Dumps", dumps)]
+
+
+def hang_table(f: RunFacts) -> Table | None:
+    """What each rank ran at the stuck collective, ranks with the same row together."""
+    h = f.hang
+    if h is None or not h.ops:
+        return None
+    rows: dict[tuple, list[int]] = {}
+    for o in h.ops:
+        coll = ""
+        if o.op:
+            coll = f"{o.op} " + "+".join(str(list(x)) for x in o.input_sizes) + " " + "/".join(dict.fromkeys(o.input_dtypes))
+        said = ", ".join(x for x in (o.fsdp, f"{o.phase} of step {o.step}" if o.step is not None else o.phase,
+                                     o.call_site) if x)
+        key = (o.status.replace("_", " "), coll.strip(), o.state or "", seconds(o.late_s) if o.late_s is not None else "", said)
+        rows.setdefault(key, []).append(o.rank)
+    pg = h.process_group
+    title = f"Hang: what each rank ran at #{h.seq_id} of {pg.desc or pg.name} (ranks {rank_list(pg.ranks)})" if pg else "Hang"
+    return Table(title, ["ranks", "status", "collective", "state", "late", "what its stack says"],
+                 [[rank_list(rs), *k] for k, rs in sorted(rows.items(), key=lambda kv: kv[1][0])],
+                 note="state as recorded (gloo records none: every entry 'scheduled'); step: forward pass, counted from 1")
 
 
 def memory_headline(f: RunFacts) -> list[tuple[str, str]]:
@@ -137,15 +191,21 @@ def memory_headline(f: RunFacts) -> list[tuple[str, str]]:
         lines.append(("Active peak", f"{mib(m.peak_active_bytes)} (memory_viz: freed blocks still in use on another stream count)"))
     if m.history_missing:
         lines.append(("", "snapshot has no allocation history: categories from segments only"))
+    ac = m.activation_checkpointing
+    if ac is not None:
+        blocks = f" on {m.checkpointed_blocks} of {m.forward_blocks} blocks" if ac != "none" and m.forward_blocks else ""
+        lines.append(("Checkpointing", f"{ac}{blocks} (activation checkpointing, from the allocation stacks)"))
     if m.oom:
-        lines.append(("OOM", f"the run ran out of memory requesting {mib(m.oom.get('requested_bytes') or m.oom.get('size'))} (see the oom finding)"))
+        st = m.oom.statement
+        where = f" in `{st.function}` ({st.file}:{st.line})" if st else ""
+        lines.append(("OOM", f"the run ran out of memory requesting {mib(m.oom.requested_bytes)}{where} (see the oom finding)"))
     return lines
 
 
 def headline(f: RunFacts) -> list[tuple[str, str]]:
     """Key/value lines for the top of every report."""
     if not f.rank_facts:
-        return memory_headline(f) or [("Run", "no traces")]
+        return hang_headline(f) + memory_headline(f) or [("Run", "no traces")]
     fs = f.fsdp
     ws = f.world_size
     ranks = f.ranks
@@ -154,7 +214,8 @@ def headline(f: RunFacts) -> list[tuple[str, str]]:
     if fs.version is None:
         fsdp_txt = "not detected (" + fs.version_evidence + ")"
     else:
-        fsdp_txt = f"FSDP{fs.version}" + (f" {fs.sharding_strategy}" if fs.sharding_strategy else "") + f", {fs.unit_count} units"
+        fsdp_txt = (f"FSDP{fs.version}" + (f" {fs.sharding_strategy}" if fs.sharding_strategy else "")
+                    + f", {plural(fs.unit_count, 'unit')}")
         if fs.backward_prefetch:
             fsdp_txt += f", backward prefetch {fs.backward_prefetch}"
         if fs.forward_prefetch:
@@ -163,7 +224,7 @@ def headline(f: RunFacts) -> list[tuple[str, str]]:
             fsdp_txt += ", no reshard after forward"
         if fs.cpu_offload.detected:
             fsdp_txt += ", CPU offload"
-        if fs.mixed_precision is not None:
+        if fs.mixed_precision is not None and any(c.kind == "all_gather" for c in f.collectives):
             fsdp_txt += ", " + ("low-precision" if fs.mixed_precision else "fp32") + " all-gathers"
     if f.inputs_excluded:  # a partial run: "7 of 8 ranks", whatever the traces say the world size is
         rank_txt = f"{len(ranks)} of {f.ranks_expected} ranks" + (f" (world size {ws})" if ws and ws != f.ranks_expected else "")
@@ -189,7 +250,7 @@ def headline(f: RunFacts) -> list[tuple[str, str]]:
         lines.append(("MFU", mfu_text(f)))
     if waterfall_line(f):
         lines.append(("Where the step goes", waterfall_line(f)))
-    return lines + memory_headline(f)
+    return hang_headline(f) + lines + memory_headline(f)
 
 
 def steps_text(f: RunFacts) -> str:
@@ -275,7 +336,7 @@ def memory_tables(f: RunFacts) -> list[Table]:
         headers.insert(2, "at active peak")
     if exp:
         headers.insert(2, "expected (ZeRO)")
-    out = [Table(f"Memory at the peak ({m.source}: {m.path or ''})", headers, rows, note=_instant_note(m))]
+    out = [Table(f"Memory at the peak ({m.source}: {m.path or ''})", headers, rows, note=_instant_note(m))] if rows else []
     frag = [["peak allocated", mib(m.peak_allocated_bytes)]]
     if m.reserved_at_peak_bytes is not None:
         frag.append(["reserved at peak", mib(m.reserved_at_peak_bytes)])
@@ -389,6 +450,8 @@ def ranks_table(f: RunFacts) -> Table | None:
     if len(f.ranks) < 2:
         return None
     rows = []
+    cr = f.cross_rank
+    straggler = cr.ranks[0].rank if cr is not None and cr.ranks and cr.ranks[0].last_arrivals * 2 >= max(cr.collectives_matched, 1) else None
     for r in f.all_ranks():
         steps = [s.step_ms for s in r.steps]
         exp = [s.exposed_comm_ms for s in r.steps]
@@ -399,9 +462,10 @@ def ranks_table(f: RunFacts) -> Table | None:
                 pct(r.overlap_pct) if r.gpu_present else "–",
                 ms(sum(exp) / len(exp) if exp and r.gpu_present else None),
                 r.rank_source,
+                "straggler: the others wait for it" if r.rank == straggler else "",
             ]
         )
-    return Table("Per rank", ["rank", "step", "overlap", "exposed comm", "rank from"], rows)
+    return Table("Per rank", ["rank", "step", "overlap", "exposed comm", "rank from", "note"], rows)
 
 
 def strategy_tables(f: RunFacts) -> list[Table]:
@@ -411,7 +475,7 @@ def strategy_tables(f: RunFacts) -> list[Table]:
     rows = []
     for c in st.candidates:
         mark = " ← current" if c.name == st.current else ""
-        mark += " ← recommended" if c.name == st.recommended else ""
+        mark += " ← recommended" if c.name == st.recommended and st.trusted and c.name != st.current else ""
         rows.append([c.name + mark, mib(c.memory_bytes), "yes" if c.fits else "no", ms(c.comm_ms), ms(c.exposed_ms), ms(c.step_ms)])
     return [
         Table(
@@ -437,7 +501,7 @@ def compute_table(f: RunFacts) -> Table | None:
     for e, t in sorted(c.engine_ms_per_step.items(), key=lambda kv: -kv[1]):
         rate = c.engine_tflops.get(e)
         peak = peaks.get(dtype.get(e, e))
-        rows.append([ENGINE_LABEL.get(e, e), ms(t), pct(c.dtype_mix.get(e)), f"{rate:.1f}" if rate else "–",
+        rows.append([vendor_words(c.peak_label, ENGINE_LABEL.get(e, e)), ms(t), pct(c.dtype_mix.get(e)), f"{rate:.1f}" if rate else "–",
                      f"{peak:,.0f}" if peak else "–", pct(100 * rate / peak) if rate and peak else "–"])
     note = (f"{c.model_flops_per_step / 1e9:,.1f} GFLOP per step of matmuls and attention (model; "
             f"{c.recompute_flops_per_step / 1e9:,.1f} recomputed); by phase: "
@@ -447,5 +511,6 @@ def compute_table(f: RunFacts) -> Table | None:
 
 
 def all_tables(f: RunFacts) -> list[Table]:
-    tables = [breakdown_table(f), compute_table(f), phase_table(f), collectives_table(f), units_table(f), ranks_table(f)]
+    tables = [hang_table(f), breakdown_table(f), compute_table(f), phase_table(f), collectives_table(f), units_table(f),
+              ranks_table(f)]
     return waterfall_tables(f) + [t for t in tables if t] + memory_tables(f) + strategy_tables(f)

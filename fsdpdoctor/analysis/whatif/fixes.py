@@ -362,11 +362,6 @@ TENSOR_CORE_SHARE = 0.5
 TENSOR_CORE_MIN_SHARE = 5.0  # % of GEMM + attention time on fp32 engines for the replay to try it
 
 
-def fp32_share(cf: ComputeFacts) -> float:
-    """% of GEMM + attention kernel time on fp32 engines (CUDA cores, or fp32 of unknown engine)."""
-    return cf.dtype_mix.get("fp32-simt", 0.0) + cf.dtype_mix.get("fp32", 0.0)
-
-
 def fix_tensor_cores(g: Graph, kf, cf: ComputeFacts) -> Fix | None:
     """bf16 mixed precision for a run whose matmuls run in fp32 on a GPU with tensor cores: every
     fp32 GEMM / attention kernel takes its FLOPs at TENSOR_CORE_SHARE of the device's dense BF16

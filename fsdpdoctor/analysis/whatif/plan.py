@@ -12,7 +12,7 @@ from .. import intervals as iv
 from ..comms import Collective
 from ..layers import repeated_blocks
 from ..steps import StepWindow
-from .fixes import FIXES, STRAGGLER_FACTORS, TENSOR_CORE_MIN_SHARE, fix_compute_scale, fix_tensor_cores, fp32_share, latency_share
+from .fixes import FIXES, STRAGGLER_FACTORS, TENSOR_CORE_MIN_SHARE, fix_compute_scale, fix_tensor_cores, latency_share
 from .graph import Fix, Graph, build_graph
 from .loop import _slower, measured_clocks_ms, replay
 
@@ -34,17 +34,9 @@ def _applies(fsdp: FsdpFacts | None, optimizer: str | None = None) -> dict[str, 
     (``EfficiencyFacts.optimizer``)."""
     if fsdp is None:
         return dict.fromkeys(FIXES, True)
-    is_fsdp = fsdp.version in (1, 2)
-    return {
-        "prefetch": fsdp.backward_prefetch in ("NONE", "BACKWARD_POST"),
-        "pin": fsdp.cpu_offload.pageable_count > 0,
-        "offload_off": fsdp.cpu_offload.detected,
-        "rate_limiter_off": fsdp.version == 1 and fsdp.rate_limiter_ms_per_step > 0,
-        "mixed_precision": is_fsdp and fsdp.mixed_precision is not True,
-        "wrap": is_fsdp,
-        "hooks_off": is_fsdp,
-        "fused_optimizer": optimizer in ("per-parameter", "foreach"),
-    }
+    out = {name: fsdp.fix_applies(name) for name in FIXES}
+    out["fused_optimizer"] = optimizer in ("per-parameter", "foreach")  # the optimizer's kernels say, not FsdpFacts
+    return out
 
 
 def fidelity_pct(base: np.ndarray, base_clocks: np.ndarray, measured: np.ndarray, clocks: np.ndarray) -> float:
@@ -90,7 +82,7 @@ def plan_whatif(rt: RankTrace, steps: list[StepWindow], colls: list[Collective],
     applies = _applies(fsdp, optimizer)
     fixes = [(name, make(g, lambda: repeated_blocks(rt, steps)) if name == "wrap" else make(g))
              for name, make in FIXES.items() if applies.get(name, True)]
-    if kflops is not None and compute is not None and fp32_share(compute) >= TENSOR_CORE_MIN_SHARE:
+    if kflops is not None and compute is not None and compute.fp32_share_pct >= TENSOR_CORE_MIN_SHARE:
         fixes.append(("tensor_cores", fix_tensor_cores(g, kflops, compute)))
     fixes += [(f"compute×{f}", fix_compute_scale(g, f)) for f in STRAGGLER_FACTORS]
     return WhatIfPlan(g, len(steps), latency_share(colls), fixes)

@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..facts import MemoryFacts
+from ...facts import MemoryFacts
+from ...facts_memory import MemoryDevice
+from .curve import downsample
 
 CUDA_DEVICE_TYPE = 1
-CURVE_POINTS = 500
 
 
 def memory_from_events(path: str, events: np.ndarray) -> MemoryFacts | None:
@@ -28,14 +29,13 @@ def memory_from_events(path: str, events: np.ndarray) -> MemoryFacts | None:
     for dev in np.unique(dev_id[gpu]):
         m = gpu & (dev_id == dev)
         peak = float(allocated[m].max())
-        devices.append({"device": int(dev), "peak_allocated_bytes": int(peak), "events": int(m.sum())})
+        devices.append(MemoryDevice(device=int(dev), peak_allocated_bytes=int(peak), events=int(m.sum())))
         if peak > best_peak:
             best, best_peak = dev, peak
     m = gpu & (dev_id == best)
     order = np.argsort(ts[m], kind="stable")
     t, a, r = ts[m][order], allocated[m][order], reserved[m][order]
     k = int(np.argmax(a))
-    keep = np.unique(np.concatenate([np.linspace(0, t.size - 1, min(CURVE_POINTS, t.size)).astype(int), [k]]))
     return MemoryFacts(
         source="trace [memory] events",
         path=path,
@@ -48,7 +48,6 @@ def memory_from_events(path: str, events: np.ndarray) -> MemoryFacts | None:
         peak_event_index=k,
         end_allocated_bytes=int(a[-1]),
         end_reserved_bytes=int(r[-1]),
-        curve={"x_unit": "time_us", "x": t[keep].tolist(), "allocated": a[keep].astype(int).tolist(),
-               "reserved": r[keep].astype(int).tolist()},
+        curve=downsample(t, a, r, "time_us"),
         notes=["from the trace's [memory] events (profile_memory=True): categories need a snapshot (--memory)"],
     )
