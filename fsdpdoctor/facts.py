@@ -179,6 +179,7 @@ class FsdpFacts:
     recompute_cpu_ms_per_step: float = 0.0  # CPU time of recomputed forward ops inside backward
     recompute_gpu_ms_per_step: float = 0.0  # |union| of the kernels those ops launched (part of compute)
     compiled: bool | None = None  # torch.compile regions in the trace; None: no CPU ops to tell
+    optimizer_kernels: str | None = None  # how the optimizer step runs on the GPU: fused / foreach / per-parameter (EfficiencyFacts.optimizer)
     reduce_scatters_per_microbatch: float | None = None  # reduce-scatters per forward pass (GA: 0 when sync skipped)
     sources: dict[str, str] = field(default_factory=dict)  # fact → "trace" / "sidecar"
 
@@ -208,6 +209,7 @@ class FsdpFacts:
             "mixed_precision": is_fsdp and self.mixed_precision is False,
             "wrap": is_fsdp,
             "hooks_off": is_fsdp,
+            "fused_optimizer": self.optimizer_kernels in ("per-parameter", "foreach"),
         }.get(fix, True)
 
 

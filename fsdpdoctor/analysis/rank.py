@@ -99,8 +99,8 @@ def _read_rank(rt: RankTrace, order_index: int) -> tuple[RankFacts, WhatIfPlan |
     efficiency = analyze_efficiency(rt, info.steps, steps, gs, kflops, compute) if gpu_present else None
     del gs
     opt = next((n.split("#", 1)[1].split(".")[0] for n in rt.names if n.startswith("Optimizer.step#")), None)
-    plan = plan_whatif(rt, info.steps, colls, fsdp, kflops=kflops, compute=compute,
-                       optimizer=efficiency.optimizer if efficiency is not None else None) if gpu_present else None
+    fsdp.optimizer_kernels = efficiency.optimizer if efficiency is not None else None
+    plan = plan_whatif(rt, info.steps, colls, fsdp, kflops=kflops, compute=compute) if gpu_present else None
     facts = RankFacts(
         rank=int(rank),
         rank_source=rt.rank_source if rt.rank is not None else "order",

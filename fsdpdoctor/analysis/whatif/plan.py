@@ -28,15 +28,12 @@ def _exposed_rs_ms(g: Graph, S: np.ndarray, E: np.ndarray) -> float:
     return iv.total(exposed) / 1e3 / max(len(g.steps), 1)
 
 
-def _applies(fsdp: FsdpFacts | None, optimizer: str | None = None) -> dict[str, bool]:
+def _applies(fsdp: FsdpFacts | None) -> dict[str, bool]:
     """Which transformations are worth a replay on this rank (the rest would change nothing, or
-    their finding cannot fire); ``optimizer``: how the optimizer step's kernels run
-    (``EfficiencyFacts.optimizer``)."""
+    their finding cannot fire)."""
     if fsdp is None:
         return dict.fromkeys(FIXES, True)
-    out = {name: fsdp.fix_applies(name) for name in FIXES}
-    out["fused_optimizer"] = optimizer in ("per-parameter", "foreach")  # the optimizer's kernels say, not FsdpFacts
-    return out
+    return {name: fsdp.fix_applies(name) for name in FIXES}
 
 
 def fidelity_pct(base: np.ndarray, base_clocks: np.ndarray, measured: np.ndarray, clocks: np.ndarray) -> float:
@@ -72,14 +69,13 @@ class WhatIfPlan:
 
 
 def plan_whatif(rt: RankTrace, steps: list[StepWindow], colls: list[Collective],
-                fsdp: FsdpFacts | None = None, kflops=None, compute: ComputeFacts | None = None,
-                optimizer: str | None = None) -> WhatIfPlan | None:
+                fsdp: FsdpFacts | None = None, kflops=None, compute: ComputeFacts | None = None) -> WhatIfPlan | None:
     """The graph of this rank's steps and every transformation that applies (all of them when
     ``fsdp`` is None): everything of the what-if replay that reads the trace."""
     g = build_graph(rt, steps, colls)
     if g is None:
         return None
-    applies = _applies(fsdp, optimizer)
+    applies = _applies(fsdp)
     fixes = [(name, make(g, lambda: repeated_blocks(rt, steps)) if name == "wrap" else make(g))
              for name, make in FIXES.items() if applies.get(name, True)]
     if kflops is not None and compute is not None and compute.fp32_share_pct >= TENSOR_CORE_MIN_SHARE:
