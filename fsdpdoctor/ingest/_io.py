@@ -19,13 +19,14 @@ reader for other file systems applies the same limits and error wording.
 
 from __future__ import annotations
 
+import gc
 import gzip
 import os
 import stat
 import zlib
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Callable, IO, Iterator
+from typing import IO, Any, Callable, Iterator
 
 from ..errors import InputError
 from ..fmt import parse_size
@@ -258,3 +259,32 @@ def read_input(path: str | Path, what: str = "file", error: type[InputError] = I
     """The whole (gunzipped) content of a local input file, within the limits."""
     with InputStream.open(path, what, error) as s:
         return s.read_all()
+
+
+@contextmanager
+def gc_paused() -> Iterator[None]:
+    """Decoding and unpickling allocate millions of small objects; the cyclic GC passing over
+    them costs several times the load. Paused inside the block."""
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
+
+
+def convert_checked(value: Any, typ: Any, error: Callable[[str], Exception], where: str) -> Any:
+    """``value`` converted to ``typ`` (msgspec), or ``error("wrong structure: ...")`` raised with
+    where in the document it went wrong: the one structure check of every typed reader."""
+    import msgspec
+
+    try:
+        return msgspec.convert(value, typ)
+    except msgspec.ValidationError as exc:
+        msg, _, at = str(exc).partition(" - at `$")
+        raise error(f"wrong structure: {where}{at.rstrip('`')}: {msg[:100]}") from None
+    except RecursionError:
+        raise error(f"wrong structure: {where} is nested too deeply") from None
+    except UnicodeError:
+        raise error(f"wrong structure: {where} holds a string that is not valid Unicode") from None
