@@ -195,7 +195,7 @@ class InputStream:
     def wrap(cls, path: str | Path, raw: IO[bytes], size: int, error: type[InputError] = InputError,
              describe: Callable[[BaseException], str] | None = None) -> "InputStream":
         """Limits and errors for a stream opened elsewhere (``size``: its size on storage;
-        ``describe``: how its back-end's errors read, e.g. :func:`.fs.problem`)."""
+        ``describe``: how its back-end's errors read, e.g. :func:`.remote.problem`)."""
         return cls(path, raw, size, error, describe)
 
     def _count(self, n: int) -> None:

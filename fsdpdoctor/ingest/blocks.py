@@ -46,7 +46,7 @@ from typing import Any
 import msgspec
 
 from ..errors import InputError
-from . import fs as _fs
+from . import remote
 from . import events as K
 
 from ._io import InputStream
@@ -90,10 +90,10 @@ class _Source:
     def __init__(self, path: Path, progress: Progress | None):
         self.path = path
         self.progress = progress
-        self.local = not _fs.is_url(path)  # local files can also be read by offset in parallel
+        self.local = not remote.is_url(path)  # local files can also be read by offset in parallel
         if not self.local:  # fsspec: a stream of the object, read chunk by chunk like a file
-            raw, size = _fs.open_url(str(path))
-            self.stream = InputStream.wrap(path, raw, size, describe=_fs.problem)
+            raw, size = remote.open_url(str(path))
+            self.stream = InputStream.wrap(path, raw, size, describe=remote.problem)
         else:
             self.stream = InputStream.open(path, "trace file")
         self.raw, self.gz, self.size = self.stream.raw, self.stream.gz, self.stream.size

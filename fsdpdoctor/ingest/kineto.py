@@ -441,11 +441,11 @@ def load_trace(
     ``workers`` > 0 decodes a large file's blocks in that many processes (default: as set by
     :func:`parallel_decode`, else 0); the result is identical.
     """
-    from . import fs
+    from . import remote
     from .blocks import load_blocks
 
-    path = fs.localize(path)
-    path = path if fs.is_url(path) else Path(path)  # a URL stays a string: Path would fold its '//'
+    path = remote.localize(path)
+    path = path if remote.is_url(path) else Path(path)  # a URL stays a string: Path would fold its '//'
     progress = progress or _progress_hook
     workers = _decode_workers if workers is None else workers
     with gc_paused():
