@@ -315,7 +315,7 @@ def _found_snapshots(paths: list, facts: RunFacts, fetched: dict[str, str], iter
     import tempfile
 
     from .ingest import remote
-    from .ingest._io import InputStream
+    from .ingest._io import read_input
     from .ingest.discover import snapshots_beside
 
     out = []
@@ -324,9 +324,7 @@ def _found_snapshots(paths: list, facts: RunFacts, fetched: dict[str, str], iter
             out.append(p)
             continue
         try:
-            raw, size = remote.open_url(p)
-            with InputStream.wrap(p, raw, size, describe=remote.problem) as st:
-                data = st.read_all()
+            data = read_input(p, "memory snapshot")
         except InputError as exc:
             facts.notes.append(f"memory snapshot {p} beside the traces not read: {exc.problem}")
             continue

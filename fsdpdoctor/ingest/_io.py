@@ -255,9 +255,23 @@ class InputStream:
 _GZIP_READ_ERRORS = GZIP_ERRORS
 
 
+def open_input(path: str | Path, what: str = "file", error: type[InputError] = InputError) -> InputStream:
+    """The one way an input is opened: a local file (:meth:`InputStream.open`) or a URL through
+    fsspec (:mod:`.remote`), gunzipped as needed, within the byte limits, its errors one line."""
+    from . import remote
+
+    if remote.is_url(path):
+        try:
+            raw, size = remote.open_url(str(path))
+        except InputError as exc:
+            raise error(path, exc.problem) from None
+        return InputStream.wrap(path, raw, size, error, describe=remote.problem)
+    return InputStream.open(path, what, error)
+
+
 def read_input(path: str | Path, what: str = "file", error: type[InputError] = InputError) -> bytes:
-    """The whole (gunzipped) content of a local input file, within the limits."""
-    with InputStream.open(path, what, error) as s:
+    """The whole (gunzipped) content of an input, local or URL (:func:`open_input`), within the limits."""
+    with open_input(path, what, error) as s:
         return s.read_all()
 
 

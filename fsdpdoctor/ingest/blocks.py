@@ -49,7 +49,7 @@ from ..errors import InputError
 from . import remote
 from . import events as K
 
-from ._io import InputStream
+from ._io import open_input
 from ._io import short as _short
 from .block_schema import (  # the decoders of a block and the columns it fills
     _BLOCK,
@@ -91,11 +91,7 @@ class _Source:
         self.path = path
         self.progress = progress
         self.local = not remote.is_url(path)  # local files can also be read by offset in parallel
-        if not self.local:  # fsspec: a stream of the object, read chunk by chunk like a file
-            raw, size = remote.open_url(str(path))
-            self.stream = InputStream.wrap(path, raw, size, describe=remote.problem)
-        else:
-            self.stream = InputStream.open(path, "trace file")
+        self.stream = open_input(path, "trace file")  # a URL: a stream of the object, read chunk by chunk
         self.raw, self.gz, self.size = self.stream.raw, self.stream.gz, self.stream.size
 
     @property

@@ -35,15 +35,10 @@ def looks_like_trace(p: Path | str) -> bool:
     (``traceEvents``, ``schemaVersion``) in that head: a training config, a generator's
     ``truth.json`` of any size (profilers write ``schemaVersion`` and the small metadata first).
     An unreadable, empty or truncated file counts as a trace, so its reader names the problem."""
-    from ._io import InputStream
+    from ._io import open_input
 
     try:
-        if remote.is_url(p):
-            raw, size = remote.open_url(str(p))
-            st = InputStream.wrap(p, raw, size, describe=remote.problem)
-        else:
-            st = InputStream.open(p, "trace file")
-        with st:
+        with open_input(p, "trace file") as st:
             head = st.read(SNIFF_BYTES)
     except (InputError, OSError):
         return True
@@ -240,11 +235,10 @@ def looks_like_snapshot(p: Path) -> bool:
 
 def _url_snapshot_head(url: str) -> bytes:
     """The first two (gunzipped) bytes of an object, b"" when it cannot be read."""
-    from ._io import InputStream
+    from ._io import open_input
 
     try:
-        raw, size = remote.open_url(url)
-        with InputStream.wrap(url, raw, size, describe=remote.problem) as st:
+        with open_input(url) as st:
             return st.read(2)
     except (InputError, OSError):
         return b""
@@ -254,15 +248,8 @@ def _url_listing(url: str) -> list[str]:
     """The objects directly in a URL directory or matching a URL glob, as full URLs ([] for one
     object, or when the store cannot list)."""
     try:
-        fsys, root = remote._filesystem(url)
-        if any(ch in root for ch in "*?["):
-            found = [p for p in fsys.glob(root) if fsys.isfile(p)]
-        elif fsys.isdir(root):
-            found = [p for p in fsys.ls(root, detail=False) if fsys.isfile(p)]
-        else:
-            return []
-        return sorted(p if remote.scheme(p) else fsys.unstrip_protocol(p) for p in found)
-    except Exception:  # noqa: BLE001 - a store that cannot list has no snapshots to offer
+        return remote.listing(url) or []
+    except InputError:  # a store that cannot list has no snapshots to offer
         return []
 
 

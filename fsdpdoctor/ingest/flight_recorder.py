@@ -38,7 +38,7 @@ from typing import Annotated, Any
 import msgspec
 
 from ..errors import InputError
-from ._io import InputStream, convert_checked, read_input, short
+from ._io import convert_checked, open_input, read_input, short
 from ._pickle import PICKLE_MAGIC, load_plain_pickle, looks_like_json
 
 __all__ = ["FrError", "Dump", "Entry", "Frame", "PgConfig", "PgStatus", "sniff", "load_dump", "dumps_in",
@@ -162,7 +162,7 @@ def sniff(head: bytes) -> str | None:
 
 def _head(p: Path) -> bytes:
     try:
-        with InputStream.open(p, "Flight Recorder dump", FrError) as st:
+        with open_input(p, "Flight Recorder dump", FrError) as st:
             return st.read(SNIFF_BYTES)
     except (InputError, OSError):
         return b""

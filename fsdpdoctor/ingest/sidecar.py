@@ -35,12 +35,7 @@ def find_sidecar(trace_files: list[Path | str]) -> Path | str | None:
 
 
 def _read(path: Path | str) -> bytes:
-    from . import remote
-
-    if remote.is_url(path):
-        fh, _ = remote.open_url(str(path))
-        with fh:
-            return fh.read()
+    """Local or URL, within the byte limits of every input (a sidecar is a few KB)."""
     return read_input(path, "sidecar file")
 
 
