@@ -20,7 +20,7 @@ from .facts import RANK_DETAIL, RunFacts
 from .analysis.sidecar import apply_sidecar
 from .analysis.strategy import advise, expected_memory, inputs_from_facts
 from .ingest.discover import discover
-from .ingest.fs import name as fs_name
+from .ingest.remote import name as fs_name
 from .ingest.sidecar import find_sidecar, load_sidecar
 
 if TYPE_CHECKING:  # pandas loads only when a DataFrame is asked for
@@ -163,7 +163,7 @@ def analyze(
     means rank 0 / the median-length step).
 
     Paths may be URLs (``s3://``, ``gs://``, ``az://``, ``http(s)://``, ``memory://``,
-    ``file://``; see :mod:`fsdpdoctor.ingest.fs`). ``scheduler`` sends the per-rank analysis to
+    ``file://``; see :mod:`fsdpdoctor.ingest.remote`). ``scheduler`` sends the per-rank analysis to
     a Dask cluster: ``"tcp://HOST:8786"`` (an existing one) or ``"local[:N]"`` (a LocalCluster
     of N worker processes); None uses this machine's process pool (``jobs``).
 
@@ -318,8 +318,8 @@ def _found_snapshots(paths: list, facts: RunFacts, fetched: dict[str, str], iter
     local copy → URL)."""
     import tempfile
 
-    from .ingest import fs
-    from .ingest._io import InputStream
+    from .ingest import remote
+    from .ingest._io import read_input
     from .ingest.discover import snapshots_beside
 
     out = []
@@ -328,13 +328,11 @@ def _found_snapshots(paths: list, facts: RunFacts, fetched: dict[str, str], iter
             out.append(p)
             continue
         try:
-            raw, size = fs.open_url(p)
-            with InputStream.wrap(p, raw, size, describe=fs.problem) as st:
-                data = st.read_all()
+            data = read_input(p, "memory snapshot")
         except InputError as exc:
             facts.notes.append(f"memory snapshot {p} beside the traces not read: {exc.problem}")
             continue
-        local = Path(tempfile.mkdtemp(prefix="fsdpdoctor-snap-")) / fs.name(p).removesuffix(".gz")
+        local = Path(tempfile.mkdtemp(prefix="fsdpdoctor-snap-")) / remote.name(p).removesuffix(".gz")
         local.write_bytes(data)
         fetched[str(local)] = p
         out.append(local)

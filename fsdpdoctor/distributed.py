@@ -127,13 +127,13 @@ def run_on_dask(
     cross-rank part) and the results come back in the order of ``items``. With ``strict``, the
     tasks of later files are cancelled once a file fails (the first bad file in order is what
     the caller reports). Files are submitted ``ahead`` per worker thread ahead of the results."""
-    from .ingest import fs
+    from .ingest import remote
 
     for p, _, _ in items:
-        if fs.scheme(p) == "memory":
+        if remote.scheme(p) == "memory":
             raise InputError(p, "memory:// exists only in this process; Dask workers cannot read it (drop --scheduler)")
     distributed = _import_distributed()
-    sizes = [fs.size(p) for p, _, _ in items] if progress is not None else [0] * len(items)
+    sizes = [remote.size(p) for p, _, _ in items] if progress is not None else [0] * len(items)
     total = sum(sizes)
     ranks_cb = getattr(progress, "ranks", None)
     results: list[RankFacts | InputError | None] = [None] * len(items)

@@ -85,10 +85,10 @@ def check(facts, cfg):
     replayed = replayed_saving(facts, "straggler")
     if replayed is not None:
         saving = replayed
+        evidence.append(f"what-if replay: {facts.whatif.evidence.get('straggler', '')}; the slowest rank sets the step "
+                        f"(the unchanged replay reproduces the measured steps within {facts.whatif.error_pct:.2f}%)")
     if saving < 0.01 * (facts.step_clock_ms or 0.0):
         return []  # nobody waits for it enough to matter: a slower rank, not a straggler
-        evidence.append(f"what-if replay: {facts.whatif.evidence.get('straggler', '')}; the slowest rank sets the step "
-                        f"(unchanged replay within {facts.whatif.error_pct:.2f}% of every measured step)")
     return [
         finding(
             __name__,

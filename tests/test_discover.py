@@ -86,3 +86,24 @@ def test_a_large_non_trace_json_is_skipped_by_content_whatever_its_size(tmp_path
     rep = fsdpdoctor.analyze(tmp_path)
     assert rep.facts.ranks == [0, 1] and not rep.facts.inputs_excluded
     assert any("2 file(s) beside the traces not analysed" in n for n in rep.facts.notes)
+
+
+def test_one_input_path_bounds_a_sidecar_read_from_a_url(monkeypatch):
+    """#37: every reader goes through open_input; the sidecar read from a URL had no byte limit.
+    A 3 MiB "sidecar" on an fsspec memory store with a 1 MiB input limit is refused, in words."""
+    import fsspec
+
+    from fsdpdoctor.ingest import _io
+    from fsdpdoctor.ingest.sidecar import load_sidecar
+
+    fs = fsspec.filesystem("memory")
+    fs.pipe("/bounded/fsdpdoctor_meta.json", b'{"schema": "fsdpdoctor.meta/1", "pad": "' + b"x" * (3 << 20) + b'"}')
+    try:
+        monkeypatch.setenv(_io.MAX_INPUT_ENV, str(1 << 20))
+        side, problem = load_sidecar("memory://bounded/fsdpdoctor_meta.json")
+        assert side is None and "more than" in problem and "max-input-bytes" in problem
+        monkeypatch.delenv(_io.MAX_INPUT_ENV)
+        side, problem = load_sidecar("memory://bounded/fsdpdoctor_meta.json")
+        assert problem is None and side["schema"] == "fsdpdoctor.meta/1"
+    finally:
+        fs.rm("/bounded", recursive=True)

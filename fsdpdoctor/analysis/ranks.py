@@ -17,7 +17,7 @@ import msgspec
 from .. import __version__
 from ..distributed import Window
 from ..errors import AnalysisBug, InputError
-from ..ingest import fs
+from ..ingest import remote
 from ..ingest.kineto import parallel_decode, progress_hook, rank_from_filename
 from ..facts import (
     CollectiveStats,
@@ -49,7 +49,7 @@ _slots = None  # in a worker process: shared per-file counters of bytes read (pr
 def _init_worker(slots) -> None:
     global _slots
     _slots = slots
-    fs.forget_instances()  # a forked worker must not reuse the parent's async HTTP/cloud sessions
+    remote.forget_instances()  # a forked worker must not reuse the parent's async HTTP/cloud sessions
 
 
 # Rank files beyond this many (by order) come back without their list of collectives: only the
@@ -109,9 +109,9 @@ def url_error(path: str, exc: Exception) -> InputError:
     Running out of memory stays what it is."""
     if isinstance(exc, MemoryError):
         raise exc
-    if not fs.is_url(path) or not fs.is_backend_error(exc):
+    if not remote.is_url(path) or not remote.is_backend_error(exc):
         raise AnalysisBug.of(path, exc) from exc
-    return InputError(path, fs.problem(exc))
+    return InputError(path, remote.problem(exc))
 
 
 def share_strings(obj: Any, pool: dict[str, str]) -> Any:
@@ -267,7 +267,7 @@ def _cores() -> int:
 
 
 def _size(path: str) -> int:
-    return fs.size(path)
+    return remote.size(path)
 
 
 @dataclass
@@ -409,12 +409,12 @@ def _run_local(
     take: Callable[[Result | InputError], RankFacts | InputError],
 ) -> list[RankFacts | InputError]:
     want = jobs or _cores()
-    if any(fs.scheme(p) == "memory" for p, _, _ in items):
+    if any(remote.scheme(p) == "memory" for p, _, _ in items):
         want = 1  # fsspec's memory:// filesystem lives in this process only
     # URLs are opened here, one file at a time, their blocks decoded by ``want`` processes: a
     # process pool forked from a process that has used fsspec's async (HTTP, cloud) filesystems
     # returned results it could not pickle back. Many URLs across machines: --scheduler.
-    urls = any(fs.is_url(p) for p, _, _ in items)
+    urls = any(remote.is_url(p) for p, _, _ in items)
     sizes = [_size(p) for p, _, _ in items] if progress is not None else [0] * len(items)
     total = sum(sizes)
     ranks_cb = getattr(progress, "ranks", None)

@@ -19,13 +19,14 @@ reader for other file systems applies the same limits and error wording.
 
 from __future__ import annotations
 
+import gc
 import gzip
 import os
 import stat
 import zlib
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Callable, IO, Iterator
+from typing import IO, Any, Callable, Iterator
 
 from ..errors import InputError
 from ..fmt import parse_size
@@ -194,7 +195,7 @@ class InputStream:
     def wrap(cls, path: str | Path, raw: IO[bytes], size: int, error: type[InputError] = InputError,
              describe: Callable[[BaseException], str] | None = None) -> "InputStream":
         """Limits and errors for a stream opened elsewhere (``size``: its size on storage;
-        ``describe``: how its back-end's errors read, e.g. :func:`.fs.problem`)."""
+        ``describe``: how its back-end's errors read, e.g. :func:`.remote.problem`)."""
         return cls(path, raw, size, error, describe)
 
     def _count(self, n: int) -> None:
@@ -254,7 +255,50 @@ class InputStream:
 _GZIP_READ_ERRORS = GZIP_ERRORS
 
 
+def open_input(path: str | Path, what: str = "file", error: type[InputError] = InputError) -> InputStream:
+    """The one way an input is opened: a local file (:meth:`InputStream.open`) or a URL through
+    fsspec (:mod:`.remote`), gunzipped as needed, within the byte limits, its errors one line."""
+    from . import remote
+
+    if remote.is_url(path):
+        try:
+            raw, size = remote.open_url(str(path))
+        except InputError as exc:
+            raise error(path, exc.problem) from None
+        return InputStream.wrap(path, raw, size, error, describe=remote.problem)
+    return InputStream.open(path, what, error)
+
+
 def read_input(path: str | Path, what: str = "file", error: type[InputError] = InputError) -> bytes:
-    """The whole (gunzipped) content of a local input file, within the limits."""
-    with InputStream.open(path, what, error) as s:
+    """The whole (gunzipped) content of an input, local or URL (:func:`open_input`), within the limits."""
+    with open_input(path, what, error) as s:
         return s.read_all()
+
+
+@contextmanager
+def gc_paused() -> Iterator[None]:
+    """Decoding and unpickling allocate millions of small objects; the cyclic GC passing over
+    them costs several times the load. Paused inside the block."""
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
+
+
+def convert_checked(value: Any, typ: Any, error: Callable[[str], Exception], where: str) -> Any:
+    """``value`` converted to ``typ`` (msgspec), or ``error("wrong structure: ...")`` raised with
+    where in the document it went wrong: the one structure check of every typed reader."""
+    import msgspec
+
+    try:
+        return msgspec.convert(value, typ)
+    except msgspec.ValidationError as exc:
+        msg, _, at = str(exc).partition(" - at `$")
+        raise error(f"wrong structure: {where}{at.rstrip('`')}: {msg[:100]}") from None
+    except RecursionError:
+        raise error(f"wrong structure: {where} is nested too deeply") from None
+    except UnicodeError:
+        raise error(f"wrong structure: {where} holds a string that is not valid Unicode") from None

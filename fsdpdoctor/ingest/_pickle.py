@@ -12,7 +12,6 @@ bytes themselves come through :func:`._io.read_input` (regular files only, size 
 from __future__ import annotations
 
 import copyreg
-import gc
 import io
 import os
 import pickle
@@ -21,7 +20,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from ..errors import InputError
-from ._io import short
+from ._io import gc_paused, short
 
 __all__ = ["load_plain_pickle", "looks_like_json", "PICKLE_MAGIC", "UNPICKLE_BYTES_PER_BYTE", "UNPICKLE_FLOOR"]
 
@@ -77,18 +76,6 @@ def looks_like_json(data: bytes) -> bool:
     return head[:1] in (b"[", b"{")
 
 
-@contextmanager
-def _gc_paused():
-    """Unpickling creates millions of small dicts; cyclic GC passes over them cost ~3x the load."""
-    was_enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was_enabled:
-            gc.enable()
-
-
 def _vm_size() -> int | None:
     try:
         with open("/proc/self/statm") as f:
@@ -136,7 +123,7 @@ def load_plain_pickle(path: Any, data: bytes, what: str, error: type[InputError]
     if ext:
         raise error(path, f"refused to load: the pickle references {ext} ({what} holds only plain data)")
     try:
-        with _gc_paused(), _memory_bound(len(data)):
+        with gc_paused(), _memory_bound(len(data)):
             # through a BufferedReader: the C unpickler prefetches with peek(); reading a pickle without
             # frames (protocol 2, as torch's JIT pickler writes) from a bare BytesIO costs a call per opcode (~4x)
             return _RefuseGlobals(io.BufferedReader(io.BytesIO(data), 1 << 16)).load()

@@ -46,10 +46,10 @@ from typing import Any
 import msgspec
 
 from ..errors import InputError
-from . import fs as _fs
+from . import remote
 from . import events as K
 
-from ._io import InputStream
+from ._io import open_input
 from ._io import short as _short
 from .block_schema import (  # the decoders of a block and the columns it fills
     _BLOCK,
@@ -90,12 +90,8 @@ class _Source:
     def __init__(self, path: Path, progress: Progress | None):
         self.path = path
         self.progress = progress
-        self.local = not _fs.is_url(path)  # local files can also be read by offset in parallel
-        if not self.local:  # fsspec: a stream of the object, read chunk by chunk like a file
-            raw, size = _fs.open_url(str(path))
-            self.stream = InputStream.wrap(path, raw, size, describe=_fs.problem)
-        else:
-            self.stream = InputStream.open(path, "trace file")
+        self.local = not remote.is_url(path)  # local files can also be read by offset in parallel
+        self.stream = open_input(path, "trace file")  # a URL: a stream of the object, read chunk by chunk
         self.raw, self.gz, self.size = self.stream.raw, self.stream.gz, self.stream.size
 
     @property

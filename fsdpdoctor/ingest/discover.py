@@ -10,7 +10,7 @@ from pathlib import Path
 
 from ..errors import InputError
 from . import flight_recorder as fr
-from . import fs
+from . import remote
 from .layouts import dump_folder
 from .sidecar import SIDECAR_NAME
 
@@ -35,15 +35,10 @@ def looks_like_trace(p: Path | str) -> bool:
     (``traceEvents``, ``schemaVersion``) in that head: a training config, a generator's
     ``truth.json`` of any size (profilers write ``schemaVersion`` and the small metadata first).
     An unreadable, empty or truncated file counts as a trace, so its reader names the problem."""
-    from ._io import InputStream
+    from ._io import open_input
 
     try:
-        if fs.is_url(p):
-            raw, size = fs.open_url(str(p))
-            st = InputStream.wrap(p, raw, size, describe=fs.problem)
-        else:
-            st = InputStream.open(p, "trace file")
-        with st:
+        with open_input(p, "trace file") as st:
             head = st.read(SNIFF_BYTES)
     except (InputError, OSError):
         return True
@@ -64,7 +59,7 @@ def _traces_among(found: list, cycle: int | None, skipped: list[tuple[str, str]]
             continue
         if looks_like_trace(q):
             kept.append(q)
-        elif dumps is not None and not fs.is_url(q) and fr.is_dump(Path(q)):
+        elif dumps is not None and not remote.is_url(q) and fr.is_dump(Path(q)):
             dumps.append(Path(q))
         else:
             skipped.append((str(q), f"not a profiler trace (no traceEvents in its first {SNIFF_BYTES >> 20} MiB)"))
@@ -113,7 +108,7 @@ def discover(
     the last). What a directory held and was not taken is appended to ``skipped`` as
     ``(path, why)``. A pattern with ``*?[`` is expanded as a glob and filtered the same way; a
     file named directly is taken as it is (its reader says what is wrong with it). URLs
-    (``s3://``, ``gs://``, ``http(s)://``, ``memory://``...; see :mod:`.fs`) are expanded through
+    (``s3://``, ``gs://``, ``http(s)://``, ``memory://``...; see :mod:`.remote`) are expanded through
     fsspec alike and come back as URL strings; ``file://`` URLs as local Paths.
 
     A framework's dump folder (:mod:`.layouts`: torchtitan's ``profile_traces/iteration_<N>``)
@@ -129,9 +124,9 @@ def discover(
     out: list[Path | str] = []
     folders = 0  # framework dump folders (layouts) among the paths
     for raw in paths:
-        raw = fs.localize(raw)
-        if fs.is_url(raw):
-            urls = fs.expand_url(str(raw), lambda n: _is_trace_name(Path(n)))
+        raw = remote.localize(raw)
+        if remote.is_url(raw):
+            urls = remote.expand_url(str(raw), lambda n: _is_trace_name(Path(n)))
             if urls == [str(raw)]:  # one object named directly: its reader judges it
                 out.extend(urls)
                 continue
@@ -240,11 +235,10 @@ def looks_like_snapshot(p: Path) -> bool:
 
 def _url_snapshot_head(url: str) -> bytes:
     """The first two (gunzipped) bytes of an object, b"" when it cannot be read."""
-    from ._io import InputStream
+    from ._io import open_input
 
     try:
-        raw, size = fs.open_url(url)
-        with InputStream.wrap(url, raw, size, describe=fs.problem) as st:
+        with open_input(url) as st:
             return st.read(2)
     except (InputError, OSError):
         return b""
@@ -254,15 +248,8 @@ def _url_listing(url: str) -> list[str]:
     """The objects directly in a URL directory or matching a URL glob, as full URLs ([] for one
     object, or when the store cannot list)."""
     try:
-        fsys, root = fs._filesystem(url)
-        if any(ch in root for ch in "*?["):
-            found = [p for p in fsys.glob(root) if fsys.isfile(p)]
-        elif fsys.isdir(root):
-            found = [p for p in fsys.ls(root, detail=False) if fsys.isfile(p)]
-        else:
-            return []
-        return sorted(p if fs.scheme(p) else fsys.unstrip_protocol(p) for p in found)
-    except Exception:  # noqa: BLE001 - a store that cannot list has no snapshots to offer
+        return remote.listing(url) or []
+    except InputError:  # a store that cannot list has no snapshots to offer
         return []
 
 
@@ -272,8 +259,8 @@ def snapshots_beside(paths: list[str | Path], iteration: int | None = None) -> l
     URLs come back as URL strings. In a framework's dump folder, those of the traces' iteration."""
     out: list[Path | str] = []
     for raw in paths:
-        raw = fs.localize(raw)
-        if fs.is_url(raw):
+        raw = remote.localize(raw)
+        if remote.is_url(raw):
             out.extend(u for u in _url_listing(str(raw)) if not _is_trace_name(Path(u)) and _url_snapshot_head(u) in _PICKLE_MAGIC)
             continue
         s = str(raw)

@@ -38,7 +38,7 @@ from typing import Annotated, Any
 import msgspec
 
 from ..errors import InputError
-from ._io import InputStream, read_input, short
+from ._io import convert_checked, open_input, read_input, short
 from ._pickle import PICKLE_MAGIC, load_plain_pickle, looks_like_json
 
 __all__ = ["FrError", "Dump", "Entry", "Frame", "PgConfig", "PgStatus", "sniff", "load_dump", "dumps_in",
@@ -162,7 +162,7 @@ def sniff(head: bytes) -> str | None:
 
 def _head(p: Path) -> bytes:
     try:
-        with InputStream.open(p, "Flight Recorder dump", FrError) as st:
+        with open_input(p, "Flight Recorder dump", FrError) as st:
             return st.read(SNIFF_BYTES)
     except (InputError, OSError):
         return b""
@@ -227,15 +227,7 @@ def _int_or_none(v: Any) -> int | None:
 
 
 def _validate(path: Any, where: str, value: Any, typ: Any) -> Any:
-    try:
-        return msgspec.convert(value, typ)
-    except msgspec.ValidationError as exc:
-        msg, _, at = str(exc).partition(" - at `$")
-        raise FrError(path, f"wrong structure: {where}{at.rstrip('`')}: {msg[:100]}") from None
-    except RecursionError:
-        raise FrError(path, f"wrong structure: {where} is nested too deeply") from None
-    except UnicodeError:
-        raise FrError(path, f"wrong structure: {where} holds a string that is not valid Unicode") from None
+    return convert_checked(value, typ, lambda msg: FrError(path, msg), where)
 
 
 _ENTRIES = list[Entry]

@@ -17,7 +17,6 @@ lenient per-event conversion instead of failing.
 
 from __future__ import annotations
 
-import gc
 import re
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -29,7 +28,7 @@ import numpy as np
 
 from ..errors import InputError
 
-from ._io import read_input
+from ._io import gc_paused, read_input
 from ._io import short as _short
 
 from .events import (
@@ -168,18 +167,6 @@ class RankTrace:
 TRACE_SUFFIXES = (".json", ".json.gz")
 
 
-@contextmanager
-def _gc_paused() -> Iterator[None]:
-    """The decoder allocates millions of small objects; the cyclic GC only slows it down."""
-    was_enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was_enabled:
-            gc.enable()
-
-
 def read_bytes(path: Path) -> bytes:
     """The file's JSON bytes, gunzipped when the file is gzip (detected by magic, not by name),
     within the input limits of :mod:`._io`."""
@@ -197,7 +184,7 @@ def _json_error(path: Path, exc: msgspec.DecodeError) -> InputError:
 
 def _decode(path: Path, data: bytes) -> tuple[list[Event], dict, str]:
     """Typed decode; lenient per-event conversion when a field has an unexpected type."""
-    with _gc_paused():
+    with gc_paused():
         try:
             doc = decode_lenient_utf8(_typed_decoder, data)
             mode = "typed"
@@ -454,14 +441,14 @@ def load_trace(
     ``workers`` > 0 decodes a large file's blocks in that many processes (default: as set by
     :func:`parallel_decode`, else 0); the result is identical.
     """
-    from . import fs
+    from . import remote
     from .blocks import load_blocks
 
-    path = fs.localize(path)
-    path = path if fs.is_url(path) else Path(path)  # a URL stays a string: Path would fold its '//'
+    path = remote.localize(path)
+    path = path if remote.is_url(path) else Path(path)  # a URL stays a string: Path would fold its '//'
     progress = progress or _progress_hook
     workers = _decode_workers if workers is None else workers
-    with _gc_paused():
+    with gc_paused():
         out = load_blocks(path, progress, workers)
         if isinstance(out, bytes):  # a shape only the whole-file decoder reads (it also words the errors)
             return _load_whole(path, out)
@@ -503,7 +490,7 @@ def _load_whole(path: Path, data: bytes) -> RankTrace:
     del data
     if not events:
         raise InputError(path, "trace has no events")
-    with _gc_paused():
+    with gc_paused():
         try:
             rt = _build(path, events, meta, mode)
         except OverflowError:

@@ -19,13 +19,13 @@ SIDECAR_NAME = "fsdpdoctor_meta.json"
 
 def find_sidecar(trace_files: list[Path | str]) -> Path | str | None:
     """The sidecar beside the traces (the first directory holding one); for URLs (see
-    :mod:`.fs`) the sidecar's URL."""
-    from . import fs
+    :mod:`.remote`) the sidecar's URL."""
+    from . import remote
 
-    for d in dict.fromkeys(p.rsplit("/", 1)[0] if fs.is_url(p) else Path(p).resolve().parent for p in trace_files):
+    for d in dict.fromkeys(p.rsplit("/", 1)[0] if remote.is_url(p) else Path(p).resolve().parent for p in trace_files):
         if isinstance(d, str):
             cand_url = f"{d}/{SIDECAR_NAME}"
-            if fs.size(cand_url) > 0:
+            if remote.size(cand_url) > 0:
                 return cand_url
             continue
         cand = d / SIDECAR_NAME
@@ -35,12 +35,7 @@ def find_sidecar(trace_files: list[Path | str]) -> Path | str | None:
 
 
 def _read(path: Path | str) -> bytes:
-    from . import fs
-
-    if fs.is_url(path):
-        fh, _ = fs.open_url(str(path))
-        with fh:
-            return fh.read()
+    """Local or URL, within the byte limits of every input (a sidecar is a few KB)."""
     return read_input(path, "sidecar file")
 
 

@@ -27,7 +27,7 @@ import numpy as np
 
 from ..errors import InputError
 
-from ._io import read_input
+from ._io import convert_checked, read_input
 from ._io import short as _short
 from ._pickle import UNPICKLE_BYTES_PER_BYTE, UNPICKLE_FLOOR, load_plain_pickle, looks_like_json  # noqa: F401
 
@@ -253,19 +253,7 @@ class _Annotation(msgspec.Struct, gc=False):
 
 
 def _validate(path: Any, where: str, value: Any, typ: Any) -> None:
-    try:
-        msgspec.convert(value, typ)
-    except msgspec.ValidationError as exc:
-        msg = str(exc)
-        at = ""
-        if " - at `$" in msg:
-            msg, at = msg.split(" - at `$", 1)
-            at = at.rstrip("`")
-        raise SnapshotError(path, f"wrong structure: {where}{at}: {msg[:100]}") from None
-    except RecursionError:
-        raise SnapshotError(path, f"wrong structure: {where} is nested too deeply") from None
-    except UnicodeError:
-        raise SnapshotError(path, f"wrong structure: {where} holds a string that is not valid Unicode") from None
+    convert_checked(value, typ, lambda msg: SnapshotError(path, msg), where)
 
 
 _ENTRIES = list[_Entry]

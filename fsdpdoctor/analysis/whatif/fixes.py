@@ -423,6 +423,7 @@ def fix_compute_scale(g: Graph, f: float) -> Fix:
 #: is faster, so the saving is on the low side there
 PINNED_GBPS = 25.0
 PINNED_MEASURE_MIN_BYTES = 1 << 20  # pinned copies this large or larger measure the link
+PIN_MIN_SHARE = 0.005  # pageable copy time per step below this share of the CPU step: no pin replay
 
 
 def pinned_gbps(g: Graph, direction: str) -> tuple[float, str]:
@@ -447,6 +448,10 @@ def fix_pin(g: Graph) -> Fix | None:
     page = _name_mask(g, lambda n: n.startswith(("Memcpy HtoD", "Memcpy DtoH")) and "Pageable" in n)
     if not page.any() or g.nbytes is None:
         return None
+    steps = max(len(g.steps), 1)
+    span = (g.steps[-1].end - g.steps[0].start) / steps if g.steps else 0.0
+    if float((g.end - g.start)[page].sum()) / steps < PIN_MIN_SHARE * span:
+        return None  # a few small copies (a batch's ids): not worth a replay; the rule estimates them
     fx = Fix("pin")
     dur = g.end - g.start
     notes = []

@@ -128,9 +128,11 @@ def _sensitivity(plan: WhatIfPlan, out: WhatIfFacts) -> None:
     without the waits kept as measured and without the inferred cross-stream edges (the unseen
     dependency gone, rather than held as measured); ``sensitivity_ms[fix]`` = |saving − that
     saving|. Only where the graph has such waits or edges, and for fixes whose saving is at least
-    SENSITIVITY_MIN_PCT of the step (the straggler's compute scalings excluded)."""
+    SENSITIVITY_MIN_PCT of the step (the straggler's compute scalings excluded). Not for a graph
+    whose only unseen dependencies are a few inferred edges: those replays would cost more than
+    they tell (every recording has a handful; their sensitivity there was below 0.01 ms)."""
     g = plan.g
-    if not (g.inferred or (g.g_wait is not None and (g.g_wait > 0).any())):
+    if g.g_wait is None or not (g.g_wait > 0).any():
         return
     todo = [(name, fx) for name, fx in plan.fixes if fx is not None and not name.startswith("compute×")
             and out.saving_ms.get(name, 0.0) >= SENSITIVITY_MIN_PCT / 100 * out.measured_step_ms]

@@ -129,35 +129,54 @@ def size(path: str | Path) -> int:
         return 0
 
 
-def expand_url(url: str, is_trace_name) -> list[str]:
-    """The trace files a URL names: a file, a directory (its direct children that
-    ``is_trace_name`` accepts) or a glob; as full URLs, sorted."""
+def listing(url: str) -> list[str] | None:
+    """The one listing of a URL: the objects directly in a directory, or those a glob matches,
+    as full URLs, sorted; None when the URL names one object (or nothing). The store's errors are
+    one InputError line."""
     fs, root = _filesystem(url)
     proto = scheme(url) or ""
 
     def full(p: str) -> str:
         return p if scheme(p) else fs.unstrip_protocol(p) if proto not in ("http", "https") else p
 
-    if is_trace_name(name(url)) and not any(ch in root for ch in "*?["):
-        return [url]  # a file: read (and its errors reported) by the worker, no extra round trip
     try:
         if any(ch in root for ch in "*?[") and proto not in ("http", "https"):
-            found = sorted(full(p) for p in fs.glob(root) if fs.isfile(p))
-            if not found:
-                raise InputError(url, "pattern matches no files")
-            return found
+            return sorted(full(p) for p in fs.glob(root) if fs.isfile(p))
         if fs.isdir(root):
-            found = sorted(full(p) for p in fs.ls(root, detail=False) if is_trace_name(name(p)) and fs.isfile(p))
-            if not found:
-                raise InputError(url, "directory contains no trace files (*.json, *.json.gz)")
-            return found
-        if fs.exists(root):
-            return [url]
-    except InputError:
-        raise
+            return sorted(full(p) for p in fs.ls(root, detail=False) if fs.isfile(p))
+        return None if fs.exists(root) else []
     except Exception as exc:  # noqa: BLE001
         raise InputError(url, problem(exc)) from None
-    raise InputError(url, "no such file or directory")
+
+
+def expand_url(url: str, is_trace_name) -> list[str]:
+    """The trace files a URL names: a file, a directory (its direct children that
+    ``is_trace_name`` accepts) or a glob; as full URLs, sorted (:func:`listing`)."""
+    _, root = _filesystem(url)
+    glob = any(ch in root for ch in "*?[")
+    if is_trace_name(name(url)) and not glob:
+        return [url]  # a file: read (and its errors reported) by the worker, no extra round trip
+    found = listing(url)
+    if found is None:
+        return [url]
+    if glob and (scheme(url) or "") not in ("http", "https"):
+        if not found:
+            raise InputError(url, "pattern matches no files")
+        return found
+    if not found and _is_missing(url):
+        raise InputError(url, "no such file or directory")
+    found = [u for u in found if is_trace_name(name(u))]
+    if not found:
+        raise InputError(url, "directory contains no trace files (*.json, *.json.gz)")
+    return found
+
+
+def _is_missing(url: str) -> bool:
+    fs, root = _filesystem(url)
+    try:
+        return not fs.exists(root)
+    except Exception as exc:  # noqa: BLE001
+        raise InputError(url, problem(exc)) from None
 
 
 def forget_instances() -> None:
