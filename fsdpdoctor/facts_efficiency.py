@@ -109,6 +109,7 @@ class EfficiencyFacts:
     other_kernels_ms: dict[str, float] = field(default_factory=dict)  # family → ms
     optimizer: str | None = None  # "fused" / "foreach" / "per-parameter": how the optimizer step's kernels run
     optimizer_kernels_per_step: float = 0.0
+    optimizer_ms: float = 0.0  # the optimizer step's CPU span plus its kernels' time: what fusing it can save at most
     gemm_shapes: list[GemmShape] = field(default_factory=list)
     idle_ms: dict[str, float] = field(default_factory=dict)  # cause → ms (:data:`IDLE_CAUSES`)
     hooks: list[HookCost] = field(default_factory=list)  # by GPU wait, then CPU time

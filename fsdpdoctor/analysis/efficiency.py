@@ -129,6 +129,18 @@ def _in_regions(regions, thread: np.ndarray, t: np.ndarray) -> np.ndarray:
     return out
 
 
+def _merge_sorted(s: np.ndarray, e: np.ndarray) -> iv.Intervals:
+    """:func:`fsdpdoctor.analysis.intervals.merge` of intervals already sorted by start."""
+    if s.size == 0:
+        return iv.EMPTY
+    run_max = np.maximum.accumulate(e)
+    new = np.empty(s.size, dtype=bool)
+    new[0] = True
+    new[1:] = s[1:] > run_max[:-1]
+    idx = np.flatnonzero(new)
+    return s[idx], np.maximum.reduceat(e, idx)
+
+
 def _stepped(s: np.ndarray, e: np.ndarray, step: np.ndarray, t0: float, span: float) -> tuple[np.ndarray, np.ndarray]:
     """Intervals moved apart by step (step k by k × (span + 1) µs), so that one merge of all of
     them is the union of each step's own, side by side: its length is the sum over steps."""
@@ -137,8 +149,10 @@ def _stepped(s: np.ndarray, e: np.ndarray, step: np.ndarray, t0: float, span: fl
 
 
 def analyze_efficiency(rt: RankTrace, steps: list[StepWindow], step_facts: list[StepFacts], gs: GpuSteps,
-                       kf: KernelFlops, compute: ComputeFacts | None) -> EfficiencyFacts | None:
-    """The rank's waterfall over its steps (means per step); None without steps or GPU work."""
+                       kf: KernelFlops, compute: ComputeFacts | None,
+                       checkpointing: bool | None = None) -> EfficiencyFacts | None:
+    """The rank's waterfall over its steps (means per step); None without steps or GPU work.
+    ``checkpointing``: ``FsdpFacts.activation_checkpointing`` (False: no re-run forward to find)."""
     g = gs.g
     n = len(step_facts)
     if n == 0 or g.rows.size == 0 or not any(sf.gpu_start_us is not None for sf in step_facts):
@@ -163,11 +177,10 @@ def analyze_efficiency(rt: RankTrace, steps: list[StepWindow], step_facts: list[
         is_attn[pos] = kf.attention[kfi]
         is_mm[pos] = ~kf.attention[kfi]
         rec[pos] = kf.recompute[kfi]
-    else:
-        names = [rt.names[c] for c in rt.name[rows]]
-        is_attn = np.fromiter((ATTENTION_NAME_RX.search(x) is not None for x in names), bool, rows.size)
-        is_mm = ~is_attn & np.fromiter((MATMUL_NAME_RX.search(x) is not None for x in names), bool, rows.size)
-    regions = recompute_regions(rt)
+    else:  # by name, tested once per distinct name
+        is_attn = rt.mask_names(lambda x: ATTENTION_NAME_RX.search(x) is not None)[rows]
+        is_mm = ~is_attn & rt.mask_names(lambda x: MATMUL_NAME_RX.search(x) is not None)[rows]
+    regions = recompute_regions(rt) if checkpointing is not False else (np.zeros(0, np.int64), np.zeros(0), np.zeros(0))
     lr = g.launch_row if g.launch_row is not None else np.full(rows.size, -1, dtype=np.int64)
     has_l = lr >= 0
     if regions[0].size:
@@ -177,10 +190,14 @@ def analyze_efficiency(rt: RankTrace, steps: list[StepWindow], step_facts: list[
     r_sel = comp & rec
     t0, span = float(start.min()), float(end.max() - start.min())
     S, E = _stepped(start, end, gs.step, t0, span)
-    u_m = iv.merge(S[m_sel], E[m_sel])
-    u_ma = iv.merge(S[m_sel | a_sel], E[m_sel | a_sel])
-    u_mar = iv.merge(S[m_sel | a_sel | r_sel], E[m_sel | a_sel | r_sel])
-    u_c = iv.merge(S[comp], E[comp])
+    order = np.argsort(S, kind="stable")  # one sort for the four unions
+    so, eo = S[order], E[order]
+
+    def union(sel: np.ndarray) -> iv.Intervals:
+        m = sel[order]
+        return _merge_sorted(so[m], eo[m])
+
+    u_m, u_ma, u_mar, u_c = union(m_sel), union(m_sel | a_sel), union(m_sel | a_sel | r_sel), union(comp)
     eff.matmul_ms = iv.total(u_m) / 1e3 / n
     eff.attention_ms = (iv.total(u_ma) - iv.total(u_m)) / 1e3 / n
     recompute_ms = (iv.total(u_mar) - iv.total(u_ma)) / 1e3 / n
@@ -211,6 +228,10 @@ def analyze_efficiency(rt: RankTrace, steps: list[StepWindow], step_facts: list[
         if kinds.size:
             eff.optimizer = str(kinds[int(np.argmax(counts))]).removeprefix("optimizer_").replace("_", "-")
             eff.optimizer_kernels_per_step = float(counts.sum()) / n
+            # what fusing it could save at most: its CPU span and its kernels' time
+            cpu = sum(sf.phase_ms.get("optimizer", 0.0) for sf in step_facts) / n
+            gpu = float((end[opt_k] - start[opt_k]).sum()) / 1e3 / n
+            eff.optimizer_ms = cpu + gpu
     if eff.flops_known:
         eff.gemm_shapes = _gemm_shapes(rt, rows, kf, pos, kfi, m_sel, start, end, n, compute)
     kern = own  # kernels, copies and memsets: each is a launch
@@ -232,11 +253,12 @@ def _families(rt: RankTrace, rows: np.ndarray, op: np.ndarray, sel: np.ndarray, 
     if idx.size == 0:
         return out
     kname = rt.name[rows[idx]].astype(np.int64)
-    oname = np.where(op[idx] >= 0, rt.name[np.maximum(op[idx], 0)], -1).astype(np.int64)
-    key = np.stack([kname, oname, opt[idx].astype(np.int64)], axis=1)
-    uniq, inv = np.unique(key, axis=0, return_inverse=True)
-    fams = np.array([family(rt.names[k], rt.names[o] if o >= 0 else "", bool(p)) for k, o, p in uniq.tolist()],
-                    dtype=object)
+    oname = np.where(op[idx] >= 0, rt.name[np.maximum(op[idx], 0)], -1).astype(np.int64) + 1
+    n_names = len(rt.names) + 1
+    key = (kname * n_names + oname) * 2 + opt[idx].astype(np.int64)  # one integer per (kernel, op, phase)
+    uniq, inv = np.unique(key, return_inverse=True)
+    fams = np.array([family(rt.names[int(k // 2 // n_names)], rt.names[int(k // 2 % n_names) - 1] if k // 2 % n_names else "",
+                            bool(k % 2)) for k in uniq.tolist()], dtype=object)
     out[idx] = fams[inv.reshape(-1)]
     return out
 
@@ -370,7 +392,7 @@ def _fit_idle(eff: EfficiencyFacts) -> None:
         s.gpu_idle_ms_per_step *= f
 
 
-_SCALARS = ("step_ms", "matmul_ms", "attention_ms", "matmul_flops", "attention_flops", "gpu_busy_ms", "window_idle_ms",
+_SCALARS = ("step_ms", "matmul_ms", "attention_ms", "matmul_flops", "attention_flops", "gpu_busy_ms", "window_idle_ms", "optimizer_ms",
             "kernels_per_step", "launch_bound_kernels_per_step", "optimizer_kernels_per_step")
 _FOLDED_PARTS = ("recompute", "other_kernels", "exposed_comm", "exposed_copies")
 

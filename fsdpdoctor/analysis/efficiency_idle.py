@@ -92,6 +92,7 @@ def idle_and_hooks(eff: EfficiencyFacts, rt: RankTrace, steps: list[StepWindow],
     hooks = _hook_rows(rt, min(lo, c0), max(hi, c1))
     hook_wait: dict[tuple[str, str], float] = {}
     sync_idle: dict[str, float] = {}
+    drains: list[int] = []
     if g0.size:
         # the activity each gap waits for: the first to start at or after the gap's end
         act = np.flatnonzero(classified)
@@ -102,7 +103,7 @@ def idle_and_hooks(eff: EfficiencyFacts, rt: RankTrace, steps: list[StepWindow],
         lrow = np.where(nxt >= 0, g.launch_row[np.maximum(nxt, 0)] if g.launch_row is not None else -1, -1)
         # synchronizations that drained the queue: began before the gap, returned inside it
         drained = np.zeros(g0.size, dtype=bool)
-        sync_site = _drain_syncs(rt, gaps, lo, hi)
+        sync_site, drains = _drain_syncs(rt, gaps, lo, hi)
         for gi, site in sync_site.items():
             drained[gi] = True
             sync_idle[site] = sync_idle.get(site, 0.0) + float(g1[gi] - g0[gi])
@@ -120,7 +121,7 @@ def idle_and_hooks(eff: EfficiencyFacts, rt: RankTrace, steps: list[StepWindow],
         _by_cpu_state(rt, thread, g0, cut, waiting | tail, hooks, causes, hook_wait)
     eff.idle_ms = {c: v / 1e3 / n for c, v in causes.items() if v > 0}
     eff.hooks = _hook_costs(rt, hooks[(rt.ts[hooks] >= c0) & (rt.ts[hooks] < c1)], hook_wait, n)
-    eff.syncs = _sync_costs(rt, c0, c1, sync_idle, n)
+    eff.syncs = _sync_costs(rt, c0, c1, sync_idle, drains, n)
 
 
 def _main_thread(rt: RankTrace, steps: list[StepWindow]) -> int:
@@ -180,13 +181,14 @@ def _sync_rows(rt: RankTrace, lo: float, hi: float, explicit: bool = False) -> n
     return rows[sync] if explicit else rows[sync | (rt.dur[rows] >= BLOCKED_COPY_US)]
 
 
-def _drain_syncs(rt: RankTrace, gaps, lo: float, hi: float) -> dict[int, str]:
-    """Gap index → the site of the synchronization that drained the GPU into it: a blocking call
-    that began before the gap and returned inside it (the GPU finished while the CPU waited)."""
+def _drain_syncs(rt: RankTrace, gaps, lo: float, hi: float) -> tuple[dict[int, str], list[int]]:
+    """(gap index → the site of the synchronization that drained the GPU into it: a blocking call
+    that began before the gap and returned inside it (the GPU finished while the CPU waited), those
+    calls' rows)."""
     rows = _sync_rows(rt, lo, hi)
     g0, g1 = gaps
     if rows.size == 0 or g0.size == 0:
-        return {}
+        return {}, []
     te = (rt.ts[rows] + rt.dur[rows]).astype(np.float64)
     k = np.searchsorted(g0, te, side="right") - 1
     ok = (k >= 0) & (te < g1[np.maximum(k, 0)]) & (rt.ts[rows] < g0[np.maximum(k, 0)])
@@ -194,7 +196,7 @@ def _drain_syncs(rt: RankTrace, gaps, lo: float, hi: float) -> dict[int, str]:
     sites = _sites(rt, rows[ok])
     for r, gi in zip(rows[ok].tolist(), k[ok].tolist()):
         out.setdefault(int(gi), sites[r])
-    return out
+    return out, rows[ok].tolist()
 
 
 def _sites(rt: RankTrace, rows: np.ndarray) -> dict[int, str]:
@@ -204,8 +206,9 @@ def _sites(rt: RankTrace, rows: np.ndarray) -> dict[int, str]:
         return {}
     threads = np.unique(rt.thread[rows])
     cand = np.flatnonzero(rt.mask_cat("cpu_op", "user_annotation") & np.isin(rt.thread, threads))
-    lo, hi = float(rt.ts[rows].min()), float((rt.ts[rows] + rt.dur[rows]).max())
-    cand = cand[(rt.ts[cand] <= hi) & (rt.ts[cand] + rt.dur[cand] >= lo)]
+    # only the ranges that hold one of the calls' starts (any thread: the sweep sorts them out)
+    t = np.sort(rt.ts[rows].astype(np.float64))
+    cand = cand[np.searchsorted(t, rt.ts[cand], "left") < np.searchsorted(t, rt.ts[cand] + rt.dur[cand], "right")]
     chains = enclosing(rt, cand, rows)
     out = {}
     for r in rows.tolist():
@@ -240,12 +243,10 @@ def _hook_costs(rt: RankTrace, hooks: np.ndarray, wait: dict, n: int) -> list[Ho
     return sorted(out.values(), key=lambda c: (-c.gpu_wait_ms_per_step, -c.cpu_ms_per_step, c.unit, c.hook))
 
 
-def _sync_costs(rt: RankTrace, lo: float, hi: float, idle: dict[str, float], n: int) -> list[SyncSite]:
-    rows = _sync_rows(rt, lo, hi)
+def _sync_costs(rt: RankTrace, lo: float, hi: float, idle: dict[str, float], drains: list[int], n: int) -> list[SyncSite]:
+    """The explicit synchronizations and the calls that drained the queue (``drains``), by site."""
+    rows = np.union1d(_sync_rows(rt, lo, hi, explicit=True), np.array(drains, dtype=np.int64))
     sites = _sites(rt, rows)
-    seen = set(idle)
-    keep = [r for r in rows.tolist() if rt.row_name(r) in EXPLICIT_SYNCS or sites[r] in seen]
-    rows = np.array(keep, dtype=np.int64)
     out: dict[str, SyncSite] = {}
     for r in rows.tolist():
         s = out.setdefault(sites[r], SyncSite(site=sites[r], calls_per_step=0.0, cpu_ms_per_step=0.0,

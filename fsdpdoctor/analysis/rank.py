@@ -96,10 +96,12 @@ def _read_rank(rt: RankTrace, order_index: int) -> tuple[RankFacts, WhatIfPlan |
             "(profile with record_shapes=True)" if not compute.ops_without_shapes else
             f"{compute.ops_without_shapes} matmul/attention ops without usable shapes: FLOPs and MFU not computed"
         )
-    efficiency = analyze_efficiency(rt, info.steps, steps, gs, kflops, compute) if gpu_present else None
+    efficiency = analyze_efficiency(rt, info.steps, steps, gs, kflops, compute,
+                                    fsdp.activation_checkpointing) if gpu_present else None
     del gs
     opt = next((n.split("#", 1)[1].split(".")[0] for n in rt.names if n.startswith("Optimizer.step#")), None)
-    fsdp.optimizer_kernels = efficiency.optimizer if efficiency is not None else None
+    if efficiency is not None and efficiency.optimizer_ms >= OPTIMIZER_LEVER_PCT / 100 * efficiency.step_ms:
+        fsdp.optimizer_kernels = efficiency.optimizer  # a fused step could pay: replay it (the rule's threshold)
     plan = plan_whatif(rt, info.steps, colls, fsdp, kflops=kflops, compute=compute) if gpu_present else None
     facts = RankFacts(
         rank=int(rank),
@@ -139,6 +141,10 @@ def _read_rank(rt: RankTrace, order_index: int) -> tuple[RankFacts, WhatIfPlan |
     )
     return facts, plan
 
+
+#: the optimizer's CPU span and kernels below this % of the step: a fused step cannot save the share
+#: non-matmul-kernels asks for (its default waterfall_min_part_pct), so it is not replayed
+OPTIMIZER_LEVER_PCT = 5.0
 
 EPOCH_US = 1e15  # a timestamp this large (µs) counts from the Unix epoch (2001-09-09 on); boot clocks stay far below
 LATEST_UNIX_S = 4.1e9  # 2099: anything later is a corrupt clock, not a time
