@@ -291,19 +291,31 @@ def _gemm_shapes(rt, rows, kf, pos, kfi, m_sel, start, end, n, compute) -> list[
     if not sel.any() or kf.ops is None:
         return []
     p, k = pos[sel], kfi[sel]
-    op_rows = kf.ops[k]
-    groups: dict[tuple, dict] = {}
-    for r_op, dur, fl, eng in zip(op_rows.tolist(), (end[p] - start[p]).tolist(), kf.flops[k].tolist(),
-                                  [kf.engine[i] for i in k.tolist()]):
+    # one key per distinct op (its name and recorded dims), then sums by key
+    ops, inv = np.unique(kf.ops[k], return_inverse=True)
+    key_of: dict[tuple, int] = {}
+    info: list[tuple] = []
+    gid = np.empty(ops.size, dtype=np.int64)
+    for i, r_op in enumerate(ops.tolist()):
         a = rt.args.get(int(r_op))
-        name = rt.row_name(int(r_op))
         raw = a.input_dims if a is not None else None
-        key = (name, bytes(raw) if raw is not None else b"")
-        d = groups.setdefault(key, {"ops": set(), "us": 0.0, "flops": 0.0, "eng": {}, "type": a.input_type if a else None})
-        d["ops"].add(int(r_op))
-        d["us"] += dur
-        d["flops"] += fl
-        d["eng"][eng] = d["eng"].get(eng, 0.0) + dur
+        key = (rt.row_name(int(r_op)), bytes(raw) if raw is not None else b"")
+        j = key_of.setdefault(key, len(key_of))
+        if j == len(info):
+            info.append((key[0], key[1], a.input_type if a is not None else None))
+        gid[i] = j
+    g = gid[inv.reshape(-1)]
+    dur = end[p] - start[p]
+    us = np.bincount(g, weights=dur, minlength=len(info))
+    fl = np.bincount(g, weights=kf.flops[k], minlength=len(info))
+    calls = np.bincount(gid, minlength=len(info))
+    engines = np.array(kf.engine, dtype=object)[k]
+    eng_names, eng_code = np.unique(engines.astype(str), return_inverse=True)
+    by_eng = np.zeros((len(info), eng_names.size))
+    np.add.at(by_eng, (g, eng_code.reshape(-1)), dur)
+    groups = {(name, raw): {"ops": int(calls[j]), "us": float(us[j]), "flops": float(fl[j]), "type": typ,
+                            "eng": str(eng_names[int(np.argmax(by_eng[j]))]) if eng_names.size else None}
+              for j, (name, raw, typ) in enumerate(info)}
     out = []
     for (name, raw), d in groups.items():
         ms = d["us"] / 1e3 / n
@@ -319,7 +331,7 @@ def _gemm_shapes(rt, rows, kf, pos, kfi, m_sel, start, end, n, compute) -> list[
                 flags.append("small (under 0.27 GFLOP a call)")
         out.append(GemmShape(
             op=name, shape=shape, dtype=_op_dtype(d["type"]) if d["type"] is not None else None,
-            engine=max(d["eng"], key=d["eng"].get) if d["eng"] else None, calls_per_step=len(d["ops"]) / n,
+            engine=d["eng"], calls_per_step=d["ops"] / n,
             ms_per_step=ms, gflop_per_step=d["flops"] / n / 1e9,
             tflops=d["flops"] / (d["us"] * 1e6) if d["us"] > 0 else None,
             below_peak_ms=max(ms - at, 0.0), flags=flags))

@@ -22,6 +22,7 @@ from the outermost FSDP hook ranges in the steps, blocking calls inside them lef
 
 from __future__ import annotations
 
+import functools
 import re
 
 import numpy as np
@@ -47,6 +48,7 @@ def is_hook_label(name: str) -> bool:
     return name.startswith(("FSDP::", "FullyShardedDataParallel._")) and name != "FullyShardedDataParallel.rate_limiter"
 
 
+@functools.lru_cache(maxsize=4096)  # a trace repeats a few hundred hook labels many times
 def hook_of(name: str) -> tuple[str, str]:
     """(unit, hook) of a hook label: ``FSDP::pre_forward (layers.0)`` → ("layers.0", "pre_forward");
     FSDP2's root hooks have no FQN (""); FSDP1's labels name no unit ("(unnamed)")."""
@@ -69,11 +71,15 @@ def _cpu_rows(rt: RankTrace, pred) -> np.ndarray:
 
 
 def _outermost(rt: RankTrace, rows: np.ndarray) -> np.ndarray:
-    """Those of ``rows`` no other of them encloses (on its thread)."""
-    if rows.size == 0:
-        return rows
-    chains = enclosing(rt, rows, rows)
-    return np.array([r for r in rows.tolist() if not chains.get(r)], dtype=np.int64)
+    """Those of ``rows`` no other of them encloses (on its thread), in start order per thread."""
+    out = []
+    for th in np.unique(rt.thread[rows]).tolist():
+        r = rows[rt.thread[rows] == th]
+        r = r[np.lexsort((-(rt.ts[r] + rt.dur[r]), rt.ts[r]))]  # by start, the longer first
+        e = (rt.ts[r] + rt.dur[r]).astype(np.float64)
+        before = np.concatenate(([-np.inf], np.maximum.accumulate(e)[:-1]))
+        out.append(r[rt.ts[r] >= before - 1e-6])  # starts where everything before it has ended
+    return np.concatenate(out) if out else rows
 
 
 def idle_and_hooks(eff: EfficiencyFacts, rt: RankTrace, steps: list[StepWindow], windows: iv.Intervals,
@@ -225,21 +231,24 @@ def _hook_costs(rt: RankTrace, hooks: np.ndarray, wait: dict, n: int) -> list[Ho
     if hooks.size == 0:
         return []
     blocked = _sync_rows(rt, -np.inf, np.inf)
-    out: dict[tuple[str, str], HookCost] = {}
+    own = rt.dur[hooks].astype(np.float64)
     for th in np.unique(rt.thread[hooks]).tolist():
-        h = hooks[rt.thread[hooks] == th]
+        m = rt.thread[hooks] == th
         b = blocked[rt.thread[blocked] == th]
-        own = rt.dur[h].astype(np.float64)
         if b.size:
+            h = hooks[m]
             bs = iv.merge(rt.ts[b], rt.ts[b] + rt.dur[b])
-            inside = iv.measure_below(bs, rt.ts[h] + rt.dur[h]) - iv.measure_below(bs, rt.ts[h])
-            own = np.maximum(own - inside, 0.0)
-        for r, us in zip(h.tolist(), own.tolist()):
-            key = hook_of(rt.row_name(r))
-            c = out.setdefault(key, HookCost(unit=key[0], hook=key[1], calls_per_step=0.0, cpu_ms_per_step=0.0,
-                                             gpu_wait_ms_per_step=wait.get(key, 0.0) / 1e3 / n))
-            c.calls_per_step += 1.0 / n
-            c.cpu_ms_per_step += us / 1e3 / n
+            own[m] = np.maximum(own[m] - (iv.measure_below(bs, rt.ts[h] + rt.dur[h]) - iv.measure_below(bs, rt.ts[h])), 0.0)
+    codes, inv = np.unique(rt.name[hooks], return_inverse=True)  # by label, then by (unit, hook)
+    us = np.bincount(inv.reshape(-1), weights=own, minlength=codes.size)
+    calls = np.bincount(inv.reshape(-1), minlength=codes.size)
+    out: dict[tuple[str, str], HookCost] = {}
+    for code, u, c in zip(codes.tolist(), us.tolist(), calls.tolist()):
+        key = hook_of(rt.names[code])
+        h = out.setdefault(key, HookCost(unit=key[0], hook=key[1], calls_per_step=0.0, cpu_ms_per_step=0.0,
+                                         gpu_wait_ms_per_step=wait.get(key, 0.0) / 1e3 / n))
+        h.calls_per_step += c / n
+        h.cpu_ms_per_step += u / 1e3 / n
     return sorted(out.values(), key=lambda c: (-c.gpu_wait_ms_per_step, -c.cpu_ms_per_step, c.unit, c.hook))
 
 

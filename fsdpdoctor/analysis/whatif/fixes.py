@@ -316,34 +316,35 @@ def fix_hooks_off(g: Graph) -> Fix | None:
     was the hook's timing). What fewer, larger units would save at most on the host side; a saving
     means the hooks sit on the critical path."""
     hooks, own = _hook_own(g)
+    hooks = hooks[own > 0]
     if not hooks.size:
         return None
+    a, b = hooks[:, 0], hooks[:, 1]  # sorted, disjoint (the outermost ranges)
     order = np.argsort(g.key, kind="stable")
     order = order[~g.backlog[order]]
-    launched = g.key[order]
+    keys = g.key[order]
+    k = np.searchsorted(a, keys, side="right") - 1
+    inside = (k >= 0) & (keys < b[np.maximum(k, 0)])
     sy = np.array([(ts, te) for ts, te, *_ in g.syncs], dtype=np.float64).reshape(-1, 2)
-    sy = sy[np.argsort(sy[:, 0], kind="stable")]
-    cuts: list[tuple[float, float]] = []
-    inside: list[np.ndarray] = []
-    for (a, b), o in zip(hooks.tolist(), own.tolist()):
-        if o <= 0:
-            continue
-        lo, hi = np.searchsorted(launched, a, "left"), np.searchsorted(launched, b, "left")
-        inner = launched[lo:hi]
-        inside.append(order[lo:hi])
-        blocks = sy[(sy[:, 0] >= a) & (sy[:, 0] < b)]
-        # the hook's own time: [a, b] less its blocking calls, cut piece by piece up to each launch
-        free = iv.subtract((np.array([a]), np.array([b])), iv.merge(blocks[:, 0], blocks[:, 1]))
-        pts = np.unique(np.concatenate((free[0], free[1], inner)))
-        p, q = pts[:-1], pts[1:]
-        mid = (p + q) / 2
-        k = np.searchsorted(free[0], mid, side="right") - 1
-        ok = (q > p) & (k >= 0) & (mid < free[1][np.maximum(k, 0)])
-        # a cut takes effect at its end, after what the CPU launched at that instant: end it just before
-        cuts += list(zip((p[ok] - CUT_EPS_US).tolist(), (q[ok] - CUT_EPS_US).tolist()))
-    # what a hook launched started when the hook let it: an edge inferred from that timing (it began as
-    # work on another stream ended) is the hook's doing, not a dependency
-    dropped = set(np.concatenate(inside).tolist()) if inside else set()
+    ks = np.searchsorted(a, sy[:, 0], side="right") - 1
+    sy_in = (ks >= 0) & (sy[:, 0] < b[np.maximum(ks, 0)])
+    blocked = iv.merge(sy[sy_in, 0], np.minimum(sy[sy_in, 1], b[ks[sy_in]]))
+    # every hook's points: its ends, the launches inside it and the ends of its blocking calls; a
+    # piece between two points of one hook is cut unless a blocking call holds it
+    pts = np.concatenate((a, b, keys[inside], blocked[0], blocked[1]))
+    owner = np.concatenate((np.arange(a.size), np.arange(a.size), k[inside],
+                            np.searchsorted(a, blocked[0], side="right") - 1, np.searchsorted(a, blocked[1], side="left") - 1))
+    srt = np.lexsort((pts, owner))
+    pts, owner = pts[srt], owner[srt]
+    same = owner[1:] == owner[:-1]
+    p, q = pts[:-1][same], pts[1:][same]
+    mid = (p + q) / 2
+    j = np.searchsorted(blocked[0], mid, side="right") - 1
+    held = (j >= 0) & (mid < blocked[1][np.maximum(j, 0)]) if blocked[0].size else np.zeros(mid.size, dtype=bool)
+    ok = (q > p) & ~held
+    # a cut takes effect at its end, after what the CPU launched at that instant: end it just before
+    cuts = list(zip((p[ok] - CUT_EPS_US).tolist(), (q[ok] - CUT_EPS_US).tolist()))
+    dropped = set(order[inside].tolist())
     return Fix("hooks_off", cpu_cuts=cuts, drop_inferred=dropped) if cuts else None
 
 
