@@ -14,7 +14,7 @@ Every string that comes from a trace (module names, kernel names, paths) is esca
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
