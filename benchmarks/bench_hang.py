@@ -59,13 +59,24 @@ def generate(out: Path, ranks: int, entries: int, units: int, culprit: int) -> d
 
     per_step = units * 3  # forward all-gather, backward all-gather and reduce-scatter per unit
     steps = max(3, entries // per_step + 2)
-    spec = dataclasses.replace(gen.PRESETS["missing"], world_size=ranks, n_units=units, steps=steps,
-                               at_step=steps - 1, culprit=culprit, buffer=entries)
+    spec = dataclasses.replace(
+        gen.PRESETS["missing"],
+        world_size=ranks,
+        n_units=units,
+        steps=steps,
+        at_step=steps - 1,
+        culprit=culprit,
+        buffer=entries,
+    )
     t = time.perf_counter()
     truth = gen.write(spec, out)
     size = sum(p.stat().st_size for p in out.iterdir())
-    return {"truth": dataclasses.asdict(truth), "generate_s": time.perf_counter() - t, "bytes": size,
-            "files": len(list(out.iterdir()))}
+    return {
+        "truth": dataclasses.asdict(truth),
+        "generate_s": time.perf_counter() - t,
+        "bytes": size,
+        "files": len(list(out.iterdir())),
+    }
 
 
 def timed(cmd: list[str], timeout: float) -> tuple[float | None, subprocess.CompletedProcess | None]:
@@ -100,16 +111,38 @@ def main() -> None:
     rows = []
     env = dict(os.environ, PYTHONPATH=str(REPO))
     for label, jobs in (("process pool (cores)", 0), ("--jobs 1", 1)):
-        inside = subprocess.run([sys.executable, "-c", INSIDE, str(d), str(jobs)], capture_output=True, text=True, env=env)
+        inside = subprocess.run(
+            [sys.executable, "-c", INSIDE, str(d), str(jobs)], capture_output=True, text=True, env=env
+        )
         res = json.loads(inside.stdout)
-        cmd = [sys.executable, "-m", "fsdpdoctor", "analyze", str(d), "--format", "json"] + ([] if not jobs else ["--jobs", "1"])
+        cmd = [sys.executable, "-m", "fsdpdoctor", "analyze", str(d), "--format", "json"] + (
+            [] if not jobs else ["--jobs", "1"]
+        )
         wall, p = timed(cmd, 1800)
         ok = p is not None and p.returncode == 0 and json.loads(p.stdout)["hang"]["missing_ranks"] == [culprit]
-        rows.append({"what": f"fsdpdoctor analyze, {label}", "wall_s": wall, "find_s": res["find_s"], "read_s": res["read_s"],
-                     # the pool's workers are the forkserver's children: their CPU time is not ours to read
-                     "read_cpu_s": res["read_cpu_s"] if jobs == 1 else None, "match_s": res["match_s"], "peak_rss_mb": res["peak_rss_mb"], "correct": ok and res["culprits"] == [culprit]})
-    peer = {"what": "torch fr_trace", "wall_s": None, "find_s": None, "read_s": None, "read_cpu_s": None, "match_s": None,
-            "peak_rss_mb": None, "correct": None}
+        rows.append(
+            {
+                "what": f"fsdpdoctor analyze, {label}",
+                "wall_s": wall,
+                "find_s": res["find_s"],
+                "read_s": res["read_s"],
+                # the pool's workers are the forkserver's children: their CPU time is not ours to read
+                "read_cpu_s": res["read_cpu_s"] if jobs == 1 else None,
+                "match_s": res["match_s"],
+                "peak_rss_mb": res["peak_rss_mb"],
+                "correct": ok and res["culprits"] == [culprit],
+            }
+        )
+    peer = {
+        "what": "torch fr_trace",
+        "wall_s": None,
+        "find_s": None,
+        "read_s": None,
+        "read_cpu_s": None,
+        "match_s": None,
+        "peak_rss_mb": None,
+        "correct": None,
+    }
     try:
         import torch  # noqa: F401
 
@@ -126,13 +159,18 @@ def main() -> None:
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
     f = lambda v, d=2: "–" if v is None else f"{v:.{d}f}"  # noqa: E731
-    lines = [f"{a.ranks} ranks, {a.entries} entries per dump ({a.units} FSDP2 units, stacks), {mb:.0f} MiB of dumps; "
-             f"{cores} cores, load average {load:.1f} when done", "",
-             "| what | wall (s) | find (s) | read (s) | read, CPU (s) | match (s) | peak RSS (MB) | names the culprit |",
-             "|---|---:|---:|---:|---:|---:|---:|---|"]
+    lines = [
+        f"{a.ranks} ranks, {a.entries} entries per dump ({a.units} FSDP2 units, stacks), {mb:.0f} MiB of dumps; "
+        f"{cores} cores, load average {load:.1f} when done",
+        "",
+        "| what | wall (s) | find (s) | read (s) | read, CPU (s) | match (s) | peak RSS (MB) | names the culprit |",
+        "|---|---:|---:|---:|---:|---:|---:|---|",
+    ]
     for r in rows:
-        lines.append(f"| {r['what']} | {f(r['wall_s'])}{' (' + r['note'] + ')' if r.get('note') else ''} | {f(r['find_s'])} | "
-                     f"{f(r['read_s'])} | {f(r['read_cpu_s'])} | {f(r['match_s'])} | {f(r['peak_rss_mb'], 0)} | {r['correct']} |")
+        lines.append(
+            f"| {r['what']} | {f(r['wall_s'])}{' (' + r['note'] + ')' if r.get('note') else ''} | {f(r['find_s'])} | "
+            f"{f(r['read_s'])} | {f(r['read_cpu_s'])} | {f(r['match_s'])} | {f(r['peak_rss_mb'], 0)} | {r['correct']} |"
+        )
     md = "\n".join(lines)
     print(md)
     if a.update_docs:
@@ -141,7 +179,9 @@ def main() -> None:
 
         replace_section(PERFORMANCE, "bench_hang", md)
     if a.json:
-        a.json.write_text(json.dumps({"ranks": a.ranks, "entries": a.entries, "bytes": g["bytes"], "rows": rows}, indent=1))
+        a.json.write_text(
+            json.dumps({"ranks": a.ranks, "entries": a.entries, "bytes": g["bytes"], "rows": rows}, indent=1)
+        )
     if a.work is None:
         shutil.rmtree(work, ignore_errors=True)
 

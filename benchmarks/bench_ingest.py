@@ -130,7 +130,9 @@ def warm_up(target: Path, timeout: float) -> None:
     cached machine code for the replay loop (compiled once per installation, ~2-3 s)."""
     global _warm
     if not _warm:
-        subprocess.run([PY, "-m", "compileall", "-q", str(REPO / "fsdpdoctor"), str(REPO / "rules")], env=ENV, check=False)
+        subprocess.run(
+            [PY, "-m", "compileall", "-q", str(REPO / "fsdpdoctor"), str(REPO / "rules")], env=ENV, check=False
+        )
         measure(fsdpdoctor_cmd(target), "warm-up", "fsdpdoctor analyze", timeout)
         _warm = True
 
@@ -183,8 +185,14 @@ def measure(cmd: list[str], label: str, tool: str, timeout: float) -> Result:
         import psutil
     except ImportError:  # pragma: no cover
         psutil = None
-    proc = subprocess.Popen([PY, "-S", "-c", LAUNCHER, *cmd], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True, env=ENV)
+    proc = subprocess.Popen(
+        [PY, "-S", "-c", LAUNCHER, *cmd],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+        env=ENV,
+    )
     peak = 0
     stop = threading.Event()
 
@@ -235,10 +243,16 @@ def run_set(label: str, target: Path, files: list[Path], args, gz: bool) -> list
         res.append(measure(fsdpdoctor_cmd(target), label, "fsdpdoctor analyze", args.timeout))
     res = [min(res, key=lambda r: r.wall_s)]
     if not args.skip_scaling and (len(files) > 1 or not gz):
-        one = [measure(fsdpdoctor_cmd(target, 1), label, "fsdpdoctor analyze -j 1 (one process)", args.timeout) for _ in range(args.repeat)]
+        one = [
+            measure(fsdpdoctor_cmd(target, 1), label, "fsdpdoctor analyze -j 1 (one process)", args.timeout)
+            for _ in range(args.repeat)
+        ]
         res.append(min(one, key=lambda r: r.wall_s))
     if len(files) == 1:
-        bare = [measure([PY, "-c", BARE_DECODE, str(files[0])], label, "msgspec typed decode", args.timeout) for _ in range(args.repeat)]
+        bare = [
+            measure([PY, "-c", BARE_DECODE, str(files[0])], label, "msgspec typed decode", args.timeout)
+            for _ in range(args.repeat)
+        ]
         res.append(min(bare, key=lambda r: r.wall_s))
         if gz:
             res.append(measure([PY, "-c", GUNZIP, str(files[0])], label, "gunzip (isal)", args.timeout))
@@ -249,7 +263,9 @@ def run_set(label: str, target: Path, files: list[Path], args, gz: bool) -> list
             r = measure([PY, "-c", BARE_DECODE, str(f)], label, "msgspec typed decode", args.timeout)
             walls.append(r.wall_s)
             peaks.append(r.peak_mb)
-        res.append(Result(label, "msgspec typed decode, files one by one", sum(walls), max(peaks), True, f"{len(files)} files"))
+        res.append(
+            Result(label, "msgspec typed decode, files one by one", sum(walls), max(peaks), True, f"{len(files)} files")
+        )
     if not args.skip_hta and not (gz and not args.hta_gz):
         hta_dir = target if target.is_dir() else target.parent
         res.append(measure([PY, "-c", HTA_LOAD, str(hta_dir)], label, "HTA TraceAnalysis load", args.timeout))
@@ -355,19 +371,33 @@ def single_file(work: Path, size_mb: float, tpl, args, sizes: dict[str, int]) ->
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--size-mb", type=float, nargs="+", default=[300, 1000], help="sizes of the single-file traces (uncompressed MB)")
+    ap.add_argument(
+        "--size-mb",
+        type=float,
+        nargs="+",
+        default=[300, 1000],
+        help="sizes of the single-file traces (uncompressed MB)",
+    )
     ap.add_argument("--ranks", type=int, default=8, help="ranks of the multi-rank set")
     ap.add_argument("--rank-size-mb", type=float, default=200, help="size of each rank file (uncompressed MB)")
-    ap.add_argument("--gz", action=argparse.BooleanOptionalAction, default=True, help="also measure the .json.gz of the single file")
+    ap.add_argument(
+        "--gz", action=argparse.BooleanOptionalAction, default=True, help="also measure the .json.gz of the single file"
+    )
     ap.add_argument("--skip-single", action="store_true")
     ap.add_argument("--skip-multi", action="store_true")
     ap.add_argument("--skip-hta", action="store_true", help="do not run Holistic Trace Analysis (slow: ~150 s per GB)")
     ap.add_argument("--hta-gz", action="store_true", help="also run HTA on the .json.gz (another ~150 s per GB)")
     ap.add_argument("--skip-scaling", action="store_true", help="do not also run fsdpdoctor with -j 1 (one process)")
-    ap.add_argument("--repeat", type=int, default=1, help="runs of fsdpdoctor and the bare decode (the fastest is kept)")
+    ap.add_argument(
+        "--repeat", type=int, default=1, help="runs of fsdpdoctor and the bare decode (the fastest is kept)"
+    )
     ap.add_argument("--timeout", type=float, default=900, help="seconds per measured command")
-    ap.add_argument("--source", type=Path, default=FSDP2_SOURCE,
-                    help="real trace to scale up (default: the H100 FSDP2 recording in fixtures/recorded/gpu/fsdp2)")
+    ap.add_argument(
+        "--source",
+        type=Path,
+        default=FSDP2_SOURCE,
+        help="real trace to scale up (default: the H100 FSDP2 recording in fixtures/recorded/gpu/fsdp2)",
+    )
     ap.add_argument("--update-docs", action="store_true", help="rewrite the generated table in docs/performance.md")
     ap.add_argument("--tmp", type=Path, default=None, help="parent of the temporary directory")
     ap.add_argument("--keep", action="store_true", help="keep the generated files")
@@ -379,7 +409,9 @@ def main() -> int:
         try:
             import hta  # noqa: F401
         except ImportError:
-            print("Holistic Trace Analysis (pip install traceinsight) not installed: --skip-hta assumed", file=sys.stderr)
+            print(
+                "Holistic Trace Analysis (pip install traceinsight) not installed: --skip-hta assumed", file=sys.stderr
+            )
             args.skip_hta = True
     work = Path(tempfile.mkdtemp(prefix="fsdpdoctor-bench-", dir=args.tmp))
     results: list[Result] = []
@@ -444,8 +476,11 @@ def markdown(results: list[Result], sizes: dict[str, int], source: Path) -> str:
             continue
         fx = _fields(f.note)
         ratio = f"{f.wall_s / bare.wall_s:.2f}×" if bare and bare.ok else "–"
-        split = (f"{float(fx['ingest_s']):.2f} s / {float(fx['replay_s']):.2f} s ({100 * float(fx['replay_s']) / f.wall_s:.0f}%)"
-                 if "replay_s" in fx else "–")
+        split = (
+            f"{float(fx['ingest_s']):.2f} s / {float(fx['replay_s']):.2f} s ({100 * float(fx['replay_s']) / f.wall_s:.0f}%)"
+            if "replay_s" in fx
+            else "–"
+        )
         if hta and hta.ok:
             hx = _fields(hta.note)
             hta_txt = f"{hta.wall_s:.1f} s ({hx.get('load_s', '?')} + {hx.get('overlap_s', '?')} s), {hta.peak_mb / 1024:.2f} GB"
@@ -454,8 +489,10 @@ def markdown(results: list[Result], sizes: dict[str, int], source: Path) -> str:
         else:
             hta_txt = "not run"
         bare_txt = f"{bare.wall_s:.2f} s, {bare.peak_mb:.0f} MB" if bare and bare.ok else "–"
-        rows.append(f"| {label} | {bare_txt} | **{f.wall_s:.2f} s**, {f.peak_mb:.0f} MB | {ratio} | {split} | "
-                    f"{f.peak_mb * 2**20 / sizes[label]:.2f} | {hta_txt} |")
+        rows.append(
+            f"| {label} | {bare_txt} | **{f.wall_s:.2f} s**, {f.peak_mb:.0f} MB | {ratio} | {split} | "
+            f"{f.peak_mb * 2**20 / sizes[label]:.2f} | {hta_txt} |"
+        )
     return "\n".join(rows)
 
 

@@ -85,18 +85,31 @@ def generate_run(n: int, work: Path) -> Path:
     if (out / f"rank{n - 1}.json.gz").exists() and len(list(out.glob("rank*.json.gz"))) == n:
         return out
     cfg = dataclasses.replace(
-        PRESETS["slow-rank"], world_size=n, num_layers=2, steps=2, hidden_size=512, seq_len=512, vocab_size=1024,
+        PRESETS["slow-rank"],
+        world_size=n,
+        num_layers=2,
+        steps=2,
+        hidden_size=512,
+        seq_len=512,
+        vocab_size=1024,
         slow_rank=n // 3,
     )
     t = time.perf_counter()
     generate(cfg, out)
-    print(f"generated {n} ranks in {time.perf_counter() - t:.1f} s ({sum(p.stat().st_size for p in out.glob('rank*')) / 2**20:.1f} MB)", file=sys.stderr)
+    print(
+        f"generated {n} ranks in {time.perf_counter() - t:.1f} s ({sum(p.stat().st_size for p in out.glob('rank*')) / 2**20:.1f} MB)",
+        file=sys.stderr,
+    )
     return out
 
 
 def run_client(path: Path, scheduler: str | None) -> dict:
     proc = subprocess.run(
-        [sys.executable, "-c", CLIENT, str(path), scheduler or ""], capture_output=True, text=True, timeout=3600, cwd=str(REPO)
+        [sys.executable, "-c", CLIENT, str(path), scheduler or ""],
+        capture_output=True,
+        text=True,
+        timeout=3600,
+        cwd=str(REPO),
     )
     if proc.returncode != 0:
         raise RuntimeError(proc.stderr[-3000:])
@@ -122,16 +135,34 @@ class DaskCLICluster:
         port = _free_port()
         addr = f"tcp://127.0.0.1:{port}"
         log = open(self.work / "dask.log", "w")
-        self.procs.append(subprocess.Popen(
-            [dask, "scheduler", "--host", "127.0.0.1", "--port", str(port), "--no-dashboard"],
-            stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-        ))
+        self.procs.append(
+            subprocess.Popen(
+                [dask, "scheduler", "--host", "127.0.0.1", "--port", str(port), "--no-dashboard"],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        )
         time.sleep(2)
-        self.procs.append(subprocess.Popen(
-            [dask, "worker", addr, "--nworkers", str(self.workers), "--nthreads", "1", "--no-dashboard",
-             "--local-directory", str(self.work / "dask-worker-space")],
-            stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-        ))
+        self.procs.append(
+            subprocess.Popen(
+                [
+                    dask,
+                    "worker",
+                    addr,
+                    "--nworkers",
+                    str(self.workers),
+                    "--nthreads",
+                    "1",
+                    "--no-dashboard",
+                    "--local-directory",
+                    str(self.work / "dask-worker-space"),
+                ],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        )
         import distributed
 
         with distributed.Client(addr, timeout=60) as c:
@@ -176,24 +207,38 @@ def main() -> None:
             for engine, sched in (("process pool", None), (f"dask CLI, {args.workers} workers", addr)):
                 r = run_client(path, sched)
                 assert r["ranks"] == n and r["excluded"] == 0, r
-                rows.append({"ranks": n, "engine": engine, "ranks_per_s": n / r["seconds"], **r,
-                             "summary_bytes_detail": detail, "summary_bytes_lean": lean})
-                print(f"{n:5d} ranks  {engine:22s} {n / r['seconds']:7.1f} ranks/s  client peak RSS {r['peak_rss_mb']:6.0f} MB",
-                      file=sys.stderr)
+                rows.append(
+                    {
+                        "ranks": n,
+                        "engine": engine,
+                        "ranks_per_s": n / r["seconds"],
+                        **r,
+                        "summary_bytes_detail": detail,
+                        "summary_bytes_lean": lean,
+                    }
+                )
+                print(
+                    f"{n:5d} ranks  {engine:22s} {n / r['seconds']:7.1f} ranks/s  client peak RSS {r['peak_rss_mb']:6.0f} MB",
+                    file=sys.stderr,
+                )
     lines = [
         "| ranks | engine | ranks/s | client peak RSS: analyze | … + JSON report | report JSON (default) | "
         "report JSON (`--rank-detail all`) | worker → client per rank (detail / beyond 64) |",
         "|---:|---|---:|---:|---:|---:|---:|---:|",
     ]
     for r in rows:
-        lines.append(f"| {r['ranks']} | {r['engine']} | {r['ranks_per_s']:.1f} | {r['peak_rss_mb']:.0f} MB | "
-                     f"{r['peak_rss_with_json_mb']:.0f} MB | {r['json_mb']:.2f} MB | {r['json_all_mb']:.1f} MB | "
-                     f"{r['summary_bytes_detail']:,} B / {r['summary_bytes_lean']:,} B |")
+        lines.append(
+            f"| {r['ranks']} | {r['engine']} | {r['ranks_per_s']:.1f} | {r['peak_rss_mb']:.0f} MB | "
+            f"{r['peak_rss_with_json_mb']:.0f} MB | {r['json_mb']:.2f} MB | {r['json_all_mb']:.1f} MB | "
+            f"{r['summary_bytes_detail']:,} B / {r['summary_bytes_lean']:,} B |"
+        )
     for engine in sorted({r["engine"] for r in rows}):
         rss = {r["ranks"]: r["peak_rss_mb"] for r in rows if r["engine"] == engine}
         lo, hi = min(rss), max(rss)
-        lines.append(f"\n{engine}: client peak RSS {rss[hi]:.0f} MB at {hi} ranks / {rss[lo]:.0f} MB at {lo} ranks "
-                     f"= {rss[hi] / rss[lo]:.2f}×")
+        lines.append(
+            f"\n{engine}: client peak RSS {rss[hi]:.0f} MB at {hi} ranks / {rss[lo]:.0f} MB at {lo} ranks "
+            f"= {rss[hi] / rss[lo]:.2f}×"
+        )
     md = "\n".join(lines)
     print(md)
     if args.update_docs:

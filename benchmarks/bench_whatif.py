@@ -68,13 +68,19 @@ def main() -> None:
         g, t_graph = _t(lambda: build_graph(rt, info.steps, colls))
         w, t_whatif = _t(lambda: whatif.analyze_whatif(rt, info.steps, colls, fsdp))
         ops = g.start.size if g is not None else 0
-        print(f"per-rank analysis (what-if included): {t_rank:.2f} s; analyze ≈ decode + that = {t_load + t_rank:.2f} s")
-        print(f"what-if: {t_whatif:.2f} s = {100 * t_whatif / t_rank:.0f}% of the per-rank analysis, "
-              f"{100 * t_whatif / (t_rank + t_load):.0f}% with the decode; graph build {t_graph:.2f} s; "
-              f"{ops:,} GPU ops, {1 + len(w.step_ms) if w else 0} replays")
+        print(
+            f"per-rank analysis (what-if included): {t_rank:.2f} s; analyze ≈ decode + that = {t_load + t_rank:.2f} s"
+        )
+        print(
+            f"what-if: {t_whatif:.2f} s = {100 * t_whatif / t_rank:.0f}% of the per-rank analysis, "
+            f"{100 * t_whatif / (t_rank + t_load):.0f}% with the decode; graph build {t_graph:.2f} s; "
+            f"{ops:,} GPU ops, {1 + len(w.step_ms) if w else 0} replays"
+        )
         if w is not None:
-            print(f"unchanged replay: {w.replayed_step_ms:.2f} ms per step vs {w.measured_step_ms:.2f} measured "
-                  f"({w.error_pct:.2f}%)")
+            print(
+                f"unchanged replay: {w.replayed_step_ms:.2f} ms per step vs {w.measured_step_ms:.2f} measured "
+                f"({w.error_pct:.2f}%)"
+            )
         del rf
     finally:
         shutil.rmtree(tmp, ignore_errors=True)

@@ -54,7 +54,9 @@ def measure(names: list[str] | None = None) -> list[dict]:
         if active:
             row["active_error_pct"] = error_pct(active, truth["categories_at_active_peak"], truth["peak_active_bytes"])
         if truth.get("oom") and m.oom:
-            row["oom_error_pct"] = error_pct(m.oom["categories"], truth["oom"]["categories"], truth["oom"]["allocated_bytes"])
+            row["oom_error_pct"] = error_pct(
+                m.oom["categories"], truth["oom"]["categories"], truth["oom"]["allocated_bytes"]
+            )
         rows.append(row)
     return rows
 
@@ -94,7 +96,9 @@ def sweep(n: int, seed: int) -> None:
             continue
         m = analyze_memory(obj)
         errs = [error_pct(m.categories, truth["categories"], truth["peak_allocated_bytes"])]
-        errs.append(error_pct(m.categories_at_active_peak, truth["categories_at_active_peak"], truth["peak_active_bytes"]))
+        errs.append(
+            error_pct(m.categories_at_active_peak, truth["categories_at_active_peak"], truth["peak_active_bytes"])
+        )
         if truth["oom"] and m.oom:
             errs.append(error_pct(m.oom["categories"], truth["oom"]["categories"], truth["oom"]["allocated_bytes"]))
         done += 1

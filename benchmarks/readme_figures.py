@@ -31,8 +31,11 @@ def _spans(path: Path, prefix: str) -> list[float]:
     """Durations (ms) of the CPU-side X events whose name starts with ``prefix``."""
     with gzip.open(path, "rb") as f:
         events = json.load(f)["traceEvents"]
-    return [e["dur"] / 1e3 for e in events if e.get("ph") == "X" and e.get("cat") != "gpu_user_annotation"
-            and str(e.get("name", "")).startswith(prefix)]
+    return [
+        e["dur"] / 1e3
+        for e in events
+        if e.get("ph") == "X" and e.get("cat") != "gpu_user_annotation" and str(e.get("name", "")).startswith(prefix)
+    ]
 
 
 def offload_figures() -> dict:
@@ -43,9 +46,12 @@ def offload_figures() -> dict:
     opt = statistics.fmean(_spans(trace, "Optimizer.step#"))
     rep = fsdpdoctor.analyze(GPU / "fsdp2-offload")
     stall = next((x.est_saving_ms for x in rep.findings if x.slug == "cpu-offload-stall"), None)
-    return {"where": "fixtures/recorded/gpu/README.md, fsdp2-offload row",
-            "optimizer_step_ms": round(opt, 1), "profiler_step_ms": round(step, 1),
-            "cpu_offload_stall_saving_ms": None if stall is None else round(stall, 1)}
+    return {
+        "where": "fixtures/recorded/gpu/README.md, fsdp2-offload row",
+        "optimizer_step_ms": round(opt, 1),
+        "profiler_step_ms": round(step, 1),
+        "cpu_offload_stall_saving_ms": None if stall is None else round(stall, 1),
+    }
 
 
 def replay_errors() -> dict:
@@ -73,8 +79,10 @@ def main() -> None:
     args = ap.parse_args()
     figs = {"offload": offload_figures(), "replay_error_pct": replay_errors()}
     o = figs["offload"]
-    print(f"fsdp2-offload: CPU optimizer step {o['optimizer_step_ms']} ms of a {o['profiler_step_ms']} ms step "
-          f"(raw trace); cpu-offload-stall saves {o['cpu_offload_stall_saving_ms']} ms/step")
+    print(
+        f"fsdp2-offload: CPU optimizer step {o['optimizer_step_ms']} ms of a {o['profiler_step_ms']} ms step "
+        f"(raw trace); cpu-offload-stall saves {o['cpu_offload_stall_saving_ms']} ms/step"
+    )
     for k, v in figs["replay_error_pct"].items():
         print(f"replay error {k}: {v}%")
     if args.json:

@@ -33,14 +33,24 @@ REC = REPO / "fixtures" / "recorded"
 GPU_PAIRS = [
     ("matmul-wrong-engine", "matmul-wrong-engine", "gpu/fsdp2", "gpu/fsdp2-bf16", ""),
     ("matmul-wrong-engine", "matmul-wrong-engine", "gpu-h200/fsdp2", "gpu-h200/fsdp2-bf16", ""),
-    ("matmul-wrong-engine/tf32", "matmul-wrong-engine", "gpu-h200/fsdp2-tf32", "gpu-h200/fsdp2-bf16",
-     "the bf16 twin's CPU span is 7.9 ms shorter; the replay moves only the fp32 attention kernels"),
+    (
+        "matmul-wrong-engine/tf32",
+        "matmul-wrong-engine",
+        "gpu-h200/fsdp2-tf32",
+        "gpu-h200/fsdp2-bf16",
+        "the bf16 twin's CPU span is 7.9 ms shorter; the replay moves only the fp32 attention kernels",
+    ),
     ("activation-recompute", "activation-recompute", "gpu/fsdp2-ac", "gpu/fsdp2", ""),
     ("activation-recompute", "activation-recompute", "gpu-h200/gpt2-bf16-b96-ac", "gpu-h200/gpt2-bf16-b96", ""),
     ("cpu-offload-stall", "cpu-offload-stall", "gpu/fsdp2-offload", "gpu/fsdp2", ""),
     ("cpu-offload-stall", "cpu-offload-stall", "gpu/fsdp2-offload-pageable", "gpu/fsdp2", ""),
-    ("pageable-memcpy/cpu-offload", "pageable-memcpy", "gpu/fsdp2-offload-pageable", "gpu/fsdp2-offload",
-     "the pinned twin's CPU AdamW step ran 525 vs 333 ms per step (pinned host memory), which the replay does not see"),
+    (
+        "pageable-memcpy/cpu-offload",
+        "pageable-memcpy",
+        "gpu/fsdp2-offload-pageable",
+        "gpu/fsdp2-offload",
+        "the pinned twin's CPU AdamW step ran 525 vs 333 ms per step (pinned host memory), which the replay does not see",
+    ),
 ]
 #: CPU recordings (gloo): no saving is estimated on a trace without GPU activity; the measured
 #: differences say what each fix did there
@@ -64,13 +74,19 @@ def predictions() -> list[dict]:
     for kind, slug, problem, fixed, why in GPU_PAIRS:
         rep = cache.setdefault(problem, fsdpdoctor.analyze(REC / problem))
         f = next((x for x in rep.findings if x.slug == slug), None)
-        out.append({
-            "kind": kind, "slug": slug, "problem": problem, "fixed": fixed, "why": why,
-            "device": rep.facts.rank_facts[0].device_name or "",
-            "predicted": f.model_saving_ms if f is not None and f.model_saving_ms is not None else 0.0,
-            "basis": f.saving_basis if f is not None else "no finding",
-            "measured": measured_ms(problem, fixed),
-        })
+        out.append(
+            {
+                "kind": kind,
+                "slug": slug,
+                "problem": problem,
+                "fixed": fixed,
+                "why": why,
+                "device": rep.facts.rank_facts[0].device_name or "",
+                "predicted": f.model_saving_ms if f is not None and f.model_saving_ms is not None else 0.0,
+                "basis": f.saving_basis if f is not None else "no finding",
+                "measured": measured_ms(problem, fixed),
+            }
+        )
     return out
 
 
@@ -84,21 +100,49 @@ def _range(rows: list[dict], kind: str, est: float, skip: dict | None = None) ->
 
 
 def gpu_table(rows: list[dict]) -> str:
-    head = ["pair (problem → fixed)", "device", "finding", "basis", "predicted (ms)", "measured (ms)", "measured / predicted",
-            "range (ms)", "holds", "range without this twin", "holds"]
+    head = [
+        "pair (problem → fixed)",
+        "device",
+        "finding",
+        "basis",
+        "predicted (ms)",
+        "measured (ms)",
+        "measured / predicted",
+        "range (ms)",
+        "holds",
+        "range without this twin",
+        "holds",
+    ]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
         p, m = r["predicted"], r["measured"]
         if p > 0:
             lo, hi = _range(rows, r["kind"], p)
             lo2, hi2 = _range(rows, r["kind"], p, skip=r)
-            cells = [f"{m / p:.2f}", f"{lo:.1f} – {hi:.1f}", "yes" if lo <= m <= hi else "**no**",
-                     f"{lo2:.1f} – {hi2:.1f}", "yes" if lo2 <= m <= hi2 else "**no**"]
+            cells = [
+                f"{m / p:.2f}",
+                f"{lo:.1f} – {hi:.1f}",
+                "yes" if lo <= m <= hi else "**no**",
+                f"{lo2:.1f} – {hi2:.1f}",
+                "yes" if lo2 <= m <= hi2 else "**no**",
+            ]
         else:
             cells = ["–", "– (no saving predicted)", "**no**" if m > 0.05 * abs(p or 1) else "yes", "–", "–"]
-        lines.append("| " + " | ".join([f"{r['problem']} → {r['fixed']}", r["device"].replace("NVIDIA ", ""),
-                                        r["slug"] + (f" ({r['kind'].split('/')[1]})" if "/" in r["kind"] else ""),
-                                        r["basis"], f"{p:.1f}", f"{m:+.1f}", *cells]) + " |")
+        lines.append(
+            "| "
+            + " | ".join(
+                [
+                    f"{r['problem']} → {r['fixed']}",
+                    r["device"].replace("NVIDIA ", ""),
+                    r["slug"] + (f" ({r['kind'].split('/')[1]})" if "/" in r["kind"] else ""),
+                    r["basis"],
+                    f"{p:.1f}",
+                    f"{m:+.1f}",
+                    *cells,
+                ]
+            )
+            + " |"
+        )
     return "\n".join(lines) + "\n"
 
 
@@ -115,8 +159,10 @@ def twins_module(rows: list[dict]) -> str:
     head = src[: src.index("TWINS: tuple[Twin, ...] = ")]
     body = ["TWINS: tuple[Twin, ...] = ("]
     for r in rows:
-        body.append(f"    Twin({r['kind']!r}, {r['problem'] + ' -> ' + r['fixed']!r}, {r['device']!r}, "
-                    f"{r['predicted']:.3f}, {r['measured']:.3f},{' ' + repr(r['why']) if r['why'] else ''}),")
+        body.append(
+            f"    Twin({r['kind']!r}, {r['problem'] + ' -> ' + r['fixed']!r}, {r['device']!r}, "
+            f"{r['predicted']:.3f}, {r['measured']:.3f},{' ' + repr(r['why']) if r['why'] else ''}),"
+        )
     body.append(")")
     return head + "\n".join(body) + "\n"
 

@@ -79,8 +79,12 @@ blocks in copies that wait on other ranks) on every row.
 
 def rows() -> list[list[str]]:
     out = []
-    paths = [(f"{d.name}/{p.name}", p, p / "rank0.json.gz") for d in (GPU, GPU.with_name("gpu-h200"))
-             for p in sorted(d.iterdir()) if (p / "rank0.json.gz").is_file()]
+    paths = [
+        (f"{d.name}/{p.name}", p, p / "rank0.json.gz")
+        for d in (GPU, GPU.with_name("gpu-h200"))
+        for p in sorted(d.iterdir())
+        if (p / "rank0.json.gz").is_file()
+    ]
     if PUBLIC.is_dir():
         paths += [(f"{p.parent.name}/{p.name}", p, p) for p in sorted(PUBLIC.glob("*/*.json.gz"))]
     for label, target, raw in paths:
@@ -89,23 +93,34 @@ def rows() -> list[list[str]]:
         want = truth["step_ms"] if truth else None
         t = f.timeline
         gpu = truth["gpu_rate_ms"] if truth else None
-        out.append([
-            label,
-            f.rank_facts[0].device_name or "–",
-            f"{f.steps.mean_ms:.2f}" if f.steps.mean_ms else "–",
-            f"{truth['cpu_span_ms']:.2f}" if truth else "– (no ProfilerStep)",
-            f"{gpu:.2f}" if gpu else "–",
-            f"{100 * (f.steps.mean_ms / want - 1):+.1f}%" if want and f.steps.mean_ms else "–",
-            t.bound or "–",
-            f"{t.backlog_ms:.1f} ms ({t.backlog_ops:.0f})" if t.backlog_ops else "–",
-            f"{f.whatif.error_pct:.2f}%" if f.whatif else "–",
-        ])
+        out.append(
+            [
+                label,
+                f.rank_facts[0].device_name or "–",
+                f"{f.steps.mean_ms:.2f}" if f.steps.mean_ms else "–",
+                f"{truth['cpu_span_ms']:.2f}" if truth else "– (no ProfilerStep)",
+                f"{gpu:.2f}" if gpu else "–",
+                f"{100 * (f.steps.mean_ms / want - 1):+.1f}%" if want and f.steps.mean_ms else "–",
+                t.bound or "–",
+                f"{t.backlog_ms:.1f} ms ({t.backlog_ops:.0f})" if t.backlog_ops else "–",
+                f"{f.whatif.error_pct:.2f}%" if f.whatif else "–",
+            ]
+        )
     return out
 
 
 def table() -> str:
-    head = ["trace", "device", "step time (ms)", "CPU step rate (ms, raw)", "GPU completion interval (ms, raw)",
-            "Δ to the larger", "bound", "backlog", "replay fidelity"]
+    head = [
+        "trace",
+        "device",
+        "step time (ms)",
+        "CPU step rate (ms, raw)",
+        "GPU completion interval (ms, raw)",
+        "Δ to the larger",
+        "bound",
+        "backlog",
+        "replay fidelity",
+    ]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     lines += ["| " + " | ".join(r) + " |" for r in rows()]
     return "\n".join(lines) + "\n"

@@ -52,10 +52,22 @@ def sections(doc: str) -> list[tuple[str, str]]:
     """The rule docstring's *What it detects / Why it hurts / How it shows in a trace / Fix* parts."""
     out: list[tuple[str, list[str]]] = []
     for line in doc.strip().splitlines():
-        if line and not line.startswith(" ") and line.strip() in (
-            "What it detects", "Why it hurts", "How it shows in a trace", "Fix", "Fix (FSDP1)", "Fix (FSDP2)",
-            "Saving", "Known problems",
-        ) or (line and not line.startswith(" ") and not out):
+        if (
+            line
+            and not line.startswith(" ")
+            and line.strip()
+            in (
+                "What it detects",
+                "Why it hurts",
+                "How it shows in a trace",
+                "Fix",
+                "Fix (FSDP1)",
+                "Fix (FSDP2)",
+                "Saving",
+                "Known problems",
+            )
+            or (line and not line.startswith(" ") and not out)
+        ):
             out.append((line.strip(), []))
         else:
             out[-1][1].append(line[4:] if line.startswith("    ") else line)
@@ -63,8 +75,12 @@ def sections(doc: str) -> list[tuple[str, str]]:
 
 
 def rule_page(rule, example) -> str:
-    lines = [f"# {rule.code} `{rule.slug}`", "", f"**{rule.title}** · default severity "
-             f"`{rule.severity}` · `fsdpdoctor explain {rule.slug}`", ""]
+    lines = [
+        f"# {rule.code} `{rule.slug}`",
+        "",
+        f"**{rule.title}** · default severity `{rule.severity}` · `fsdpdoctor explain {rule.slug}`",
+        "",
+    ]
     for head, body in sections(rule.doc):
         lines += [f"## {head}", "", body, ""]
     keys = rule.thresholds
@@ -75,9 +91,12 @@ def rule_page(rule, example) -> str:
         lines += ["", "Override with `--set KEY=VALUE` or `[tool.fsdpdoctor]` in `pyproject.toml`.", ""]
     lines += ["## Example from a real recording", ""]
     if example is None:
-        lines += ["None of the real recordings (`fixtures/recorded`, `../shared/traces/public`) makes this "
-                  "rule fire; its firing and silent cases are in "
-                  f"`rules/cases/{Path(rule.path).stem}.toml`.", ""]
+        lines += [
+            "None of the real recordings (`fixtures/recorded`, `../shared/traces/public`) makes this "
+            "rule fire; its firing and silent cases are in "
+            f"`rules/cases/{Path(rule.path).stem}.toml`.",
+            "",
+        ]
     else:
         where, f, facts = example
         lines += [f"`fsdpdoctor {where}`:", "", f"> **{f.severity}** {f.summary}", ""]
@@ -96,9 +115,15 @@ def rule_page(rule, example) -> str:
 def main() -> None:
     rules = load_rules()
     ex = examples()
-    index = ["# Rules", "", "One page per rule, generated from the rule modules in `rules/`. "
-             "`fsdpdoctor rules` lists them; `fsdpdoctor explain CODE` prints a page's text.", "",
-             "| code | rule | title | default severity |", "|---|---|---|---|"]
+    index = [
+        "# Rules",
+        "",
+        "One page per rule, generated from the rule modules in `rules/`. "
+        "`fsdpdoctor rules` lists them; `fsdpdoctor explain CODE` prints a page's text.",
+        "",
+        "| code | rule | title | default severity |",
+        "|---|---|---|---|",
+    ]
     for rule in rules:
         name = rule_page_name(rule)
         index.append(f"| {rule.code} | [`{rule.slug}`]({Path(name).name}) | {rule.title} | {rule.severity} |")
@@ -108,10 +133,14 @@ def main() -> None:
     with mkdocs_gen_files.open("rules/index.md", "w") as fh:
         fh.write("\n".join(index) + "\n")
     with mkdocs_gen_files.open("reference/cli.md", "w") as fh:
-        fh.write("# CLI reference\n\nGenerated from the click commands (`fsdpdoctor COMMAND --help` prints the same).\n\n"
-                 + "\n".join(ln for ln in cli_reference().splitlines() if not ln.startswith("<!--")) + "\n")
+        fh.write(
+            "# CLI reference\n\nGenerated from the click commands (`fsdpdoctor COMMAND --help` prints the same).\n\n"
+            + "\n".join(ln for ln in cli_reference().splitlines() if not ln.startswith("<!--"))
+            + "\n"
+        )
     schema = report_schema()
     root = schema.get("$defs", {}).get("ReportDocument", {}).get("properties", {})
+
     def kind(v: dict) -> str:
         if "$ref" in v:
             return "`" + v["$ref"].rsplit("/", 1)[-1] + "`"
@@ -126,10 +155,15 @@ def main() -> None:
 
     rows = [f"| `{k}` | {kind(v)} |" for k, v in root.items()]
     with mkdocs_gen_files.open("reference/schema.md", "w") as fh:
-        fh.write("# JSON Schema reference\n\nGenerated from `fsdpdoctor schema` (the schema "
-                 "`analyze --format json` reports and baselines are validated against).\n\n"
-                 "## Top-level keys\n\nWhat each key means: [the JSON report](../json-report.md).\n\n| key | type |\n|---|---|\n" + "\n".join(rows)
-                 + "\n\n## The schema\n\n```json\n" + json.dumps(schema, indent=2) + "\n```\n")
+        fh.write(
+            "# JSON Schema reference\n\nGenerated from `fsdpdoctor schema` (the schema "
+            "`analyze --format json` reports and baselines are validated against).\n\n"
+            "## Top-level keys\n\nWhat each key means: [the JSON report](../json-report.md).\n\n| key | type |\n|---|---|\n"
+            + "\n".join(rows)
+            + "\n\n## The schema\n\n```json\n"
+            + json.dumps(schema, indent=2)
+            + "\n```\n"
+        )
 
 
 main()

@@ -1,8 +1,8 @@
 """fsdpdoctor: diagnose PyTorch FSDP training runs from profiler traces and memory snapshots.
 
-    >>> import fsdpdoctor
-    >>> report = fsdpdoctor.analyze(["traces/"])
-    >>> print(report.to_markdown())
+>>> import fsdpdoctor
+>>> report = fsdpdoctor.analyze(["traces/"])
+>>> print(report.to_markdown())
 """
 
 __version__ = "0.1.0"

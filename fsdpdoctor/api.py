@@ -117,7 +117,9 @@ class Report:
                     "steps": counts.get(r.rank, len(steps)),
                     "step_mean_ms": sum(steps) / len(steps) if steps else None,
                     "overlap_pct": r.overlap_pct,
-                    "exposed_comm_ms_per_step": (sum(s.exposed_comm_ms for s in r.steps) / len(steps)) if steps else None,
+                    "exposed_comm_ms_per_step": (sum(s.exposed_comm_ms for s in r.steps) / len(steps))
+                    if steps
+                    else None,
                 }
             )
         return pd.DataFrame(rows)
@@ -199,12 +201,20 @@ def analyze(
     dumps: list[Path] = []
     files = discover(list(paths), cycle=cycle, skipped=skipped, iteration=iteration, dumps=dumps)
     if files:
-        load = load_ranks(files, jobs=jobs, progress=progress, strict=strict, scheduler=scheduler,
-                          **({"detail_ranks": None} if rank_detail == "all" else {}))
+        load = load_ranks(
+            files,
+            jobs=jobs,
+            progress=progress,
+            strict=strict,
+            scheduler=scheduler,
+            **({"detail_ranks": None} if rank_detail == "all" else {}),
+        )
         mixed = run_differences(load.ranks)
         if mixed and not allow_mixed_runs:
-            raise InputError(load.ranks[1].path if len(load.ranks) > 1 else files[0],
-                             "not one run: " + "; ".join(mixed) + " (--allow-mixed-runs analyses them together)")
+            raise InputError(
+                load.ranks[1].path if len(load.ranks) > 1 else files[0],
+                "not one run: " + "; ".join(mixed) + " (--allow-mixed-runs analyses them together)",
+            )
         facts = fold(load.ranks, load.excluded, load.cross_rank, arrived=load.arrived)
         traced_memory = [r.memory_trace for r in load.ranks if r.memory_trace is not None]
     else:  # Flight Recorder dumps alone (a hung job)
@@ -225,8 +235,10 @@ def analyze(
         facts.mixed_runs = mixed
         facts.notes.insert(0, "inputs from different runs analysed together (--allow-mixed-runs): " + "; ".join(mixed))
     if skipped:
-        facts.notes.append(f"{len(skipped)} file(s) beside the traces not analysed: "
-                           + "; ".join(f"{Path(p).name} ({why})" for p, why in skipped))
+        facts.notes.append(
+            f"{len(skipped)} file(s) beside the traces not analysed: "
+            + "; ".join(f"{Path(p).name} ({why})" for p, why in skipped)
+        )
     side_path = find_sidecar(files)
     if side_path is not None:
         side, problem = load_sidecar(side_path)
@@ -264,7 +276,9 @@ def analyze(
     return report
 
 
-def attach_hang(facts: RunFacts, dumps: list[Path], *, jobs: int | None = None, config: dict[str, Any] | None = None) -> None:
+def attach_hang(
+    facts: RunFacts, dumps: list[Path], *, jobs: int | None = None, config: dict[str, Any] | None = None
+) -> None:
     """Read the Flight Recorder dumps (one per rank) and put the hang diagnosis in ``facts.hang``
     (:mod:`fsdpdoctor.analysis.hang`). A dump that cannot be read raises its InputError."""
     from .analysis.hang import DEFAULT_LATE_S, diagnose, load_views
@@ -272,10 +286,12 @@ def attach_hang(facts: RunFacts, dumps: list[Path], *, jobs: int | None = None, 
     late = float((config or {}).get("hang_late_s", DEFAULT_LATE_S))
     facts.hang = diagnose(load_views(dumps, jobs), late_s=late, world_size=facts.world_size)
     h = facts.hang
-    facts.notes.append(f"{h.dumps} Flight Recorder dump{'s' if h.dumps != 1 else ''} read "
-                       f"({h.backend or 'no collectives'}, version {', '.join(h.versions)}"
-                       + (f"; no dump from {len(h.ranks_without_dump)} of {h.world_size} ranks" if h.ranks_without_dump else "")
-                       + ")")
+    facts.notes.append(
+        f"{h.dumps} Flight Recorder dump{'s' if h.dumps != 1 else ''} read "
+        f"({h.backend or 'no collectives'}, version {', '.join(h.versions)}"
+        + (f"; no dump from {len(h.ranks_without_dump)} of {h.world_size} ranks" if h.ranks_without_dump else "")
+        + ")"
+    )
 
 
 MEMORY_SUFFIXES = (".pickle", ".pkl", ".pickle.gz", ".pkl.gz", ".raw.json.gz", ".raw.json")
@@ -369,8 +385,13 @@ def attach_memory(
             best = mf
     facts.memory = best
     if found and read:
-        facts.notes.insert(0, "memory snapshot" + ("s " if len(read) > 1 else " ") + ", ".join(read)
-                           + " found beside the traces and read (no --memory needed)")
+        facts.notes.insert(
+            0,
+            "memory snapshot"
+            + ("s " if len(read) > 1 else " ")
+            + ", ".join(read)
+            + " found beside the traces and read (no --memory needed)",
+        )
 
 
 def analyze_memory_only(
@@ -421,8 +442,15 @@ def is_saved_facts(path: str) -> bool:
 
 
 def load_run(
-    paths: str | list[str], config: dict[str, Any] | None = None, jobs: int | None = None, memory: list | None = None,
-    *, scheduler: str | None = None, strict: bool = False, cycle: int | None = None, allow_mixed_runs: bool = False,
+    paths: str | list[str],
+    config: dict[str, Any] | None = None,
+    jobs: int | None = None,
+    memory: list | None = None,
+    *,
+    scheduler: str | None = None,
+    strict: bool = False,
+    cycle: int | None = None,
+    allow_mixed_runs: bool = False,
 ) -> LoadedRun:
     """Anything ``analyze`` accepts, or one saved facts/report JSON (``analyze --save-baseline``).
 
@@ -442,6 +470,14 @@ def load_run(
         else:
             findings = run_rules(facts, config)
         return LoadedRun(facts, findings, label, "saved facts")
-    report = analyze(items, memory=memory or None, config=config, jobs=jobs, scheduler=scheduler, strict=strict, cycle=cycle,
-                     allow_mixed_runs=allow_mixed_runs)
+    report = analyze(
+        items,
+        memory=memory or None,
+        config=config,
+        jobs=jobs,
+        scheduler=scheduler,
+        strict=strict,
+        cycle=cycle,
+        allow_mixed_runs=allow_mixed_runs,
+    )
     return LoadedRun(report.facts, report.findings, label, "traces")

@@ -115,9 +115,7 @@ def _rank_and_world(rank: int | None, world_size: int | None) -> tuple[int, int]
     if rank is None:
         rank = dist.get_rank() if initialized else int(os.environ.get("RANK", "0"))
     if world_size is None:
-        world_size = (
-            dist.get_world_size() if initialized else int(os.environ.get("WORLD_SIZE", "1"))
-        )
+        world_size = dist.get_world_size() if initialized else int(os.environ.get("WORLD_SIZE", "1"))
     return rank, world_size
 
 
@@ -336,9 +334,7 @@ class Capture:
                 "steps_run_by_rank0": self.steps_done,
                 "profiled_steps": [list(s) for s in self._profiled_steps],
             },
-            "trace_files": [
-                trace_filename(r, c) for c in range(cycles) for r in range(self.world_size)
-            ],
+            "trace_files": [trace_filename(r, c) for c in range(cycles) for r in range(self.world_size)],
             "memory_snapshot_files": (
                 [memory_snapshot_filename(r) for r in range(self.world_size)]
                 if self.memory_history_requested and torch.cuda.is_available()

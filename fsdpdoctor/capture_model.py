@@ -333,9 +333,7 @@ def _fsdp1_units(model: Any) -> list[dict[str, Any]]:
                 "forward_prefetch": getattr(module, "forward_prefetch", None),
                 "limit_all_gathers": getattr(module, "limit_all_gathers", None),
                 "use_orig_params": getattr(module, "_use_orig_params", None),
-                "cpu_offload": None
-                if cpu_offload is None
-                else bool(getattr(cpu_offload, "offload_params", False)),
+                "cpu_offload": None if cpu_offload is None else bool(getattr(cpu_offload, "offload_params", False)),
                 "mixed_precision": _mp_dict(
                     mp,
                     param_dtype=getattr(mp, "param_dtype", None),
@@ -370,9 +368,7 @@ def _fsdp1_summary(units: list[dict[str, Any]]) -> dict[str, Any]:
     ):
         out[key] = _summarise([u[key] for u in units])
     strategy = out["sharding_strategy"]
-    out["reshard_after_forward"] = (
-        None if strategy in (None, "mixed") else strategy in ("FULL_SHARD", "HYBRID_SHARD")
-    )
+    out["reshard_after_forward"] = None if strategy in (None, "mixed") else strategy in ("FULL_SHARD", "HYBRID_SHARD")
     return out
 
 

@@ -55,12 +55,21 @@ CHECK_SETTINGS: dict[str, tuple[Any, str]] = {
     "max_exposed_comm_ms": (None, "fail when exposed communication per step (ms) is above this; absolute"),
     "max_step_regression_pct": (5.0, "fail when the step time rose more than this % over the baseline"),
     "max_overlap_drop_pts": (5.0, "fail when overlap dropped more than this many percentage points below the baseline"),
-    "max_exposed_comm_regression_pct": (10.0, "fail when exposed communication per step rose more than this % over the baseline"),
+    "max_exposed_comm_regression_pct": (
+        10.0,
+        "fail when exposed communication per step rose more than this % over the baseline",
+    ),
     "exposed_comm_noise_ms": (0.05, "… but only when it also rose by more than this many ms per step"),
     "max_memory_regression_pct": (5.0, "fail when peak allocated memory rose more than this % over the baseline"),
-    "min_mfu": (None, "fail when MFU (model FLOPs / step time / the device's dense BF16 peak, %) is below this; absolute"),
+    "min_mfu": (
+        None,
+        "fail when MFU (model FLOPs / step time / the device's dense BF16 peak, %) is below this; absolute",
+    ),
     "max_mfu_drop_pct": (5.0, "fail when MFU fell more than this % (relative) below the baseline's"),
-    "fail_on_new": ("critical", "fail when a finding of this severity or worse appears that the baseline did not have (critical | warning | never); without a baseline every finding counts as new"),
+    "fail_on_new": (
+        "critical",
+        "fail when a finding of this severity or worse appears that the baseline did not have (critical | warning | never); without a baseline every finding counts as new",
+    ),
 }
 FAIL_ON_NEW = ("critical", "warning", "never")
 
@@ -187,7 +196,14 @@ class CheckResult:
     def to_markdown(self) -> str:
         mark = "✅ passed" if self.passed else "❌ failed"
         lines = [f"## fsdpdoctor check: {mark}", ""]
-        lines.append(f"Run `{self.current_label}`" + (f" against baseline `{self.baseline_label}`." if self.baseline_label else " (no baseline: absolute gates only)."))
+        lines.append(
+            f"Run `{self.current_label}`"
+            + (
+                f" against baseline `{self.baseline_label}`."
+                if self.baseline_label
+                else " (no baseline: absolute gates only)."
+            )
+        )
         lines.append("")
         from .report.markdown import table as md_table
         from .report.sections import Table
@@ -207,7 +223,16 @@ class CheckResult:
             from .report.comparison import preferred_fix
 
             for flavour, code in preferred_fix(c, c.primary):
-                lines += ["", f"<details><summary>Fix ({flavour})</summary>", "", "```python", code.rstrip(), "```", "", "</details>"]
+                lines += [
+                    "",
+                    f"<details><summary>Fix ({flavour})</summary>",
+                    "",
+                    "```python",
+                    code.rstrip(),
+                    "```",
+                    "",
+                    "</details>",
+                ]
         lines += ["", "_" + self.verdict_line() + "_", ""]
         return "\n".join(lines)
 
@@ -244,13 +269,21 @@ class CheckResult:
         from rich.table import Table as RichTable
         from rich.text import Text
 
-        title = f"fsdpdoctor check: {self.current_label}" + (f" vs baseline {self.baseline_label}" if self.baseline_label else "")
+        title = f"fsdpdoctor check: {self.current_label}" + (
+            f" vs baseline {self.baseline_label}" if self.baseline_label else ""
+        )
         t = RichTable(title=Text(title), title_justify="left", box=box.ASCII2, pad_edge=False)
         for h in ("gate", "baseline", "current", "threshold", "verdict"):
             t.add_column(h, justify="right" if h in ("baseline", "current", "threshold") else "left")
         style = {"pass": "green", "fail": "bold red", "skip": "dim"}
         for g in self.gates:
-            t.add_row(Text(g.title), Text(g.baseline), Text(g.current), Text(g.threshold), Text(g.status.upper(), style=style[g.status]))
+            t.add_row(
+                Text(g.title),
+                Text(g.baseline),
+                Text(g.current),
+                Text(g.threshold),
+                Text(g.status.upper(), style=style[g.status]),
+            )
         console.print(t)
         for g in self.gates:
             if g.status == "fail":
@@ -259,7 +292,11 @@ class CheckResult:
         if c is not None and not self.passed and c.primary_cause:
             from .report.comparison import headline
 
-            console.print(Text(f"{headline(c)}; primary cause: {c.primary_cause} (run 'fsdpdoctor compare BASELINE RUN' for details)"))
+            console.print(
+                Text(
+                    f"{headline(c)}; primary cause: {c.primary_cause} (run 'fsdpdoctor compare BASELINE RUN' for details)"
+                )
+            )
         console.print(Text(self.verdict_line(), style="bold green" if self.passed else "bold red"))
 
 
@@ -292,13 +329,24 @@ def _signed(v: float, digits: int = 1) -> str:
     return f"{'+' if v >= 0 else '−'}{abs(v):.{digits}f}"
 
 
-def _gate(name, title, limit, threshold, before, after, unit, option, baseline_given, missing, judge, value=None) -> Gate:
+def _gate(
+    name, title, limit, threshold, before, after, unit, option, baseline_given, missing, judge, value=None
+) -> Gate:
     """One gate: skipped when its limit is not set, the baseline it needs is absent or a figure is
     not measured; otherwise ``judge(before, after, limit)`` returns (failed, detail, suffix for
     the current figure[, compared value]). ``baseline_given`` is None for absolute gates."""
     relative = baseline_given is not None
-    g = Gate(name, title, "skip", _num(before, unit) if relative else "–", _num(after, unit),
-             "–" if limit is None else threshold.format(limit), "", value, limit)
+    g = Gate(
+        name,
+        title,
+        "skip",
+        _num(before, unit) if relative else "–",
+        _num(after, unit),
+        "–" if limit is None else threshold.format(limit),
+        "",
+        value,
+        limit,
+    )
     if limit is None:
         g.detail = f"not set ({option})"
     elif relative and not baseline_given:
@@ -319,9 +367,16 @@ def _missing_ranks_gate(cur: RunFacts, allowed: bool) -> Gate:
 
     n, m = len(cur.ranks), cur.ranks_expected or len(cur.ranks)
     return Gate(
-        "missing-ranks", "ranks analysed", "pass" if allowed else "fail", "–", f"{n} of {m}", f"{m} of {m}",
-        partial_run_line(cur) + (" (allowed by --allow-missing-ranks)" if allowed else " (--allow-missing-ranks to accept)"),
-        float(m - n), 0.0,
+        "missing-ranks",
+        "ranks analysed",
+        "pass" if allowed else "fail",
+        "–",
+        f"{n} of {m}",
+        f"{m} of {m}",
+        partial_run_line(cur)
+        + (" (allowed by --allow-missing-ranks)" if allowed else " (--allow-missing-ranks to accept)"),
+        float(m - n),
+        0.0,
     )
 
 
@@ -361,11 +416,17 @@ def run_check(
         def judge(b, a, lim):
             d = 100 * (a - b) / b
             return d > lim, f"{what} {fmt(b)} → {fmt(a)} ({_signed(d)}%; limit +{lim:g}%)", f" ({_signed(d)}%)", d
+
         return judge
 
     def overlap_drop(b, a, lim):
         drop = b - a
-        return drop > lim, f"overlap {pct(b)} → {pct(a)} ({'dropped' if drop > 0 else 'rose'} {abs(drop):.1f} pts; limit {lim:g} pts)", "", drop
+        return (
+            drop > lim,
+            f"overlap {pct(b)} → {pct(a)} ({'dropped' if drop > 0 else 'rose'} {abs(drop):.1f} pts; limit {lim:g} pts)",
+            "",
+            drop,
+        )
 
     def exposed_rise(b, a, lim):
         delta = a - b
@@ -384,7 +445,12 @@ def run_check(
 
     def mfu_drop(b, a, lim):
         d = 100 * (b - a) / b if b else 0.0
-        return d > lim, f"MFU {pct(b)} → {pct(a)} ({'fell' if d > 0 else 'rose'} {abs(d):.1f}%; limit {lim:g}%)", f" ({_signed(-d)}%)", d
+        return (
+            d > lim,
+            f"MFU {pct(b)} → {pct(a)} ({'fell' if d > 0 else 'rose'} {abs(d):.1f}%; limit {lim:g}%)",
+            f" ({_signed(-d)}%)",
+            d,
+        )
 
     faster = step_a is not None and step_b is not None and step_a < step_b
 
@@ -393,33 +459,128 @@ def run_check(
         when the step itself got faster: a faster compute leaves less to hide communication
         behind, and a run that does less work per step can show a lower MFU. The gate passes and
         says why."""
+
         def gated(b, a, lim):
             failed, detail, *rest = judge(b, a, lim)
             if failed and faster:
                 d = 100 * (step_a - step_b) / step_b
-                return (False, f"{detail}; passes: the step got faster ({ms(step_b)} → {ms(step_a)}, {_signed(d)}%)", *rest)
+                return (
+                    False,
+                    f"{detail}; passes: the step got faster ({ms(step_b)} → {ms(step_a)}, {_signed(d)}%)",
+                    *rest,
+                )
             return (failed, detail, *rest)
+
         return gated
+
     gates: list[Gate] = [
-        _gate("min-overlap", "overlap", s.get("min_overlap"), "≥ {:g}%", None, ov, "%", "--min-overlap", None,
-              missing("overlap", " (no GPU communication in the trace)"), at_least, value=ov),
-        _gate("max-exposed-comm", "exposed comm per step", s.get("max_exposed_comm_ms"), "≤ {:g} ms", None, ex, "ms",
-              "--max-exposed-comm-ms", None, missing("exposed communication", " (no GPU timeline)"), at_most_ms, value=ex),
-        _gate("step-time-regression", "step time", s.get("max_step_regression_pct"), "≤ +{:g}%", step_b or None, step_a, "ms",
-              "--max-step-regression-pct", base is not None, missing("step time", " (no steps found)"), rise(ms, "step time")),
-        _gate("overlap-drop", "overlap drop", s.get("max_overlap_drop_pts"), "≤ {:g} pts",
-              base.overlap.pct if gpu_base else None, ov, "%", "--max-overlap-drop-pts", base is not None,
-              missing("overlap"), unless_faster(overlap_drop)),
-        _gate("exposed-comm-regression", "exposed comm rise", s.get("max_exposed_comm_regression_pct"), "≤ +{:g}%",
-              base.exposed_comm.mean_ms_per_step if gpu_base else None, ex, "ms", "--max-exposed-comm-regression-pct",
-              base is not None, missing("exposed communication"), unless_faster(exposed_rise)),
-        _gate("min-mfu", "MFU", s.get("min_mfu"), "≥ {:g}%", None, mfu_a, "%", "--min-mfu", None,
-              missing("MFU", " (no matmul shapes recorded, or an unknown device: --peak-tflops)"), mfu_at_least, value=mfu_a),
-        _gate("mfu-drop", "MFU drop", s.get("max_mfu_drop_pct"), "≤ {:g}%", mfu_b, mfu_a, "%", "--max-mfu-drop-pct",
-              base is not None, missing("MFU"), unless_faster(mfu_drop)),
-        _gate("memory-regression", "peak memory", s.get("max_memory_regression_pct"), "≤ +{:g}%",
-              _peak_memory(base) if base is not None else None, _peak_memory(cur), "B", "--max-memory-regression-pct",
-              base is not None, missing("peak memory", " (no memory snapshot)"), rise(mib, "peak allocated")),
+        _gate(
+            "min-overlap",
+            "overlap",
+            s.get("min_overlap"),
+            "≥ {:g}%",
+            None,
+            ov,
+            "%",
+            "--min-overlap",
+            None,
+            missing("overlap", " (no GPU communication in the trace)"),
+            at_least,
+            value=ov,
+        ),
+        _gate(
+            "max-exposed-comm",
+            "exposed comm per step",
+            s.get("max_exposed_comm_ms"),
+            "≤ {:g} ms",
+            None,
+            ex,
+            "ms",
+            "--max-exposed-comm-ms",
+            None,
+            missing("exposed communication", " (no GPU timeline)"),
+            at_most_ms,
+            value=ex,
+        ),
+        _gate(
+            "step-time-regression",
+            "step time",
+            s.get("max_step_regression_pct"),
+            "≤ +{:g}%",
+            step_b or None,
+            step_a,
+            "ms",
+            "--max-step-regression-pct",
+            base is not None,
+            missing("step time", " (no steps found)"),
+            rise(ms, "step time"),
+        ),
+        _gate(
+            "overlap-drop",
+            "overlap drop",
+            s.get("max_overlap_drop_pts"),
+            "≤ {:g} pts",
+            base.overlap.pct if gpu_base else None,
+            ov,
+            "%",
+            "--max-overlap-drop-pts",
+            base is not None,
+            missing("overlap"),
+            unless_faster(overlap_drop),
+        ),
+        _gate(
+            "exposed-comm-regression",
+            "exposed comm rise",
+            s.get("max_exposed_comm_regression_pct"),
+            "≤ +{:g}%",
+            base.exposed_comm.mean_ms_per_step if gpu_base else None,
+            ex,
+            "ms",
+            "--max-exposed-comm-regression-pct",
+            base is not None,
+            missing("exposed communication"),
+            unless_faster(exposed_rise),
+        ),
+        _gate(
+            "min-mfu",
+            "MFU",
+            s.get("min_mfu"),
+            "≥ {:g}%",
+            None,
+            mfu_a,
+            "%",
+            "--min-mfu",
+            None,
+            missing("MFU", " (no matmul shapes recorded, or an unknown device: --peak-tflops)"),
+            mfu_at_least,
+            value=mfu_a,
+        ),
+        _gate(
+            "mfu-drop",
+            "MFU drop",
+            s.get("max_mfu_drop_pct"),
+            "≤ {:g}%",
+            mfu_b,
+            mfu_a,
+            "%",
+            "--max-mfu-drop-pct",
+            base is not None,
+            missing("MFU"),
+            unless_faster(mfu_drop),
+        ),
+        _gate(
+            "memory-regression",
+            "peak memory",
+            s.get("max_memory_regression_pct"),
+            "≤ +{:g}%",
+            _peak_memory(base) if base is not None else None,
+            _peak_memory(cur),
+            "B",
+            "--max-memory-regression-pct",
+            base is not None,
+            missing("peak memory", " (no memory snapshot)"),
+            rise(mib, "peak allocated"),
+        ),
     ]
 
     # findings
@@ -455,8 +616,9 @@ def run_check(
             else f"no {level}-or-worse finding {scope}"
         )
         if moved:
-            g.detail += ("; not counted, as the step got faster (the bottleneck moved): "
-                         + ", ".join(f"{f.slug} ({f.severity})" for f in moved))
+            g.detail += "; not counted, as the step got faster (the bottleneck moved): " + ", ".join(
+                f"{f.slug} ({f.severity})" for f in moved
+            )
     gates.append(g)
     if cur.inputs_excluded:
         gates.append(_missing_ranks_gate(cur, allow_missing_ranks))
@@ -464,6 +626,8 @@ def run_check(
     comparison = None
     notes: list[str] = []
     if baseline is not None:
-        comparison = compare(base, cur, baseline.findings, current.findings, before_label=baseline.label, after_label=current.label)
+        comparison = compare(
+            base, cur, baseline.findings, current.findings, before_label=baseline.label, after_label=current.label
+        )
         notes += comparison.notes
     return CheckResult(current.label, baseline.label if baseline else None, gates, dict(s), comparison, notes)

@@ -11,37 +11,106 @@ from pathlib import Path
 
 import click
 
-from .cli_base import _write, guarded, input_limit_option, main, memory_budget_option, render_console, rule_config, scale_options, warn_partial
+from .cli_base import (
+    _write,
+    guarded,
+    input_limit_option,
+    main,
+    memory_budget_option,
+    render_console,
+    rule_config,
+    scale_options,
+    warn_partial,
+)
 from .errors import InputError
 from .facts import AUTO_FULL_RANKS, RANK_DETAIL
 
+
 @main.command()
 @click.argument("paths", nargs=-1, required=True)
-@click.option("--format", "fmt", type=click.Choice(["terminal", "markdown", "json", "html"]), default="terminal", show_default=True, help="Report format (json: see 'fsdpdoctor schema').")
+@click.option(
+    "--format",
+    "fmt",
+    type=click.Choice(["terminal", "markdown", "json", "html"]),
+    default="terminal",
+    show_default=True,
+    help="Report format (json: see 'fsdpdoctor schema').",
+)
 @click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path), help="Write the report to FILE.")
-@click.option("--timeline-rank", type=click.IntRange(0), default=None, metavar="N", help="HTML: rank whose step timeline is drawn (default: rank 0).")
-@click.option("--timeline-step", type=click.IntRange(0), default=None, metavar="K", help="HTML: step index (0-based, trace order) to draw (default: the median-length step).")
-@click.option("-j", "--jobs", type=click.IntRange(1, 256), default=None, help="Worker processes for several ranks (default: cores).")
+@click.option(
+    "--timeline-rank",
+    type=click.IntRange(0),
+    default=None,
+    metavar="N",
+    help="HTML: rank whose step timeline is drawn (default: rank 0).",
+)
+@click.option(
+    "--timeline-step",
+    type=click.IntRange(0),
+    default=None,
+    metavar="K",
+    help="HTML: step index (0-based, trace order) to draw (default: the median-length step).",
+)
+@click.option(
+    "-j",
+    "--jobs",
+    type=click.IntRange(1, 256),
+    default=None,
+    help="Worker processes for several ranks (default: cores).",
+)
 @click.option("--memory", "memory", multiple=True, type=click.Path(path_type=Path), help="CUDA memory snapshot(s).")
-@click.option("--set", "settings", multiple=True, metavar="KEY=VALUE", help="Override a rule threshold (see 'fsdpdoctor rules --thresholds').")
+@click.option(
+    "--set",
+    "settings",
+    multiple=True,
+    metavar="KEY=VALUE",
+    help="Override a rule threshold (see 'fsdpdoctor rules --thresholds').",
+)
 @click.option("--disable", multiple=True, metavar="RULE", help="Skip a rule (code or slug); repeatable.")
 @click.option("--brief", is_flag=True, help="Terminal: one line per finding (CI logs).")
 @click.option("--details", is_flag=True, help="Terminal: also print the detail tables and notes.")
-@click.option("--save-baseline", type=click.Path(dir_okay=False, path_type=Path), help="Also write the facts (with findings) for a later 'check --baseline'.")
-@click.option("--rank-detail", type=click.Choice(RANK_DETAIL), default="auto", show_default=True,
-              help="JSON report and baseline: which ranks' per-step and per-collective detail to write. auto: every rank in "
-              f"runs of up to {AUTO_FULL_RANKS} ranks, else the ranks that matter (slowest, fastest, straggler, lowest overlap, worst "
-              "replay, first); all: every rank (and every rank's collectives); none: none. Every rank has a summary line.")
-@click.option("--iteration", type=click.IntRange(0), default=None, metavar="N",
-              help="A framework's dump folder (torchtitan): the iteration whose traces and snapshots to read (default: the latest).")
+@click.option(
+    "--save-baseline",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="Also write the facts (with findings) for a later 'check --baseline'.",
+)
+@click.option(
+    "--rank-detail",
+    type=click.Choice(RANK_DETAIL),
+    default="auto",
+    show_default=True,
+    help="JSON report and baseline: which ranks' per-step and per-collective detail to write. auto: every rank in "
+    f"runs of up to {AUTO_FULL_RANKS} ranks, else the ranks that matter (slowest, fastest, straggler, lowest overlap, worst "
+    "replay, first); all: every rank (and every rank's collectives); none: none. Every rank has a summary line.",
+)
+@click.option(
+    "--iteration",
+    type=click.IntRange(0),
+    default=None,
+    metavar="N",
+    help="A framework's dump folder (torchtitan): the iteration whose traces and snapshots to read (default: the latest).",
+)
 @input_limit_option
 @scale_options
 @guarded
 def analyze(
-    paths: tuple[str, ...], fmt: str, output: Path | None, jobs: int | None, memory: tuple[Path, ...],
-    settings: tuple[str, ...], disable: tuple[str, ...], save_baseline: Path | None,
-    timeline_rank: int | None, timeline_step: int | None, scheduler: str | None, strict: bool, cycle: int | None,
-    allow_mixed_runs: bool, brief: bool = False, details: bool = False, rank_detail: str = "auto",
+    paths: tuple[str, ...],
+    fmt: str,
+    output: Path | None,
+    jobs: int | None,
+    memory: tuple[Path, ...],
+    settings: tuple[str, ...],
+    disable: tuple[str, ...],
+    save_baseline: Path | None,
+    timeline_rank: int | None,
+    timeline_step: int | None,
+    scheduler: str | None,
+    strict: bool,
+    cycle: int | None,
+    allow_mixed_runs: bool,
+    brief: bool = False,
+    details: bool = False,
+    rank_detail: str = "auto",
     iteration: int | None = None,
 ) -> None:
     """Analyse trace files, directories of rank traces, or globs: local paths or URLs
@@ -60,8 +129,17 @@ def analyze(
     tl_step = (timeline_rank, timeline_step) if fmt == "html" else None
     with load_progress() as progress:
         report = run(
-            list(paths), memory=list(memory) or None, jobs=jobs, config=cfg, timeline_step=tl_step, progress=progress,
-            scheduler=scheduler, strict=strict, cycle=cycle, allow_mixed_runs=allow_mixed_runs, rank_detail=rank_detail,
+            list(paths),
+            memory=list(memory) or None,
+            jobs=jobs,
+            config=cfg,
+            timeline_step=tl_step,
+            progress=progress,
+            scheduler=scheduler,
+            strict=strict,
+            cycle=cycle,
+            allow_mixed_runs=allow_mixed_runs,
+            rank_detail=rank_detail,
             iteration=iteration,
         )
     warn_partial(report.facts)
@@ -72,10 +150,22 @@ def analyze(
 
 @main.command()
 @click.argument("paths", nargs=-1, required=True)
-@click.option("--format", "fmt", type=click.Choice(["terminal", "markdown", "json"]), default="terminal", show_default=True, help="Report format.")
+@click.option(
+    "--format",
+    "fmt",
+    type=click.Choice(["terminal", "markdown", "json"]),
+    default="terminal",
+    show_default=True,
+    help="Report format.",
+)
 @click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path), help="Write the report to FILE.")
-@click.option("--iteration", type=click.IntRange(0), default=None, metavar="N",
-              help="A framework's dump folder (torchtitan): the iteration whose snapshots to read (default: the latest).")
+@click.option(
+    "--iteration",
+    type=click.IntRange(0),
+    default=None,
+    metavar="N",
+    help="A framework's dump folder (torchtitan): the iteration whose snapshots to read (default: the latest).",
+)
 @input_limit_option
 @memory_budget_option
 @guarded

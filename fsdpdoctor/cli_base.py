@@ -65,12 +65,17 @@ def guarded(fn):
         except AnalysisBug as exc:  # a bug met on one file: said as one, with the file named
             if os.environ.get("FSDPDOCTOR_DEBUG"):
                 raise
-            _fail(f"internal error while analysing {exc.path}: {exc.what} "
-                  "(a bug, not a problem with the file; set FSDPDOCTOR_DEBUG=1 for a traceback)", EXIT_INTERNAL)
+            _fail(
+                f"internal error while analysing {exc.path}: {exc.what} "
+                "(a bug, not a problem with the file; set FSDPDOCTOR_DEBUG=1 for a traceback)",
+                EXIT_INTERNAL,
+            )
         except Exception as exc:  # noqa: BLE001 - the contract is: no tracebacks for users
             if os.environ.get("FSDPDOCTOR_DEBUG"):
                 raise
-            _fail(f"internal error: {type(exc).__name__}: {exc} (set FSDPDOCTOR_DEBUG=1 for a traceback)", EXIT_INTERNAL)
+            _fail(
+                f"internal error: {type(exc).__name__}: {exc} (set FSDPDOCTOR_DEBUG=1 for a traceback)", EXIT_INTERNAL
+            )
 
     return wrapper
 
@@ -91,7 +96,11 @@ def _set_input_limit(ctx: click.Context, param: click.Parameter, value: str | No
 def input_limit_option(fn):
     """``--max-input-bytes SIZE``: the cap on the bytes one input may produce (decompressed)."""
     return click.option(
-        "--max-input-bytes", metavar="SIZE", expose_value=False, is_eager=True, callback=_set_input_limit,
+        "--max-input-bytes",
+        metavar="SIZE",
+        expose_value=False,
+        is_eager=True,
+        callback=_set_input_limit,
         help="Refuse an input that holds (or gunzips to) more than SIZE bytes, e.g. 8G. Default: 64 GiB, "
         "and for .gz files also 100x the compressed size (gzip bombs).",
     )(fn)
@@ -118,8 +127,12 @@ def _keep_budget(ctx, _param, value):
 def memory_budget_option(fn):
     """--memory-budget GiB: what memory findings are judged against (analyze, compare, check, memory)."""
     return click.option(
-        "--memory-budget", type=click.FloatRange(min=0, min_open=True), default=None, expose_value=False,
-        callback=_keep_budget, metavar="GIB",
+        "--memory-budget",
+        type=click.FloatRange(min=0, min_open=True),
+        default=None,
+        expose_value=False,
+        callback=_keep_budget,
+        metavar="GIB",
         help="Memory per GPU (GiB) the run must fit in; memory findings are warnings only when the peak reserved "
         "comes within 80% of it (default: the GPU's total memory from the traces) or the run ran out of memory.",
     )(fn)
@@ -130,25 +143,36 @@ def scale_options(fn):
     shared by analyze, compare and check."""
     fn = memory_budget_option(fn)
     fn = click.option(
-        "--peak-tflops", type=click.FloatRange(min=0, min_open=True), default=None, expose_value=False, callback=_keep_peak,
+        "--peak-tflops",
+        type=click.FloatRange(min=0, min_open=True),
+        default=None,
+        expose_value=False,
+        callback=_keep_peak,
         metavar="TFLOPS",
         help="Dense peak TFLOP/s MFU is measured against (default: the GPU's dense BF16 peak, from the built-in table by device name).",
     )(fn)
     fn = click.option(
-        "--allow-mixed-runs", is_flag=True,
+        "--allow-mixed-runs",
+        is_flag=True,
         help="Analyse traces together even when they look like different runs (world size, device, backend or "
         "NCCL version differ, or they start over an hour apart); by default such inputs are refused (exit 2).",
     )(fn)
     fn = click.option(
-        "--cycle", type=click.IntRange(0), default=None, metavar="N",
+        "--cycle",
+        type=click.IntRange(0),
+        default=None,
+        metavar="N",
         help="Profiling cycle to analyse where fsdpdoctor.capture(repeat>1) wrote several (rank0.cycleN.json.gz; default: the last).",
     )(fn)
     fn = click.option(
-        "--strict", is_flag=True,
+        "--strict",
+        is_flag=True,
         help="Fail (exit 2) on the first rank file that cannot be read, instead of leaving the rank out.",
     )(fn)
     return click.option(
-        "--scheduler", metavar="ADDRESS", default=None,
+        "--scheduler",
+        metavar="ADDRESS",
+        default=None,
         help="Run the per-rank analysis on Dask: tcp://HOST:8786 (an existing cluster) or local[:N] "
         "(a LocalCluster of N worker processes). Default: this machine's process pool.",
     )(fn)

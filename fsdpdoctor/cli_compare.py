@@ -12,7 +12,16 @@ from pathlib import Path
 import click
 from rich.console import Console
 
-from .cli_base import _write, guarded, input_limit_option, main, render_console, rule_config, scale_options, warn_partial
+from .cli_base import (
+    _write,
+    guarded,
+    input_limit_option,
+    main,
+    render_console,
+    rule_config,
+    scale_options,
+    warn_partial,
+)
 
 _FORMATS = click.Choice(["terminal", "markdown", "json", "html"])
 
@@ -29,8 +38,17 @@ _FORMATS = click.Choice(["terminal", "markdown", "json", "html"])
 @scale_options
 @guarded
 def compare(
-    before: str, after: str, fmt: str, output: Path | None, jobs: int | None, settings: tuple[str, ...], disable: tuple[str, ...],
-    scheduler: str | None, strict: bool, cycle: int | None, allow_mixed_runs: bool,
+    before: str,
+    after: str,
+    fmt: str,
+    output: Path | None,
+    jobs: int | None,
+    settings: tuple[str, ...],
+    disable: tuple[str, ...],
+    scheduler: str | None,
+    strict: bool,
+    cycle: int | None,
+    allow_mixed_runs: bool,
 ) -> None:
     """Explain the step-time change from BEFORE to AFTER.
 
@@ -66,33 +84,104 @@ def compare(
 
 @main.command()
 @click.argument("paths", nargs=-1, required=True)
-@click.option("--baseline", "baseline", metavar="FILE", help="Facts JSON from 'analyze --save-baseline' (or traces) to compare against.")
+@click.option(
+    "--baseline",
+    "baseline",
+    metavar="FILE",
+    help="Facts JSON from 'analyze --save-baseline' (or traces) to compare against.",
+)
 @click.option("--min-overlap", metavar="PCT", help="Fail when overlap is below PCT % (absolute gate).")
-@click.option("--max-exposed-comm-ms", metavar="MS", help="Fail when exposed communication per step exceeds MS (absolute gate).")
-@click.option("--max-step-regression-pct", metavar="PCT", help="Fail when step time rose more than PCT % over the baseline (default 5; 'off').")
-@click.option("--max-overlap-drop-pts", metavar="PTS", help="Fail when overlap dropped more than PTS points (default 5; 'off').")
-@click.option("--max-exposed-comm-regression-pct", metavar="PCT", help="Fail when exposed comm rose more than PCT % (default 10; 'off').")
-@click.option("--max-memory-regression-pct", metavar="PCT", help="Fail when peak memory rose more than PCT % (default 5; 'off').")
-@click.option("--min-mfu", metavar="PCT", help="Fail when MFU is below PCT % (absolute gate; traces with recorded shapes).")
-@click.option("--max-mfu-drop-pct", metavar="PCT", help="Fail when MFU fell more than PCT % below the baseline's (default 5; 'off').")
-@click.option("--fail-on-new", type=click.Choice(["critical", "warning", "never"]), default=None, help="Fail on new findings of this severity or worse (default critical).")
-@click.option("--markdown", "markdown_out", type=click.Path(dir_okay=False, path_type=Path), help="Also write a Markdown summary (PR comment) to FILE.")
-@click.option("--junit", "junit_out", type=click.Path(dir_okay=False, path_type=Path), help="Also write JUnit XML (one test case per gate) to FILE.")
-@click.option("--format", "fmt", type=click.Choice(["terminal", "json"]), default="terminal", show_default=True, help="Verdict format on stdout.")
+@click.option(
+    "--max-exposed-comm-ms", metavar="MS", help="Fail when exposed communication per step exceeds MS (absolute gate)."
+)
+@click.option(
+    "--max-step-regression-pct",
+    metavar="PCT",
+    help="Fail when step time rose more than PCT % over the baseline (default 5; 'off').",
+)
+@click.option(
+    "--max-overlap-drop-pts", metavar="PTS", help="Fail when overlap dropped more than PTS points (default 5; 'off')."
+)
+@click.option(
+    "--max-exposed-comm-regression-pct",
+    metavar="PCT",
+    help="Fail when exposed comm rose more than PCT % (default 10; 'off').",
+)
+@click.option(
+    "--max-memory-regression-pct", metavar="PCT", help="Fail when peak memory rose more than PCT % (default 5; 'off')."
+)
+@click.option(
+    "--min-mfu", metavar="PCT", help="Fail when MFU is below PCT % (absolute gate; traces with recorded shapes)."
+)
+@click.option(
+    "--max-mfu-drop-pct",
+    metavar="PCT",
+    help="Fail when MFU fell more than PCT % below the baseline's (default 5; 'off').",
+)
+@click.option(
+    "--fail-on-new",
+    type=click.Choice(["critical", "warning", "never"]),
+    default=None,
+    help="Fail on new findings of this severity or worse (default critical).",
+)
+@click.option(
+    "--markdown",
+    "markdown_out",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="Also write a Markdown summary (PR comment) to FILE.",
+)
+@click.option(
+    "--junit",
+    "junit_out",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="Also write JUnit XML (one test case per gate) to FILE.",
+)
+@click.option(
+    "--format",
+    "fmt",
+    type=click.Choice(["terminal", "json"]),
+    default="terminal",
+    show_default=True,
+    help="Verdict format on stdout.",
+)
 @click.option("-j", "--jobs", type=click.IntRange(1, 256), default=None, help="Worker processes for several ranks.")
-@click.option("--memory", "memory", multiple=True, type=click.Path(path_type=Path), help="CUDA memory snapshot(s) of this run.")
+@click.option(
+    "--memory", "memory", multiple=True, type=click.Path(path_type=Path), help="CUDA memory snapshot(s) of this run."
+)
 @click.option("--set", "settings", multiple=True, metavar="KEY=VALUE", help="Override a rule threshold.")
 @click.option("--disable", multiple=True, metavar="RULE", help="Skip a rule (code or slug); repeatable.")
 @input_limit_option
-@click.option("--allow-missing-ranks", is_flag=True, help="Pass although ranks were left out (unreadable files, gaps in the rank ids).")
+@click.option(
+    "--allow-missing-ranks",
+    is_flag=True,
+    help="Pass although ranks were left out (unreadable files, gaps in the rank ids).",
+)
 @scale_options
 @guarded
 def check(
-    paths: tuple[str, ...], baseline: str | None, min_overlap: str | None, max_exposed_comm_ms: str | None,
-    max_step_regression_pct: str | None, max_overlap_drop_pts: str | None, max_exposed_comm_regression_pct: str | None,
-    max_memory_regression_pct: str | None, min_mfu: str | None, max_mfu_drop_pct: str | None, fail_on_new: str | None, markdown_out: Path | None, junit_out: Path | None,
-    fmt: str, jobs: int | None, memory: tuple[Path, ...], settings: tuple[str, ...], disable: tuple[str, ...],
-    allow_missing_ranks: bool, scheduler: str | None, strict: bool, cycle: int | None, allow_mixed_runs: bool,
+    paths: tuple[str, ...],
+    baseline: str | None,
+    min_overlap: str | None,
+    max_exposed_comm_ms: str | None,
+    max_step_regression_pct: str | None,
+    max_overlap_drop_pts: str | None,
+    max_exposed_comm_regression_pct: str | None,
+    max_memory_regression_pct: str | None,
+    min_mfu: str | None,
+    max_mfu_drop_pct: str | None,
+    fail_on_new: str | None,
+    markdown_out: Path | None,
+    junit_out: Path | None,
+    fmt: str,
+    jobs: int | None,
+    memory: tuple[Path, ...],
+    settings: tuple[str, ...],
+    disable: tuple[str, ...],
+    allow_missing_ranks: bool,
+    scheduler: str | None,
+    strict: bool,
+    cycle: int | None,
+    allow_mixed_runs: bool,
 ) -> None:
     """Gate a run for CI: exit 1 when a threshold is crossed, 0 when all gates pass.
 

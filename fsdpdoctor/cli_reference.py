@@ -48,7 +48,14 @@ def render() -> str:
         cmd = main.get_command(ctx, name)
         if cmd is None or cmd.hidden:
             continue
-        out += [f"### `fsdpdoctor {name}`", "", (cmd.help or "").strip().splitlines()[0], "", "| parameter | meaning |", "|---|---|"]
+        out += [
+            f"### `fsdpdoctor {name}`",
+            "",
+            (cmd.help or "").strip().splitlines()[0],
+            "",
+            "| parameter | meaning |",
+            "|---|---|",
+        ]
         out += [_param_row(p) for p in cmd.params if not getattr(p, "hidden", False)]
         out.append("")
     out.append(END)

@@ -23,13 +23,22 @@ else:  # pragma: no cover
 
 # name → (default, documentation)
 THRESHOLDS: dict[str, tuple[float, str]] = {
-    "severity_critical_pct": (20.0, "any finding: critical when its estimated saving is at least this % of the step (wall-clock time per step)"),
-    "severity_warning_pct": (3.0, "any finding: warning when its estimated saving is at least this % of the step; below it, info"),
+    "severity_critical_pct": (
+        20.0,
+        "any finding: critical when its estimated saving is at least this % of the step (wall-clock time per step)",
+    ),
+    "severity_warning_pct": (
+        3.0,
+        "any finding: warning when its estimated saving is at least this % of the step; below it, info",
+    ),
     "coarse_max_unit_share": (0.5, "auto-wrap-too-coarse: one unit gathering more than this share of all parameters"),
     "coarse_split_into": (8, "auto-wrap-too-coarse: units assumed after re-wrapping, for the saving estimate"),
     "fine_min_units": (8, "auto-wrap-too-fine: at least this many units"),
     "fine_max_median_ag_mib": (16, "auto-wrap-too-fine: median all-gather below this size (MiB) is latency-bound"),
-    "prefetch_min_exposed_ms": (0.05, "missing-backward-prefetch: exposed backward all-gather per step (ms) below which the finding is info only"),
+    "prefetch_min_exposed_ms": (
+        0.05,
+        "missing-backward-prefetch: exposed backward all-gather per step (ms) below which the finding is info only",
+    ),
     "offload_min_ms": (1.0, "cpu-offload-stall: exposed memcpy + optimizer-phase GPU idle per step (ms)"),
     "pageable_min_count": (1, "pageable-memcpy: host copies from/to pageable memory per trace"),
     "exposed_rs_min_ms": (0.5, "exposed-reduce-scatter: exposed reduce-scatter per step (ms)"),
@@ -44,26 +53,65 @@ THRESHOLDS: dict[str, tuple[float, str]] = {
     "jitter_cv_pct": (10.0, "step-time-jitter: coefficient of variation of step times (%)"),
     "jitter_min_steps": (3, "step-time-jitter: steps needed to judge"),
     "activation_share_pct": (50.0, "activation-memory-dominates: activations this % of peak allocated memory"),
-    "checkpoint_kept_fraction": (0.2, "activation-memory-dominates: share of activation memory still held with per-block checkpointing"),
+    "checkpoint_kept_fraction": (
+        0.2,
+        "activation-memory-dominates: share of activation memory still held with per-block checkpointing",
+    ),
     "unsharded_share_pct": (25.0, "unsharded-params-held: unsharded parameters this % of peak allocated memory"),
     "fragmentation_pct": (30.0, "allocator-fragmentation: cached free blocks this % of reserved memory at the peak"),
     "fragmentation_min_mib": (1024, "allocator-fragmentation: … and at least this many MiB"),
     "optimizer_share_pct": (40.0, "optimizer-state-dominates: optimizer state this % of peak allocated memory"),
     "strategy_min_saving_pct": (5.0, "sharding-strategy / ddp-would-be-faster: estimated saving as % of the step"),
-    "fine_latency_share": (0.5, "auto-wrap-too-fine: fixed-latency share of the median collective (fit duration = a + bytes/bw) that counts as latency-bound"),
-    "fine_hook_saving_pct": (5.0, "auto-wrap-too-fine: step saving (% of the step) of the what-if replay with FSDP hook CPU time removed that puts the hooks on the critical path"),
+    "fine_latency_share": (
+        0.5,
+        "auto-wrap-too-fine: fixed-latency share of the median collective (fit duration = a + bytes/bw) that counts as latency-bound",
+    ),
+    "fine_hook_saving_pct": (
+        5.0,
+        "auto-wrap-too-fine: step saving (% of the step) of the what-if replay with FSDP hook CPU time removed that puts the hooks on the critical path",
+    ),
     "recompute_min_pct": (3.0, "activation-recompute: GPU time of recomputed forward ops per step as % of the step"),
-    "wrong_engine_min_pct": (20.0, "matmul-wrong-engine: GEMM + attention kernel time on fp32 engines (CUDA cores, no TF32) as % of all of it, on a GPU with tensor cores"),
-    "peak_tflops": (0.0, "compute: the dense peak TFLOP/s MFU is measured against (0: the device's dense BF16 peak from the peak table, by device name; --peak-tflops)"),
-    "memory_budget_gib": (0.0, "memory: the memory (GiB per GPU) memory findings are judged against (0: the GPU's total memory from the traces; --memory-budget)"),
-    "memory_pressure_pct": (80.0, "memory: memory findings are warnings or worse only when the peak reserved is at least this % of that memory, or the run ran out of memory"),
-    "hang_late_s": (1.0, "collective-hang: a rank that entered the stuck collective at least this many seconds after the median rank (Flight Recorder time_created_ns) is late"),
+    "wrong_engine_min_pct": (
+        20.0,
+        "matmul-wrong-engine: GEMM + attention kernel time on fp32 engines (CUDA cores, no TF32) as % of all of it, on a GPU with tensor cores",
+    ),
+    "peak_tflops": (
+        0.0,
+        "compute: the dense peak TFLOP/s MFU is measured against (0: the device's dense BF16 peak from the peak table, by device name; --peak-tflops)",
+    ),
+    "memory_budget_gib": (
+        0.0,
+        "memory: the memory (GiB per GPU) memory findings are judged against (0: the GPU's total memory from the traces; --memory-budget)",
+    ),
+    "memory_pressure_pct": (
+        80.0,
+        "memory: memory findings are warnings or worse only when the peak reserved is at least this % of that memory, or the run ran out of memory",
+    ),
+    "hang_late_s": (
+        1.0,
+        "collective-hang: a rank that entered the stuck collective at least this many seconds after the median rank (Flight Recorder time_created_ns) is late",
+    ),
     "hook_overhead_pct": (30.0, "auto-wrap-too-fine: CPU time in FSDP hooks as % of the step that counts as evidence"),
-    "waterfall_min_part_pct": (5.0, "the waterfall's rules (gpu-starved-by-hooks, non-matmul-kernels, sync-in-step, matmul-shapes-below-peak): their part of the step is material from this %"),
-    "hook_idle_min_pct": (3.0, "gpu-starved-by-hooks: GPU idle while the launching thread is inside FSDP hooks, as % of the step"),
-    "sync_drain_min_pct": (1.0, "sync-in-step: GPU idle after synchronizations that drained the launch queue, as % of the step"),
-    "fusion_min_pct": (15.0, "non-matmul-kernels: elementwise, norm, softmax and cast kernels this % of the step before torch.compile's fusion is named a lever (where the optimizer's is not)"),
-    "gemm_flagged_min_pct": (2.0, "matmul-shapes-below-peak: below-peak time of misaligned or small matmul shapes, as % of the step"),
+    "waterfall_min_part_pct": (
+        5.0,
+        "the waterfall's rules (gpu-starved-by-hooks, non-matmul-kernels, sync-in-step, matmul-shapes-below-peak): their part of the step is material from this %",
+    ),
+    "hook_idle_min_pct": (
+        3.0,
+        "gpu-starved-by-hooks: GPU idle while the launching thread is inside FSDP hooks, as % of the step",
+    ),
+    "sync_drain_min_pct": (
+        1.0,
+        "sync-in-step: GPU idle after synchronizations that drained the launch queue, as % of the step",
+    ),
+    "fusion_min_pct": (
+        15.0,
+        "non-matmul-kernels: elementwise, norm, softmax and cast kernels this % of the step before torch.compile's fusion is named a lever (where the optimizer's is not)",
+    ),
+    "gemm_flagged_min_pct": (
+        2.0,
+        "matmul-shapes-below-peak: below-peak time of misaligned or small matmul shapes, as % of the step",
+    ),
 }
 
 

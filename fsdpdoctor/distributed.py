@@ -62,8 +62,12 @@ def dask_client(spec: str) -> Iterator[object]:
         if kind == "local":
             n = int(arg) or _cores()
             cluster = distributed.LocalCluster(
-                n_workers=n, threads_per_worker=1, processes=True, host="127.0.0.1",
-                dashboard_address=None, silence_logs=logging.ERROR,
+                n_workers=n,
+                threads_per_worker=1,
+                processes=True,
+                host="127.0.0.1",
+                dashboard_address=None,
+                silence_logs=logging.ERROR,
             )
             client = distributed.Client(cluster)
         else:
@@ -147,7 +151,9 @@ def run_on_dask(
         def submit(n: int) -> list:
             new = []
             for k, (p, i, d) in window.take(n):
-                f = client.submit(task, p, i, d, key=f"fsdpdoctor-rank-{i}-{os.urandom(4).hex()}", pure=False, retries=0)
+                f = client.submit(
+                    task, p, i, d, key=f"fsdpdoctor-rank-{i}-{os.urandom(4).hex()}", pure=False, retries=0
+                )
                 inflight[f.key] = (k, f)
                 new.append(f)
             return new

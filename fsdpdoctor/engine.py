@@ -50,7 +50,9 @@ class Finding:
     fix: dict[str, str] = field(default_factory=dict)  # "fsdp1" / "fsdp2" / "any" → code
     confidence: float = 0.5
     est_saving_ms: float | None = None  # per step
-    saving_pct_of_step: float | None = None  # est_saving_ms as % of the step (wall-clock time per step): sets the severity
+    saving_pct_of_step: float | None = (
+        None  # est_saving_ms as % of the step (wall-clock time per step): sets the severity
+    )
     est_saving_bytes: int | None = None  # memory findings: bytes the fix frees at the peak
     where: dict[str, Any] = field(default_factory=dict)  # rank / step / phase / unit
     folded_into: str | None = None  # slug of the finding whose fix removes this cost (engine folds it)
@@ -234,10 +236,11 @@ def set_range(f: Finding, facts: RunFacts, fix: str | None, clock: str = "gpu") 
     f.saving_range_ms = [max(r.low_ms, -(facts.step_clock_ms or 0.0)), min(r.high_ms, bound) if bound else r.high_ms]
     f.saving_range_basis = r.basis
     if r.withdrawn:
-        f.evidence.append(f"the model prices this fix at {ms(f.est_saving_ms)} per step, but {r.basis}: "
-                          "no saving is promised, measure it")
-        f.summary = f.summary.rstrip() + (" No saving is promised: on a real twin the fix "
-                                          "made the step slower.")
+        f.evidence.append(
+            f"the model prices this fix at {ms(f.est_saving_ms)} per step, but {r.basis}: "
+            "no saving is promised, measure it"
+        )
+        f.summary = f.summary.rstrip() + (" No saving is promised: on a real twin the fix made the step slower.")
         f.est_saving_ms = None
         f.severity = "info"
 
@@ -260,18 +263,23 @@ def judge_pressure(f: Finding, facts: RunFacts) -> None:
     p = facts.memory_pressure
     if p is not None and p.under_pressure:
         if p.used_pct is not None:
-            f.evidence.append(f"memory pressure: the peak reserved {gib(p.peak_reserved_bytes)} is {pct(p.used_pct)} of "
-                              f"the {gib(p.capacity_bytes)} {_capacity(p)}")
+            f.evidence.append(
+                f"memory pressure: the peak reserved {gib(p.peak_reserved_bytes)} is {pct(p.used_pct)} of "
+                f"the {gib(p.capacity_bytes)} {_capacity(p)}"
+            )
         return
     f.severity = "info"
     if p is None or p.level == "unknown":
-        f.evidence.append("memory pressure unknown (no GPU memory size in the traces): informational; give "
-                          "--memory-budget GiB to judge against the memory the run must fit in")
+        f.evidence.append(
+            "memory pressure unknown (no GPU memory size in the traces): informational; give "
+            "--memory-budget GiB to judge against the memory the run must fit in"
+        )
         return
     f.evidence.append(
         f"no memory pressure: the peak reserved {gib(p.peak_reserved_bytes)} is {pct(p.used_pct)} of the "
         f"{gib(p.capacity_bytes)} {_capacity(p)} ({gib(p.headroom_bytes)} free; warnings start at {p.threshold_pct:g}%): "
-        "worth doing only to fit a larger micro-batch or longer sequences")
+        "worth doing only to fit a larger micro-batch or longer sequences"
+    )
 
 
 def _capacity(p) -> str:

@@ -75,7 +75,9 @@ class StepFacts:
     compute_by_phase: dict[str, float] = field(default_factory=dict)  # |compute| of kernels launched in each phase
     exposed_by_role: dict[str, float] = field(default_factory=dict)  # process-group role → exposed ms
     microbatches: int = 1  # forward passes in this step (gradient accumulation)
-    microbatch_phase_ms: list[dict[str, float]] = field(default_factory=list)  # CPU forward/backward ms of each (when > 1)
+    microbatch_phase_ms: list[dict[str, float]] = field(
+        default_factory=list
+    )  # CPU forward/backward ms of each (when > 1)
 
     @property
     def overlap_pct(self) -> float | None:
@@ -103,7 +105,9 @@ class CollectiveFacts:
     in_nelems: int | None = None
     out_nelems: int | None = None
     fsdp_labels: list[str] = field(default_factory=list)  # enclosing FSDP hook labels, outermost first
-    role: str = "other"  # process-group role: fsdp_shard / hsdp_replicate / tensor_parallel / expert / data_parallel / other
+    role: str = (
+        "other"  # process-group role: fsdp_shard / hsdp_replicate / tensor_parallel / expert / data_parallel / other
+    )
     microbatch: int = 0  # forward pass of its step (0-based; gradient accumulation)
 
 
@@ -179,7 +183,9 @@ class FsdpFacts:
     recompute_cpu_ms_per_step: float = 0.0  # CPU time of recomputed forward ops inside backward
     recompute_gpu_ms_per_step: float = 0.0  # |union| of the kernels those ops launched (part of compute)
     compiled: bool | None = None  # torch.compile regions in the trace; None: no CPU ops to tell
-    optimizer_kernels: str | None = None  # how the optimizer step runs on the GPU: fused / foreach / per-parameter (EfficiencyFacts.optimizer)
+    optimizer_kernels: str | None = (
+        None  # how the optimizer step runs on the GPU: fused / foreach / per-parameter (EfficiencyFacts.optimizer)
+    )
     reduce_scatters_per_microbatch: float | None = None  # reduce-scatters per forward pass (GA: 0 when sync skipped)
     sources: dict[str, str] = field(default_factory=dict)  # fact → "trace" / "sidecar"
 
@@ -276,7 +282,9 @@ class RankFacts:
     start_unix_s: float | None = None
     backend: str | None = None
     nccl_version: str | None = None
-    workload: str | None = None  # "training" (a backward pass or optimizer step in some step) / "inference" / None (no steps)
+    workload: str | None = (
+        None  # "training" (a backward pass or optimizer step in some step) / "inference" / None (no steps)
+    )
     # training pipelines the trace's annotations show already in use, e.g. "TrainPipelineSparseDist"
     # (TorchRec's ``## sparse_data_dist ##`` / ``## wait_sparse_data_dist ##``)
     pipelines: list[str] = field(default_factory=list)
@@ -341,10 +349,25 @@ class RankSummary:
         """A RankFacts with this rank's mean step as its only step (none without steps) and its
         exposed ms by phase and kind: per-rank means over it equal those over the rank's steps."""
         return RankFacts(
-            rank=self.rank, rank_source="", path=self.path, world_size=None, device_name=None, gpu_present=self.gpu_present,
-            decode_mode="", event_count=0, step_method="", phase_method="", steps=[self.mean_step] if self.mean_step else [],
-            overlap_pct=self.overlap_pct, comm_ms_total=0.0, compute_ms_total=0.0, collectives=[], collective_stats=[],
-            fsdp=FsdpFacts(), collectives_dropped=self.collectives, exposed_ms_by_phase_kind=self.exposed_ms_by_phase_kind,
+            rank=self.rank,
+            rank_source="",
+            path=self.path,
+            world_size=None,
+            device_name=None,
+            gpu_present=self.gpu_present,
+            decode_mode="",
+            event_count=0,
+            step_method="",
+            phase_method="",
+            steps=[self.mean_step] if self.mean_step else [],
+            overlap_pct=self.overlap_pct,
+            comm_ms_total=0.0,
+            compute_ms_total=0.0,
+            collectives=[],
+            collective_stats=[],
+            fsdp=FsdpFacts(),
+            collectives_dropped=self.collectives,
+            exposed_ms_by_phase_kind=self.exposed_ms_by_phase_kind,
             backlog_ms=self.backlog_ms,
         )
 
@@ -611,9 +634,11 @@ class RunFacts:
         known = {f for f in cls.__dataclass_fields__}
         out = msgspec.convert({k: v for k, v in d.items() if k in known}, cls)
         if isinstance(version, int) and version < 5 and out.steps.count:
-            out.notes.append(f"saved by schema {version}: its step times are the steps' completion intervals, where "
-                             "this version takes the slower of the CPU's and the completions' rates (they differ by a "
-                             "few % where the CPU and the GPU run at nearly the same pace): save the baseline again")
+            out.notes.append(
+                f"saved by schema {version}: its step times are the steps' completion intervals, where "
+                "this version takes the slower of the CPU's and the completions' rates (they differ by a "
+                "few % where the CPU and the GPU run at nearly the same pace): save the baseline again"
+            )
         return out
 
     @classmethod
@@ -648,21 +673,27 @@ class RunFacts:
             raise InputError(p, "not a fsdpdoctor facts/baseline file (no schema_version/rank_facts)")
         version = raw["schema_version"]
         if type(version) is not int:
-            raise InputError(p, f"'schema_version' is {short(ValueError(repr(version)))[:40]}, not an integer; {REGENERATE}")
+            raise InputError(
+                p, f"'schema_version' is {short(ValueError(repr(version)))[:40]}, not an integer; {REGENERATE}"
+            )
         if version > SCHEMA_VERSION:
             raise InputError(
-                p, f"written by a newer fsdpdoctor (schema {version} > {SCHEMA_VERSION}): upgrade fsdpdoctor, or {REGENERATE}"
+                p,
+                f"written by a newer fsdpdoctor (schema {version} > {SCHEMA_VERSION}): upgrade fsdpdoctor, or {REGENERATE}",
             )
         if version < OLDEST_SCHEMA_VERSION:
             raise InputError(
-                p, f"schema version {version} is older than this fsdpdoctor reads ({OLDEST_SCHEMA_VERSION}–{SCHEMA_VERSION}); {REGENERATE}"
+                p,
+                f"schema version {version} is older than this fsdpdoctor reads ({OLDEST_SCHEMA_VERSION}–{SCHEMA_VERSION}); {REGENERATE}",
             )
         try:
             facts = cls.from_dict(raw)
         except msgspec.ValidationError as exc:
             msg, _, at = str(exc).partition(" - at `$")
             where = f" at {at.rstrip('`')}" if at else ""
-            raise InputError(p, f"does not match the facts schema v{SCHEMA_VERSION}{where}: {msg[:100]}; {REGENERATE}") from None
+            raise InputError(
+                p, f"does not match the facts schema v{SCHEMA_VERSION}{where}: {msg[:100]}; {REGENERATE}"
+            ) from None
         except RecursionError:
             raise InputError(p, "JSON nested too deeply; not a fsdpdoctor facts/baseline file") from None
         return facts, doc if isinstance(doc, dict) else {}

@@ -110,6 +110,7 @@ def compute_v4(d: dict[str, Any]) -> None:
     """Schema 4's compute figures in schema 5's fields, in place: MFU against the BF16 peak (4's
     ``mfu_bf16_pct``), the dtype's peak and MFU as ``dtype_*``. Rank summaries' MFU is scaled by
     the run's ratio of the two peaks."""
+
     def move(c: Any) -> float | None:
         if not isinstance(c, dict) or "dtype_peak_tflops" in c:
             return None
@@ -117,7 +118,9 @@ def compute_v4(d: dict[str, Any]) -> None:
         c["dtype_peak"], c["dtype_peak_tflops"] = c.pop("peak_dtype", None), old_peak
         c["dtype_mfu_pct"] = c.get("mfu_pct")
         label = c.get("peak_label")
-        ratio = old_peak / bf16 if isinstance(old_peak, (int, float)) and isinstance(bf16, (int, float)) and bf16 else None
+        ratio = (
+            old_peak / bf16 if isinstance(old_peak, (int, float)) and isinstance(bf16, (int, float)) and bf16 else None
+        )
         if label == "--peak-tflops":
             c["peak_dtype"], c["dtype_peak"], c["dtype_peak_tflops"], c["dtype_mfu_pct"] = None, None, None, None
             ratio = 1.0

@@ -23,12 +23,31 @@ PARTS = (
 )
 
 #: kernel families of ``other_kernels`` (see analysis.efficiency.family)
-FAMILIES = ("elementwise", "norm", "softmax_loss", "casts", "copies", "reductions", "embedding",
-            "optimizer_fused", "optimizer_foreach", "optimizer_per_parameter", "other")
+FAMILIES = (
+    "elementwise",
+    "norm",
+    "softmax_loss",
+    "casts",
+    "copies",
+    "reductions",
+    "embedding",
+    "optimizer_fused",
+    "optimizer_foreach",
+    "optimizer_per_parameter",
+    "other",
+)
 
 #: what the CPU was doing while the GPU had nothing to run (see analysis.efficiency_idle)
-IDLE_CAUSES = ("sync_drain", "fsdp_hooks", "data_loading", "optimizer_cpu", "launch", "python", "gpu_dependency",
-               "unattributed")
+IDLE_CAUSES = (
+    "sync_drain",
+    "fsdp_hooks",
+    "data_loading",
+    "optimizer_cpu",
+    "launch",
+    "python",
+    "gpu_dependency",
+    "unattributed",
+)
 
 
 def empty_parts() -> dict[str, float]:

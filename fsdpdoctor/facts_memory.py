@@ -25,6 +25,7 @@ MEMORY_CATEGORIES = (
 @dataclass(slots=True)
 class AllocatorSettings:
     """The caching allocator's settings a snapshot recorded (``PYTORCH_CUDA_ALLOC_CONF``, torch >= 2.3)."""
+
     expandable_segments: bool | None = None
     max_split_size_bytes: int | None = None  # None: unlimited (the default)
     garbage_collection_threshold: float | None = None  # None or 0: off

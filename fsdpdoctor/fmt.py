@@ -44,7 +44,7 @@ def parse_size(text: str) -> int:
 
 
 def rank_list(ranks, limit: int = 12) -> str:
-    """"0, 1, 3", "1–3", "0–511, 513–1023": ranks in order, runs of three or more as ranges, at
+    """ "0, 1, 3", "1–3", "0–511, 513–1023": ranks in order, runs of three or more as ranges, at
     most ``limit`` items before "… (N ranks)"."""
     rs = sorted(set(ranks))
     items: list[str] = []
@@ -56,7 +56,7 @@ def rank_list(ranks, limit: int = 12) -> str:
         if j - i >= 2:
             items.append(f"{rs[i]}–{rs[j]}")
         else:
-            items.extend(str(r) for r in rs[i:j + 1])
+            items.extend(str(r) for r in rs[i : j + 1])
         i = j + 1
     if len(items) > limit:
         return ", ".join(items[:limit]) + f", … ({len(rs)} ranks)"
@@ -64,7 +64,7 @@ def rank_list(ranks, limit: int = 12) -> str:
 
 
 def ranks_text(ranks) -> str:
-    """"rank 2", "ranks 0, 1, 3", "ranks 1–3"."""
+    """ "rank 2", "ranks 0, 1, 3", "ranks 1–3"."""
     rs = sorted(set(ranks))
     return ("rank " if len(rs) == 1 else "ranks ") + rank_list(rs)
 

@@ -96,7 +96,11 @@ class _Bar:
 
 @contextmanager
 def load_progress(
-    description: str = "reading traces", *, stream: IO[str] | None = None, delay: float = 1.0, enabled: bool | None = None
+    description: str = "reading traces",
+    *,
+    stream: IO[str] | None = None,
+    delay: float = 1.0,
+    enabled: bool | None = None,
 ) -> Iterator[Callback]:
     """Yield a ``progress(done, total)`` callback that draws a bar on ``stream`` (stderr).
 

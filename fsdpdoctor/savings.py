@@ -48,17 +48,24 @@ def saving_range(kind: str, est_ms: float, sensitivity_ms: float = 0.0) -> Savin
     sens = max(sensitivity_ms, 0.0)
     extra = f"; ± {sens:.2f} ms the replay's sensitivity to waits the trace does not explain" if sens >= 0.005 else ""
     if not twins:
-        return SavingRange(max(est_ms * (1 - NO_TWIN) - sens, 0.0), est_ms * (1 + NO_TWIN) + sens,
-                           f"no real twin yet: ±{100 * NO_TWIN:.0f}%{extra}")
+        return SavingRange(
+            max(est_ms * (1 - NO_TWIN) - sens, 0.0),
+            est_ms * (1 + NO_TWIN) + sens,
+            f"no real twin yet: ±{100 * NO_TWIN:.0f}%{extra}",
+        )
     r = [t.measured_ms / t.predicted_ms for t in twins]
     lo, hi = est_ms * (min(r) - NOISE) - sens, est_ms * (max(r) + NOISE) + sens
     n = len(twins)
     spread = f"{min(r):.2f}x" if n == 1 else f"{min(r):.2f}-{max(r):.2f}x"
     slower = [t for t in twins if t.measured_ms < 0]
-    basis = (f"{n} real twin{'s' if n > 1 else ''}: measured {spread} the prediction, ±{100 * NOISE:.0f}% run to run{extra}")
+    basis = (
+        f"{n} real twin{'s' if n > 1 else ''}: measured {spread} the prediction, ±{100 * NOISE:.0f}% run to run{extra}"
+    )
     if slower:
         t = slower[0]
-        basis = (f"on {len(slower)} of {n} real twin{'s' if n > 1 else ''} the fix made the step slower "
-                 f"({t.pair}: predicted {t.predicted_ms:.1f} ms saved, measured {-t.measured_ms:.1f} ms slower"
-                 f"{'; ' + t.why if t.why else ''})")
+        basis = (
+            f"on {len(slower)} of {n} real twin{'s' if n > 1 else ''} the fix made the step slower "
+            f"({t.pair}: predicted {t.predicted_ms:.1f} ms saved, measured {-t.measured_ms:.1f} ms slower"
+            f"{'; ' + t.why if t.why else ''})"
+        )
     return SavingRange(lo, hi, basis, withdrawn=bool(slower), twins=n)

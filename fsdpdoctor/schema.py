@@ -39,7 +39,11 @@ def report_schema() -> dict[str, Any]:
             # every field is always written (msgspec writes defaults too): all are required
             d["required"] = sorted(d["properties"])
     # the run's fsdp block also says how many units (derived; not repeated per rank)
-    fsdp["properties"]["unit_count"] = {"type": "integer", "minimum": 0, "description": "len(units); top-level fsdp only"}
+    fsdp["properties"]["unit_count"] = {
+        "type": "integer",
+        "minimum": 0,
+        "description": "len(units); top-level fsdp only",
+    }
     root = defs["ReportDocument"]
     root["properties"]["schema_version"] = {"const": SCHEMA_VERSION}
     return {

@@ -34,19 +34,19 @@ def step_name(facts: RunFacts) -> str:
 
 
 def of_step(facts: RunFacts, v: float) -> str:
-    """"12.3% of the 45.30 ms GPU-bound step": a share that says what it is a share of."""
+    """ "12.3% of the 45.30 ms GPU-bound step": a share that says what it is a share of."""
     sm = step_ms(facts)
     return f"{pct(100 * v / sm) if sm else '–'} of the {step_name(facts)}"
 
 
 def of_window(facts: RunFacts, v: float) -> str:
-    """"12.3% of the 85.20 ms GPU window" (mean per step)."""
+    """ "12.3% of the 85.20 ms GPU window" (mean per step)."""
     w = facts.timeline.gpu_window_ms
     return f"{pct(100 * v / w) if w else '–'} of the {ms(w)} GPU window"
 
 
 def of_cpu_step(facts: RunFacts, v: float) -> str:
-    """"12.3% of the 45.30 ms CPU step" (the ProfilerStep span): for CPU-side time."""
+    """ "12.3% of the 45.30 ms CPU step" (the ProfilerStep span): for CPU-side time."""
     c = facts.timeline.cpu_step_ms or facts.steps.mean_ms or 0.0
     return f"{pct(100 * v / c) if c else '–'} of the {ms(c)} CPU step"
 
@@ -61,7 +61,9 @@ def fsdp_version(facts: RunFacts) -> int | None:
 
 def is_ddp(facts: RunFacts) -> bool:
     """DistributedDataParallel (or an all-reduce data-parallel loop like it), FSDP not detected."""
-    return not is_fsdp(facts) and (facts.fsdp.other_parallelism or "").startswith(("DDP", "all-reduce data parallelism"))
+    return not is_fsdp(facts) and (facts.fsdp.other_parallelism or "").startswith(
+        ("DDP", "all-reduce data parallelism")
+    )
 
 
 def no_fix_known(what: str, hint: str = "") -> dict[str, str]:
@@ -69,15 +71,25 @@ def no_fix_known(what: str, hint: str = "") -> dict[str, str]:
     return {"any": f"# No code fix is known for {what}." + (f"\n# {hint}" if hint else "")}
 
 
-def fix_for(facts: RunFacts, *, fsdp1: str | None = None, fsdp2: str | None = None, ddp: str | None = None,
-            inference: str | None = None, training: str | None = None,
-            none_known: str = "this setup") -> dict[str, str]:
+def fix_for(
+    facts: RunFacts,
+    *,
+    fsdp1: str | None = None,
+    fsdp2: str | None = None,
+    ddp: str | None = None,
+    inference: str | None = None,
+    training: str | None = None,
+    none_known: str = "this setup",
+) -> dict[str, str]:
     """The fixes of a finding for what the traces show, never for a parallelism that is not there:
     an inference run gets ``inference`` only; an FSDP run the code for its FSDP version
     (:func:`fsdp_version`); a DDP run ``ddp``; otherwise ``training`` (under the key ``any``).
     Nothing that fits: one comment saying so (``none_known`` names the setup). The code names the
     model's own block container where the units' FQNs give it (:func:`name_blocks`)."""
-    return {k: name_blocks(facts, code) for k, code in _fix_for(facts, fsdp1, fsdp2, ddp, inference, training, none_known).items()}
+    return {
+        k: name_blocks(facts, code)
+        for k, code in _fix_for(facts, fsdp1, fsdp2, ddp, inference, training, none_known).items()
+    }
 
 
 def name_blocks(facts: RunFacts, code: str) -> str:
@@ -110,7 +122,9 @@ def is_fsdp(facts: RunFacts) -> bool:
     return facts.fsdp.version in (1, 2)
 
 
-def collectives(facts: RunFacts, kind: str | None = None, phase: str | None = None) -> list[tuple[int, CollectiveFacts]]:
+def collectives(
+    facts: RunFacts, kind: str | None = None, phase: str | None = None
+) -> list[tuple[int, CollectiveFacts]]:
     """(rank, collective) pairs inside steps, optionally filtered by kind and phase."""
     out = []
     for r in facts.rank_facts:
@@ -151,10 +165,15 @@ def replayed_saving(facts: RunFacts, fix: str) -> float | None:
 def replay_evidence(facts: RunFacts, fix: str, what: str) -> str:
     """One evidence line: the replayed saving and the replay's own error bar."""
     w = facts.whatif
-    kept = (f"; {w.unexplained_waits} waits the trace does not explain kept as measured ({w.unexplained_wait_ms:.2f} ms per step)"
-            if w.unexplained_waits else "")
-    return (f"what-if replay: {what} takes the step from {w.replayed_step_ms:.1f} to {w.step_ms.get(fix, 0.0):.1f} ms "
-            f"(the unchanged replay reproduces the measured steps within {w.error_pct:.2f}%{kept})")
+    kept = (
+        f"; {w.unexplained_waits} waits the trace does not explain kept as measured ({w.unexplained_wait_ms:.2f} ms per step)"
+        if w.unexplained_waits
+        else ""
+    )
+    return (
+        f"what-if replay: {what} takes the step from {w.replayed_step_ms:.1f} to {w.step_ms.get(fix, 0.0):.1f} ms "
+        f"(the unchanged replay reproduces the measured steps within {w.error_pct:.2f}%{kept})"
+    )
 
 
 def tensor_parallel_degree(facts: RunFacts) -> dict[str, int]:
@@ -167,8 +186,11 @@ def tensor_parallel_degree(facts: RunFacts) -> dict[str, int]:
     the next unit's: the Colwise/Rowwise plans all-reduce inside the modules they shard.
     Read from the first rank with collectives, first step only."""
     for rf in facts.rank_facts:
-        colls = [c for c in rf.collectives if c.step == min((x.step for x in rf.collectives if x.step >= 0), default=0)
-                 and c.phase == "forward"]
+        colls = [
+            c
+            for c in rf.collectives
+            if c.step == min((x.step for x in rf.collectives if x.step >= 0), default=0) and c.phase == "forward"
+        ]
         tp = [c for c in colls if c.role == "tensor_parallel" and c.group_size and c.group_size > 1]
         if not tp:
             continue

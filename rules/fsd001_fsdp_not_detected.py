@@ -32,13 +32,19 @@ CONFIG_KEYS = ("fsdp_version",)  # a configuration finding: it explains a change
 CLAIM_PRIORITY = 10  # specific findings claim before the general ones that they explain
 
 
-
 def check(facts, cfg):
     if facts.fsdp.version is not None or not facts.rank_facts:
         return []
-    kinds = ", ".join(f"{c.kind.replace('_', '-')} ×{c.count_per_step:g}/step" for c in facts.collectives) or "no collectives"
+    kinds = (
+        ", ".join(f"{c.kind.replace('_', '-')} ×{c.count_per_step:g}/step" for c in facts.collectives)
+        or "no collectives"
+    )
     found = facts.fsdp.other_parallelism or "no recognised data-parallel wrapper"
-    evidence = [f"found: {found}", f"collectives: {kinds}", f"{len(facts.ranks)} rank(s), {facts.steps.count} step(s) each"]
+    evidence = [
+        f"found: {found}",
+        f"collectives: {kinds}",
+        f"{len(facts.ranks)} rank(s), {facts.steps.count} step(s) each",
+    ]
     if facts.gpu_present:
         evidence.append(f"overlap {pct(facts.overlap.pct)} (reported below; FSDP rules skipped)")
     return [
@@ -47,9 +53,11 @@ def check(facts, cfg):
             f"No FSDP hook labels in the traces; found {found}. FSDP-specific rules were skipped.",
             evidence=evidence,
             cause="the run does not use FSDP, or the profiler recorded no CPU activity",
-            fix={"any": "from fsdpdoctor.capture import capture\n"
-                 "with capture('traces/', model=model) as cap:  # records CPU + CUDA activity\n"
-                 "    for batch in loader:\n        train_step(batch)\n        cap.step()"},
+            fix={
+                "any": "from fsdpdoctor.capture import capture\n"
+                "with capture('traces/', model=model) as cap:  # records CPU + CUDA activity\n"
+                "    for batch in loader:\n        train_step(batch)\n        cap.step()"
+            },
             confidence=0.9,
         )
     ]

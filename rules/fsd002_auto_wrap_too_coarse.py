@@ -29,7 +29,10 @@ REPLAY_FIX = "wrap"  # the what-if replay transformation its saving comes from (
 THRESHOLDS = ("coarse_max_unit_share", "coarse_split_into")
 
 # compare: the parts of the step time this finding explains when it appears or goes away
-EXPLAINS = {"gpu": [("exposed_all_gather", None), ("exposed_reduce_scatter", None)], "cpu": [("cpu_forward", None), ("cpu_backward", None)]}
+EXPLAINS = {
+    "gpu": [("exposed_all_gather", None), ("exposed_reduce_scatter", None)],
+    "cpu": [("cpu_forward", None), ("cpu_backward", None)],
+}
 CONFIG_KEYS = ("unit_count",)  # a configuration finding: it explains a change only when these changed
 CLAIM_PRIORITY = 60  # specific findings claim before the general ones that they explain
 
@@ -85,7 +88,9 @@ def check(facts, cfg):
         replayed = replayed_saving(facts, "wrap")
         if replayed is not None:
             saving = replayed
-            evidence.append(replay_evidence(facts, "wrap", "splitting its collectives into per-block ones that overlap compute"))
+            evidence.append(
+                replay_evidence(facts, "wrap", "splitting its collectives into per-block ones that overlap compute")
+            )
             if facts.whatif.evidence.get("wrap"):
                 evidence.append(f"replayed with {facts.whatif.evidence['wrap']}")
     return [

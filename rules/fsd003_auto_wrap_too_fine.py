@@ -26,10 +26,19 @@ SLUG = "auto-wrap-too-fine"
 TITLE = "FSDP wrapping too fine: many small, latency-bound all-gathers"
 SEVERITY = "warning"
 REPLAY_FIX = "hooks_off"  # the what-if replay transformation its saving comes from (fsdpdoctor.analysis.whatif)
-THRESHOLDS = ("fine_min_units", "fine_max_median_ag_mib", "hook_overhead_pct", "fine_latency_share", "fine_hook_saving_pct")
+THRESHOLDS = (
+    "fine_min_units",
+    "fine_max_median_ag_mib",
+    "hook_overhead_pct",
+    "fine_latency_share",
+    "fine_hook_saving_pct",
+)
 
 # compare: the parts of the step time this finding explains when it appears or goes away
-EXPLAINS = {"gpu": [("exposed_all_gather", None), ("exposed_reduce_scatter", None), ("host_bound_idle", None)], "cpu": [("cpu_forward", None), ("cpu_backward", None)]}
+EXPLAINS = {
+    "gpu": [("exposed_all_gather", None), ("exposed_reduce_scatter", None), ("host_bound_idle", None)],
+    "cpu": [("cpu_forward", None), ("cpu_backward", None)],
+}
 CONFIG_KEYS = ("unit_count",)  # a configuration finding: it explains a change only when these changed
 CLAIM_PRIORITY = 70  # specific findings claim before the general ones that they explain
 
@@ -79,18 +88,26 @@ def check(facts, cfg):
     if facts.gpu_present and w is not None and w.error_pct <= REPLAY_MAX_ERROR_PCT:
         hooks_saving = w.saving_ms.get("hooks_off", 0.0)
         if step_ms(facts) > 0 and 100 * hooks_saving / step_ms(facts) >= cfg["fine_hook_saving_pct"]:
-            measured.append(f"what-if replay: without the FSDP hooks' CPU time the step is {ms(hooks_saving)} shorter "
-                            f"(the hooks are on the critical path)")
+            measured.append(
+                f"what-if replay: without the FSDP hooks' CPU time the step is {ms(hooks_saving)} shorter "
+                f"(the hooks are on the critical path)"
+            )
         if w.latency_share is not None and w.latency_share >= cfg["fine_latency_share"]:
-            measured.append(f"fixed latency is {pct(100 * w.latency_share)} of the median collective's duration "
-                            f"(fit duration = latency + bytes / bandwidth over the run's all-gathers and reduce-scatters)")
+            measured.append(
+                f"fixed latency is {pct(100 * w.latency_share)} of the median collective's duration "
+                f"(fit duration = latency + bytes / bandwidth over the run's all-gathers and reduce-scatters)"
+            )
     elif not facts.gpu_present and share >= cfg["hook_overhead_pct"]:
         measured.append(f"no GPU timeline: FSDP hooks take {pct(share)} of the CPU step")
     if not measured:
         return []
     evidence += measured
     saving = None
-    timed = [(c.bytes, c.gpu_dur_us, c.exposed_us) for _, c in collectives(facts) if c.kind in ("all_gather", "reduce_scatter") and c.bytes and c.gpu_dur_us]
+    timed = [
+        (c.bytes, c.gpu_dur_us, c.exposed_us)
+        for _, c in collectives(facts)
+        if c.kind in ("all_gather", "reduce_scatter") and c.bytes and c.gpu_dur_us
+    ]
     if facts.gpu_present and timed:
         best = max(b / d for b, d, _ in timed)  # best achieved bytes/µs in this run
         small = [b / d for b, d, _ in timed if b <= median]

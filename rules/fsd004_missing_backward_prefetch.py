@@ -32,7 +32,10 @@ THRESHOLDS = ("prefetch_min_exposed_ms",)  # below it the finding is info only
 
 # compare: the parts of the step time this finding explains when it appears or goes away
 EXPLAINS = {"gpu": [(c, "backward") for c, _ in ALL_COMM], "cpu": [("cpu_backward", None)]}
-CONFIG_KEYS = ("backward_prefetch", "fsdp_version")  # a configuration finding: it explains a change only when these changed
+CONFIG_KEYS = (
+    "backward_prefetch",
+    "fsdp_version",
+)  # a configuration finding: it explains a change only when these changed
 CLAIM_PRIORITY = 50  # specific findings claim before the general ones that they explain
 
 
@@ -59,9 +62,13 @@ def check(facts, cfg):
     if fs.sources.get("backward_prefetch") == "sidecar":
         evidence.append(f"sidecar: backward prefetch {mode}")
     elif mode == "NONE":
-        evidence.append(f"{ev.get('on_demand', 0)} of {n_total} backward all-gathers issued inside the unit's own pre-backward hook (none prefetched)")
+        evidence.append(
+            f"{ev.get('on_demand', 0)} of {n_total} backward all-gathers issued inside the unit's own pre-backward hook (none prefetched)"
+        )
     else:
-        evidence.append(f"{ev.get('post', 0)} of {n_total} backward all-gathers issued in _post_backward_prefetch (BACKWARD_POST)")
+        evidence.append(
+            f"{ev.get('post', 0)} of {n_total} backward all-gathers issued in _post_backward_prefetch (BACKWARD_POST)"
+        )
     saving = None
     if facts.gpu_present:
         exp = exposed_ms(facts, "backward", "all_gather")
@@ -75,11 +82,15 @@ def check(facts, cfg):
             w = facts.whatif
             before, after = w.exposed_rs_ms.get("none", 0.0), w.exposed_rs_ms.get("prefetch", 0.0)
             if before - after > 0.05:
-                evidence.append(f"{ms(before - after)} of exposed reduce-scatter per step goes away with prefetch "
-                                f"(it waited for the on-demand all-gathers on the same communicator): {ms(before)} → {ms(after)}")
+                evidence.append(
+                    f"{ms(before - after)} of exposed reduce-scatter per step goes away with prefetch "
+                    f"(it waited for the on-demand all-gathers on the same communicator): {ms(before)} → {ms(after)}"
+                )
         if saving < cfg["prefetch_min_exposed_ms"]:
-            evidence.append(f"this run does not pay for it yet: {ms(saving)} per step is below "
-                            f"{ms(cfg['prefetch_min_exposed_ms'])} (prefetch_min_exposed_ms)")
+            evidence.append(
+                f"this run does not pay for it yet: {ms(saving)} per step is below "
+                f"{ms(cfg['prefetch_min_exposed_ms'])} (prefetch_min_exposed_ms)"
+            )
     what = "not prefetched" if mode == "NONE" else "prefetched only after the current gradients (BACKWARD_POST)"
     return [
         finding(

@@ -35,7 +35,10 @@ THRESHOLDS = ("offload_min_ms",)
 SAVES_ON = "step"  # the GPU also waits outside its window, while the CPU runs the optimizer step
 
 # compare: the parts of the step time this finding explains when it appears or goes away
-EXPLAINS = {"gpu": [("memcpy", None), ("host_bound_idle", None), ("other_idle", None)], "cpu": [("cpu_optimizer", None)]}
+EXPLAINS = {
+    "gpu": [("memcpy", None), ("host_bound_idle", None), ("other_idle", None)],
+    "cpu": [("cpu_optimizer", None)],
+}
 CONFIG_KEYS = ("cpu_offload",)  # a configuration finding: it explains a change only when these changed
 CLAIM_PRIORITY = 30  # specific findings claim before the general ones that they explain
 
@@ -55,7 +58,9 @@ model = FSDP(model, auto_wrap_policy=policy)
 
 
 def _optimizer_ms(facts) -> float:
-    per_rank = [sum(s.phase_ms.get("optimizer", 0.0) for s in r.steps) / len(r.steps) for r in facts.all_ranks() if r.steps]
+    per_rank = [
+        sum(s.phase_ms.get("optimizer", 0.0) for s in r.steps) / len(r.steps) for r in facts.all_ranks() if r.steps
+    ]
     return sum(per_rank) / len(per_rank) if per_rank else 0.0
 
 

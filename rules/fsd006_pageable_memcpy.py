@@ -70,13 +70,21 @@ def check(facts, cfg):
     steps = max(facts.steps.count, 1) * max(len([r for r in facts.all_ranks() if r.gpu_present]), 1)
     per_step = off.pageable_ms / max(facts.steps.count, 1)
     in_hooks = off.pageable_in_hooks
-    evidence = [off.evidence if in_hooks else f"{off.pageable_count} host copies from/to pageable memory, none inside FSDP hooks"]
+    evidence = [
+        off.evidence
+        if in_hooks
+        else f"{off.pageable_count} host copies from/to pageable memory, none inside FSDP hooks"
+    ]
     if facts.gpu_present:
         evidence.append(f"pageable copy time {ms(per_step)} per step = {of_step(facts, per_step)}")
     offload = bool(in_hooks and is_fsdp(facts) and off.detected)
     if in_hooks and is_fsdp(facts):
-        fix = fix_for(facts, fsdp2=FIX_OFFLOAD, none_known="pageable copies in FSDP1's hooks (its CPUOffload pins "
-                      "the flat parameters: pin what else is copied there)")
+        fix = fix_for(
+            facts,
+            fsdp2=FIX_OFFLOAD,
+            none_known="pageable copies in FSDP1's hooks (its CPUOffload pins "
+            "the flat parameters: pin what else is copied there)",
+        )
         cause = "FSDP offloads to pageable host memory (CPUOffloadPolicy(pin_memory=False))"
     else:
         fix = fix_for(facts, training=FIX_DATA, inference=FIX_INFERENCE)

@@ -19,8 +19,10 @@ from fsdpdoctor.fmt import ms
 from ._util import REPLAY_MAX_ERROR_PCT, finding, fix_for, is_fsdp, of_step, step_ms
 
 FOLD_SHARE = 0.5  # folded into the finding whose fix removes at least this share of it (what-if replay)
-FOLD_INTO = (("prefetch", "missing-backward-prefetch", "backward prefetch"),
-             ("wrap", "auto-wrap-too-coarse", "per-block wrapping"))
+FOLD_INTO = (
+    ("prefetch", "missing-backward-prefetch", "backward prefetch"),
+    ("wrap", "auto-wrap-too-coarse", "per-block wrapping"),
+)
 
 CODE = "FSD007"
 SLUG = "exposed-reduce-scatter"

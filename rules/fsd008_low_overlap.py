@@ -98,16 +98,20 @@ def ddp_fix(facts) -> tuple[str | None, list[str]]:
     avg = total / n
     dtypes = "/".join(ar.dtypes) or "dtype unknown"
     if not total:
-        return None, [f"DDP all-reduces {n:.0f} bucket(s) per step; the trace records neither their sizes nor their "
-                      "dtypes (profile with record_shapes=True): no bucket or compression advice can follow from it"]
+        return None, [
+            f"DDP all-reduces {n:.0f} bucket(s) per step; the trace records neither their sizes nor their "
+            "dtypes (profile with record_shapes=True): no bucket or compression advice can follow from it"
+        ]
     bw = f", at {ar.mean_busbw_gbps:.1f} GB/s bus bandwidth" if ar.mean_busbw_gbps else ""
     evidence = [f"DDP all-reduces {n:.0f} bucket(s) per step, {mib(total)} in all ({mib(avg)} each), {dtypes}{bw}"]
     ctor, hook, link = [], [], []
     if n > DDP_MANY_BUCKETS and avg < DDP_SMALL_BUCKET_BYTES:
         ctor.append(DDP_BUCKETS.format(n=n, avg=mib(avg)))
     else:
-        evidence.append(f"larger buckets would not help: {n:.0f} bucket(s) of {mib(avg)} are not latency-bound "
-                        "(and fewer buckets overlap less)")
+        evidence.append(
+            f"larger buckets would not help: {n:.0f} bucket(s) of {mib(avg)} are not latency-bound "
+            "(and fewer buckets overlap less)"
+        )
     fp32 = [d for d in ar.dtypes if d.lower() in ("float", "float32", "fp32")]
     if fp32:
         hook.append(DDP_BF16.format(dtype=fp32[0]))
@@ -115,8 +119,10 @@ def ddp_fix(facts) -> tuple[str | None, list[str]]:
         evidence.append(f"the gradients are already reduced in {dtypes}: no compression hook")
     if ar.mean_busbw_gbps is not None and ar.mean_busbw_gbps < DDP_SLOW_BUSBW_GBPS and avg >= 1 << 20:
         link.append(DDP_LINK.format(busbw=ar.mean_busbw_gbps, size=f"{max(int(avg) >> 20, 1)}M"))
-        evidence.append(f"{ar.mean_busbw_gbps:.1f} GB/s of bus bandwidth is slow for {mib(avg)} messages: the "
-                        "collectives wait for other ranks or the link is slow, which no schedule hides")
+        evidence.append(
+            f"{ar.mean_busbw_gbps:.1f} GB/s of bus bandwidth is slow for {mib(avg)} messages: the "
+            "collectives wait for other ranks or the link is slow, which no schedule hides"
+        )
     code: list[str] = []
     if hook:
         code += ["from torch.distributed.algorithms.ddp_comm_hooks import default_hooks", ""]
@@ -132,20 +138,34 @@ def _fix(facts, top_kind: str | None) -> dict[str, str]:
     """The fix for the parallelism and the collective kind that carry the exposed time."""
     if top_kind == "all_to_all" and not is_fsdp(facts) and facts.workload != "inference":
         if "TrainPipelineSparseDist" in facts.pipelines:
-            return no_fix_known("exposed all-to-all", "The sparse input distribution is already pipelined "
-                                "(TrainPipelineSparseDist's annotations are in the trace): see which ranks the "
-                                "all-to-alls wait for (cross-rank table).")
+            return no_fix_known(
+                "exposed all-to-all",
+                "The sparse input distribution is already pipelined "
+                "(TrainPipelineSparseDist's annotations are in the trace): see which ranks the "
+                "all-to-alls wait for (cross-rank table).",
+            )
         return {"embedding": FIX_EMBEDDING}
     if top_kind in ("all_gather", "reduce_scatter", "all_reduce", None) or is_fsdp(facts):
         if is_ddp(facts) and not is_fsdp(facts) and facts.workload != "inference":
             ddp = ddp_fix(facts)[0]
-            return {"ddp": ddp} if ddp else no_fix_known(
-                f"exposed {(top_kind or 'communication').replace('_', '-')} in this DDP run",
-                "Nothing in the measured buckets, dtypes or bandwidth calls for a change (see the evidence).")
-        return fix_for(facts, fsdp2=FIX_FSDP2, fsdp1=FIX_FSDP1,
-                       none_known=f"exposed {(top_kind or 'communication').replace('_', '-')} outside FSDP and DDP")
-    return no_fix_known(f"exposed {top_kind.replace('_', '-')} communication",
-                        "See which phase issues it (table below) and whether it can move off the critical path.")
+            return (
+                {"ddp": ddp}
+                if ddp
+                else no_fix_known(
+                    f"exposed {(top_kind or 'communication').replace('_', '-')} in this DDP run",
+                    "Nothing in the measured buckets, dtypes or bandwidth calls for a change (see the evidence).",
+                )
+            )
+        return fix_for(
+            facts,
+            fsdp2=FIX_FSDP2,
+            fsdp1=FIX_FSDP1,
+            none_known=f"exposed {(top_kind or 'communication').replace('_', '-')} outside FSDP and DDP",
+        )
+    return no_fix_known(
+        f"exposed {top_kind.replace('_', '-')} communication",
+        "See which phase issues it (table below) and whether it can move off the critical path.",
+    )
 
 
 def check(facts, cfg):
@@ -160,8 +180,10 @@ def check(facts, cfg):
         ((p, k, v) for p, kinds in facts.exposed_comm.by_phase_kind.items() for k, v in kinds.items()),
         key=lambda x: -x[2],
     )[:3]
-    evidence = [f"overlap {pct(ov)} (threshold {pct(cfg['min_overlap_pct'])})",
-                f"exposed communication {ms(exposed)} per step = {of_step(facts, exposed)}"]
+    evidence = [
+        f"overlap {pct(ov)} (threshold {pct(cfg['min_overlap_pct'])})",
+        f"exposed communication {ms(exposed)} per step = {of_step(facts, exposed)}",
+    ]
     evidence += [f"{k.replace('_', '-')} in {p}: {ms(v)} exposed per step" for p, k, v in top]
     if is_ddp(facts) and not is_fsdp(facts):
         evidence += ddp_fix(facts)[1]

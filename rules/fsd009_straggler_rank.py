@@ -85,8 +85,10 @@ def check(facts, cfg):
     replayed = replayed_saving(facts, "straggler")
     if replayed is not None:
         saving = replayed
-        evidence.append(f"what-if replay: {facts.whatif.evidence.get('straggler', '')}; the slowest rank sets the step "
-                        f"(the unchanged replay reproduces the measured steps within {facts.whatif.error_pct:.2f}%)")
+        evidence.append(
+            f"what-if replay: {facts.whatif.evidence.get('straggler', '')}; the slowest rank sets the step "
+            f"(the unchanged replay reproduces the measured steps within {facts.whatif.error_pct:.2f}%)"
+        )
     if saving < 0.01 * (facts.step_clock_ms or 0.0):
         return []  # nobody waits for it enough to matter: a slower rank, not a straggler
     return [
@@ -132,8 +134,10 @@ def _late_arrival(facts, ranks, compute: dict[int, float], cfg) -> list:
     mine = [k for k in cr.top_skew if k.last_rank == late.rank]
     if mine:
         k = mine[0]
-        evidence.append(f"the largest skew it causes: {k.kind.replace('_', '-')} #{k.index} in {k.phase} of step {k.step}, "
-                        f"{ms(k.skew_ms)} from the first rank's arrival to its own")
+        evidence.append(
+            f"the largest skew it causes: {k.kind.replace('_', '-')} #{k.index} in {k.phase} of step {k.step}, "
+            f"{ms(k.skew_ms)} from the first rank's arrival to its own"
+        )
     return [
         finding(
             __name__,
@@ -141,9 +145,11 @@ def _late_arrival(facts, ranks, compute: dict[int, float], cfg) -> list:
             "GPU computes no longer than theirs (its host or input is late).",
             evidence=evidence,
             cause="the rank reaches its collectives late: its CPU work, data loading or input distribution takes longer",
-            fix={"any": f"# on rank {late.rank}'s host: what runs before its collectives (the CPU timeline of its trace)\n"
-                        "py-spy dump --pid <its pid>   # or profile that rank's data loader and input pipeline\n"
-                        "nvidia-smi -q -d PERFORMANCE,CLOCK"},
+            fix={
+                "any": f"# on rank {late.rank}'s host: what runs before its collectives (the CPU timeline of its trace)\n"
+                "py-spy dump --pid <its pid>   # or profile that rank's data loader and input pipeline\n"
+                "nvidia-smi -q -d PERFORMANCE,CLOCK"
+            },
             confidence=0.6,
             est_saving_ms=extra,
             saving_basis="heuristic",  # the others' extra wait, not the replay of faster compute

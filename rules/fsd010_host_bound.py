@@ -65,14 +65,20 @@ def check(facts, cfg):
         f"compute {ms(t.compute_ms)}, exposed communication {ms(t.exposed_comm_ms)} per step",
     ]
     if t.idle_cpu_blocked_ms > 0.05 * t.gpu_window_ms:
-        evidence.append(f"another {ms(t.idle_cpu_blocked_ms)} of GPU idle per step falls inside CPU synchronizations "
-                        "(both sides wait; not counted)")
+        evidence.append(
+            f"another {ms(t.idle_cpu_blocked_ms)} of GPU idle per step falls inside CPU synchronizations "
+            "(both sides wait; not counted)"
+        )
     if t.other_steps_ms > 0.05 * t.gpu_window_ms:
-        evidence.append(f"the GPU runs behind the CPU: {ms(t.other_steps_ms)} of each window belongs to other steps' "
-                        "work and is not counted as idle")
+        evidence.append(
+            f"the GPU runs behind the CPU: {ms(t.other_steps_ms)} of each window belongs to other steps' "
+            "work and is not counted as idle"
+        )
     if facts.fsdp.hook_cpu_ms_per_step and step_ms(facts):
-        evidence.append(f"CPU time in FSDP hooks {ms(facts.fsdp.hook_cpu_ms_per_step)} per step = "
-                        f"{of_cpu_step(facts, facts.fsdp.hook_cpu_ms_per_step)}")
+        evidence.append(
+            f"CPU time in FSDP hooks {ms(facts.fsdp.hook_cpu_ms_per_step)} per step = "
+            f"{of_cpu_step(facts, facts.fsdp.hook_cpu_ms_per_step)}"
+        )
     # what remains idle after the fix: assume 5% of the window
     saving = max(host_idle - 0.05 * t.gpu_window_ms, 0.0)
     inference = facts.workload == "inference"
@@ -81,19 +87,25 @@ def check(facts, cfg):
     if grow is not None and grow >= 1.5 and not inference:
         p, act = facts.memory_pressure, facts.memory.categories.get("activations", 0)
         k = min(int(grow), 8)
-        evidence.append(f"memory headroom: the peak reserved {mib(p.peak_reserved_bytes)} is {pct(p.used_pct)} of the "
-                        f"{mib(p.capacity_bytes)} {'budget' if p.capacity_source == 'budget' else 'GPU'}; with activations "
-                        f"({mib(act)} at the peak) growing with the batch, a micro-batch up to ~{grow:.0f}× larger stays "
-                        f"under {p.threshold_pct:g}%: more GPU work per launch and per FSDP hook")
-        fix = {key: f"batch_size = bs * {k}  # activations could grow ~{grow:.0f}x before 80% of memory; grow in steps\n" + code
-               for key, code in fix.items()}
+        evidence.append(
+            f"memory headroom: the peak reserved {mib(p.peak_reserved_bytes)} is {pct(p.used_pct)} of the "
+            f"{mib(p.capacity_bytes)} {'budget' if p.capacity_source == 'budget' else 'GPU'}; with activations "
+            f"({mib(act)} at the peak) growing with the batch, a micro-batch up to ~{grow:.0f}× larger stays "
+            f"under {p.threshold_pct:g}%: more GPU work per launch and per FSDP hook"
+        )
+        fix = {
+            key: f"batch_size = bs * {k}  # activations could grow ~{grow:.0f}x before 80% of memory; grow in steps\n"
+            + code
+            for key, code in fix.items()
+        }
     return [
         finding(
             __name__,
             f"The GPU is idle {pct(idle_pct)} of its step window waiting for the CPU.",
             evidence=evidence,
-            cause="kernel launch / Python overhead between small kernels" if inference else
-            "kernel launch / Python / FSDP hook overhead or data loading on the critical path",
+            cause="kernel launch / Python overhead between small kernels"
+            if inference
+            else "kernel launch / Python / FSDP hook overhead or data loading on the critical path",
             fix=fix,
             confidence=0.6,
             est_saving_ms=saving,

@@ -16,8 +16,17 @@ Fix
 
 from fsdpdoctor.fmt import mib, ms
 
-from ._util import (ALL_COMM, MIXED_PRECISION_FSDP1, MIXED_PRECISION_FSDP2, exposed_ms, finding, fix_for, is_fsdp,
-                    replay_evidence, replayed_saving)
+from ._util import (
+    ALL_COMM,
+    MIXED_PRECISION_FSDP1,
+    MIXED_PRECISION_FSDP2,
+    exposed_ms,
+    finding,
+    fix_for,
+    is_fsdp,
+    replay_evidence,
+    replayed_saving,
+)
 
 CODE = "FSD011"
 SLUG = "no-mixed-precision-collectives"
@@ -59,8 +68,13 @@ def check(facts, cfg):
         replayed = replayed_saving(facts, "mixed_precision")
         if replayed is not None:
             saving = replayed
-            evidence.append(replay_evidence(facts, "mixed_precision", "bf16 parameters (half the collective bytes, "
-                                            "bf16 instead of fp32 forward/backward kernels)"))
+            evidence.append(
+                replay_evidence(
+                    facts,
+                    "mixed_precision",
+                    "bf16 parameters (half the collective bytes, bf16 instead of fp32 forward/backward kernels)",
+                )
+            )
     return [
         finding(
             __name__,

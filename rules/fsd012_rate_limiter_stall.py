@@ -30,7 +30,6 @@ EXPLAINS = {"gpu": [("host_bound_idle", None), ("other_idle", None)], "cpu": [("
 CLAIM_PRIORITY = 90  # specific findings claim before the general ones that they explain
 
 
-
 def check(facts, cfg):
     fs = facts.fsdp
     rl = fs.rate_limiter_ms_per_step
@@ -53,7 +52,9 @@ def check(facts, cfg):
             evidence=[f"FullyShardedDataParallel.rate_limiter: {ms(rl)} per step = {of_cpu_step(facts, rl)}"]
             + ([f"GPU idle {ms(facts.timeline.idle_ms)} per step"] if facts.gpu_present else []),
             cause="limit_all_gathers=True with units whose memory is freed late",
-            fix=fix_for(facts, fsdp1="model = FSDP(model, auto_wrap_policy=policy, limit_all_gathers=False)  # if memory allows"),
+            fix=fix_for(
+                facts, fsdp1="model = FSDP(model, auto_wrap_policy=policy, limit_all_gathers=False)  # if memory allows"
+            ),
             confidence=0.8,
             est_saving_ms=saving,
         )

@@ -55,7 +55,9 @@ def check(facts, cfg):
         finding(
             __name__,
             f"Step time varies by {pct(cv)} (coefficient of variation) on rank {rank}.",
-            evidence=[f"rank {rank}: steps {', '.join(f'{t:.1f}' for t in times)} ms; median {ms(med)}, max {ms(max(times))}"],
+            evidence=[
+                f"rank {rank}: steps {', '.join(f'{t:.1f}' for t in times)} ms; median {ms(med)}, max {ms(max(times))}"
+            ],
             cause="an intermittent stall: data loading, garbage collection, checkpointing or recompilation",
             fix=fix_for(facts, training=FIX, inference=FIX_INFERENCE),
             confidence=0.5,

@@ -89,20 +89,28 @@ def check(facts, cfg):
             f"(CUDA-core kernels such as simt_sgemm / gemm_f32f32…ffma)",
         ]
     if rate and c.peak_tflops:
-        evidence.append(f"those kernels achieve {rate:.1f} TFLOP/s; the {c.peak_label} does {c.peak_tflops:.0f} TFLOP/s "
-                        f"of dense BF16 on tensor cores ({100 * rate / c.peak_tflops:.1f}% of it)")
+        evidence.append(
+            f"those kernels achieve {rate:.1f} TFLOP/s; the {c.peak_label} does {c.peak_tflops:.0f} TFLOP/s "
+            f"of dense BF16 on tensor cores ({100 * rate / c.peak_tflops:.1f}% of it)"
+        )
     if c.mfu_pct is not None:
-        evidence.append(f"MFU {c.mfu_pct:.1f}% of the BF16 dense peak ({c.model_flops_per_step / 1e9:,.0f} GFLOP per "
-                        f"{ms(c.step_ms)} step)")
+        evidence.append(
+            f"MFU {c.mfu_pct:.1f}% of the BF16 dense peak ({c.model_flops_per_step / 1e9:,.0f} GFLOP per "
+            f"{ms(c.step_ms)} step)"
+        )
     saving = replayed_saving(facts, REPLAY_FIX)
     if saving is not None:
         from fsdpdoctor.analysis.whatif.fixes import TENSOR_CORE_SHARE
 
-        evidence.append(replay_evidence(
-            facts, REPLAY_FIX,
-            f"those kernels at {100 * TENSOR_CORE_SHARE:.0f}% of the BF16 dense peak "
-            f"({TENSOR_CORE_SHARE * (c.peak_tflops or 0):.0f} TFLOP/s, assumed) and fp32 elementwise kernels at half "
-            "the bytes"))
+        evidence.append(
+            replay_evidence(
+                facts,
+                REPLAY_FIX,
+                f"those kernels at {100 * TENSOR_CORE_SHARE:.0f}% of the BF16 dense peak "
+                f"({TENSOR_CORE_SHARE * (c.peak_tflops or 0):.0f} TFLOP/s, assumed) and fp32 elementwise kernels at half "
+                "the bytes",
+            )
+        )
     else:
         saving = fp32_ms * 0.8  # the replay is off or absent: most of that kernel time
     if tf32_on:
@@ -114,8 +122,14 @@ def check(facts, cfg):
                 evidence=evidence,
                 cause="scaled_dot_product_attention on fp32 inputs: flash and cuDNN attention take only bf16 / fp16, so it "
                 "falls back to the memory-efficient kernel on CUDA cores, which TF32 does not change",
-                fix=fix_for(facts, fsdp2=MIXED_PRECISION_FSDP2, fsdp1=MIXED_PRECISION_FSDP1, ddp=AUTOCAST, training=AUTOCAST,
-                            inference=AUTOCAST),
+                fix=fix_for(
+                    facts,
+                    fsdp2=MIXED_PRECISION_FSDP2,
+                    fsdp1=MIXED_PRECISION_FSDP1,
+                    ddp=AUTOCAST,
+                    training=AUTOCAST,
+                    inference=AUTOCAST,
+                ),
                 confidence=0.85,
                 est_saving_ms=saving,
             )
@@ -127,7 +141,9 @@ def check(facts, cfg):
             "sit idle: use bf16 mixed precision (or at least TF32).",
             evidence=evidence,
             cause="no MixedPrecisionPolicy / MixedPrecision / autocast, and TF32 off (PyTorch's default for matmuls)",
-            fix=fix_for(facts, fsdp2=FIX_FSDP2, fsdp1=FIX_FSDP1, ddp=FIX_AUTOCAST, training=FIX_AUTOCAST, inference=FIX_AUTOCAST),
+            fix=fix_for(
+                facts, fsdp2=FIX_FSDP2, fsdp1=FIX_FSDP1, ddp=FIX_AUTOCAST, training=FIX_AUTOCAST, inference=FIX_AUTOCAST
+            ),
             confidence=0.85,
             est_saving_ms=saving,
         )

@@ -40,7 +40,10 @@ THRESHOLDS = ("waterfall_min_part_pct", "hook_idle_min_pct", "severity_warning_p
 REPLAY_FIX = "hooks_off"
 
 # compare: the parts of the step time this finding explains when it appears or goes away
-EXPLAINS = {"gpu": [("host_bound_idle", None), ("other_idle", None)], "cpu": [("cpu_forward", None), ("cpu_backward", None)]}
+EXPLAINS = {
+    "gpu": [("host_bound_idle", None), ("other_idle", None)],
+    "cpu": [("cpu_forward", None), ("cpu_backward", None)],
+}
 CLAIM_PRIORITY = 95
 SUPERSEDED_BY = ("auto-wrap-too-fine", "cpu-offload-stall")
 
@@ -82,43 +85,56 @@ def check(facts, cfg):
         saving = waited  # no trustworthy replay: the GPU's wait at the hooks
     if 100 * saving / step < cfg["severity_warning_pct"]:  # the fix must pay
         return []
-    evidence = [f"GPU idle {ms(idle)} per step = {of_step(facts, idle)}; {ms(waited)} of it while the thread that "
-                "launches the GPU's next work is inside an FSDP hook"]
+    evidence = [
+        f"GPU idle {ms(idle)} per step = {of_step(facts, idle)}; {ms(waited)} of it while the thread that "
+        "launches the GPU's next work is inside an FSDP hook"
+    ]
     for hook, hs in _by_hook(e.hooks):
         cpu = [h.cpu_ms_per_step / h.calls_per_step for h in hs if h.calls_per_step]
         wait = sum(h.gpu_wait_ms_per_step for h in hs)
         units = ", ".join(f"{h.unit or '(root)'} {ms(h.gpu_wait_ms_per_step)}" for h in hs[:6])
-        evidence.append(f"{hook}: {_span(cpu)} of CPU per call; the GPU waits {ms(wait)} per step at {len(hs)} "
-                        f"unit{'s' if len(hs) > 1 else ''} ({units}{' …' if len(hs) > 6 else ''})")
+        evidence.append(
+            f"{hook}: {_span(cpu)} of CPU per call; the GPU waits {ms(wait)} per step at {len(hs)} "
+            f"unit{'s' if len(hs) > 1 else ''} ({units}{' …' if len(hs) > 6 else ''})"
+        )
     cpu_total = sum(h.cpu_ms_per_step for h in e.hooks)
     evidence.append(f"FSDP hooks take {ms(cpu_total)} of CPU per step in all (per unit and call: the --details table)")
     w = facts.whatif
     if w is not None and REPLAY_FIX in w.saving_ms and replayed_saving(facts, REPLAY_FIX) is not None:
-        evidence.append(replay_evidence(facts, REPLAY_FIX, "without the hooks' CPU time") +
-                        "; torch.compile, fewer units or a larger batch recover part of it")
+        evidence.append(
+            replay_evidence(facts, REPLAY_FIX, "without the hooks' CPU time")
+            + "; torch.compile, fewer units or a larger batch recover part of it"
+        )
     fix = fix_for(facts, fsdp2=FIX_FSDP2, fsdp1=FIX_FSDP1)
     grow = batch_headroom(facts)
     if grow is not None and grow >= 1.5:
         p = facts.memory_pressure
-        evidence.append(f"memory headroom: the peak reserved {mib(p.peak_reserved_bytes)} is {pct(p.used_pct)} of the "
-                        f"{mib(p.capacity_bytes)} {'budget' if p.capacity_source == 'budget' else 'GPU'}: a micro-batch up to "
-                        f"~{grow:.0f}× larger fits (more GPU work per hook)")
+        evidence.append(
+            f"memory headroom: the peak reserved {mib(p.peak_reserved_bytes)} is {pct(p.used_pct)} of the "
+            f"{mib(p.capacity_bytes)} {'budget' if p.capacity_source == 'budget' else 'GPU'}: a micro-batch up to "
+            f"~{grow:.0f}× larger fits (more GPU work per hook)"
+        )
         k = min(int(grow), 8)
-        fix = {key: f"batch_size = bs * {k}  # activations could grow ~{grow:.0f}x before 80% of memory; grow in steps\n" + code
-               for key, code in fix.items()}
+        fix = {
+            key: f"batch_size = bs * {k}  # activations could grow ~{grow:.0f}x before 80% of memory; grow in steps\n"
+            + code
+            for key, code in fix.items()
+        }
     top = max(e.hooks, key=lambda h: h.gpu_wait_ms_per_step, default=None)
     where = {"unit": top.unit, "hook": top.hook} if top is not None else {}
-    return [finding(
-        __name__,
-        f"The GPU waits {ms(waited)} per step ({of_step(facts, waited)}) for FSDP's hooks on the CPU: "
-        f"{_per_unit(e.hooks)}.",
-        evidence=evidence,
-        cause="FSDP's Python hooks take longer on the CPU than the GPU work of the unit before them",
-        fix=fix,
-        confidence=0.7,
-        est_saving_ms=saving,
-        where=where,
-    )]
+    return [
+        finding(
+            __name__,
+            f"The GPU waits {ms(waited)} per step ({of_step(facts, waited)}) for FSDP's hooks on the CPU: "
+            f"{_per_unit(e.hooks)}.",
+            evidence=evidence,
+            cause="FSDP's Python hooks take longer on the CPU than the GPU work of the unit before them",
+            fix=fix,
+            confidence=0.7,
+            est_saving_ms=saving,
+            where=where,
+        )
+    ]
 
 
 def _by_hook(hooks):
@@ -145,5 +161,7 @@ def _per_unit(hooks) -> str:
     hook, hs = best[0]
     cpu = [h.cpu_ms_per_step / h.calls_per_step for h in hs if h.calls_per_step]
     wait = [h.gpu_wait_ms_per_step for h in hs]
-    return (f"{'each of ' + str(len(hs)) + ' units' if len(hs) > 1 else (hs[0].unit or 'the root')}' {hook} takes "
-            f"{_span(cpu)} of CPU per call while the GPU waits {_span(wait)} per step")
+    return (
+        f"{'each of ' + str(len(hs)) + ' units' if len(hs) > 1 else (hs[0].unit or 'the root')}' {hook} takes "
+        f"{_span(cpu)} of CPU per call while the GPU waits {_span(wait)} per step"
+    )

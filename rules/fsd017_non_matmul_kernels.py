@@ -51,9 +51,19 @@ SUPERSEDED_BY = ("matmul-wrong-engine",)
 FUSABLE = ("elementwise", "norm", "softmax_loss", "casts")
 FUSION_SHARE = 0.5
 OPTIMIZER = ("optimizer_per_parameter", "optimizer_foreach")
-LABEL = {"elementwise": "elementwise", "norm": "norms", "softmax_loss": "softmax / loss", "casts": "casts",
-         "copies": "copies", "reductions": "reductions", "embedding": "embedding", "optimizer_fused": "optimizer (fused)",
-         "optimizer_foreach": "optimizer (foreach)", "optimizer_per_parameter": "optimizer (per-parameter)", "other": "other"}
+LABEL = {
+    "elementwise": "elementwise",
+    "norm": "norms",
+    "softmax_loss": "softmax / loss",
+    "casts": "casts",
+    "copies": "copies",
+    "reductions": "reductions",
+    "embedding": "embedding",
+    "optimizer_fused": "optimizer (fused)",
+    "optimizer_foreach": "optimizer (foreach)",
+    "optimizer_per_parameter": "optimizer (per-parameter)",
+    "other": "other",
+}
 
 FIX_OPT = "optimizer = torch.optim.AdamW(model.parameters(), lr=lr, fused=True)  # one fused kernel per group\n"
 FIX_FSDP2 = """# fuse the elementwise / norm / softmax chains between the matmuls: compile each block
@@ -90,33 +100,61 @@ def check(facts, cfg):
         saving, kind = FUSION_SHARE * fusable, "fusion"
     # the fix must pay: a saving that is itself a material part of the step; the fusion lever only on
     # a large share of fusable kernels
-    if 100 * saving / step < cfg["waterfall_min_part_pct"] or (kind == "fusion" and 100 * fusable / step < cfg["fusion_min_pct"]):
+    if 100 * saving / step < cfg["waterfall_min_part_pct"] or (
+        kind == "fusion" and 100 * fusable / step < cfg["fusion_min_pct"]
+    ):
         return []
     top = sorted(fam.items(), key=lambda kv: -kv[1])
-    evidence = [f"kernels that are not matmuls or attention: {ms(other)} per step = {of_step(facts, other)}: "
-                + ", ".join(f"{LABEL.get(k, k)} {ms(v)}" for k, v in top[:6] if v >= 0.005)]
+    evidence = [
+        f"kernels that are not matmuls or attention: {ms(other)} per step = {of_step(facts, other)}: "
+        + ", ".join(f"{LABEL.get(k, k)} {ms(v)}" for k, v in top[:6] if v >= 0.005)
+    ]
     if optimizer:
-        evidence.append(f"the optimizer step runs {e.optimizer} kernels: {e.optimizer_kernels_per_step:,.0f} a step taking "
-                        f"{ms(opt_ms)} of GPU time; AdamW(fused=True) runs one kernel per parameter group")
+        evidence.append(
+            f"the optimizer step runs {e.optimizer} kernels: {e.optimizer_kernels_per_step:,.0f} a step taking "
+            f"{ms(opt_ms)} of GPU time; AdamW(fused=True) runs one kernel per parameter group"
+        )
         if replayed is not None:
             evidence.append(replay_evidence(facts, REPLAY_FIX, "a fused optimizer step"))
         if fusable:
-            evidence.append(f"not counted in the saving: torch.compile's fusion of {ms(fusable)} of elementwise / norm / "
-                            f"softmax kernels (about half of it, an estimate)")
-        summary = (f"The optimizer runs {e.optimizer_kernels_per_step:,.0f} {e.optimizer} kernels a step: "
-                   f"AdamW(fused=True) saves about {ms(saving)} ({of_step(facts, saving)}).")
+            evidence.append(
+                f"not counted in the saving: torch.compile's fusion of {ms(fusable)} of elementwise / norm / "
+                f"softmax kernels (about half of it, an estimate)"
+            )
+        summary = (
+            f"The optimizer runs {e.optimizer_kernels_per_step:,.0f} {e.optimizer} kernels a step: "
+            f"AdamW(fused=True) saves about {ms(saving)} ({of_step(facts, saving)})."
+        )
     else:
-        evidence.append(f"fusable by torch.compile: {ms(fusable)} of elementwise / norm / softmax / cast kernels; the "
-                        f"saving assumes {FUSION_SHARE:.0%} of it goes (an estimate)")
-        summary = (f"Kernels that are not matmuls take {ms(other)} ({of_step(facts, other)}); fusing the "
-                   f"elementwise, norm and softmax chains saves about {ms(saving)}.")
+        evidence.append(
+            f"fusable by torch.compile: {ms(fusable)} of elementwise / norm / softmax / cast kernels; the "
+            f"saving assumes {FUSION_SHARE:.0%} of it goes (an estimate)"
+        )
+        summary = (
+            f"Kernels that are not matmuls take {ms(other)} ({of_step(facts, other)}); fusing the "
+            f"elementwise, norm and softmax chains saves about {ms(saving)}."
+        )
     if e.optimizer == "fused":
         evidence.append("the optimizer step is fused already")
-    fix = fix_for(facts, fsdp2=(FIX_OPT if optimizer else "") + FIX_FSDP2, fsdp1=(FIX_OPT if optimizer else "") + FIX_FSDP1,
-                  ddp=(FIX_OPT if optimizer else "") + FIX_ANY, training=(FIX_OPT if optimizer else "") + FIX_ANY)
-    f = finding(__name__, summary, evidence=evidence,
-                cause=("the optimizer step is not fused" if optimizer else
-                       "elementwise, norm and softmax kernels run one by one between the matmuls"),
-                fix=fix, confidence=0.6, est_saving_ms=saving)
+    fix = fix_for(
+        facts,
+        fsdp2=(FIX_OPT if optimizer else "") + FIX_FSDP2,
+        fsdp1=(FIX_OPT if optimizer else "") + FIX_FSDP1,
+        ddp=(FIX_OPT if optimizer else "") + FIX_ANY,
+        training=(FIX_OPT if optimizer else "") + FIX_ANY,
+    )
+    f = finding(
+        __name__,
+        summary,
+        evidence=evidence,
+        cause=(
+            "the optimizer step is not fused"
+            if optimizer
+            else "elementwise, norm and softmax kernels run one by one between the matmuls"
+        ),
+        fix=fix,
+        confidence=0.6,
+        est_saving_ms=saving,
+    )
     f.saving_kind = f"{SLUG}/{kind}"
     return [f]

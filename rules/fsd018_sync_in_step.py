@@ -56,26 +56,33 @@ def check(facts, cfg):
     if e is None or not facts.gpu_present or not step or facts.fsdp.cpu_offload.detected:
         return []  # CPU offload's blocking copies drain the queue: cpu-offload-stall's
     idle, drained = e.parts_ms["gpu_idle"], e.idle_ms.get("sync_drain", 0.0)
-    if 100 * idle / step < cfg["waterfall_min_part_pct"] or 100 * drained / step < max(cfg["sync_drain_min_pct"],
-                                                                                       cfg["severity_warning_pct"]):
+    if 100 * idle / step < cfg["waterfall_min_part_pct"] or 100 * drained / step < max(
+        cfg["sync_drain_min_pct"], cfg["severity_warning_pct"]
+    ):
         return []
     sites = [s for s in e.syncs if s.gpu_idle_ms_per_step >= 0.005]
-    evidence = [f"GPU idle {ms(idle)} per step = {of_step(facts, idle)}; {ms(drained)} of it right after "
-                "synchronizations: the GPU ran dry while the CPU waited, then waited for the next launch"]
+    evidence = [
+        f"GPU idle {ms(idle)} per step = {of_step(facts, idle)}; {ms(drained)} of it right after "
+        "synchronizations: the GPU ran dry while the CPU waited, then waited for the next launch"
+    ]
     for s in sites[:5]:
-        evidence.append(f"{s.site}{' (' + s.line + ')' if s.line else ''}: {s.calls_per_step:g} a step, the CPU blocked "
-                        f"{ms(s.cpu_ms_per_step)}, the GPU idle {ms(s.gpu_idle_ms_per_step)} after it")
+        evidence.append(
+            f"{s.site}{' (' + s.line + ')' if s.line else ''}: {s.calls_per_step:g} a step, the CPU blocked "
+            f"{ms(s.cpu_ms_per_step)}, the GPU idle {ms(s.gpu_idle_ms_per_step)} after it"
+        )
     if not any(s.line for s in sites):
         evidence.append("the trace has no Python stacks (profile with with_stack=True) to name the calling lines")
     top = sites[0].site if sites else "synchronizations"
-    return [finding(
-        __name__,
-        f"Synchronizations inside the step ({top}{' …' if len(sites) > 1 else ''}) leave the GPU idle "
-        f"{ms(drained)} per step ({of_step(facts, drained)}).",
-        evidence=evidence,
-        cause="GPU values read back on the CPU inside the step (.item(), .cpu(), explicit synchronizations)",
-        fix={"any": FIX},
-        confidence=0.6,
-        est_saving_ms=drained,
-        where={"site": top},
-    )]
+    return [
+        finding(
+            __name__,
+            f"Synchronizations inside the step ({top}{' …' if len(sites) > 1 else ''}) leave the GPU idle "
+            f"{ms(drained)} per step ({of_step(facts, drained)}).",
+            evidence=evidence,
+            cause="GPU values read back on the CPU inside the step (.item(), .cpu(), explicit synchronizations)",
+            fix={"any": FIX},
+            confidence=0.6,
+            est_saving_ms=drained,
+            where={"site": top},
+        )
+    ]

@@ -78,7 +78,9 @@ def check(facts, cfg):
     if m is not None and m.peak_allocated_bytes:
         act = m.categories.get("activations", 0)
         if act:
-            evidence.append(f"activations at the memory peak: {act / 2**30:.2f} GiB of {m.peak_allocated_bytes / 2**30:.2f} GiB")
+            evidence.append(
+                f"activations at the memory peak: {act / 2**30:.2f} GiB of {m.peak_allocated_bytes / 2**30:.2f} GiB"
+            )
     return [
         finding(
             __name__,

@@ -59,7 +59,9 @@ def check(facts, cfg):
     m = facts.memory
     if m is None or not m.peak_allocated_bytes:
         return []
-    if m.oom is not None and m.oom.cause == "outside":  # the run crashed on memory held outside PyTorch: checkpointing cannot help
+    if (
+        m.oom is not None and m.oom.cause == "outside"
+    ):  # the run crashed on memory held outside PyTorch: checkpointing cannot help
         return []
     act = m.categories.get("activations", 0)
     share = 100 * act / m.peak_allocated_bytes
@@ -77,24 +79,33 @@ def check(facts, cfg):
     blocks = f"{m.checkpointed_blocks} of {m.forward_blocks} blocks" if m.forward_blocks else "some blocks"
     if ac == "full":
         freed = 0
-        summary = (f"{head} with activation checkpointing already on every block ({blocks}); the other lever is a "
-                   "smaller micro-batch or sequence.")
+        summary = (
+            f"{head} with activation checkpointing already on every block ({blocks}); the other lever is a "
+            "smaller micro-batch or sequence."
+        )
         evidence.append(f"activation checkpointing: full ({blocks}, from the allocation stacks)")
         fix = FULL_FIX
     elif ac in ("partial", "selective"):
         freed = int((unchecked or 0) * (1 - kept))
-        what = (f"checkpointing is on for {blocks}" if ac == "partial"
-                else f"selective checkpointing is on ({blocks}: a policy saves some ops' outputs)")
+        what = (
+            f"checkpointing is on for {blocks}"
+            if ac == "partial"
+            else f"selective checkpointing is on ({blocks}: a policy saves some ops' outputs)"
+        )
         more = "checkpointing the remaining blocks" if ac == "partial" else "full checkpointing of those blocks"
         summary = f"{head}; {what}: {more} would free about {mib(freed)}."
-        evidence.append(f"activation checkpointing: {ac} ({blocks}, from the allocation stacks); "
-                        f"{mib(unchecked or 0)} of the activations at the peak come from blocks "
-                        + ("without it" if ac == "partial" else "under the selective policy"))
+        evidence.append(
+            f"activation checkpointing: {ac} ({blocks}, from the allocation stacks); "
+            f"{mib(unchecked or 0)} of the activations at the peak come from blocks "
+            + ("without it" if ac == "partial" else "under the selective policy")
+        )
         fix = REST_FIX
     elif ac == "on":
         freed = 0
-        summary = (f"{head} with activation checkpointing already on (the trace recomputes forward ops in backward; "
-                   "how many blocks, the snapshot's stacks do not say).")
+        summary = (
+            f"{head} with activation checkpointing already on (the trace recomputes forward ops in backward; "
+            "how many blocks, the snapshot's stacks do not say)."
+        )
         if facts.fsdp.activation_checkpointing_evidence:
             evidence.append(facts.fsdp.activation_checkpointing_evidence)
         fix = FULL_FIX

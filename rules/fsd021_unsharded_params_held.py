@@ -45,7 +45,9 @@ def check(facts, cfg):
         return []
     evidence = [f"unsharded parameters {mib(held)} = {pct(share)} of the {mib(m.peak_allocated_bytes)} peak"]
     if facts.fsdp.reshard_after_forward is False:
-        evidence.append(f"no all-gathers in backward: reshard_after_forward is off ({facts.fsdp.sources.get('reshard_after_forward', 'trace')})")
+        evidence.append(
+            f"no all-gathers in backward: reshard_after_forward is off ({facts.fsdp.sources.get('reshard_after_forward', 'trace')})"
+        )
     return [
         finding(
             __name__,

@@ -31,8 +31,10 @@ SEVERITY = "warning"
 MEMORY_ADVICE = True  # a warning only under memory pressure (engine.judge_pressure)
 THRESHOLDS = ("fragmentation_pct", "fragmentation_min_mib")
 
-TURN_ON = ("# before the first CUDA allocation (e.g. in the launch script)\n"
-           "export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True")
+TURN_ON = (
+    "# before the first CUDA allocation (e.g. in the launch script)\n"
+    "export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True"
+)
 ALREADY_ON = """# expandable_segments is already on (the snapshot's allocator_settings): the free space left
 # sits between live blocks. Let the allocator release cached blocks before it runs short, and
 # keep the largest requests one size (pad or bucket sequence lengths):
@@ -49,7 +51,9 @@ def check(facts, cfg):
     big = res and 100 * ext / res >= cfg["fragmentation_pct"] and ext >= cfg["fragmentation_min_mib"] * 2**20
     if not (oom_frag or big):
         return []
-    evidence = [f"cached free blocks {mib(ext)} = {pct(100 * ext / res) if res else '–'} of {mib(res)} reserved at the peak"]
+    evidence = [
+        f"cached free blocks {mib(ext)} = {pct(100 * ext / res) if res else '–'} of {mib(res)} reserved at the peak"
+    ]
     st = m.allocator_settings
     on = bool(st and st.expandable_segments)
     if st is not None:
@@ -67,11 +71,15 @@ def check(facts, cfg):
     return [
         finding(
             __name__,
-            f"{mib(ext)} of reserved memory sits in fragmented free blocks" + (" and caused the OOM" if oom_frag else "")
+            f"{mib(ext)} of reserved memory sits in fragmented free blocks"
+            + (" and caused the OOM" if oom_frag else "")
             + ("; expandable_segments is already on." if on else "."),
             evidence=evidence,
-            cause=("free space between live blocks of expandable segments (already on)" if on
-                   else "variable-size allocations split the allocator's fixed segments"),
+            cause=(
+                "free space between live blocks of expandable segments (already on)"
+                if on
+                else "variable-size allocations split the allocator's fixed segments"
+            ),
             fix={"any": ALREADY_ON if on else TURN_ON},
             confidence=0.8 if oom_frag else 0.6,
             severity="critical" if oom_frag else SEVERITY,

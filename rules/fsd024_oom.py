@@ -105,8 +105,12 @@ REMAINING_BLOCKS_FIX = """from torch.distributed.algorithms._checkpoint.checkpoi
 
 # checkpointing is on for some blocks only: wrap the rest too
 apply_activation_checkpointing(model, check_fn=lambda m: isinstance(m, TransformerBlock))"""
-KIND_WORDS = {"loss": "in the loss", "activation": "in a forward activation", "allgather": "all-gathering parameters",
-              "optimizer": "in the optimizer step"}
+KIND_WORDS = {
+    "loss": "in the loss",
+    "activation": "in a forward activation",
+    "allgather": "all-gathering parameters",
+    "optimizer": "in the optimizer step",
+}
 
 
 def _activation_fix(m) -> str:
@@ -122,8 +126,10 @@ def _statement_evidence(st) -> str:
     text = f"failing statement: `{st.function}` ({where})" + (f", op {st.op}" if st.op else "")
     if st.temporaries_bytes:
         n = st.temporaries
-        text += (f"; it already holds {n} block{'s' if n != 1 else ''} of its own, {mib(st.temporaries_bytes)}, "
-                 "allocated since it began (counted as temporary, freed when it completes)")
+        text += (
+            f"; it already holds {n} block{'s' if n != 1 else ''} of its own, {mib(st.temporaries_bytes)}, "
+            "allocated since it began (counted as temporary, freed when it completes)"
+        )
     return text
 
 
@@ -143,10 +149,14 @@ def check(facts, cfg):
     evidence = [f"requested {mib(req)} with {mib(free)} free on the device"]
     if total:
         evidence.append(f"device total {mib(total)} (the trace's deviceProperties)")
-    evidence.append(f"PyTorch's allocator: {mib(reserved)} reserved, {mib(alloc)} allocated, {mib(cached)} cached free"
-                    + (f" (largest cached free block {mib(largest)})" if largest is not None else ""))
+    evidence.append(
+        f"PyTorch's allocator: {mib(reserved)} reserved, {mib(alloc)} allocated, {mib(cached)} cached free"
+        + (f" (largest cached free block {mib(largest)})" if largest is not None else "")
+    )
     if outside is not None:
-        evidence.append(f"outside PyTorch's allocator: {mib(outside)} = total {mib(total)} − free {mib(free)} − reserved {mib(reserved)}")
+        evidence.append(
+            f"outside PyTorch's allocator: {mib(outside)} = total {mib(total)} − free {mib(free)} − reserved {mib(reserved)}"
+        )
     else:
         evidence.append("device total unknown (no trace with deviceProperties): memory outside PyTorch not measured")
     if cats:
@@ -160,21 +170,30 @@ def check(facts, cfg):
         evidence.append("expandable_segments is already on (the snapshot's allocator_settings)")
 
     if kind == "outside":
-        cause = (f"{mib(outside)} of the {mib(total)} device is held outside PyTorch's allocator (another process, another "
-                 f"library's pool, NCCL buffers or a second model); PyTorch itself reserved only {mib(reserved)}")
+        cause = (
+            f"{mib(outside)} of the {mib(total)} device is held outside PyTorch's allocator (another process, another "
+            f"library's pool, NCCL buffers or a second model); PyTorch itself reserved only {mib(reserved)}"
+        )
         fix = {"find it": OUTSIDE_FIX_SHELL, "any": OUTSIDE_FIX}
     elif kind == "fragmentation":
-        cause = (f"fragmentation: {mib(cached)} cached free in PyTorch's allocator, but no free block of {mib(req)} "
-                 f"(largest {mib(largest)})")
+        cause = (
+            f"fragmentation: {mib(cached)} cached free in PyTorch's allocator, but no free block of {mib(req)} "
+            f"(largest {mib(largest)})"
+        )
         fix = {} if _expandable_on(m) else {"any": FRAGMENTATION_FIX}
     elif kind == "cache":
-        cause = (f"{mib(cached)} cached free plus {mib(free)} free on the device would cover the {mib(req)} request, "
-                 "but neither alone does")
+        cause = (
+            f"{mib(cached)} cached free plus {mib(free)} free on the device would cover the {mib(req)} request, "
+            "but neither alone does"
+        )
         fix = {} if _expandable_on(m) else {"any": CACHE_FIX}
     else:
         top, v = cats[0] if cats else ("other", 0)
-        cause = (f"PyTorch's allocated tensors fill the device; {top} take the most ({mib(v)} of {mib(alloc)})"
-                 if cats else "PyTorch's allocated tensors fill the device")
+        cause = (
+            f"PyTorch's allocated tensors fill the device; {top} take the most ({mib(v)} of {mib(alloc)})"
+            if cats
+            else "PyTorch's allocated tensors fill the device"
+        )
         fix = {"any": CATEGORY_FIX.get(top, "# Reduce what dominates the allocated memory (see the evidence).")}
     summary = f"Out of memory requesting {mib(req)}: {cause.split(';')[0]}."
     if st and kind != "outside":  # what the statement is decides the fix; the allocator's state follows
@@ -182,7 +201,9 @@ def check(facts, cfg):
         summary = f"Out of memory requesting {mib(req)} {what}, `{st.function}` ({st.file}:{st.line})"
         if st.temporaries_bytes:
             summary += f", while the statement already holds {mib(st.temporaries_bytes)} of its own"
-        summary += "; besides, no cached free block is large enough (fragmentation)." if kind == "fragmentation" else "."
+        summary += (
+            "; besides, no cached free block is large enough (fragmentation)." if kind == "fragmentation" else "."
+        )
         stmt_fix = {"loss": LOSS_FIX, "allgather": ALLGATHER_FIX, "activation": _activation_fix(m)}.get(st.kind)
         if stmt_fix is not None:
             fix = {"any": stmt_fix, **({"allocator": fix["any"]} if kind in ("fragmentation", "cache") and fix else {})}

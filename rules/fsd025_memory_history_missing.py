@@ -39,7 +39,9 @@ def check(facts, cfg):
         finding(
             __name__,
             "The snapshot has no allocation history: only the segments at dump time are reported.",
-            evidence=[f"segments at dump: {mib(m.reserved_at_peak_bytes)} reserved, {mib(m.peak_allocated_bytes)} allocated"],
+            evidence=[
+                f"segments at dump: {mib(m.reserved_at_peak_bytes)} reserved, {mib(m.peak_allocated_bytes)} allocated"
+            ],
             cause="snapshot taken without torch.cuda.memory._record_memory_history",
             fix={"any": FIX},
             confidence=1.0,

@@ -31,7 +31,6 @@ EXPLAINS = {"gpu": [("exposed_all_gather", None), ("exposed_reduce_scatter", Non
 CLAIM_PRIORITY = 120  # specific findings claim before the general ones that they explain
 
 
-
 def check(facts, cfg):
     st = facts.strategy
     if st is None or not st.trusted or not is_fsdp(facts) or st.recommended in (None, st.current, "NO_SHARD"):

@@ -30,7 +30,6 @@ EXPLAINS = {"gpu": ALL_COMM, "cpu": []}
 CLAIM_PRIORITY = 130  # specific findings claim before the general ones that they explain
 
 
-
 def check(facts, cfg):
     st = facts.strategy
     if st is None or not st.trusted or not is_fsdp(facts):

@@ -68,21 +68,29 @@ def check(facts, cfg):
     lost = sum(g.below_peak_ms for g in flagged)
     if 100 * lost / step < cfg["gemm_flagged_min_pct"] or 100 * saving / step < cfg["severity_warning_pct"]:
         return []
-    evidence = [f"matmuls below the {e.peak_tflops:,.0f} TFLOP/s dense BF16 peak: {ms(below)} per step = {of_step(facts, below)}"]
+    evidence = [
+        f"matmuls below the {e.peak_tflops:,.0f} TFLOP/s dense BF16 peak: {ms(below)} per step = {of_step(facts, below)}"
+    ]
     for g in flagged[:5]:
-        evidence.append(f"{g.op} {g.shape} ({g.dtype or '?'}, {g.calls_per_step:g} a step): {g.tflops:,.0f} TFLOP/s, "
-                        f"{ms(g.below_peak_ms)} below peak; {'; '.join(g.flags)}")
-    evidence.append(f"the run's other matmuls reach {ref:,.0f} TFLOP/s ({pct(100 * ref / e.peak_tflops)} of the peak): "
-                    "the flagged shapes at that rate save the estimate")
+        evidence.append(
+            f"{g.op} {g.shape} ({g.dtype or '?'}, {g.calls_per_step:g} a step): {g.tflops:,.0f} TFLOP/s, "
+            f"{ms(g.below_peak_ms)} below peak; {'; '.join(g.flags)}"
+        )
+    evidence.append(
+        f"the run's other matmuls reach {ref:,.0f} TFLOP/s ({pct(100 * ref / e.peak_tflops)} of the peak): "
+        "the flagged shapes at that rate save the estimate"
+    )
     g0 = flagged[0]
-    return [finding(
-        __name__,
-        f"{len(flagged)} matmul shape{'s' if len(flagged) > 1 else ''} run{'' if len(flagged) > 1 else 's'} far below the "
-        f"tensor cores' peak ({g0.op} {g0.shape} at {g0.tflops:,.0f} TFLOP/s: {'; '.join(g0.flags)}).",
-        evidence=evidence,
-        cause="matmul dimensions that are not multiples of 64, or products too small to fill the GPU",
-        fix=fix_for(facts, fsdp1=FIX, fsdp2=FIX, ddp=FIX, training=FIX, inference=FIX),
-        confidence=0.5,
-        est_saving_ms=saving,
-        where={"shape": f"{g0.op} {g0.shape}"},
-    )]
+    return [
+        finding(
+            __name__,
+            f"{len(flagged)} matmul shape{'s' if len(flagged) > 1 else ''} run{'' if len(flagged) > 1 else 's'} far below the "
+            f"tensor cores' peak ({g0.op} {g0.shape} at {g0.tflops:,.0f} TFLOP/s: {'; '.join(g0.flags)}).",
+            evidence=evidence,
+            cause="matmul dimensions that are not multiples of 64, or products too small to fill the GPU",
+            fix=fix_for(facts, fsdp1=FIX, fsdp2=FIX, ddp=FIX, training=FIX, inference=FIX),
+            confidence=0.5,
+            est_saving_ms=saving,
+            where={"shape": f"{g0.op} {g0.shape}"},
+        )
+    ]

@@ -111,8 +111,22 @@ def _fix(h, culprit) -> dict[str, str]:
     return {"any": IN_COLLECTIVE_FIX}
 
 
-_WRAPPERS = {"wrapper", "decorate_context", "_fn", "inner", "_call_impl", "_wrapped_call_impl", "__call__", "apply",
-             "_wrap", "run", "_bootstrap", "_main", "spawn_main", "<module>"}
+_WRAPPERS = {
+    "wrapper",
+    "decorate_context",
+    "_fn",
+    "inner",
+    "_call_impl",
+    "_wrapped_call_impl",
+    "__call__",
+    "apply",
+    "_wrap",
+    "run",
+    "_bootstrap",
+    "_main",
+    "spawn_main",
+    "<module>",
+}
 
 
 def _frames(stack: list[str], n: int = 6) -> list[str]:
@@ -132,8 +146,10 @@ def check(facts, cfg):
         return []
     pg = h.process_group
     culprits = h.culprits
-    ev = [f"stuck collective: {h.op or '?'} #{h.seq_id}{' (p2p_seq_id)' if h.is_p2p else ''} of process group "
-          f"{pg.desc or pg.name} (name {pg.name!r}, ranks {rank_list(pg.ranks)}, members from {pg.ranks_from})"]
+    ev = [
+        f"stuck collective: {h.op or '?'} #{h.seq_id}{' (p2p_seq_id)' if h.is_p2p else ''} of process group "
+        f"{pg.desc or pg.name} (name {pg.name!r}, ranks {rank_list(pg.ranks)}, members from {pg.ranks_from})"
+    ]
     if h.waiting_ranks:
         ev.append(f"{ranks_text(h.waiting_ranks)} entered it and wait{'s' if len(h.waiting_ranks) == 1 else ''}")
     for c in culprits[:8]:
@@ -154,13 +170,19 @@ def check(facts, cfg):
         for o in h.mismatched_ranks[:8]:
             ev.append(f"rank {o.rank} ran {_sizes(o)}")
     for lr in h.late_ranks[:8]:
-        gap = f" ({seconds(lr.gap_s)} after its previous collective; the others {seconds(lr.others_gap_s)})" if lr.gap_s is not None else ""
+        gap = (
+            f" ({seconds(lr.gap_s)} after its previous collective; the others {seconds(lr.others_gap_s)})"
+            if lr.gap_s is not None
+            else ""
+        )
         ev.append(f"rank {lr.rank} entered {seconds(lr.late_s)} after the latest on-time rank{gap}")
     if h.ranks_without_dump:
         ev.append(f"no dump from {ranks_text(h.ranks_without_dump)} (of {h.world_size} ranks)")
     ev.extend(h.also_stuck)
-    ev.append(f"{h.dumps} Flight Recorder dump{'s' if h.dumps != 1 else ''} ({h.backend}, version "
-              f"{', '.join(h.versions)}; {' and '.join(h.forms)})")
+    ev.append(
+        f"{h.dumps} Flight Recorder dump{'s' if h.dumps != 1 else ''} ({h.backend}, version "
+        f"{', '.join(h.versions)}; {' and '.join(h.forms)})"
+    )
     cause = {
         "missing": "a rank never reached the collective the others wait in",
         "mismatch": "ranks called different collectives (or with different sizes or dtypes) at the same point",
@@ -171,8 +193,18 @@ def check(facts, cfg):
     first = culprits[0] if culprits else None
     return [
         finding(
-            __name__, h.summary, evidence=ev, cause=cause, fix=_fix(h, first), confidence=0.9 if culprits else 0.6,
-            where={"ranks": h.culprit_ranks, "kind": h.kind, "process_group": pg.desc or pg.name, "seq_id": h.seq_id,
-                   "op": h.op},
+            __name__,
+            h.summary,
+            evidence=ev,
+            cause=cause,
+            fix=_fix(h, first),
+            confidence=0.9 if culprits else 0.6,
+            where={
+                "ranks": h.culprit_ranks,
+                "kind": h.kind,
+                "process_group": pg.desc or pg.name,
+                "seq_id": h.seq_id,
+                "op": h.op,
+            },
         )
     ]

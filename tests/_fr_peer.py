@@ -32,8 +32,12 @@ class PeerVerdict:
 
 
 def run_fr_trace(dumps: Path, *args: str, timeout: float = 120) -> PeerVerdict:
-    proc = subprocess.run([sys.executable, "-m", "torch.distributed.flight_recorder.fr_trace", str(dumps), *args],
-                          capture_output=True, text=True, timeout=timeout)
+    proc = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.flight_recorder.fr_trace", str(dumps), *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
     out = proc.stdout + "\n" + proc.stderr
     v = PeerVerdict(proc.returncode)
     if m := re.search(r"sequence number: (\d+)", out):

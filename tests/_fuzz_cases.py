@@ -62,19 +62,48 @@ def snapshot_obj() -> dict:
     return {
         "segments": [
             {
-                "device": 0, "address": 1 << 32, "total_size": 2 << 20, "allocated_size": 1 << 20,
-                "active_size": 1 << 20, "requested_size": 1 << 20, "stream": 0, "segment_type": "small",
-                "segment_pool_id": (0, 0), "is_expandable": False, "frames": [],
+                "device": 0,
+                "address": 1 << 32,
+                "total_size": 2 << 20,
+                "allocated_size": 1 << 20,
+                "active_size": 1 << 20,
+                "requested_size": 1 << 20,
+                "stream": 0,
+                "segment_type": "small",
+                "segment_pool_id": (0, 0),
+                "is_expandable": False,
+                "frames": [],
                 "blocks": [
-                    {"address": 1 << 32, "size": 1 << 20, "requested_size": 1 << 20, "state": "active_allocated", "frames": [frame]},
-                    {"address": (1 << 32) + (1 << 20), "size": 1 << 20, "requested_size": 0, "state": "inactive", "frames": []},
+                    {
+                        "address": 1 << 32,
+                        "size": 1 << 20,
+                        "requested_size": 1 << 20,
+                        "state": "active_allocated",
+                        "frames": [frame],
+                    },
+                    {
+                        "address": (1 << 32) + (1 << 20),
+                        "size": 1 << 20,
+                        "requested_size": 0,
+                        "state": "inactive",
+                        "frames": [],
+                    },
                 ],
             }
         ],
-        "device_traces": [[
-            {"action": "alloc", "addr": 1 << 32, "size": 1 << 20, "stream": 0, "time_us": 1000 + i, "frames": [frame]}
-            for i in range(3)
-        ]],
+        "device_traces": [
+            [
+                {
+                    "action": "alloc",
+                    "addr": 1 << 32,
+                    "size": 1 << 20,
+                    "stream": 0,
+                    "time_us": 1000 + i,
+                    "frames": [frame],
+                }
+                for i in range(3)
+            ]
+        ],
         "allocator_settings": {},
         "external_annotations": [],
     }
@@ -205,24 +234,57 @@ def named_cases(work: Path, baseline: Path | None) -> list[Case]:
         fn(s)
         return s
 
-    memory("snap_total_size_big.pickle", mutated(lambda s: s["segments"][0].__setitem__("total_size", BIG)), family="bigint")
-    memory("snap_block_size_big.pickle", mutated(lambda s: s["segments"][0]["blocks"][0].__setitem__("size", BIG)), family="bigint")
-    memory("snap_seg_address_big.pickle", mutated(lambda s: s["segments"][0].__setitem__("address", BIG)), family="bigint")
-    memory("snap_addr_big.pickle", mutated(lambda s: s["device_traces"][0][0].__setitem__("addr", BIG)), family="bigint")
-    memory("snap_entry_size_big.pickle", mutated(lambda s: s["device_traces"][0][0].__setitem__("size", BIG)), family="bigint")
-    memory("snap_size_negative.pickle", mutated(lambda s: s["device_traces"][0][0].__setitem__("size", -BIG)), family="bigint")
-    memory("snap_frames_not_dicts.pickle", mutated(lambda s: s["device_traces"][0][0].__setitem__("frames", [1, "x", None])))
-    memory("snap_block_frames_not_dicts.pickle", mutated(lambda s: s["segments"][0]["blocks"][0].__setitem__("frames", [3, [4]])))
+    memory(
+        "snap_total_size_big.pickle",
+        mutated(lambda s: s["segments"][0].__setitem__("total_size", BIG)),
+        family="bigint",
+    )
+    memory(
+        "snap_block_size_big.pickle",
+        mutated(lambda s: s["segments"][0]["blocks"][0].__setitem__("size", BIG)),
+        family="bigint",
+    )
+    memory(
+        "snap_seg_address_big.pickle", mutated(lambda s: s["segments"][0].__setitem__("address", BIG)), family="bigint"
+    )
+    memory(
+        "snap_addr_big.pickle", mutated(lambda s: s["device_traces"][0][0].__setitem__("addr", BIG)), family="bigint"
+    )
+    memory(
+        "snap_entry_size_big.pickle",
+        mutated(lambda s: s["device_traces"][0][0].__setitem__("size", BIG)),
+        family="bigint",
+    )
+    memory(
+        "snap_size_negative.pickle",
+        mutated(lambda s: s["device_traces"][0][0].__setitem__("size", -BIG)),
+        family="bigint",
+    )
+    memory(
+        "snap_frames_not_dicts.pickle",
+        mutated(lambda s: s["device_traces"][0][0].__setitem__("frames", [1, "x", None])),
+    )
+    memory(
+        "snap_block_frames_not_dicts.pickle",
+        mutated(lambda s: s["segments"][0]["blocks"][0].__setitem__("frames", [3, [4]])),
+    )
     memory(
         "snap_frame_types.pickle",
         mutated(lambda s: s["device_traces"][0][0].__setitem__("frames", [{"name": 1, "filename": None, "line": "x"}])),
     )
-    memory("snap_time_us_str.pickle", mutated(lambda s: [e.__setitem__("time_us", "soon") for e in s["device_traces"][0]]))
+    memory(
+        "snap_time_us_str.pickle", mutated(lambda s: [e.__setitem__("time_us", "soon") for e in s["device_traces"][0]])
+    )
     memory("snap_stream_str.pickle", mutated(lambda s: s["device_traces"][0][0].__setitem__("stream", "s")))
-    memory("snap_device_negative.pickle", mutated(lambda s: s["segments"][-1].__setitem__("device", -2)))  # found by hypothesis
+    memory(
+        "snap_device_negative.pickle", mutated(lambda s: s["segments"][-1].__setitem__("device", -2))
+    )  # found by hypothesis
     memory("snap_device_str.pickle", mutated(lambda s: s["segments"][0].__setitem__("device", "cuda:0")))
     memory("snap_settings_list.pickle", mutated(lambda s: s.__setitem__("allocator_settings", [1, 2])))
-    memory("snap_deep_frames.pickle", mutated(lambda s: s["device_traces"][0][0].__setitem__("frames", json.loads(nested(400)))))
+    memory(
+        "snap_deep_frames.pickle",
+        mutated(lambda s: s["device_traces"][0][0].__setitem__("frames", json.loads(nested(400)))),
+    )
     # a 20-byte pickle whose memo index claims 2**28 entries; and a huge frame/bytes length
     memory("memo_bomb.pickle", data=b"\x80\x04]r" + struct.pack("<I", 1 << 28) + b"0N.", family="pickle")
     memory("memo_bomb_put.pickle", data=b"\x80\x02]p268435456\n0N.", family="pickle")
@@ -253,8 +315,14 @@ def named_cases(work: Path, baseline: Path | None) -> list[Case]:
         else:
             o[where] = tok
         pat = b"X" + struct.pack("<I", len(tok)) + tok.encode()
-        memory(f"deep_{where}.pickle", data=pickle.dumps(o, protocol=2).replace(pat, b"]" * 100_000 + b"a" * 99_999), family="pickle")
-    memory("snap_gz_bomb.pickle.gz", data=gz_members(b"\x80\x04", b"\0" * (64 << 20), b"", repeat_middle=32), family="bomb")
+        memory(
+            f"deep_{where}.pickle",
+            data=pickle.dumps(o, protocol=2).replace(pat, b"]" * 100_000 + b"a" * 99_999),
+            family="pickle",
+        )
+    memory(
+        "snap_gz_bomb.pickle.gz", data=gz_members(b"\x80\x04", b"\0" * (64 << 20), b"", repeat_middle=32), family="bomb"
+    )
 
     # 6b. Flight Recorder dumps (issue 35): named like the watchdog names them, given to analyze
     fr = fr_dump_obj()
@@ -278,8 +346,14 @@ def named_cases(work: Path, baseline: Path | None) -> list[Case]:
     dump("fr_pg_tuple3_rank_0", fr_mut(lambda o: o["entries"][1].__setitem__("process_group", ("0", "x", "y"))))
     dump("fr_frames_not_dicts_rank_0", fr_mut(lambda o: o["entries"][1].__setitem__("frames", [1, "x", None])))
     dump("fr_deep_frames_rank_0", fr_mut(lambda o: o["entries"][1].__setitem__("frames", json.loads(nested(400)))))
-    dump("fr_pg_config_junk_rank_0", fr_mut(lambda o: o.__setitem__("pg_config", {"0": {"ranks": "[" + "1," * 100000 + "]"}})))
-    dump("fr_pg_status_junk_rank_0", fr_mut(lambda o: o.__setitem__("pg_status", {"0": {"last_enqueued_collective": "9" * 5000}})))
+    dump(
+        "fr_pg_config_junk_rank_0",
+        fr_mut(lambda o: o.__setitem__("pg_config", {"0": {"ranks": "[" + "1," * 100000 + "]"}})),
+    )
+    dump(
+        "fr_pg_status_junk_rank_0",
+        fr_mut(lambda o: o.__setitem__("pg_status", {"0": {"last_enqueued_collective": "9" * 5000}})),
+    )
     o = copy.deepcopy(fr)  # memo fan-out: one 1,000-frame list shared by 10**5 entries
     e0 = dict(o["entries"][0])
     e0["frames"] = [{"name": "f", "filename": "x.py", "line": 1}] * 1000
@@ -314,10 +388,14 @@ def named_cases(work: Path, baseline: Path | None) -> list[Case]:
         base("bigint_steps.json", lambda d: facts(d)["steps"].__setitem__("count", BIG), family="bigint")
         p = t / "baseline_utf8.json"
         p.write_bytes(baseline.read_bytes().replace(b'"tool": "', b'"tool": "\xff', 1))
-        cases.append(Case("baseline_utf8.json:check", ["check", str(good), "-j", "1", "--baseline", str(p)], str(p), "utf8"))
+        cases.append(
+            Case("baseline_utf8.json:check", ["check", str(good), "-j", "1", "--baseline", str(p)], str(p), "utf8")
+        )
         p = t / "baseline_deep.json"
         p.write_bytes(b'{"schema_version": 1, "rank_facts": [], "notes": ' + nested(DEEP).encode() + b"}")
-        cases.append(Case("baseline_deep.json:check", ["check", str(good), "-j", "1", "--baseline", str(p)], str(p), "deep"))
+        cases.append(
+            Case("baseline_deep.json:check", ["check", str(good), "-j", "1", "--baseline", str(p)], str(p), "deep")
+        )
     return cases
 
 
@@ -391,7 +469,9 @@ def mutate_bytes(data: bytes, rng: random.Random) -> tuple[bytes, str]:
         return bytes(b), "flip"
     if op == "utf8":
         k = rng.randrange(n)
-        return data[:k] + rng.choice([b"\xff", b"\xc3", b"\xed\xa0\x80", b"\xf4\x90\x80\x80"]) + data[k:], f"utf8 at {k}"
+        return data[:k] + rng.choice([b"\xff", b"\xc3", b"\xed\xa0\x80", b"\xf4\x90\x80\x80"]) + data[
+            k:
+        ], f"utf8 at {k}"
     k = rng.randrange(n)
     m = min(n, k + rng.randint(1, 4096))
     return data[:k] + data[m:], f"cut {k}:{m}"
@@ -418,8 +498,16 @@ def seeded_cases(work: Path, seed: int, count: int, baseline: Path | None) -> li
     side = json.loads((RECORDED / "per-block" / "fsdpdoctor_meta.json").read_text())
     small_trace = json.dumps(doc).encode()
     fr = fr_dump_obj()
-    kinds = ["trace_obj", "trace_bytes", "trace_gz", "snapshot_obj", "snapshot_bytes", "sidecar", "fr_obj", "fr_bytes"] + (
-        ["baseline"] if base_raw else [])
+    kinds = [
+        "trace_obj",
+        "trace_bytes",
+        "trace_gz",
+        "snapshot_obj",
+        "snapshot_bytes",
+        "sidecar",
+        "fr_obj",
+        "fr_bytes",
+    ] + (["baseline"] if base_raw else [])
     for i in range(count):
         kind = kinds[i % len(kinds)]
         cid = f"s{seed}-{i}-{kind}"
@@ -469,6 +557,10 @@ def seeded_cases(work: Path, seed: int, count: int, baseline: Path | None) -> li
             obj, what = mutate_obj(base_raw, rng)
             p = t / f"{cid}.json"
             p.write_bytes(_dumps_lenient(obj))
-            argv = ["check", str(good), "-j", "1", "--baseline", str(p)] if i % 2 else ["compare", str(p), str(good), "-j", "1"]
+            argv = (
+                ["check", str(good), "-j", "1", "--baseline", str(p)]
+                if i % 2
+                else ["compare", str(p), str(good), "-j", "1"]
+            )
         cases.append(Case(f"{cid}: {what}", argv, str(p), kind))
     return cases

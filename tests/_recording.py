@@ -58,7 +58,17 @@ VARIANTS = (
 # Each group is one recorder subprocess: a group's process groups show in the traces'
 # distributedInfo.pg_config, so the two 2-D mesh shapes are recorded in processes of their own.
 SHAPE_GROUPS = {
-    ("ga-fsdp2", "ga-fsdp2-sync", "ga-fsdp1", "ga-fsdp1-sync", "ac", "ac-fsdp1", "no-shard-fsdp1", "compiled", "per-param-mesh"): 2,
+    (
+        "ga-fsdp2",
+        "ga-fsdp2-sync",
+        "ga-fsdp1",
+        "ga-fsdp1-sync",
+        "ac",
+        "ac-fsdp1",
+        "no-shard-fsdp1",
+        "compiled",
+        "per-param-mesh",
+    ): 2,
     ("hsdp",): 4,
     ("tp-fsdp",): 4,
 }
@@ -80,16 +90,12 @@ def load_recorder():
 
 def _run_recorder(variants: list[str], out: Path, world_size: int = WORLD_SIZE) -> float:
     env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(
-        [str(REPO)] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else [])
-    )
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO)] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
     cmd = [sys.executable, str(RECORDER), "--out", str(out), "--world-size", str(world_size)]
     for v in variants:
         cmd += ["--variant", v]
     t0 = time.perf_counter()
-    proc = subprocess.run(
-        cmd, env=env, capture_output=True, text=True, timeout=RECORD_TIMEOUT_S, cwd=str(REPO)
-    )
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=RECORD_TIMEOUT_S, cwd=str(REPO))
     if proc.returncode != 0:
         raise RuntimeError(
             f"recording {variants} failed (exit {proc.returncode}):\n"
@@ -112,7 +118,10 @@ class _Recordings:
             raise ValueError(f"unknown variant {variant!r}; known: {', '.join(VARIANTS + SHAPES)}")
         if variant in self.dirs:
             return self.dirs[variant]
-        if self.preset is not None and (self.preset / variant / ("rank0.json.gz" if variant in SHAPES else "fsdpdoctor_meta.json")).exists():
+        if (
+            self.preset is not None
+            and (self.preset / variant / ("rank0.json.gz" if variant in SHAPES else "fsdpdoctor_meta.json")).exists()
+        ):
             self.dirs[variant] = self.preset / variant
             return self.dirs[variant]
         pytest.importorskip("torch")
@@ -201,8 +210,10 @@ class _HangRecordings:
         proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=HANG_TIMEOUT_S, cwd=str(REPO))
         self.seconds = time.perf_counter() - t0
         if proc.returncode != 0:
-            raise RuntimeError(f"recording the hangs failed (exit {proc.returncode}):\n$ {' '.join(cmd)}\n"
-                               f"--- stdout ---\n{proc.stdout[-4000:]}\n--- stderr ---\n{proc.stderr[-8000:]}")
+            raise RuntimeError(
+                f"recording the hangs failed (exit {proc.returncode}):\n$ {' '.join(cmd)}\n"
+                f"--- stdout ---\n{proc.stdout[-4000:]}\n--- stderr ---\n{proc.stderr[-8000:]}"
+            )
         for d in self.base.iterdir():
             if (d / "truth.json").exists():
                 self.dirs[d.name] = d

@@ -15,9 +15,7 @@ REAL_EVENT = {"ph": "X", "cat": "kernel", "name": "k", "pid": 0, "tid": 7, "ts":
 
 
 def run_cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "fsdpdoctor", *args], capture_output=True, text=True, timeout=120
-    )
+    return subprocess.run([sys.executable, "-m", "fsdpdoctor", *args], capture_output=True, text=True, timeout=120)
 
 
 def _assert_one_line_error(proc: subprocess.CompletedProcess, *needles: str) -> None:
@@ -45,7 +43,9 @@ CASES = {
     "scalar.json": (b"42", "not a Chrome/Kineto trace"),
     "zero_events.json": (json.dumps({"traceEvents": []}).encode(), "no events"),
     "only_metadata.json": (
-        json.dumps({"traceEvents": [{"ph": "M", "name": "process_name", "pid": 1, "tid": 0, "args": {"name": "x"}}]}).encode(),
+        json.dumps(
+            {"traceEvents": [{"ph": "M", "name": "process_name", "pid": 1, "tid": 0, "args": {"name": "x"}}]}
+        ).encode(),
         "no complete",
     ),
 }
@@ -71,7 +71,7 @@ def test_missing_path_and_empty_glob(tmp_path):
 def test_one_bad_rank_among_good_ones_names_the_bad_file(tmp_path):
     good = {"traceEvents": [REAL_EVENT], "distributedInfo": {"rank": 0, "world_size": 2}}
     _make(tmp_path, "rank0.json", json.dumps(good).encode())
-    bad = _make(tmp_path, "rank1.json", b"{\"traceEvents\": [")
+    bad = _make(tmp_path, "rank1.json", b'{"traceEvents": [')
     # --strict: fail on the bad file (the behaviour before partial runs)
     _assert_one_line_error(run_cli("analyze", "--strict", str(tmp_path)), str(bad))
     # default: the bad rank is left out, named in one warning line, exit 0
@@ -99,7 +99,11 @@ RECORDED_RANK0 = Path(__file__).resolve().parents[1] / "fixtures" / "recorded" /
 def test_fifo_is_refused_by_stat_not_waited_on(tmp_path):
     fifo = tmp_path / "rank0.json"
     os.mkfifo(fifo)
-    for args in (["analyze", str(fifo)], ["memory", str(fifo)], ["check", str(RECORDED_RANK0), "-j", "1", "--baseline", str(fifo)]):
+    for args in (
+        ["analyze", str(fifo)],
+        ["memory", str(fifo)],
+        ["check", str(RECORDED_RANK0), "-j", "1", "--baseline", str(fifo)],
+    ):
         _assert_one_line_error(run_cli(*args), str(fifo), "named pipe (FIFO), not a regular file")
 
 
@@ -135,7 +139,9 @@ def test_max_input_bytes_refuses_then_admits(tmp_path):
     raw = gzip.decompress(RECORDED_RANK0.read_bytes())
     p = _make(tmp_path, "rank0.json", raw)
     _assert_one_line_error(
-        run_cli("analyze", str(p), "-j", "1", "--max-input-bytes", "64K"), str(p), "more than the --max-input-bytes limit of 64.0 KiB"
+        run_cli("analyze", str(p), "-j", "1", "--max-input-bytes", "64K"),
+        str(p),
+        "more than the --max-input-bytes limit of 64.0 KiB",
     )
     ok = run_cli("analyze", str(p), "-j", "1", "--format", "json", "--max-input-bytes", f"{len(raw)}")
     assert ok.returncode == 0, ok.stderr
@@ -169,11 +175,17 @@ def test_baseline_from_another_schema_says_how_to_regenerate(tmp_path):
     from fsdpdoctor.errors import InputError
     from fsdpdoctor.facts import OLDEST_SCHEMA_VERSION, SCHEMA_VERSION, RunFacts
 
-    for version, needle in ((SCHEMA_VERSION + 1, "newer fsdpdoctor"), (OLDEST_SCHEMA_VERSION - 1, "older"), ("1", "not an integer")):
+    for version, needle in (
+        (SCHEMA_VERSION + 1, "newer fsdpdoctor"),
+        (OLDEST_SCHEMA_VERSION - 1, "older"),
+        ("1", "not an integer"),
+    ):
         p = _make(tmp_path, "base.json", json.dumps({"schema_version": version, "rank_facts": []}).encode())
         with pytest.raises(InputError, match=needle) as err:
             RunFacts.load(p)
         assert "--save-baseline" in str(err.value) and str(p) in str(err.value)
-    p = _make(tmp_path, "base.json", json.dumps({"schema_version": SCHEMA_VERSION, "rank_facts": [], "fsdp": None}).encode())
+    p = _make(
+        tmp_path, "base.json", json.dumps({"schema_version": SCHEMA_VERSION, "rank_facts": [], "fsdp": None}).encode()
+    )
     with pytest.raises(InputError, match=r"at \.fsdp"):
         RunFacts.load(p)

@@ -66,9 +66,7 @@ class Trace:
         tids = {e["tid"] for e in steps}
         assert len(tids) == 1, tids
         self.main_tid = tids.pop()
-        self.main = sorted(
-            (e for e in self.x if e["tid"] == self.main_tid), key=lambda e: (e["ts"], -e["dur"])
-        )
+        self.main = sorted((e for e in self.x if e["tid"] == self.main_tid), key=lambda e: (e["ts"], -e["dur"]))
 
     def named(self, prefix: str) -> list[dict]:
         return [e for e in self.main if e["name"].startswith(prefix)]
@@ -76,11 +74,7 @@ class Trace:
     def enclosing(self, ev: dict) -> list[str]:
         """Names of main-thread events containing ``ev``, outermost first."""
         lo, hi = ev["ts"], ev["ts"] + ev["dur"]
-        out = [
-            e
-            for e in self.main
-            if e is not ev and e["ts"] <= lo + EPS and e["ts"] + e["dur"] >= hi - EPS
-        ]
+        out = [e for e in self.main if e is not ev and e["ts"] <= lo + EPS and e["ts"] + e["dur"] >= hi - EPS]
         out.sort(key=lambda e: (e["ts"], -e["dur"]))
         return [e["name"] for e in out]
 
@@ -534,8 +528,7 @@ def test_fsdp2_backward_prefetch_structure(variant, source, recorded_run, record
                 if not [
                     c
                     for c in trace.main
-                    if c["name"] == "c10d::_allgather_base_"
-                    and e["ts"] <= c["ts"] <= e["ts"] + e["dur"]
+                    if c["name"] == "c10d::_allgather_base_" and e["ts"] <= c["ts"] <= e["ts"] + e["dur"]
                 ]
             ]
             assert sorted(empty) == sorted(
@@ -555,7 +548,9 @@ def test_fsdp2_reshard_after_forward(variant, source, recorded_run, recorder):
             if e["name"] == "c10d::_allgather_base_" and innermost(trace.enclosing(e), "FSDP::pre_backward")
         ]
         pre_bwd = {e["name"] for e in trace.named("FSDP::pre_backward")}
-        assert pre_bwd == {"FSDP::pre_backward"} | {f"FSDP::pre_backward ({u})" for u in recorder.unit_fqns(variant) if u}
+        assert pre_bwd == {"FSDP::pre_backward"} | {
+            f"FSDP::pre_backward ({u})" for u in recorder.unit_fqns(variant) if u
+        }
         if variant == "no-reshard":
             assert bwd == []
             # Implicit prefetch still runs and still emits its labels; they are just empty.
@@ -563,8 +558,7 @@ def test_fsdp2_reshard_after_forward(variant, source, recorded_run, recorder):
             assert len(labels) == (len(recorder.unit_fqns(variant)) - 1) * len(trace.steps)
             for lab in labels:
                 assert not [
-                    e for e in trace.main
-                    if e["name"] in AG_OPS and lab["ts"] <= e["ts"] <= lab["ts"] + lab["dur"]
+                    e for e in trace.main if e["name"] in AG_OPS and lab["ts"] <= e["ts"] <= lab["ts"] + lab["dur"]
                 ]
         else:
             assert len(bwd) == (len(recorder.unit_fqns(variant)) - 1) * len(trace.steps)
@@ -605,7 +599,9 @@ def test_fsdp1_collectives_match_model(source, recorded_run, recorder, recorded_
             for ev in evs:
                 names = trace.enclosing(ev)
                 if ev["name"] in RS_OPS:
-                    assert innermost(names, "FullyShardedDataParallel.") == "FullyShardedDataParallel._post_backward_hook"
+                    assert (
+                        innermost(names, "FullyShardedDataParallel.") == "FullyShardedDataParallel._post_backward_hook"
+                    )
                     rs.append(rs_numels(ev))
                     continue
                 # On CPU, FSDP1 all-gathers with dist.all_gather(list) -> c10d::allgather_.

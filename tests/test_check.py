@@ -30,12 +30,23 @@ REGRESSIONS = {
     "slow-rank": {"slow_rank": 2, "slow_factor": 1.35},
     "fp32-collectives": {"collective_dtype": "fp32"},
 }
-GATES = ["min-overlap", "max-exposed-comm", "step-time-regression", "overlap-drop", "exposed-comm-regression", "min-mfu", "mfu-drop",
-         "memory-regression", "new-findings"]
+GATES = [
+    "min-overlap",
+    "max-exposed-comm",
+    "step-time-regression",
+    "overlap-drop",
+    "exposed-comm-regression",
+    "min-mfu",
+    "mfu-drop",
+    "memory-regression",
+    "new-findings",
+]
 
 
 def cli(*args, cwd=None):
-    return subprocess.run([sys.executable, "-m", "fsdpdoctor", *map(str, args)], check=False, capture_output=True, text=True, cwd=cwd)
+    return subprocess.run(
+        [sys.executable, "-m", "fsdpdoctor", *map(str, args)], check=False, capture_output=True, text=True, cwd=cwd
+    )
 
 
 @pytest.fixture(scope="module")
@@ -92,7 +103,11 @@ def test_each_regression_fails(runs, iso, name):
     status = {g["name"]: g["status"] for g in res["gates"]}
     assert status["step-time-regression"] == "fail"
     assert res["comparison"]["primary_cause"] in {
-        "missing-backward-prefetch", "auto-wrap-too-coarse", "cpu-offload-stall", "straggler-rank", "no-mixed-precision-collectives",
+        "missing-backward-prefetch",
+        "auto-wrap-too-coarse",
+        "cpu-offload-stall",
+        "straggler-rank",
+        "no-mixed-precision-collectives",
     }
 
 
@@ -104,7 +119,14 @@ def test_improvement_passes(runs, iso):
 
 @pytest.mark.parametrize(
     "content",
-    [None, "garbage", '{"a": 1}', '{"schema_version": 1, "foo": 2}', '{"schema_version": 1, "rank_facts": 5}', '{"schema_version": 99, "rank_facts": []}'],
+    [
+        None,
+        "garbage",
+        '{"a": 1}',
+        '{"schema_version": 1, "foo": 2}',
+        '{"schema_version": 1, "rank_facts": 5}',
+        '{"schema_version": 99, "rank_facts": []}',
+    ],
 )
 def test_bad_baseline_exits_2(runs, iso, content):
     bad = iso / "baseline.json"
@@ -128,7 +150,13 @@ def test_bad_findings_in_baseline_exit_2(runs, iso):
 
 @pytest.mark.parametrize(
     "args",
-    [["--max-step-regression-pct", "abc"], ["--min-overlap", "150"], ["--min-overlap", "-1"], ["--fail-on-new", "bogus"], []],
+    [
+        ["--max-step-regression-pct", "abc"],
+        ["--min-overlap", "150"],
+        ["--min-overlap", "-1"],
+        ["--fail-on-new", "bogus"],
+        [],
+    ],
 )
 def test_bad_usage_exits_2(runs, iso, args):
     r = cli("check", *(args or [iso / "missing-dir"]), *([runs["healthy"][0]] if args else []), cwd=iso)
@@ -161,7 +189,19 @@ def test_absolute_gates(runs, iso):
 def test_cpu_only_overlap_is_not_measured(recorded_run, iso):
     d = recorded_run("per-block")
     # (new findings off: a fresh CPU recording on a loaded machine may show step-time jitter)
-    r = cli("check", d, "--min-overlap", 80, "--max-exposed-comm-ms", 1, "--format", "json", "--fail-on-new", "never", cwd=iso)
+    r = cli(
+        "check",
+        d,
+        "--min-overlap",
+        80,
+        "--max-exposed-comm-ms",
+        1,
+        "--format",
+        "json",
+        "--fail-on-new",
+        "never",
+        cwd=iso,
+    )
     assert r.returncode == 0, r.stdout + r.stderr
     g = {x["name"]: x for x in json.loads(r.stdout)["gates"]}
     assert g["min-overlap"]["status"] == "skip" and "not measured" in g["min-overlap"]["detail"]
@@ -175,7 +215,19 @@ def test_recorded_pair_new_finding_gate(recorded_run, iso):
     assert cli("analyze", before, "--save-baseline", base, "-o", iso / "r.txt", cwd=iso).returncode == 0
     assert cli("check", before, "--baseline", base, cwd=iso).returncode == 0
     # CPU step times of these tiny runs are noise: gate the configuration change only
-    r = cli("check", after, "--baseline", base, "--fail-on-new", "warning", "--max-step-regression-pct", "off", "--format", "json", cwd=iso)
+    r = cli(
+        "check",
+        after,
+        "--baseline",
+        base,
+        "--fail-on-new",
+        "warning",
+        "--max-step-regression-pct",
+        "off",
+        "--format",
+        "json",
+        cwd=iso,
+    )
     assert r.returncode == 1, r.stdout + r.stderr
     res = json.loads(r.stdout)
     g = {x["name"]: x for x in res["gates"]}
@@ -221,7 +273,9 @@ def test_pyproject_bad_setting_exits_2(runs, tmp_path):
 
 def test_load_check_config(tmp_path):
     p = tmp_path / "pyproject.toml"
-    p.write_text("[tool.fsdpdoctor]\nmin_overlap_pct = 50\n[tool.fsdpdoctor.check]\nmin_overlap = 80\nmax_memory_regression_pct = false\n")
+    p.write_text(
+        "[tool.fsdpdoctor]\nmin_overlap_pct = 50\n[tool.fsdpdoctor.check]\nmin_overlap = 80\nmax_memory_regression_pct = false\n"
+    )
     cfg = load_check_config({"max_exposed_comm_ms": "3.5", "fail_on_new": None}, pyproject=p)
     assert cfg["min_overlap"] == 80 and cfg["max_exposed_comm_ms"] == 3.5
     assert cfg["max_memory_regression_pct"] is None
@@ -238,7 +292,9 @@ def test_load_check_config(tmp_path):
 
 def test_junit_and_markdown(runs, iso):
     junit, md = iso / "out.xml", iso / "out.md"
-    r = cli("check", runs["prefetch-lost"][0], "--baseline", runs["healthy"][1], "--junit", junit, "--markdown", md, cwd=iso)
+    r = cli(
+        "check", runs["prefetch-lost"][0], "--baseline", runs["healthy"][1], "--junit", junit, "--markdown", md, cwd=iso
+    )
     assert r.returncode == 1
     root = ET.parse(junit).getroot()
     suite = root.find("testsuite")
@@ -309,7 +365,9 @@ def test_exposed_comm_noise_floor(runs):
     base = load_run(str(runs["healthy"][1]))
     facts = copy.deepcopy(base.facts)
     facts.exposed_comm.mean_ms_per_step = base.facts.exposed_comm.mean_ms_per_step + 0.01  # +0.4%, tiny
-    res = run_check(LoadedRun(facts, base.findings, "c", "t"), base, check_defaults() | {"max_exposed_comm_regression_pct": 0.1})
+    res = run_check(
+        LoadedRun(facts, base.findings, "c", "t"), base, check_defaults() | {"max_exposed_comm_regression_pct": 0.1}
+    )
     assert {x.name: x for x in res.gates}["exposed-comm-regression"].status == "pass"
 
 
@@ -402,8 +460,14 @@ def test_a_schema_4_baseline_reads_with_the_conventional_mfu(tmp_path):
     bf16, fp32 = c["mfu_pct"], c["dtype_mfu_pct"]
     # the report as schema 4 wrote it (its field names and meanings)
     old = {k: v for k, v in c.items() if not k.startswith("dtype_")}
-    old.update(peak_tflops=67.0, peak_dtype="fp32", bf16_peak_tflops=989.0, mfu_pct=fp32, mfu_bf16_pct=bf16,
-               hfu_pct=c["hfu_pct"] * 989.0 / 67.0)
+    old.update(
+        peak_tflops=67.0,
+        peak_dtype="fp32",
+        bf16_peak_tflops=989.0,
+        mfu_pct=fp32,
+        mfu_bf16_pct=bf16,
+        hfu_pct=c["hfu_pct"] * 989.0 / 67.0,
+    )
     doc["compute"] = old
     doc["schema_version"] = 4
     for s in doc["rank_summaries"]:

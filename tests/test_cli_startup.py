@@ -23,7 +23,12 @@ def test_light_commands_do_not_load_pandas_or_the_analysis(args):
     mods = _imported(*args)
     assert "fsdpdoctor.cli" in mods  # the measurement saw the CLI load
     assert "pandas" not in mods
-    assert not {m for m in mods if m.startswith("fsdpdoctor.analysis.ranks") or m.startswith(("fsdpdoctor.ingest.blocks", "fsdpdoctor.ingest.block_schema"))}
+    assert not {
+        m
+        for m in mods
+        if m.startswith("fsdpdoctor.analysis.ranks")
+        or m.startswith(("fsdpdoctor.ingest.blocks", "fsdpdoctor.ingest.block_schema"))
+    }
 
 
 def test_dataframes_still_work():
@@ -64,6 +69,10 @@ def test_every_option_has_help():
     from fsdpdoctor.cli import main
 
     ctx = click.Context(main)
-    missing = [(n, p.opts) for n in main.list_commands(ctx) for p in main.get_command(ctx, n).params
-               if isinstance(p, click.Option) and not p.help]
+    missing = [
+        (n, p.opts)
+        for n in main.list_commands(ctx)
+        for p in main.get_command(ctx, n).params
+        if isinstance(p, click.Option) and not p.help
+    ]
     assert missing == []

@@ -90,7 +90,9 @@ def test_generated_pair_components_match_truth(generated, name):
         b, a = tot[key]
         return a - b
 
-    assert d("compute") == pytest.approx(ta["compute_busy_ms_per_step_mean"] - tb["compute_busy_ms_per_step_mean"], abs=2e-3)
+    assert d("compute") == pytest.approx(
+        ta["compute_busy_ms_per_step_mean"] - tb["compute_busy_ms_per_step_mean"], abs=2e-3
+    )
     for comp, kind in (("exposed_all_gather", "all_gather"), ("exposed_reduce_scatter", "reduce_scatter")):
         want = ta["exposed_by_collective_ms_per_step_mean"][kind] - tb["exposed_by_collective_ms_per_step_mean"][kind]
         assert d(comp) == pytest.approx(want, abs=2e-3)
@@ -193,13 +195,30 @@ def test_cli_compare_traces_and_saved_facts(generated, tmp_path):
     d_after, _, _ = generated["wrap-changed"]
     saved = tmp_path / "before.json"
     r = subprocess.run(
-        [sys.executable, "-m", "fsdpdoctor", "analyze", str(d_before), "--save-baseline", str(saved), "-o", str(tmp_path / "r.txt")],
-        check=False, capture_output=True, text=True,
+        [
+            sys.executable,
+            "-m",
+            "fsdpdoctor",
+            "analyze",
+            str(d_before),
+            "--save-baseline",
+            str(saved),
+            "-o",
+            str(tmp_path / "r.txt"),
+        ],
+        check=False,
+        capture_output=True,
+        text=True,
     )
     assert r.returncode == 0, r.stderr
     outs = []
     for before in (str(d_before), str(saved)):
-        r = subprocess.run([sys.executable, "-m", "fsdpdoctor", "compare", before, str(d_after), "--format", "json"], check=False, capture_output=True, text=True)
+        r = subprocess.run(
+            [sys.executable, "-m", "fsdpdoctor", "compare", before, str(d_after), "--format", "json"],
+            check=False,
+            capture_output=True,
+            text=True,
+        )
         assert r.returncode == 0, r.stderr
         outs.append(json.loads(r.stdout))
     for d in outs:
@@ -207,7 +226,12 @@ def test_cli_compare_traces_and_saved_facts(generated, tmp_path):
     assert outs[0]["step_time_delta_ms"] == pytest.approx(outs[1]["step_time_delta_ms"], abs=1e-9)
     assert [c["slug"] for c in outs[0]["causes"]] == [c["slug"] for c in outs[1]["causes"]]
     for fmt in ("terminal", "markdown"):
-        r = subprocess.run([sys.executable, "-m", "fsdpdoctor", "compare", str(saved), str(d_after), "--format", fmt], check=False, capture_output=True, text=True)
+        r = subprocess.run(
+            [sys.executable, "-m", "fsdpdoctor", "compare", str(saved), str(d_after), "--format", fmt],
+            check=False,
+            capture_output=True,
+            text=True,
+        )
         assert r.returncode == 0, r.stderr
         assert "auto-wrap-too-coarse" in r.stdout
 
@@ -215,7 +239,9 @@ def test_cli_compare_traces_and_saved_facts(generated, tmp_path):
 def test_cli_compare_bad_input(tmp_path):
     bad = tmp_path / "bad.json"
     bad.write_text('{"schema_version": 1}')
-    r = subprocess.run([sys.executable, "-m", "fsdpdoctor", "compare", str(bad), str(bad)], check=False, capture_output=True, text=True)
+    r = subprocess.run(
+        [sys.executable, "-m", "fsdpdoctor", "compare", str(bad), str(bad)], check=False, capture_output=True, text=True
+    )
     assert r.returncode == 2
     assert len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr
 
@@ -260,7 +286,9 @@ def _mean_step(facts):
 def test_recorded_pairs(recorded, before, after, primary):
     c = _rec(recorded, before, after)
     assert c.basis == "cpu"
-    assert c.step_time_delta_ms == pytest.approx(_mean_step(recorded(after).facts) - _mean_step(recorded(before).facts), abs=1e-9)
+    assert c.step_time_delta_ms == pytest.approx(
+        _mean_step(recorded(after).facts) - _mean_step(recorded(before).facts), abs=1e-9
+    )
     assert abs(c.components_sum_ms - c.step_time_delta_ms) <= 0.01 * abs(c.step_time_delta_ms) + 1e-9
     assert _causes_sum(c) == pytest.approx(c.step_time_delta_ms, abs=1e-6)
     assert set(c.component_totals()) == set(CPU_COMPONENTS)

@@ -28,8 +28,19 @@ from test_step_clock import raw_clock
 
 GPU = Path(__file__).resolve().parents[1] / "fixtures" / "recorded" / "gpu"
 H200 = "gpu-h200/"  # variants of the H200 set (fixtures/recorded/gpu-h200): TF32, another model
-TRAINING = ("fsdp2", "fsdp2-bf16", "fsdp1", "ddp", "oom", "fsdp2-offload",
-            H200 + "fsdp2", H200 + "fsdp2-bf16", H200 + "fsdp2-tf32", H200 + "gpt2-bf16", H200 + "gpt2-bf16-b96")
+TRAINING = (
+    "fsdp2",
+    "fsdp2-bf16",
+    "fsdp1",
+    "ddp",
+    "oom",
+    "fsdp2-offload",
+    H200 + "fsdp2",
+    H200 + "fsdp2-bf16",
+    H200 + "fsdp2-tf32",
+    H200 + "gpt2-bf16",
+    H200 + "gpt2-bf16-b96",
+)
 
 
 def _dir(v: str) -> Path:
@@ -56,8 +67,12 @@ def model_flops(variant: str = "fsdp2") -> dict[str, float]:
     fwd = 2.0 * tokens * linear_w
     d = dim // heads
     attn_fwd = layers * 4.0 * batch * heads * (seq * seq / 2) * d  # causal: the lower triangle
-    return {"matmul": 3 * fwd, "attention": attn_fwd + 2.5 * attn_fwd, "blocks_fwd": 2.0 * tokens * layers * block_w,
-            "attn_fwd": attn_fwd}
+    return {
+        "matmul": 3 * fwd,
+        "attention": attn_fwd + 2.5 * attn_fwd,
+        "blocks_fwd": 2.0 * tokens * layers * block_w,
+        "attn_fwd": attn_fwd,
+    }
 
 
 @pytest.fixture(scope="module")
@@ -91,12 +106,16 @@ def test_formulas_equal_torchs_flop_counter():
     shapes = [list(q), list(k), list(v)]
     for name in ("efficient", "flash", "cudnn"):
         assert op_flops(f"aten::_scaled_dot_product_{name}_attention", shapes) == fc.sdpa_flop_count(q, k, v)
-        assert op_flops(f"aten::_scaled_dot_product_{name}_attention_backward", [list(q), *shapes]) == \
-            fc.sdpa_backward_flop_count(q, q, k, v)
+        assert op_flops(
+            f"aten::_scaled_dot_product_{name}_attention_backward", [list(q), *shapes]
+        ) == fc.sdpa_backward_flop_count(q, q, k, v)
     conv = torch.nn.Conv2d(8, 16, kernel_size=3, stride=2, padding=1, bias=False)
     img = torch.randn(2, 8, 15, 15)
-    got = op_flops("aten::convolution", [[2, 8, 15, 15], [16, 8, 3, 3], [], [], [], [], [], [], []],
-                   ["", "", "", "[2, 2]", "[1, 1]", "[1, 1]", "False", "[0, 0]", "1"])
+    got = op_flops(
+        "aten::convolution",
+        [[2, 8, 15, 15], [16, 8, 3, 3], [], [], [], [], [], [], []],
+        ["", "", "", "[2, 2]", "[1, 1]", "[1, 1]", "False", "[0, 0]", "1"],
+    )
     assert got == _flop_counter(lambda: conv(img))
 
 
@@ -158,7 +177,9 @@ def test_engines_and_mfu(run):
     # ≈4.7% of it; against its own fp32 peak (for information) near 70%
     step32 = raw_clock(GPU / "fsdp2" / "rank0.json.gz")["step_ms"]
     assert fp32.peak_tflops == 989.0 and fp32.peak_dtype == "bf16"
-    assert fp32.mfu_pct == pytest.approx(100 * (want["matmul"] + want["attention"]) / (step32 * 1e-3) / 989e12, rel=0.03)
+    assert fp32.mfu_pct == pytest.approx(
+        100 * (want["matmul"] + want["attention"]) / (step32 * 1e-3) / 989e12, rel=0.03
+    )
     assert fp32.dtype_peak == "fp32" and fp32.dtype_peak_tflops == 67.0
     assert fp32.dtype_mfu_pct == pytest.approx(fp32.mfu_pct * 989 / 67, rel=1e-9)
 
@@ -205,7 +226,9 @@ def test_tf32_runs_the_gemms_on_tensor_cores_and_attention_on_cuda_cores(run):
     want = model_flops("fsdp2-tf32")
     assert c.mfu_pct == pytest.approx(100 * (want["matmul"] + want["attention"]) / (step * 1e-3) / 989e12, rel=0.03)
     assert 9.0 < c.mfu_pct < 11.0
-    assert c.dtype_mfu_pct == pytest.approx(100 * (want["matmul"] + want["attention"]) / (step * 1e-3) / 495e12, rel=0.03)
+    assert c.dtype_mfu_pct == pytest.approx(
+        100 * (want["matmul"] + want["attention"]) / (step * 1e-3) / 495e12, rel=0.03
+    )
     fp32 = run(H200 + "fsdp2").facts.compute
     assert set(fp32.attention_engine_ms_per_step) <= {"fp32-simt", "fp32"} and "tf32" not in fp32.engine_ms_per_step
     for v in ("fsdp2-bf16", "gpt2-bf16"):
@@ -235,16 +258,27 @@ def test_compare_names_the_engine_change(run):
     assert c.primary_cause == "matmul-wrong-engine"
 
 
-@pytest.mark.parametrize("name,dtype,engine", [
-    ("void cutlass::Kernel2<cutlass_80_simt_sgemm_128x256_8x4_nt_align1>(Params)", "fp32", "fp32-simt"),
-    ("sm80_xmma_gemm_f32f32_f32f32_f32_tn_n_tilesize128x128x8_stage3_warpsize2x2x1_ffma_aligna4_alignc4_execute_kernel__5x_cublas", "fp32", "fp32-simt"),
-    ("fmha_cutlassF_f32_aligned_64x64_rf_sm80(PyTorchMemEffAttention::AttentionKernel<float, cutlass::arch::Sm80>)", "fp32", "fp32-simt"),
-    ("void cutlass::Kernel<cutlass_80_tensorop_s1688gemm_128x128_32x3_nn_align4>(Params)", "fp32", "tf32"),
-    ("nvjet_sm90_tst_128x256_64x4_2x1_v_bz_coopA_NTN", "bf16", "bf16"),
-    ("cudnn_generated_fort_native_sdpa_sm90_flash_fprop_wgmma_f16_knob_3_64x64x64_4x1x1_kernel0_0", "bf16", "bf16"),
-    ("ampere_fp16_s16816gemm_fp16_128x128_ldg8_f2f_stages_64x3_nn", "fp16", "fp16"),
-    ("Cijk_Alik_Bljk_BBS_BH_MT128x128x32_MI32x32x8x1_SN", None, "bf16"),
-])
+@pytest.mark.parametrize(
+    "name,dtype,engine",
+    [
+        ("void cutlass::Kernel2<cutlass_80_simt_sgemm_128x256_8x4_nt_align1>(Params)", "fp32", "fp32-simt"),
+        (
+            "sm80_xmma_gemm_f32f32_f32f32_f32_tn_n_tilesize128x128x8_stage3_warpsize2x2x1_ffma_aligna4_alignc4_execute_kernel__5x_cublas",
+            "fp32",
+            "fp32-simt",
+        ),
+        (
+            "fmha_cutlassF_f32_aligned_64x64_rf_sm80(PyTorchMemEffAttention::AttentionKernel<float, cutlass::arch::Sm80>)",
+            "fp32",
+            "fp32-simt",
+        ),
+        ("void cutlass::Kernel<cutlass_80_tensorop_s1688gemm_128x128_32x3_nn_align4>(Params)", "fp32", "tf32"),
+        ("nvjet_sm90_tst_128x256_64x4_2x1_v_bz_coopA_NTN", "bf16", "bf16"),
+        ("cudnn_generated_fort_native_sdpa_sm90_flash_fprop_wgmma_f16_knob_3_64x64x64_4x1x1_kernel0_0", "bf16", "bf16"),
+        ("ampere_fp16_s16816gemm_fp16_128x128_ldg8_f2f_stages_64x3_nn", "fp16", "fp16"),
+        ("Cijk_Alik_Bljk_BBS_BH_MT128x128x32_MI32x32x8x1_SN", None, "bf16"),
+    ],
+)
 def test_kernel_engines_from_real_names(name, dtype, engine):
     assert kernel_engine(name, dtype) == engine
 
@@ -252,8 +286,10 @@ def test_kernel_engines_from_real_names(name, dtype, engine):
 def test_public_traces_with_shapes_get_flops(shared_traces):
     """The MI300X DDP run (ResNet with activation checkpointing; convolutions counted with their
     recorded strides) and the B200 vLLM run have shapes: both get FLOPs and an MFU."""
-    for path in (shared_traces / "tracelens-mi300-ddp" / "resnet_act_checkpoint.json.gz",
-                 shared_traces / "tracelens-b200-vllm" / "eager_trace.json.gz"):
+    for path in (
+        shared_traces / "tracelens-mi300-ddp" / "resnet_act_checkpoint.json.gz",
+        shared_traces / "tracelens-b200-vllm" / "eager_trace.json.gz",
+    ):
         c = fsdpdoctor.analyze(path).facts.compute
         assert c is not None and c.flops_per_step > 0 and c.mfu_pct is not None, path
     c = fsdpdoctor.analyze(shared_traces / "tracelens-mi300-ddp" / "resnet_act_checkpoint.json.gz").facts.compute
@@ -278,7 +314,6 @@ def test_generated_runs_flops_equal_the_generators_truth(name, scenario_case):
     assert c.mfu_pct == pytest.approx(100 * (want["matmul"] + want["attention"]) / (step * 1e-3) / 989e12, rel=0.01)
 
 
-
 _GEMM_OR_ATTENTION = re.compile(r"gemm|nvjet|fmha|sdpa|flash|attention|xmma", re.I)
 
 
@@ -287,10 +322,16 @@ def _raw_other_kernels_ms(path) -> float:
     GEMM nor attention (by kernel name), read from the raw trace with plain json."""
     with gzip.open(path, "rt") as fh:
         events = [e for e in json.load(fh)["traceEvents"] if e.get("ph") == "X"]
-    spans = [(e["ts"], e["ts"] + e["dur"]) for e in events
-             if e.get("cat") == "user_annotation" and e.get("name", "").startswith("ProfilerStep#")]
-    launch = {e["args"]["correlation"]: e["ts"] for e in events
-              if e.get("cat") in ("cuda_runtime", "cuda_driver") and "correlation" in (e.get("args") or {})}
+    spans = [
+        (e["ts"], e["ts"] + e["dur"])
+        for e in events
+        if e.get("cat") == "user_annotation" and e.get("name", "").startswith("ProfilerStep#")
+    ]
+    launch = {
+        e["args"]["correlation"]: e["ts"]
+        for e in events
+        if e.get("cat") in ("cuda_runtime", "cuda_driver") and "correlation" in (e.get("args") or {})
+    }
     total = 0.0
     for e in events:
         if e.get("cat") != "kernel" or "nccl" in e["name"].lower() or _GEMM_OR_ATTENTION.search(e["name"]):
@@ -314,7 +355,9 @@ def test_compare_splits_the_compute_change(run, tmp_path):
     c = compare(b, a)
     # the part that is not GEMM or attention (other_kernels, the remainder of the split) against the
     # raw traces: the change in the time of every other compute kernel the steps launched
-    other = _raw_other_kernels_ms(GPU / "fsdp2" / "rank0.json.gz") - _raw_other_kernels_ms(GPU / "fsdp2-bf16" / "rank0.json.gz")
+    other = _raw_other_kernels_ms(GPU / "fsdp2" / "rank0.json.gz") - _raw_other_kernels_ms(
+        GPU / "fsdp2-bf16" / "rank0.json.gz"
+    )
     assert c.compute_split["other_kernels"] == pytest.approx(other, rel=0.1, abs=0.3)
     assert c.compute_split["engine"] > 0.9 * (a.timeline.compute_ms - b.timeline.compute_ms)
     b, a = run("fsdp2").facts, run("fsdp2-ac").facts
@@ -327,5 +370,7 @@ def test_compare_splits_the_compute_change(run, tmp_path):
     assert t1["matmul"] == pytest.approx(2 * t0["matmul"])
     b, a = fsdpdoctor.analyze(d0).facts, fsdpdoctor.analyze(d1).facts
     c = compare(b, a)
-    gemm_delta = (a.compute.gemm_ms_per_step + a.compute.attention_ms_per_step) - (b.compute.gemm_ms_per_step + b.compute.attention_ms_per_step)
+    gemm_delta = (a.compute.gemm_ms_per_step + a.compute.attention_ms_per_step) - (
+        b.compute.gemm_ms_per_step + b.compute.attention_ms_per_step
+    )
     assert c.compute_split["flops"] == pytest.approx(gemm_delta, rel=0.1)

@@ -56,8 +56,11 @@ def test_capture_cycles_are_grouped(tmp_path):
     assert cycle_of(tmp_path / "rank1.cycle1.json.gz") == 1 and cycle_of(tmp_path / "rank1.json.gz") == 0
 
     def run(*extra):
-        r = subprocess.run([sys.executable, "-m", "fsdpdoctor", "analyze", str(tmp_path), "--format", "json", *extra],
-                           capture_output=True, text=True)
+        r = subprocess.run(
+            [sys.executable, "-m", "fsdpdoctor", "analyze", str(tmp_path), "--format", "json", *extra],
+            capture_output=True,
+            text=True,
+        )
         assert r.returncode == 0, r.stderr
         return json.loads(r.stdout)
 
@@ -65,7 +68,9 @@ def test_capture_cycles_are_grouped(tmp_path):
     assert last["ranks"] == first["ranks"] == [0, 1]  # no "rank 0 appears twice"
     assert last["fsdp"]["backward_prefetch"] == "NONE" and first["fsdp"]["backward_prefetch"] == "BACKWARD_PRE"
     assert any("capture cycle 0" in n for n in last["notes"])
-    r = subprocess.run([sys.executable, "-m", "fsdpdoctor", "analyze", str(tmp_path), "--cycle", "5"], capture_output=True, text=True)
+    r = subprocess.run(
+        [sys.executable, "-m", "fsdpdoctor", "analyze", str(tmp_path), "--cycle", "5"], capture_output=True, text=True
+    )
     assert r.returncode == 2 and "cycles [0, 1], not 5" in r.stderr and "Traceback" not in r.stderr
 
 

@@ -33,7 +33,11 @@ from fsdpdoctor.ingest.discover import discover
 @pytest.fixture(scope="module")
 def cluster():
     c = distributed.LocalCluster(
-        n_workers=2, threads_per_worker=1, processes=True, host="127.0.0.1", dashboard_address=None,
+        n_workers=2,
+        threads_per_worker=1,
+        processes=True,
+        host="127.0.0.1",
+        dashboard_address=None,
         silence_logs=logging.ERROR,
     )
     try:
@@ -177,13 +181,17 @@ def test_cli_scheduler_local(gpu_run):
     """End to end: the CLI starts its own LocalCluster (worker processes) and stops it."""
     proc = subprocess.run(
         [sys.executable, "-m", "fsdpdoctor", "analyze", str(gpu_run), "--format", "json", "--scheduler", "local:2"],
-        capture_output=True, text=True, timeout=300,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout) == _json(analyze([gpu_run]))
     bad = subprocess.run(
         [sys.executable, "-m", "fsdpdoctor", "analyze", str(gpu_run), "--scheduler", "nowhere"],
-        capture_output=True, text=True, timeout=120,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1 and "--scheduler" in bad.stderr
 

@@ -27,9 +27,13 @@ def test_site_builds_strict_with_a_page_per_rule(tmp_path):
     pytest.importorskip("material")
     pytest.importorskip("mkdocs_gen_files")
     site = tmp_path / "site"
-    r = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "-q", "-d", str(site)], cwd=REPO,
-                       capture_output=True, text=True, env={"DISABLE_MKDOCS_2_WARNING": "true", "NO_MKDOCS_2_WARNING": "1",
-                                                             **__import__("os").environ})
+    r = subprocess.run(
+        [sys.executable, "-m", "mkdocs", "build", "--strict", "-q", "-d", str(site)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        env={"DISABLE_MKDOCS_2_WARNING": "true", "NO_MKDOCS_2_WARNING": "1", **__import__("os").environ},
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     for rule in load_rules():
         page = site / "rules" / f"{rule.code.lower()}-{rule.slug}" / "index.html"

@@ -22,7 +22,9 @@ import fsdpdoctor
 from fsdpdoctor.facts_efficiency import PARTS
 
 from conftest import public_trace_files
-from fixtures.scenarios.waterfall_truth import union as _union  # the generator truth's plain interval union (no fsdpdoctor code)
+from fixtures.scenarios.waterfall_truth import (
+    union as _union,
+)  # the generator truth's plain interval union (no fsdpdoctor code)
 from test_compute import model_flops
 
 REC = Path(__file__).resolve().parents[1] / "fixtures" / "recorded"
@@ -99,7 +101,9 @@ def _check_parts(facts) -> None:
     assert sum(e.parts_ms.values()) == pytest.approx(facts.step_clock_ms, rel=0.01)
     for r in facts.rank_facts:
         if r.efficiency is not None:
-            assert sum(r.efficiency.parts_ms.values()) == pytest.approx(sum(s.step_ms for s in r.steps) / len(r.steps), rel=0.01)
+            assert sum(r.efficiency.parts_ms.values()) == pytest.approx(
+                sum(s.step_ms for s in r.steps) / len(r.steps), rel=0.01
+            )
     # each part's contributors add up to it
     assert sum(e.other_kernels_ms.values()) == pytest.approx(e.parts_ms["other_kernels"], rel=1e-6, abs=1e-9)
     assert sum(e.idle_ms.values()) == pytest.approx(e.parts_ms["gpu_idle"], rel=1e-6, abs=1e-9)
@@ -125,8 +129,9 @@ def test_parts_add_up_on_public_traces(path, analyzed):
         assert facts.efficiency.parts_ms["gpu_idle"] == pytest.approx(truth["idle_ms"], rel=0.10, abs=0.02)
 
 
-@pytest.mark.parametrize("run_dir", [p for p in GPU_RUNS if p.name not in ("inference",)],
-                         ids=lambda p: f"{p.parent.name}/{p.name}")
+@pytest.mark.parametrize(
+    "run_dir", [p for p in GPU_RUNS if p.name not in ("inference",)], ids=lambda p: f"{p.parent.name}/{p.name}"
+)
 def test_matmul_at_peak_is_the_models_matmul_flops_at_the_bf16_peak(run_dir, analyzed):
     """Whatever the dtype the run computed in: its matmul FLOPs (from the recorder's model) at
     the dense BF16 peak; their sum with attention's over the step is the MFU."""
@@ -181,10 +186,16 @@ def test_launch_bound_activities_are_the_raw_traces(analyzed):
     their own launch call, counted from the raw trace (gpu/fsdp2-bf16, CPU-bound)."""
     path = REC / "gpu" / "fsdp2-bf16" / "rank0.json.gz"
     events = _events(path)
-    spans = [(float(e["ts"]), float(e["ts"]) + float(e["dur"])) for e in events
-             if STEP_RX.match(e.get("name", "")) and e.get("cat") == "user_annotation"]
-    launch = {e["args"]["correlation"]: e for e in events if e.get("cat") in ("cuda_runtime", "cuda_driver")
-              and "correlation" in (e.get("args") or {})}
+    spans = [
+        (float(e["ts"]), float(e["ts"]) + float(e["dur"]))
+        for e in events
+        if STEP_RX.match(e.get("name", "")) and e.get("cat") == "user_annotation"
+    ]
+    launch = {
+        e["args"]["correlation"]: e
+        for e in events
+        if e.get("cat") in ("cuda_runtime", "cuda_driver") and "correlation" in (e.get("args") or {})
+    }
     total = short = 0
     for e in events:
         call = launch.get((e.get("args") or {}).get("correlation")) if e.get("cat") in GPU_CATS else None
@@ -197,7 +208,9 @@ def test_launch_bound_activities_are_the_raw_traces(analyzed):
     assert eff.launch_bound_kernels_per_step > 0.4 * eff.kernels_per_step
 
 
-@pytest.mark.parametrize("pair", [("gpu/fsdp2-ac", "gpu/fsdp2"), ("gpu-h200/gpt2-bf16-b96-ac", "gpu-h200/gpt2-bf16-b96")])
+@pytest.mark.parametrize(
+    "pair", [("gpu/fsdp2-ac", "gpu/fsdp2"), ("gpu-h200/gpt2-bf16-b96-ac", "gpu-h200/gpt2-bf16-b96")]
+)
 def test_recompute_is_what_the_real_twin_runs_less(pair, analyzed):
     """Activation checkpointing's re-run forward, every re-run op: the GPU time its twin without
     checkpointing does not spend (the two runs' own GPU busy time per step, from the timeline)."""

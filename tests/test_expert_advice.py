@@ -29,8 +29,12 @@ def test_ddp_overlap_advice_follows_the_measured_buckets_dtypes_and_bandwidth(sh
     is what the fix looks at. A100 2 ranks: fp32 gradients: the bf16 hook is offered, not buckets."""
     mi300 = shared_traces / "tracelens-mi300-ddp" / "resnet_act_checkpoint.json.gz"
     # the trace's own record of the all-reduces: their op, element count and dtype per call
-    ar = [e for e in _events(mi300) if e.get("name") == "record_param_comms"
-          and "allreduce" in str((e.get("args") or {}).get("Collective name", "")).lower()]
+    ar = [
+        e
+        for e in _events(mi300)
+        if e.get("name") == "record_param_comms"
+        and "allreduce" in str((e.get("args") or {}).get("Collective name", "")).lower()
+    ]
     assert ar and {str(e["args"].get("dtype")) for e in ar} == {"BFloat16"}
     f = _finding(fsdpdoctor.analyze(mi300), "low-overlap")
     code = "\n".join(f.fix.values())

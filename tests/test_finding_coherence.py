@@ -35,10 +35,13 @@ CFG = defaults()
 CLOCK = {r.slug: r.saves_on for r in load_rules()}
 # the rules whose fix also removes time outside the GPU window: exactly these, each for its reason
 STEP_CLOCK_RULES = {"cpu-offload-stall", "step-time-jitter", "sharding-strategy", "ddp-would-be-faster"}
-FSDP_CODE = re.compile(r"fully_shard|FullyShardedDataParallel|\bFSDP\(|CPUOffloadPolicy|MixedPrecisionPolicy|"
-                       r"BackwardPrefetch|ShardingStrategy|set_modules_to_|set_requires_gradient_sync")
-TRAINING_ADVICE = re.compile(r"DataLoader|optimizer|backward|fully_shard|FSDP|DistributedDataParallel|bucket_cap_mb",
-                             re.I)
+FSDP_CODE = re.compile(
+    r"fully_shard|FullyShardedDataParallel|\bFSDP\(|CPUOffloadPolicy|MixedPrecisionPolicy|"
+    r"BackwardPrefetch|ShardingStrategy|set_modules_to_|set_requires_gradient_sync"
+)
+TRAINING_ADVICE = re.compile(
+    r"DataLoader|optimizer|backward|fully_shard|FSDP|DistributedDataParallel|bucket_cap_mb", re.I
+)
 GPU_RECORDED = REPO / "fixtures" / "recorded" / "gpu"
 MULTI_RANK_PUBLIC = ("param-dlrm-v100-8ranks", "hta-sampled-128ranks")
 
@@ -60,8 +63,11 @@ def raw_step_bounds(paths) -> tuple[float, float]:
         n = len({e["name"] for e in events if str(e.get("name", "")).startswith("ProfilerStep#")}) or 1
         ends = [e["ts"] + max(e.get("dur", 0), 0) for e in events]
         wall = max(wall, (max(ends) - min(e["ts"] for e in events)) / 1e3 / n)
-        g = [(e["ts"], e["ts"] + max(e.get("dur", 0), 0)) for e in events
-             if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset", "Kernel", "Memcpy", "Memset")]
+        g = [
+            (e["ts"], e["ts"] + max(e.get("dur", 0), 0))
+            for e in events
+            if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset", "Kernel", "Memcpy", "Memset")
+        ]
         if g:
             gpu = max(gpu, (max(b for _, b in g) - min(a for a, _ in g)) / 1e3 / n)
     return wall, gpu
@@ -80,15 +86,21 @@ def check_report(rep: fsdpdoctor.Report, what: str, files=None) -> None:
     wall, gpu = raw_step_bounds(files) if files else (None, None)
     graded = sorted((x for x in rep.findings if x.est_saving_ms is not None), key=lambda x: -x.est_saving_ms)
     for a, b in zip(graded, graded[1:]):  # a larger saving never ranks below a smaller one
-        assert SEV_ORDER[a.severity] <= SEV_ORDER[b.severity], f"{what}: {a.slug} {a.severity} above {b.slug} {b.severity}"
+        assert SEV_ORDER[a.severity] <= SEV_ORDER[b.severity], (
+            f"{what}: {a.slug} {a.severity} above {b.slug} {b.severity}"
+        )
     for x in rep.findings:
         where = f"{what}: {x.slug}"
         if x.est_saving_ms is not None:
             assert x.est_saving_ms >= 0, where
             if wall:
-                assert x.est_saving_ms <= wall * 1.001, f"{where} saves {x.est_saving_ms} ms of a {wall} ms step (raw trace)"
+                assert x.est_saving_ms <= wall * 1.001, (
+                    f"{where} saves {x.est_saving_ms} ms of a {wall} ms step (raw trace)"
+                )
             if gpu and CLOCK[x.slug] == "gpu" and f.gpu_present:
-                assert x.est_saving_ms <= gpu * 1.001, f"{where} saves {x.est_saving_ms} ms of {gpu} ms of GPU span per step"
+                assert x.est_saving_ms <= gpu * 1.001, (
+                    f"{where} saves {x.est_saving_ms} ms of {gpu} ms of GPU span per step"
+                )
         code = "\n".join(x.fix.values())
         if fsdp is None and (f.memory is None or f.memory.fsdp_version is None):
             assert not {"fsdp1", "fsdp2"} & set(x.fix), where
@@ -145,8 +157,15 @@ def test_dlrm_rank1_waits_most_and_no_straggler():
     assert "computes no longer than theirs" in stragglers[0].summary
 
 
-@pytest.mark.parametrize("variant", sorted(f"{s.name}/{p.name}" for s in (GPU_RECORDED, GPU_RECORDED.with_name("gpu-h200"))
-                                            for p in s.iterdir() if p.is_dir()))
+@pytest.mark.parametrize(
+    "variant",
+    sorted(
+        f"{s.name}/{p.name}"
+        for s in (GPU_RECORDED, GPU_RECORDED.with_name("gpu-h200"))
+        for p in s.iterdir()
+        if p.is_dir()
+    ),
+)
 def test_gpu_recordings(variant):
     d = GPU_RECORDED.parent / variant
     snap = d / "rank0.memory.pickle.gz"
@@ -184,8 +203,24 @@ def test_gpu_offload_saving_exceeds_the_window_and_matches_the_twin():
     assert stall.severity == "critical"
 
 
-@pytest.mark.parametrize("variant", ["per-block", "root-only", "per-linear", "no-backward-prefetch", "no-reshard",
-                                     "bf16-mp", "ddp", "fsdp1", "ga-fsdp2", "ga-fsdp1", "ac", "hsdp", "tp-fsdp"])
+@pytest.mark.parametrize(
+    "variant",
+    [
+        "per-block",
+        "root-only",
+        "per-linear",
+        "no-backward-prefetch",
+        "no-reshard",
+        "bf16-mp",
+        "ddp",
+        "fsdp1",
+        "ga-fsdp2",
+        "ga-fsdp1",
+        "ac",
+        "hsdp",
+        "tp-fsdp",
+    ],
+)
 def test_recorded_runs(variant, recorded_report, recorded_run):
     check_report(recorded_report(variant), f"recorded/{variant}", trace_files(recorded_run(variant)))
 
@@ -224,8 +259,9 @@ def test_a_tiny_saving_is_info(scenario_case):
 
 
 def _cli(*args) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "fsdpdoctor", *map(str, args)], capture_output=True, text=True,
-                          timeout=300)
+    return subprocess.run(
+        [sys.executable, "-m", "fsdpdoctor", *map(str, args)], capture_output=True, text=True, timeout=300
+    )
 
 
 def test_mixed_2022_folder_is_refused_unless_allowed(tmp_path):
@@ -238,8 +274,16 @@ def test_mixed_2022_folder_is_refused_unless_allowed(tmp_path):
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and "Traceback" not in proc.stderr
     line = lines[0]
-    for what in ("control-rank-3.json.gz", "test-rank-1.json.gz", "world size 2", "vs 8", "Tesla V100-SXM2-16GB",
-                 "NVIDIA A100-PG509-200", "days apart", "--allow-mixed-runs"):
+    for what in (
+        "control-rank-3.json.gz",
+        "test-rank-1.json.gz",
+        "world size 2",
+        "vs 8",
+        "Tesla V100-SXM2-16GB",
+        "NVIDIA A100-PG509-200",
+        "days apart",
+        "--allow-mixed-runs",
+    ):
         assert what in line, (what, line)
     for cmd in (("compare", d, d), ("check", d)):
         p = _cli(*cmd)

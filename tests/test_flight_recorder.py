@@ -97,9 +97,14 @@ def test_the_json_form_gives_the_same_verdict_without_stacks(hang_recording):
         assert b.forms == ["json"] and not any(c.stack for c in b.culprits)
 
 
-CASES = [(name, v, form) for name in gen.PRESETS for v in gen.VERSIONS for form in ("pickle", "json")
-         if not (name == "mismatch-dtype" and v == "1.5")  # 1.x records no dtypes
-         and not (name == "coalesced" and gen.version_tuple(v) < (2, 7))]
+CASES = [
+    (name, v, form)
+    for name in gen.PRESETS
+    for v in gen.VERSIONS
+    for form in ("pickle", "json")
+    if not (name == "mismatch-dtype" and v == "1.5")  # 1.x records no dtypes
+    and not (name == "coalesced" and gen.version_tuple(v) < (2, 7))
+]
 
 
 @pytest.mark.parametrize("name,version,form", CASES, ids=[f"{n}-{v}-{f}" for n, v, f in CASES])
@@ -129,8 +134,10 @@ def test_torch_fr_trace_on_nccl_dumps_beside_ours(tmp_path, name):
     truth = gen.write(gen.PRESETS[name], tmp_path)
     ours = fsdpdoctor.analyze(tmp_path).facts.hang
     peer = run_fr_trace(tmp_path)
-    print(f"\n{name}: truth ranks {truth.culprits} #{truth.seq_id} | fsdpdoctor {ours.culprit_ranks} #{ours.seq_id} | "
-          f"fr_trace: {peer.text()}")
+    print(
+        f"\n{name}: truth ranks {truth.culprits} #{truth.seq_id} | fsdpdoctor {ours.culprit_ranks} #{ours.seq_id} | "
+        f"fr_trace: {peer.text()}"
+    )
     assert ours.culprit_ranks == truth.culprits
     if name in ("missing", "hsdp"):  # where fr_trace gives a verdict it agrees on these: a check of the generator too
         assert peer.rc == 0 and peer.missing == truth.culprits and peer.seq == truth.seq_id
@@ -209,7 +216,10 @@ def test_truncated_dump(tmp_path):
 
 def test_wrong_version(tmp_path):
     d = pickle.loads(_good(tmp_path))
-    for version, needle in (("3.0", "version 3.0 is not one this fsdpdoctor reads"), ("two", "unknown Flight Recorder dump version")):
+    for version, needle in (
+        ("3.0", "version 3.0 is not one this fsdpdoctor reads"),
+        ("two", "unknown Flight Recorder dump version"),
+    ):
         p = tmp_path / "v" / "nccl_trace_rank_1"
         p.parent.mkdir(exist_ok=True)
         p.write_bytes(pickle.dumps(dict(d, version=version), protocol=2))
@@ -223,7 +233,9 @@ def test_pickle_with_globals_is_refused_and_nothing_runs(tmp_path):
     p = tmp_path / "evil" / "nccl_trace_rank_2"
     p.parent.mkdir()
     p.write_bytes(pickle.dumps(d, protocol=2))
-    one_line_error(cli("analyze", str(p.parent)), str(p), "refused to load", "system (a Flight Recorder dump holds only plain data")
+    one_line_error(
+        cli("analyze", str(p.parent)), str(p), "refused to load", "system (a Flight Recorder dump holds only plain data"
+    )
     assert not marker.exists()
 
 

@@ -37,13 +37,21 @@ CI_SEEDED = 150
 # past 2**64 is still a float, a string device id falls back to the default, an unknown
 # allocator_settings shape is ignored
 MAY_PASS = {
-    "utf8_label.json", "utf8_label.json.gz", "utf8_key.json", "bigint_ts.json",
-    "snap_device_str.pickle", "snap_settings_list.pickle",
-    "bigint_steps.json:check", "bigint_steps.json:compare",
+    "utf8_label.json",
+    "utf8_label.json.gz",
+    "utf8_key.json",
+    "bigint_ts.json",
+    "snap_device_str.pickle",
+    "snap_settings_list.pickle",
+    "bigint_steps.json:check",
+    "bigint_steps.json:compare",
     # deep lists in fields the analysis does not read are carried, not refused
-    "deep_allocator_settings.pickle", "deep_segment_frames.pickle", "deep_user_metadata.pickle",
+    "deep_allocator_settings.pickle",
+    "deep_segment_frames.pickle",
+    "deep_user_metadata.pickle",
     # a Flight Recorder dump's pg_config ranks and pg_status counters are read leniently (junk: not used)
-    "fr_pg_config_junk_rank_0", "fr_pg_status_junk_rank_0",
+    "fr_pg_config_junk_rank_0",
+    "fr_pg_status_junk_rank_0",
 }
 
 
@@ -152,13 +160,19 @@ from _fuzz_cases import snapshot_obj  # noqa: E402
 EXAMPLES = int(os.environ.get("FSDPDOCTOR_FUZZ_EXAMPLES", "25"))
 _LONG = "FSDPDOCTOR_FUZZ_EXAMPLES" in os.environ
 PROPERTY = settings(
-    max_examples=EXAMPLES, deadline=None, derandomize=not _LONG, database=None,
+    max_examples=EXAMPLES,
+    deadline=None,
+    derandomize=not _LONG,
+    database=None,
     suppress_health_check=list(HealthCheck),
 )
 
 json_values = st.recursive(
-    st.none() | st.booleans() | st.integers(min_value=-(1 << 80), max_value=1 << 80)
-    | st.floats(allow_nan=False) | st.text(max_size=20),
+    st.none()
+    | st.booleans()
+    | st.integers(min_value=-(1 << 80), max_value=1 << 80)
+    | st.floats(allow_nan=False)
+    | st.text(max_size=20),
     lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4),
     max_leaves=20,
 )

@@ -130,8 +130,10 @@ def test_recompute_cost_against_the_twin_without_checkpointing(run):
     recomputed ops (the ops' own durations alone gave 5.6 ms)."""
     from test_step_clock import raw_clock
 
-    real = (raw_clock(H200 / "gpt2-bf16-b96-ac" / "rank0.json.gz")["step_ms"]
-            - raw_clock(H200 / "gpt2-bf16-b96" / "rank0.json.gz")["step_ms"])
+    real = (
+        raw_clock(H200 / "gpt2-bf16-b96-ac" / "rank0.json.gz")["step_ms"]
+        - raw_clock(H200 / "gpt2-bf16-b96" / "rank0.json.gz")["step_ms"]
+    )
     f = next(x for x in run("gpt2-bf16-b96-ac").findings if x.slug == "activation-recompute")
     assert run("gpt2-bf16-b96-ac").facts.timeline.bound == "cpu"
     assert f.est_saving_ms == pytest.approx(real, rel=0.3)

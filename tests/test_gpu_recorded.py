@@ -459,8 +459,12 @@ def test_oom_is_a_device_full_oom_in_forward(model):
     # the request: the GELU output of one block at OOM_BATCH_FACTOR x the batch, fp32
     gelu_out = rg.BATCH * rg.OOM_BATCH_FACTOR * S * HIDDEN * 4
     assert oom.requested_bytes == gelu_out == 512 * MiB
-    for key, field in (("requested", "requested_bytes"), ("device_free", "device_free_bytes"),
-                       ("allocated", "allocated_bytes"), ("cached_free", "cached_free_bytes")):
+    for key, field in (
+        ("requested", "requested_bytes"),
+        ("device_free", "device_free_bytes"),
+        ("allocated", "allocated_bytes"),
+        ("cached_free", "cached_free_bytes"),
+    ):
         value, unit = msg[key]
         assert round(getattr(oom, field) / unit, 2) == value, key  # torch prints two decimals
     # not fragmentation: all cached free blocks together are smaller than the request, and the

@@ -159,18 +159,30 @@ def test_terminal_ticket_names_culprit_and_collective_first(hang_recording):
     d = hang_recording("leave-early") / "dumps"
     truth = json.loads((d.parent / "truth.json").read_text())
     before = sorted(p.name for p in d.iterdir())
-    r = subprocess.run([sys.executable, "-m", "fsdpdoctor", "analyze", str(d)], capture_output=True, text=True, timeout=120)
+    r = subprocess.run(
+        [sys.executable, "-m", "fsdpdoctor", "analyze", str(d)], capture_output=True, text=True, timeout=120
+    )
     assert r.returncode == 0, r.stderr
     head = "\n".join(r.stdout.splitlines()[:4])
     assert "Hang" in head and f"rank {truth['culprit']} never entered all_gather #" in head
     assert sorted(p.name for p in d.iterdir()) == before  # nothing written into the input folder
-    js = subprocess.run([sys.executable, "-m", "fsdpdoctor", "analyze", str(d), "--format", "json"],
-                        capture_output=True, text=True, timeout=120)
+    js = subprocess.run(
+        [sys.executable, "-m", "fsdpdoctor", "analyze", str(d), "--format", "json"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     doc = json.loads(js.stdout)  # validated against the schema too (FSDPDOCTOR_CHECK_SCHEMA=1)
-    assert doc["hang"]["missing_ranks"] == [truth["culprit"]] and doc["findings"][0]["where"]["ranks"] == [truth["culprit"]]
+    assert doc["hang"]["missing_ranks"] == [truth["culprit"]] and doc["findings"][0]["where"]["ranks"] == [
+        truth["culprit"]
+    ]
     for fmt in ("markdown", "html"):
-        out = subprocess.run([sys.executable, "-m", "fsdpdoctor", "analyze", str(d), "--format", fmt],
-                             capture_output=True, text=True, timeout=120)
+        out = subprocess.run(
+            [sys.executable, "-m", "fsdpdoctor", "analyze", str(d), "--format", fmt],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         assert out.returncode == 0 and f"rank {truth['culprit']} never entered" in out.stdout, out.stderr
 
 

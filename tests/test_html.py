@@ -110,8 +110,10 @@ def test_cpu_recording_page(cpu_report, tmp_path):
     assert "No GPU kernels in these traces (CPU-only run)" in page
     assert "No memory snapshot given (use <code>--memory</code>)" in page
     assert cpu_report.findings, "the per-block recording has findings (fp32 all-gathers)"
-    fix_blocks = [htmlmod.unescape(re.sub(r"<[^>]+>", "", b))
-                  for b in re.findall(r'<pre><code class="language-python">(.*?)</code></pre>', page, re.S)]
+    fix_blocks = [
+        htmlmod.unescape(re.sub(r"<[^>]+>", "", b))
+        for b in re.findall(r'<pre><code class="language-python">(.*?)</code></pre>', page, re.S)
+    ]
     for fd in cpu_report.findings:
         assert htmlmod.escape(fd.summary, quote=True) in page
         assert f"<code>{fd.slug}</code>" in page
@@ -169,7 +171,9 @@ def test_waterfall_chart_real_recording(waterfall_report, tmp_path):
     summing to the step the headline states."""
     page = render(waterfall_report)
     _write(tmp_path, "waterfall.html", page)
-    assert_self_contained(page, n_figures=3)  # steps, waterfall, compute (one rank: no spread; world size 1: no units chart)
+    assert_self_contained(
+        page, n_figures=3
+    )  # steps, waterfall, compute (one rank: no spread; world size 1: no units chart)
     assert htmlmod.escape(TITLES["waterfall"], quote=True) in page
     fig = _waterfall_fig(page, "fig-waterfall")
     (tr,) = fig["data"]
@@ -198,8 +202,17 @@ def test_waterfall_per_rank_menu_and_spread(fsdp_gpu_report):
 def test_untrusted_strings_are_escaped(cpu_report):
     evil = "</script><script>alert(1)</script>"
     rep = dataclasses.replace(cpu_report)
-    rep.findings = [Finding(slug="x-slug", code="FSD999", severity="critical", summary=f"bad {evil}",
-                            evidence=[f"ev {evil}"], cause=evil, fix={"fsdp2": f"print('{evil}')"})]
+    rep.findings = [
+        Finding(
+            slug="x-slug",
+            code="FSD999",
+            severity="critical",
+            summary=f"bad {evil}",
+            evidence=[f"ev {evil}"],
+            cause=evil,
+            fix={"fsdp2": f"print('{evil}')"},
+        )
+    ]
     facts = rep.facts
     old = facts.fsdp.units[1].fqn
     facts.fsdp.units[1].fqn = evil
@@ -218,12 +231,21 @@ def test_memory_section_from_memory_facts(cpu_report):
     from fsdpdoctor.analysis.memory import MemoryFacts
 
     mem = MemoryFacts(
-        source="snapshot", path="snap.pickle", peak_allocated_bytes=6 * 2**30, reserved_at_peak_bytes=7 * 2**30,
-        pending_free_at_peak_bytes=2**28, external_fragmentation_bytes=7 * 2**30 - 6 * 2**30 - 2**28,
-        peak_phase="backward", notes=["a note"],
+        source="snapshot",
+        path="snap.pickle",
+        peak_allocated_bytes=6 * 2**30,
+        reserved_at_peak_bytes=7 * 2**30,
+        pending_free_at_peak_bytes=2**28,
+        external_fragmentation_bytes=7 * 2**30 - 6 * 2**30 - 2**28,
+        peak_phase="backward",
+        notes=["a note"],
         categories={"parameters_sharded": 2**30, "activations": 4 * 2**30, "gradients": 2**30, "other": 0},
-        curve={"x_unit": "time_us", "x": [10.0, 20.0, 30.0], "allocated": [2**30, 6 * 2**30, 3 * 2**30],
-               "reserved": [2 * 2**30, 7 * 2**30, 7 * 2**30]},
+        curve={
+            "x_unit": "time_us",
+            "x": [10.0, 20.0, 30.0],
+            "allocated": [2**30, 6 * 2**30, 3 * 2**30],
+            "reserved": [2 * 2**30, 7 * 2**30, 7 * 2**30],
+        },
     )
     facts = cpu_report.facts
     old = getattr(facts, "memory", None)
@@ -274,8 +296,10 @@ def _check_extract_matches_facts(report, rank: int) -> None:
         # every exposed piece lies inside a comm kernel on its stream, and inside the exposed set
         comm = [sp for sp in tl.kernels if sp.category == "comm"]
         for ex in tl.exposed_spans:
-            assert any(c.stream == ex.stream and c.start_us - 1e-6 <= ex.start_us and ex.end_us <= c.end_us + 1e-6
-                       for c in comm)
+            assert any(
+                c.stream == ex.stream and c.start_us - 1e-6 <= ex.start_us and ex.end_us <= c.end_us + 1e-6
+                for c in comm
+            )
             assert any(a - 1e-6 <= ex.start_us and ex.end_us <= b + 1e-6 for a, b in tl.exposed)
 
 
@@ -361,9 +385,11 @@ def test_timeline_defaults_and_errors(cpu_report):
 
 def test_short_names():
     assert short_name("void at::native::(anonymous namespace)::cunn_SoftMaxForward<4, float>(float*, int)") == (
-        "at::native::cunn_SoftMaxForward")
+        "at::native::cunn_SoftMaxForward"
+    )
     assert short_name("ncclDevKernel_AllGather_RING_LL(ncclDevKernelArgsStorage<4096ul>)") == (
-        "ncclDevKernel_AllGather_RING_LL")
+        "ncclDevKernel_AllGather_RING_LL"
+    )
     assert short_name("Memcpy HtoD (Pinned -> Device)") == "Memcpy HtoD (Pinned -> Device)"
     assert len(short_name("x" * 500)) == 64
 
@@ -374,8 +400,12 @@ def test_short_names():
 
 
 def _cmp_dict(before, after, comps):
-    return {"step_time_before_ms": before, "step_time_after_ms": after, "step_time_delta_ms": after - before,
-            "components": {n: {"before_ms": 0.0, "after_ms": v, "delta_ms": v} for n, v in comps.items()}}
+    return {
+        "step_time_before_ms": before,
+        "step_time_after_ms": after,
+        "step_time_delta_ms": after - before,
+        "components": {n: {"before_ms": 0.0, "after_ms": v, "delta_ms": v} for n, v in comps.items()},
+    }
 
 
 def test_render_comparison_from_its_json():
@@ -410,7 +440,9 @@ def _check_real_comparison(cmp) -> str:
     # the change by compare's components, and (GPU runs) by the waterfall's parts
     assert_self_contained(page, n_figures=2 if d["waterfall_ms"] else 1)
     if d["waterfall_ms"]:
-        assert sum(p["delta_ms"] for p in d["waterfall_ms"].values()) == pytest.approx(d["step_time_delta_ms"], abs=1e-6)
+        assert sum(p["delta_ms"] for p in d["waterfall_ms"].values()) == pytest.approx(
+            d["step_time_delta_ms"], abs=1e-6
+        )
     before, parts, after, total = comparison_parts(cmp)
     assert before == pytest.approx(d["step_time_before_ms"]) and after == pytest.approx(d["step_time_after_ms"])
     assert total == pytest.approx(d["step_time_delta_ms"])
@@ -430,8 +462,10 @@ def test_render_real_comparison_cpu():
 def test_render_real_comparison_gpu(fsdp_gpu_dir, tmp_path_factory):
     from fixtures.scenarios.generator import PRESETS, generate
 
-    healthy = generate(dataclasses.replace(PRESETS["healthy-fsdp2"], world_size=2, num_layers=4, steps=3),
-                       tmp_path_factory.mktemp("healthy"))
+    healthy = generate(
+        dataclasses.replace(PRESETS["healthy-fsdp2"], world_size=2, num_layers=4, steps=3),
+        tmp_path_factory.mktemp("healthy"),
+    )
     cmp = _real_comparison(healthy, fsdp_gpu_dir)
     page = _check_real_comparison(cmp)
     assert comparison_dict(cmp)["step_time_delta_ms"] > 0
@@ -445,14 +479,17 @@ def test_render_real_comparison_gpu(fsdp_gpu_dir, tmp_path_factory):
 
 def test_cli_html(tmp_path):
     out = tmp_path / "report.html"
-    res = CliRunner().invoke(main, ["analyze", str(PER_BLOCK), "--format", "html", "-o", str(out),
-                                    "--timeline-rank", "1", "--timeline-step", "1"])
+    res = CliRunner().invoke(
+        main,
+        ["analyze", str(PER_BLOCK), "--format", "html", "-o", str(out), "--timeline-rank", "1", "--timeline-step", "1"],
+    )
     assert res.exit_code == 0, res.output
     page = out.read_text()
     assert_self_contained(page, n_figures=3)
     assert "rank 1, step index 1 (ProfilerStep#" in page
-    bad = CliRunner().invoke(main, ["analyze", str(PER_BLOCK), "--format", "html", "-o", str(out),
-                                    "--timeline-rank", "9"])
+    bad = CliRunner().invoke(
+        main, ["analyze", str(PER_BLOCK), "--format", "html", "-o", str(out), "--timeline-rank", "9"]
+    )
     assert bad.exit_code == 2
     assert "rank 9: not in the input" in bad.output and "Traceback" not in bad.output
 
@@ -488,9 +525,21 @@ window.addEventListener("load", function () { setTimeout(function () {
 
 
 def _browser(*args: str, user_dir: Path) -> subprocess.CompletedProcess:
-    cmd = [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-           "--disable-component-update", "--disable-sync", "--no-first-run", "--disable-extensions",
-           f"--user-data-dir={user_dir}", "--hide-scrollbars", "--virtual-time-budget=15000", *args]
+    cmd = [
+        CHROMIUM,
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        "--no-first-run",
+        "--disable-extensions",
+        f"--user-data-dir={user_dir}",
+        "--hide-scrollbars",
+        "--virtual-time-budget=15000",
+        *args,
+    ]
     return subprocess.run(cmd, capture_output=True, text=True, timeout=180)
 
 
@@ -499,8 +548,8 @@ def decode_png(data: bytes) -> np.ndarray:
     assert data[:8] == b"\x89PNG\r\n\x1a\n", "not a PNG"
     pos, idat, ihdr = 8, [], None
     while pos < len(data):
-        n, typ = struct.unpack(">I4s", data[pos:pos + 8])
-        body = data[pos + 8:pos + 8 + n]
+        n, typ = struct.unpack(">I4s", data[pos : pos + 8])
+        body = data[pos + 8 : pos + 8 + n]
         if typ == b"IHDR":
             ihdr = struct.unpack(">IIBBBBB", body)
         elif typ == b"IDAT":
@@ -571,8 +620,12 @@ def _encode_png(img: np.ndarray) -> bytes:
         return struct.pack(">I", len(body)) + t + body + struct.pack(">I", zlib.crc32(t + body))
 
     ctype = {1: 0, 3: 2, 4: 6}[bpp]
-    return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", w, h, 8, ctype, 0, 0, 0))
-            + chunk(b"IDAT", zlib.compress(b"".join(rows))) + chunk(b"IEND", b""))
+    return (
+        b"\x89PNG\r\n\x1a\n"
+        + chunk(b"IHDR", struct.pack(">IIBBBBB", w, h, 8, ctype, 0, 0, 0))
+        + chunk(b"IDAT", zlib.compress(b"".join(rows)))
+        + chunk(b"IEND", b"")
+    )
 
 
 def test_png_decoder_roundtrip():
@@ -592,8 +645,14 @@ def _probe(page_path: Path, tmp_path: Path) -> dict:
 
 def _screenshot(page_path: Path, tmp_path: Path) -> tuple[np.ndarray, int, str]:
     png = tmp_path / (page_path.stem + ".png")
-    res = _browser("--enable-logging=stderr", "--v=0", f"--screenshot={png}", "--window-size=1400,3000",
-                   page_path.as_uri(), user_dir=tmp_path / "shot-profile")
+    res = _browser(
+        "--enable-logging=stderr",
+        "--v=0",
+        f"--screenshot={png}",
+        "--window-size=1400,3000",
+        page_path.as_uri(),
+        user_dir=tmp_path / "shot-profile",
+    )
     assert png.exists(), f"no screenshot written:\n{res.stderr[-2000:]}"
     data = png.read_bytes()
     return decode_png(data), len(data), res.stderr
@@ -601,8 +660,11 @@ def _screenshot(page_path: Path, tmp_path: Path) -> tuple[np.ndarray, int, str]:
 
 def _page_console_errors(stderr: str) -> list[str]:
     """Console lines chromium logs for the page (``CONSOLE(...)`` / ``Uncaught``) that are errors."""
-    return [ln for ln in stderr.splitlines()
-            if ("Uncaught" in ln or ("CONSOLE" in ln and "error" in ln.lower())) and "file://" in ln]
+    return [
+        ln
+        for ln in stderr.splitlines()
+        if ("Uncaught" in ln or ("CONSOLE" in ln and "error" in ln.lower())) and "file://" in ln
+    ]
 
 
 def _check_in_browser(page: str, name: str, n_figures: int, tmp_path: Path) -> np.ndarray:
@@ -635,7 +697,7 @@ def test_browser_fsdp_gpu(fsdp_gpu_report, tmp_path):
     img = _check_in_browser(render(fsdp_gpu_report), "fsdp.html", 6, tmp_path)
     rgb = img[..., :3].astype(int)
     for hex_colour in ("#4C78A8", "#54A24B"):  # compute bars and all-gather bars were painted
-        target = np.array([int(hex_colour[i:i + 2], 16) for i in (1, 3, 5)])
+        target = np.array([int(hex_colour[i : i + 2], 16) for i in (1, 3, 5)])
         assert (np.abs(rgb - target).max(axis=2) < 6).sum() > 2_000, hex_colour
 
 
@@ -651,14 +713,15 @@ def test_browser_waterfall(waterfall_report, tmp_path):
     img = _check_in_browser(render(waterfall_report), "waterfall.html", 3, tmp_path)
     rgb = img[..., :3].astype(int)
     for hex_colour in ("#4C78A8", "#333333"):
-        target = np.array([int(hex_colour[i:i + 2], 16) for i in (1, 3, 5)])
+        target = np.array([int(hex_colour[i : i + 2], 16) for i in (1, 3, 5)])
         assert (np.abs(rgb - target).max(axis=2) < 6).sum() > 2_000, hex_colour
 
 
 @needs_browser
 def test_browser_comparison(tmp_path):
-    page = render_comparison(_cmp_dict(100.0, 118.0, {"exposed_all_gather": 12.0, "compute": 4.0, "host_bound_idle": 3.0,
-                                                      "memcpy": -1.0}))
+    page = render_comparison(
+        _cmp_dict(100.0, 118.0, {"exposed_all_gather": 12.0, "compute": 4.0, "host_bound_idle": 3.0, "memcpy": -1.0})
+    )
     path = _write(tmp_path, "compare.html", page)
     probe = _probe(path, tmp_path)
     assert probe == {"plots": 1, "errors": []}
@@ -666,5 +729,5 @@ def test_browser_comparison(tmp_path):
     assert _page_console_errors(stderr) == []
     rgb = img[..., :3].astype(int)
     for hex_colour in ("#E45756", "#54A24B", "#4C78A8"):  # slower, faster and total bars were painted
-        target = np.array([int(hex_colour[i:i + 2], 16) for i in (1, 3, 5)])
+        target = np.array([int(hex_colour[i : i + 2], 16) for i in (1, 3, 5)])
         assert (np.abs(rgb - target).max(axis=2) < 6).sum() > 200, hex_colour

@@ -128,7 +128,7 @@ def test_top_level_array(tmp_path, chunk):
 
 AWKWARD_NAMES = [
     'weird},{"ph": "X"}, {name',
-    "quote \" and }, { and \\ and \\\" end",
+    'quote " and }, { and \\ and \\" end',
     "newline\nand tab\t},\n  {",
     "unicode é ✓ 名前 \u2028",
     "}",
@@ -142,19 +142,53 @@ def _awkward_trace(n: int = 400) -> dict:
         name = AWKWARD_NAMES[i % len(AWKWARD_NAMES)] + f" #{i % 7}"
         args = {"External id": i, "note": "a},{b", "nested": [{"k": "},{"}, {"k": [1, {"x": "}, {"}]}]}
         if i % 5 == 0:
-            args.update({"Collective name": "allreduce", "In msg nelems": 10, "Out msg nelems": 10, "dtype": "Float",
-                         "Process Group Ranks": [0, 1], "Group size": 2})
+            args.update(
+                {
+                    "Collective name": "allreduce",
+                    "In msg nelems": 10,
+                    "Out msg nelems": 10,
+                    "dtype": "Float",
+                    "Process Group Ranks": [0, 1],
+                    "Group size": 2,
+                }
+            )
         if i % 11 == 0:
             args.update({"Input Dims": [[3, 4], []], "Input type": ["float", "Scalar"]})
         cat = ["cpu_op", "kernel", "python_function", "user_annotation"][i % 4]
-        evs.append({"ph": "X", "cat": cat, "name": "c10d::allreduce_" if i % 11 == 0 else name, "pid": 1,
-                    "tid": 2 + i % 3, "ts": 1000.5 + i, "dur": 2.25, "args": args})
+        evs.append(
+            {
+                "ph": "X",
+                "cat": cat,
+                "name": "c10d::allreduce_" if i % 11 == 0 else name,
+                "pid": 1,
+                "tid": 2 + i % 3,
+                "ts": 1000.5 + i,
+                "dur": 2.25,
+                "args": args,
+            }
+        )
         if i % 3 == 0:
-            evs.append({"ph": "f", "id": i, "pid": 1, "tid": 2, "ts": 1000.0 + i, "cat": "ac2g", "name": "ac2g", "bp": "e"})
-    evs.append({"ph": "X", "cat": "kernel", "name": "null args", "pid": 0, "tid": 7, "ts": 5.0, "dur": 1.0, "args": None})
-    evs.append({"ph": "X", "cat": "kernel", "name": "null id", "pid": 0, "tid": 7, "ts": 6.0, "dur": -1.0,
-                "args": {"External id": None, "stream": 7, "bytes": "4096"}})
-    evs.append({"ph": "X", "cat": "Trace", "name": "span", "pid": "Spans", "tid": "PyTorch Profiler", "ts": 1.0, "dur": 9.0})
+            evs.append(
+                {"ph": "f", "id": i, "pid": 1, "tid": 2, "ts": 1000.0 + i, "cat": "ac2g", "name": "ac2g", "bp": "e"}
+            )
+    evs.append(
+        {"ph": "X", "cat": "kernel", "name": "null args", "pid": 0, "tid": 7, "ts": 5.0, "dur": 1.0, "args": None}
+    )
+    evs.append(
+        {
+            "ph": "X",
+            "cat": "kernel",
+            "name": "null id",
+            "pid": 0,
+            "tid": 7,
+            "ts": 6.0,
+            "dur": -1.0,
+            "args": {"External id": None, "stream": 7, "bytes": "4096"},
+        }
+    )
+    evs.append(
+        {"ph": "X", "cat": "Trace", "name": "span", "pid": "Spans", "tid": "PyTorch Profiler", "ts": 1.0, "dur": 9.0}
+    )
     return {"schemaVersion": 1, "distributedInfo": {"rank": 1, "world_size": 2}, "traceEvents": evs}
 
 
@@ -266,11 +300,28 @@ def test_malformed_json_reports_like_the_whole_file_decoder(tmp_path, chunk, dam
 
 @pytest.mark.parametrize(
     "content",
-    [b"", b"  \n ", b"42", b'{"hello": 1}', b'{"traceEvents": []}', b'{"traceEvents": null}', b"[]",
-     b'{"traceEvents": [{"ph": "M", "name": "process_name", "pid": 1, "tid": 0, "args": {"name": "x"}}]}',
-     b'{"a": "\\"traceEvents\\": [", "traceEvents": [{"ph": "X", "name": "k", "ts": 1, "dur": 1}]'],
-    ids=["empty", "blank", "scalar", "no-events-key", "zero-events", "null-events", "empty-array", "only-metadata",
-         "key-inside-a-string-then-truncated"],
+    [
+        b"",
+        b"  \n ",
+        b"42",
+        b'{"hello": 1}',
+        b'{"traceEvents": []}',
+        b'{"traceEvents": null}',
+        b"[]",
+        b'{"traceEvents": [{"ph": "M", "name": "process_name", "pid": 1, "tid": 0, "args": {"name": "x"}}]}',
+        b'{"a": "\\"traceEvents\\": [", "traceEvents": [{"ph": "X", "name": "k", "ts": 1, "dur": 1}]',
+    ],
+    ids=[
+        "empty",
+        "blank",
+        "scalar",
+        "no-events-key",
+        "zero-events",
+        "null-events",
+        "empty-array",
+        "only-metadata",
+        "key-inside-a-string-then-truncated",
+    ],
 )
 def test_degenerate_documents(tmp_path, content):
     p = tmp_path / "t.json"

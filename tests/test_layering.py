@@ -25,7 +25,9 @@ def _modules() -> dict[str, Path]:
 
 def _is_type_checking(node: ast.If) -> bool:
     t = node.test
-    return (isinstance(t, ast.Name) and t.id == "TYPE_CHECKING") or (isinstance(t, ast.Attribute) and t.attr == "TYPE_CHECKING")
+    return (isinstance(t, ast.Name) and t.id == "TYPE_CHECKING") or (
+        isinstance(t, ast.Attribute) and t.attr == "TYPE_CHECKING"
+    )
 
 
 def _imports(name: str, path: Path, known: set[str]) -> set[str]:
@@ -115,11 +117,23 @@ def test_the_pipeline_runs_one_way():
     g = _graph()
     for m, deps in g.items():
         if m.startswith("fsdpdoctor.ingest"):
-            assert not {d for d in deps if d.startswith(("fsdpdoctor.analysis", "fsdpdoctor.rules", "fsdpdoctor.report", "fsdpdoctor.api"))}, m
+            assert not {
+                d
+                for d in deps
+                if d.startswith(("fsdpdoctor.analysis", "fsdpdoctor.rules", "fsdpdoctor.report", "fsdpdoctor.api"))
+            }, m
         if m.startswith("fsdpdoctor.analysis"):
-            assert not {d for d in deps if d.startswith(("fsdpdoctor.rules", "fsdpdoctor.report", "fsdpdoctor.api", "fsdpdoctor.cli"))}, m
+            assert not {
+                d
+                for d in deps
+                if d.startswith(("fsdpdoctor.rules", "fsdpdoctor.report", "fsdpdoctor.api", "fsdpdoctor.cli"))
+            }, m
         if m.startswith("fsdpdoctor.rules"):
-            assert not {d for d in deps if d.startswith(("fsdpdoctor.report", "fsdpdoctor.api", "fsdpdoctor.cli", "fsdpdoctor.ingest"))}, m
+            assert not {
+                d
+                for d in deps
+                if d.startswith(("fsdpdoctor.report", "fsdpdoctor.api", "fsdpdoctor.cli", "fsdpdoctor.ingest"))
+            }, m
 
 
 def test_the_graph_sees_imports():

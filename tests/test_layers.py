@@ -108,8 +108,11 @@ def test_recorded_h200_runs(variant):
     from fixtures import record_gpu
 
     model = record_gpu.build_model(variant)
-    _check(GPU_RECORDED.with_name("gpu-h200") / variant / "rank0.json.gz", len(model.layers),
-           _linear_numel(model.layers[0]))
+    _check(
+        GPU_RECORDED.with_name("gpu-h200") / variant / "rank0.json.gz",
+        len(model.layers),
+        _linear_numel(model.layers[0]),
+    )
 
 
 def test_no_shapes_no_blocks(recorded_run):

@@ -35,10 +35,17 @@ def dump(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("outputs")
     _gunzip(GPU / "fsdp2" / "rank0.json.gz", root / "traces" / "iteration_10" / "rank0_trace.json")
     _gunzip(GPU / "fsdp2-ac" / "rank0.json.gz", root / "traces" / "iteration_20" / "replica_0" / "rank0_trace.json")
-    _gunzip(GPU / "fsdp2" / "rank0.memory.pickle.gz", root / "snapshots" / "iteration_10" / "rank0_memory_snapshot.pickle")
-    _gunzip(GPU / "fsdp2-ac" / "rank0.memory.pickle.gz",
-            root / "snapshots" / "iteration_20" / "replica_0" / "rank0_memory_snapshot.pickle")
-    _gunzip(GPU / "oom" / "rank0.memory.pickle.gz", root / "snapshots" / "iteration_20_exit" / "rank0_memory_snapshot.pickle")
+    _gunzip(
+        GPU / "fsdp2" / "rank0.memory.pickle.gz", root / "snapshots" / "iteration_10" / "rank0_memory_snapshot.pickle"
+    )
+    _gunzip(
+        GPU / "fsdp2-ac" / "rank0.memory.pickle.gz",
+        root / "snapshots" / "iteration_20" / "replica_0" / "rank0_memory_snapshot.pickle",
+    )
+    _gunzip(
+        GPU / "oom" / "rank0.memory.pickle.gz",
+        root / "snapshots" / "iteration_20_exit" / "rank0_memory_snapshot.pickle",
+    )
     (root / "checkpoint" / "step-20").mkdir(parents=True)
     (root / "comm_traces").mkdir()
     (root / "tb").mkdir()
@@ -53,7 +60,10 @@ def test_analyze_reads_the_latest_iteration_and_its_snapshot(dump):
     assert f.memory.activation_checkpointing == "full"  # the fsdp2-ac recording: checkpoint_wrapper on every block
     assert f.fsdp.activation_checkpointing is True
     note = next(n for n in f.notes if "not analysed" in n)
-    assert "iteration_10 (iteration 10;" in note and "iteration_20_exit (the memory snapshot of an out-of-memory exit" in note
+    assert (
+        "iteration_10 (iteration 10;" in note
+        and "iteration_20_exit (the memory snapshot of an out-of-memory exit" in note
+    )
 
 
 def test_analyze_chosen_iteration(dump):
@@ -73,12 +83,16 @@ def test_memory_reads_the_latest_snapshot_an_oom_exit(dump):
 
 
 def test_cli_on_the_dump_folder(dump):
-    out = subprocess.run([sys.executable, "-m", "fsdpdoctor", "analyze", str(dump), "--iteration", "10", "--format", "json"],
-                         capture_output=True, text=True)
+    out = subprocess.run(
+        [sys.executable, "-m", "fsdpdoctor", "analyze", str(dump), "--iteration", "10", "--format", "json"],
+        capture_output=True,
+        text=True,
+    )
     assert out.returncode == 0, out.stderr
     assert Path(json.loads(out.stdout)["memory"]["path"]).parent.name == "iteration_10"
-    bad = subprocess.run([sys.executable, "-m", "fsdpdoctor", "analyze", str(dump), "--iteration", "3"],
-                         capture_output=True, text=True)
+    bad = subprocess.run(
+        [sys.executable, "-m", "fsdpdoctor", "analyze", str(dump), "--iteration", "3"], capture_output=True, text=True
+    )
     assert bad.returncode == 2 and "Traceback" not in bad.stderr and len(bad.stderr.strip().splitlines()) == 1
 
 
@@ -88,7 +102,10 @@ def test_iteration_without_a_dump_folder_is_refused():
 
 
 def test_dump_folder_with_snapshots_only(tmp_path):
-    _gunzip(GPU / "oom" / "rank0.memory.pickle.gz", tmp_path / "memory_snapshot" / "iteration_0_exit" / "rank0_memory_snapshot.pickle")
+    _gunzip(
+        GPU / "oom" / "rank0.memory.pickle.gz",
+        tmp_path / "memory_snapshot" / "iteration_0_exit" / "rank0_memory_snapshot.pickle",
+    )
     with pytest.raises(InputError, match="without profile traces.*iteration_0_exit.*fsdpdoctor memory"):
         fsdpdoctor.analyze(tmp_path)
     assert analyze_memory_only(tmp_path).facts.memory.oom is not None
@@ -104,7 +121,10 @@ def test_plain_trace_folders_are_not_dump_folders():
 def test_traces_in_the_folder_snapshots_in_iteration_folders(tmp_path):
     """A run that keeps its traces in the folder itself and torchtitan-style snapshot folders below."""
     _gunzip(GPU / "fsdp2" / "rank0.json.gz", tmp_path / "rank0.json")
-    _gunzip(GPU / "fsdp2" / "rank0.memory.pickle.gz", tmp_path / "memory_snapshot" / "iteration_4" / "rank0_memory_snapshot.pickle")
+    _gunzip(
+        GPU / "fsdp2" / "rank0.memory.pickle.gz",
+        tmp_path / "memory_snapshot" / "iteration_4" / "rank0_memory_snapshot.pickle",
+    )
     f = fsdpdoctor.analyze(tmp_path).facts
     assert Path(f.inputs[0].path).name == "rank0.json"
     assert Path(f.memory.path).parent.name == "iteration_4"

@@ -67,7 +67,9 @@ def test_active_peak_and_its_categories(built, name):
     assert facts.peak_active_event_index == truth["peak_active_event_index"]
     assert facts.peak_active_bytes >= facts.peak_allocated_bytes
     assert sum(facts.categories_at_active_peak.values()) == facts.peak_active_bytes
-    assert _error(facts.categories_at_active_peak, truth["categories_at_active_peak"]) <= 0.02 * truth["peak_active_bytes"]
+    assert (
+        _error(facts.categories_at_active_peak, truth["categories_at_active_peak"]) <= 0.02 * truth["peak_active_bytes"]
+    )
 
 
 def test_the_two_peaks_differ_where_frees_wait_on_another_stream(built):
@@ -75,7 +77,10 @@ def test_the_two_peaks_differ_where_frees_wait_on_another_stream(built):
     it, max_memory_allocated does not."""
     facts, truth = built("fsdp2")
     assert truth["peak_active_bytes"] > truth["peak_allocated_bytes"]
-    assert facts.peak_active_bytes - facts.peak_allocated_bytes == truth["peak_active_bytes"] - truth["peak_allocated_bytes"]
+    assert (
+        facts.peak_active_bytes - facts.peak_allocated_bytes
+        == truth["peak_active_bytes"] - truth["peak_allocated_bytes"]
+    )
 
 
 @pytest.mark.parametrize("name", OOM)
@@ -94,7 +99,10 @@ def test_activation_oom_in_forward(built, name):
     facts, truth = built(name)
     assert truth["oom"] is not None and facts.peak_phase == "forward"
     assert truth["categories"]["activations"] > 0.9 * truth["peak_allocated_bytes"]
-    assert abs(facts.categories["activations"] - truth["categories"]["activations"]) <= 0.01 * truth["peak_allocated_bytes"]
+    assert (
+        abs(facts.categories["activations"] - truth["categories"]["activations"])
+        <= 0.01 * truth["peak_allocated_bytes"]
+    )
     # no reduce-scatter happened yet: the sharded parameters are found through the unsharded sizes
     assert facts.pre_existing_attributed.get("parameters_sharded") == truth["categories"]["parameters_sharded"]
 
@@ -147,7 +155,11 @@ def test_main_thread_stacks_end_a_backward():
     user = "/workspace/fsdp-run/train.py"
     batch = ((user, "to_device", 18), (user, "train_step", 50), (user, "main", 97), (user, "<module>", 121))
     hook = ((user, "clip_hook", 30),)
-    custom = (("/workspace/fsdp-run/ops.py", "backward", 12), ("/usr/lib/python3/site-packages/torch/autograd/function.py", "apply", 307), (user, "<module>", 121))
+    custom = (
+        ("/workspace/fsdp-run/ops.py", "backward", 12),
+        ("/usr/lib/python3/site-packages/torch/autograd/function.py", "apply", 307),
+        (user, "<module>", 121),
+    )
     assert summarize(batch).main_thread
     assert not summarize(hook).main_thread
     assert not summarize(custom).main_thread

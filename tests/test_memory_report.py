@@ -70,7 +70,9 @@ def test_memory_command_rejects_a_malicious_pickle_and_runs_nothing(tmp_path):
 
 def test_memory_command_on_generated_oom(tmp_path):
     path, _ = gen.write("fsdp2_oom", tmp_path)
-    out = subprocess.run([sys.executable, "-m", "fsdpdoctor", "memory", str(path), "--format", "json"], capture_output=True, text=True)
+    out = subprocess.run(
+        [sys.executable, "-m", "fsdpdoctor", "memory", str(path), "--format", "json"], capture_output=True, text=True
+    )
     assert out.returncode == 0, out.stderr
     d = json.loads(out.stdout)
     slugs = [f["slug"] for f in d["findings"]]
@@ -87,8 +89,11 @@ def test_trace_memory_events_give_the_curve_without_a_snapshot(snap):
     trace = PUBLIC_TRACES / "hta-df-index-v100" / "rank-1.json.gz"
     if not trace.exists():
         pytest.skip("../shared/traces/public is absent")
-    events = [e["args"] for e in json.load(gzip.open(trace))["traceEvents"]
-              if e.get("name") == "[memory]" and e["args"].get("Device Type") == 1]
+    events = [
+        e["args"]
+        for e in json.load(gzip.open(trace))["traceEvents"]
+        if e.get("name") == "[memory]" and e["args"].get("Device Type") == 1
+    ]
     peak = max(a["Total Allocated"] for a in events)
     at_peak = next(a for a in events if a["Total Allocated"] == peak)
     m = fsdpdoctor.analyze(trace).facts.memory
@@ -110,7 +115,12 @@ def test_report_names_the_instant_and_both_peaks(tmp_path):
     rep = fsdpdoctor.api.analyze_memory_only(path)
     d = json.loads(rep.to_json())["memory"]
     assert d["categories_instant"] == "peak_allocated"
-    assert d["peak_active_bytes"] == truth["peak_active_bytes"] > d["peak_allocated_bytes"] == truth["peak_allocated_bytes"]
+    assert (
+        d["peak_active_bytes"]
+        == truth["peak_active_bytes"]
+        > d["peak_allocated_bytes"]
+        == truth["peak_allocated_bytes"]
+    )
     assert sum(d["categories_at_active_peak"].values()) == truth["peak_active_bytes"]
     md = rep.to_markdown()
     assert "Active peak" in md and "at active peak" in md

@@ -29,11 +29,21 @@ PUBLIC = sorted(PUBLIC_SNAPSHOTS.glob("*/*.pickle")) if PUBLIC_SNAPSHOTS.exists(
 #: a Python site as sites are written, "function (path.py:line)", or a placeholder without frames
 PY_SITE = re.compile(r"^[\w<>.]+ \([^()]+\.py:[1-9]\d*\)$")
 PLACEHOLDER = ("<no Python frames", "<allocated before recording", "<no frames>")
-LOSS_OOM = ["fsdp2_loss_oom", "fsdp2_loss_oom_next_line", "fsdp2_loss_oom_in_torch", "fsdp2_loss_oom_helper",
-            "fsdp2_loss_oom_native", "fsdp1_loss_oom"]
+LOSS_OOM = [
+    "fsdp2_loss_oom",
+    "fsdp2_loss_oom_next_line",
+    "fsdp2_loss_oom_in_torch",
+    "fsdp2_loss_oom_helper",
+    "fsdp2_loss_oom_native",
+    "fsdp1_loss_oom",
+]
 #: the same run recorded with Python stacks and with C++ / CPython frames around them
-TWINS = [("fsdp2", "fsdp2_native"), ("fsdp2", "fsdp2_native_symbolized"),
-         ("fsdp2_loss_oom_next_line", "fsdp2_loss_oom_native"), ("fsdp2_ckpt_half", "fsdp2_ckpt_half_native")]
+TWINS = [
+    ("fsdp2", "fsdp2_native"),
+    ("fsdp2", "fsdp2_native_symbolized"),
+    ("fsdp2_loss_oom_next_line", "fsdp2_loss_oom_native"),
+    ("fsdp2_ckpt_half", "fsdp2_ckpt_half_native"),
+]
 
 
 @pytest.fixture(scope="module")
@@ -109,8 +119,10 @@ def test_real_cpp_stacks_give_the_sites_of_their_python_frames(variant):
         return [fr for fr in frames or [] if str(fr.get("filename", "")).endswith(".py") and fr.get("line", 0) > 0]
 
     obj = {
-        "segments": [dict(s, frames=keep(s.get("frames")), blocks=[dict(b, frames=keep(b.get("frames"))) for b in s["blocks"]])
-                     for s in snap.segments],
+        "segments": [
+            dict(s, frames=keep(s.get("frames")), blocks=[dict(b, frames=keep(b.get("frames"))) for b in s["blocks"]])
+            for s in snap.segments
+        ],
         "device_traces": [[dict(e, frames=keep(e.get("frames"))) for e in t] for t in snap.device_traces],
         "allocator_settings": snap.allocator_settings,
         "external_annotations": snap.external_annotations,
@@ -128,8 +140,11 @@ def test_generated_cpp_frames_follow_the_real_recording():
     fake = obj["device_traces"][0]
     for trace in (real, fake):
         assert {tuple(fr) for e in trace for fr in e.get("frames") or []} == {("name", "filename", "line")}
-        assert all(type(fr["name"]) is str and type(fr["filename"]) is str and type(fr["line"]) is int
-                   for e in trace for fr in e.get("frames") or [])
+        assert all(
+            type(fr["name"]) is str and type(fr["filename"]) is str and type(fr["line"]) is int
+            for e in trace
+            for fr in e.get("frames") or []
+        )
 
     def shape(trace, action):
         stacks = [e["frames"] for e in trace if e["action"] == action and e.get("frames")]
@@ -186,8 +201,9 @@ def test_oom_finding_names_the_loss_statement(tmp_path, name):
     rep = analyze_memory_only(path)
     f = next(x for x in rep.findings if x.slug == "oom")
     assert f"`{want['function']}`" in f.summary and f":{want['line']})" in f.summary and "in the loss" in f.summary
-    assert any(e.startswith("failing statement:") and f"{want['temporaries_bytes'] / 2**20:.1f} MiB" in e
-               for e in f.evidence)
+    assert any(
+        e.startswith("failing statement:") and f"{want['temporaries_bytes'] / 2**20:.1f} MiB" in e for e in f.evidence
+    )
     assert "cross_entropy" in f.fix["any"] and "loss_parallel" in f.fix["any"]
     assert "checkpoint" not in f.fix["any"]
 
@@ -251,8 +267,9 @@ def test_real_checkpointed_recordings_are_full(variant, blocks):
     assert (f.activation_checkpointing, f.checkpointed_blocks, f.forward_blocks) == ("full", blocks, blocks)
 
 
-@pytest.mark.parametrize("path", [p for p in RECORDED if "-ac" not in str(p)] + PUBLIC,
-                         ids=lambda p: "/".join(Path(p).parts[-3:]))
+@pytest.mark.parametrize(
+    "path", [p for p in RECORDED if "-ac" not in str(p)] + PUBLIC, ids=lambda p: "/".join(Path(p).parts[-3:])
+)
 def test_real_recordings_without_checkpointing_say_none(path):
     assert analyze_memory(path).activation_checkpointing == "none"
 
@@ -276,9 +293,13 @@ def test_fragmentation_advice_knows_expandable_segments(on):
     from fsdpdoctor.facts import AllocatorSettings, MemoryFacts, RunFacts
     from fsdpdoctor.rules import fsd022_allocator_fragmentation as rule
 
-    m = MemoryFacts(source="snapshot", peak_allocated_bytes=6 << 30, reserved_at_peak_bytes=10 << 30,
-                    external_fragmentation_bytes=4 << 30,
-                    allocator_settings=AllocatorSettings(expandable_segments=on, garbage_collection_threshold=0.0))
+    m = MemoryFacts(
+        source="snapshot",
+        peak_allocated_bytes=6 << 30,
+        reserved_at_peak_bytes=10 << 30,
+        external_fragmentation_bytes=4 << 30,
+        allocator_settings=AllocatorSettings(expandable_segments=on, garbage_collection_threshold=0.0),
+    )
     (f,) = rule.check(RunFacts(memory=m), defaults())
     assert ("already on" in f.summary) is on
     assert ("already on" in f.fix["any"]) is on

@@ -176,7 +176,9 @@ def test_a_lone_rank_file_is_a_sample_not_a_partial_run(tmp_path):
 
     rec = Path(__file__).resolve().parents[1] / "fixtures" / "recorded" / "per-block"
     shutil.copy(rec / "rank1.json.gz", tmp_path / "rank1.json.gz")
-    r = subprocess.run([sys.executable, "-m", "fsdpdoctor", "analyze", str(tmp_path)], capture_output=True, text=True, timeout=300)
+    r = subprocess.run(
+        [sys.executable, "-m", "fsdpdoctor", "analyze", str(tmp_path)], capture_output=True, text=True, timeout=300
+    )
     assert r.returncode == 0 and "warning" not in r.stderr, r.stderr
     import fsdpdoctor
 

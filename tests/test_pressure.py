@@ -19,7 +19,12 @@ import fsdpdoctor
 
 REC = Path(__file__).resolve().parents[1] / "fixtures" / "recorded"
 SNAPSHOT_RUNS = sorted(p.parent for d in ("gpu", "gpu-h200") for p in (REC / d).glob("*/rank0.memory.pickle.gz"))
-MEMORY_ADVICE = {"activation-memory-dominates", "unsharded-params-held", "allocator-fragmentation", "optimizer-state-dominates"}
+MEMORY_ADVICE = {
+    "activation-memory-dominates",
+    "unsharded-params-held",
+    "allocator-fragmentation",
+    "optimizer-state-dominates",
+}
 
 
 class _NoGlobals(pickle.Unpickler):
@@ -122,8 +127,24 @@ def test_cli_memory_budget_option(tmp_path):
     import sys
 
     out = tmp_path / "r.json"
-    r = subprocess.run([sys.executable, "-m", "fsdpdoctor", "analyze", str(REC / "gpu" / "fsdp2"), "--memory-budget", "5",
-                        "--format", "json", "-o", str(out)], capture_output=True, text=True, timeout=300)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "fsdpdoctor",
+            "analyze",
+            str(REC / "gpu" / "fsdp2"),
+            "--memory-budget",
+            "5",
+            "--format",
+            "json",
+            "-o",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert r.returncode == 0, r.stderr
     doc = json.loads(out.read_text())
     assert doc["memory_pressure"]["capacity_source"] == "budget" and doc["memory_pressure"]["level"] == "high"

@@ -28,8 +28,15 @@ WORLD = AUTO_FULL_RANKS + 4  # beyond the size whose ranks are all kept in full
 def _cfg(**kw):
     kw = {"slow_factor": 3.0, **kw}
     return dataclasses.replace(
-        PRESETS["slow-rank"], world_size=WORLD, num_layers=2, steps=3, hidden_size=1024, seq_len=512, vocab_size=1024,
-        slow_rank=13, **kw,
+        PRESETS["slow-rank"],
+        world_size=WORLD,
+        num_layers=2,
+        steps=3,
+        hidden_size=1024,
+        seq_len=512,
+        vocab_size=1024,
+        slow_rank=13,
+        **kw,
     )
 
 
@@ -41,8 +48,10 @@ def _raw_waits(d: Path) -> dict[int, float]:
         doc = json.loads(gzip.decompress(p.read_bytes()))
         seen: dict[str, int] = {}
         arr = arrivals.setdefault(doc["distributedInfo"]["rank"], {})
-        for e in sorted((e for e in doc["traceEvents"] if e.get("cat") == "kernel" and "Collective name" in e.get("args", {})),
-                        key=lambda e: e["ts"]):
+        for e in sorted(
+            (e for e in doc["traceEvents"] if e.get("cat") == "kernel" and "Collective name" in e.get("args", {})),
+            key=lambda e: e["ts"],
+        ):
             name = e["args"]["Collective name"]
             arr[(name, seen.get(name, 0))] = float(e["ts"])
             seen[name] = seen.get(name, 0) + 1
@@ -111,7 +120,9 @@ def test_summaries_agree_with_the_per_step_detail(runs):
         assert (s["step_min_ms"], s["step_max_ms"]) == (min(ms), max(ms))
         assert s["step_numbers"] == [st["number"] for st in r["steps"]]
         for key in ("compute_ms", "exposed_comm_ms", "idle_ms", "gpu_busy_ms", "cpu_span_ms"):
-            assert s["mean_step"][key] == pytest.approx(statistics.fmean(st[key] for st in r["steps"]), rel=1e-9, abs=1e-12)
+            assert s["mean_step"][key] == pytest.approx(
+                statistics.fmean(st[key] for st in r["steps"]), rel=1e-9, abs=1e-12
+            )
         n = len(r["steps"])
         by = {}
         for c in r["collectives"]:
@@ -126,7 +137,9 @@ def _table(c) -> tuple[list, list[float]]:
     """(labels, numbers) of a comparison: its components, per-rank rows and step times."""
     labels = [(x.name, x.phase) for x in c.components] + [r.rank for r in c.ranks]
     nums = [v for x in c.components for v in (x.before_ms, x.after_ms)]
-    nums += [v or 0.0 for r in c.ranks for v in (r.step_before_ms, r.step_after_ms, r.exposed_before_ms, r.exposed_after_ms)]
+    nums += [
+        v or 0.0 for r in c.ranks for v in (r.step_before_ms, r.step_after_ms, r.exposed_before_ms, r.exposed_after_ms)
+    ]
     return labels, nums + [c.step_before_ms, c.step_after_ms]
 
 
@@ -145,7 +158,9 @@ def test_compare_reads_summarised_ranks_as_it_reads_full_ones(runs):
 def test_auto_report_grows_by_the_summary_only(runs):
     all_b, auto_b, none_b = (runs["a", p].stat().st_size for p in ("all", "auto", "none"))
     d = _doc(runs["a", "auto"])
-    per_rank = (none_b - len(json.dumps({k: v for k, v in d.items() if k not in ("rank_summaries", "rank_facts")}, indent=2))) / WORLD
+    per_rank = (
+        none_b - len(json.dumps({k: v for k, v in d.items() if k not in ("rank_summaries", "rank_facts")}, indent=2))
+    ) / WORLD
     assert per_rank < 3000  # bytes of one summary line (its RankFacts is several times that)
     assert auto_b < all_b / 2
 
@@ -159,7 +174,9 @@ def test_small_runs_keep_every_rank_under_auto(tmp_path):
 
 def test_cli_rank_detail_option(runs, tmp_path):
     out = tmp_path / "r.json"
-    code, text = cli_in_process(["analyze", str(runs["dir"]), "--format", "json", "--rank-detail", "none", "-o", str(out)])
+    code, text = cli_in_process(
+        ["analyze", str(runs["dir"]), "--format", "json", "--rank-detail", "none", "-o", str(out)]
+    )
     assert code == 0, text
     d = json.loads(out.read_text())
     assert d["rank_facts"] == [] and len(d["rank_summaries"]) == WORLD
@@ -214,8 +231,21 @@ def test_lean_ranks_change_no_run_figure(runs, lean_load):
     assert len(first) == 4 and not first & lean.arrived.lean
     a = fold(full.ranks, full.excluded, full.cross_rank, arrived=full.arrived)
     b = fold(lean.ranks, lean.excluded, lean.cross_rank, arrived=lean.arrived)
-    for attr in ("steps", "overlap", "exposed_comm", "timeline", "collectives", "whatif", "compute", "fsdp", "cross_rank",
-                 "world_size", "workload", "ranks", "inputs"):
+    for attr in (
+        "steps",
+        "overlap",
+        "exposed_comm",
+        "timeline",
+        "collectives",
+        "whatif",
+        "compute",
+        "fsdp",
+        "cross_rank",
+        "world_size",
+        "workload",
+        "ranks",
+        "inputs",
+    ):
         assert getattr(b, attr) == getattr(a, attr), attr
     assert b.rank_summaries == a.rank_summaries
     # facts that hold the ranks that matter cannot write every rank: "all" is written as "auto"
@@ -231,7 +261,9 @@ def test_lean_ranks_change_no_run_figure(runs, lean_load):
     times = [st["step_ms"] for r in _doc(runs["a", "all"])["rank_facts"] for st in r["steps"]]
     assert b.steps.median_ms == pytest.approx(statistics.median(times), rel=1e-12)
     assert (b.steps.min_ms, b.steps.max_ms) == (min(times), max(times))
-    assert b.step_times() == {r["rank"]: [st["step_ms"] for st in r["steps"]] for r in _doc(runs["a", "all"])["rank_facts"]}
+    assert b.step_times() == {
+        r["rank"]: [st["step_ms"] for st in r["steps"]] for r in _doc(runs["a", "all"])["rank_facts"]
+    }
 
 
 def test_a_lean_rank_holds_a_fraction_of_a_whole_one(lean_load):
@@ -243,7 +275,12 @@ def test_a_lean_rank_holds_a_fraction_of_a_whole_one(lean_load):
     assert len(cut.steps) == 1 and not cut.fsdp.units and not cut.collectives
     assert cut.fsdp.version == whole.fsdp.version and whole.compute is not None and whole.whatif is not None
     assert (cut.compute, cut.whatif, cut.collective_stats) == (None, None, [])  # folded as it arrived
-    assert (cut.rank, cut.path, cut.world_size, cut.backlog_ms) == (whole.rank, whole.path, whole.world_size, whole.backlog_ms)
+    assert (cut.rank, cut.path, cut.world_size, cut.backlog_ms) == (
+        whole.rank,
+        whole.path,
+        whole.world_size,
+        whole.backlog_ms,
+    )
     summary = lean.arrived.summaries[r]  # kept for every rank: what the lean rank adds to it
     assert cut.steps[0] is summary.mean_step
     assert len(pickle.dumps((summary, cut))) - len(pickle.dumps(summary)) < len(pickle.dumps(whole)) / 5

@@ -11,7 +11,6 @@ import math
 import pytest
 
 
-
 def _unit_numel(recorder, variant: str, pad) -> dict[str, int]:
     """All-gather elements per unit: each parameter belongs to its deepest wrapped ancestor."""
     model = recorder.build_model()

@@ -56,8 +56,17 @@ class RuleCase(msgspec.Struct, forbid_unknown_fields=True):
     whether the rule fires, and what the finding must (not) say. A misspelt key is an error."""
 
     why: str
-    source: Literal["recorded", "gpu-recorded", "scenario", "snapshot", "public", "public-snapshot", "facts",
-                    "fr-recorded", "fr-generated"]
+    source: Literal[
+        "recorded",
+        "gpu-recorded",
+        "scenario",
+        "snapshot",
+        "public",
+        "public-snapshot",
+        "facts",
+        "fr-recorded",
+        "fr-generated",
+    ]
     input: str
     expect: Literal["fires", "silent"]
     min_saving_ms: float | None = None
@@ -190,7 +199,9 @@ def test_rule_case(module_stem, case, analyzed):
     for rep in analyzed(case.source, case.input, case.patch, case.set):
         fired = [f for f in rep.findings if f.slug == slug]
         if case.expect == "fires":
-            assert fired, f"{slug} did not fire on {case.source}:{case.input} ({case.why}); findings: {[f.slug for f in rep.findings]}"
+            assert fired, (
+                f"{slug} did not fire on {case.source}:{case.input} ({case.why}); findings: {[f.slug for f in rep.findings]}"
+            )
             f = fired[0]
             assert f.summary and f.evidence and f.fix
             if case.min_saving_ms is not None:
@@ -207,10 +218,19 @@ def test_nothing_fsdp_specific_fires_on_public_traces():
     files = public_trace_files()
     if not files:
         pytest.skip("../shared/traces/public is absent")
-    fsdp_specific = {r.slug for r in load_rules()} - {"fsdp-not-detected", "low-overlap", "host-bound", "straggler-rank", "step-time-jitter", "pageable-memcpy",
-                                                          "activation-recompute",  # the MI300 DDP run checkpoints for real
-                                                          # the waterfall's levers hold for any training run
-                                                          "non-matmul-kernels", "sync-in-step", "matmul-shapes-below-peak"}
+    fsdp_specific = {r.slug for r in load_rules()} - {
+        "fsdp-not-detected",
+        "low-overlap",
+        "host-bound",
+        "straggler-rank",
+        "step-time-jitter",
+        "pageable-memcpy",
+        "activation-recompute",  # the MI300 DDP run checkpoints for real
+        # the waterfall's levers hold for any training run
+        "non-matmul-kernels",
+        "sync-in-step",
+        "matmul-shapes-below-peak",
+    }
     for f in files:
         rep = fsdpdoctor.analyze(f)
         slugs = {x.slug for x in rep.findings}
@@ -231,7 +251,11 @@ def test_findings_json_shape_and_ranking(recorded_run):
     sev = [SEVERITIES.index(f.severity) for f in rep.findings]
     assert sev == sorted(sev)
     for level in set(sev):
-        savings = [f.est_saving_ms for f in rep.findings if SEVERITIES.index(f.severity) == level and f.est_saving_ms is not None]
+        savings = [
+            f.est_saving_ms
+            for f in rep.findings
+            if SEVERITIES.index(f.severity) == level and f.est_saving_ms is not None
+        ]
         assert savings == sorted(savings, reverse=True)
 
 
@@ -250,7 +274,9 @@ def test_pyproject_settings_are_read(tmp_path):
     from fsdpdoctor.errors import InputError
 
     p = tmp_path / "pyproject.toml"
-    p.write_text("[tool.fsdpdoctor]\nmin_overlap_pct = 85\ndisable = ['step-time-jitter']\n[tool.fsdpdoctor.check]\nmax_step_regression_pct = 5\n")
+    p.write_text(
+        "[tool.fsdpdoctor]\nmin_overlap_pct = 85\ndisable = ['step-time-jitter']\n[tool.fsdpdoctor.check]\nmax_step_regression_pct = 5\n"
+    )
     cfg = load_config(["jitter_cv_pct=20"], pyproject=p)
     assert cfg["min_overlap_pct"] == 85 and cfg["jitter_cv_pct"] == 20 and cfg["disable"] == ["step-time-jitter"]
     p.write_text("[tool.fsdpdoctor]\nmin_overlap = 85\n")
@@ -261,7 +287,9 @@ def test_pyproject_settings_are_read(tmp_path):
 def test_explain_and_rules_commands():
     import subprocess
 
-    out = subprocess.run([sys.executable, "-m", "fsdpdoctor", "explain", "missing-backward-prefetch"], capture_output=True, text=True)
+    out = subprocess.run(
+        [sys.executable, "-m", "fsdpdoctor", "explain", "missing-backward-prefetch"], capture_output=True, text=True
+    )
     assert out.returncode == 0 and "BACKWARD_PRE" in out.stdout and "prefetch_min_exposed_ms" in out.stdout
     out = subprocess.run([sys.executable, "-m", "fsdpdoctor", "rules"], capture_output=True, text=True)
     assert out.returncode == 0 and "FSD013" in out.stdout
@@ -269,16 +297,19 @@ def test_explain_and_rules_commands():
     assert out.returncode == 2 and "no such rule" in out.stderr
 
 
-@pytest.mark.parametrize("fqns,want", [
-    (["", "layers.0", "layers.1", "layers.2"], "layers"),
-    (["", *(f"transformer.h.{i}" for i in range(6))], "transformer.h"),
-    ([f"_fsdp_wrapped_module.model.layers.{i}._fsdp_wrapped_module" for i in range(3)], "model.layers"),
-    ([f"layers.{i}._checkpoint_wrapped_module" for i in range(2)], "layers"),
-    (["", "layers.0.attn.qkv", "layers.0.mlp.fc1", "layers.1.attn.qkv"], None),  # per-linear units
-    (["", "layers.0", "layers.2"], None),  # not 0..n-1
-    (["", "layers.0"], None),  # one block
-    (["", "<unit 1>", "<unit 2>"], None),
-])
+@pytest.mark.parametrize(
+    "fqns,want",
+    [
+        (["", "layers.0", "layers.1", "layers.2"], "layers"),
+        (["", *(f"transformer.h.{i}" for i in range(6))], "transformer.h"),
+        ([f"_fsdp_wrapped_module.model.layers.{i}._fsdp_wrapped_module" for i in range(3)], "model.layers"),
+        ([f"layers.{i}._checkpoint_wrapped_module" for i in range(2)], "layers"),
+        (["", "layers.0.attn.qkv", "layers.0.mlp.fc1", "layers.1.attn.qkv"], None),  # per-linear units
+        (["", "layers.0", "layers.2"], None),  # not 0..n-1
+        (["", "layers.0"], None),  # one block
+        (["", "<unit 1>", "<unit 2>"], None),
+    ],
+)
 def test_block_container_from_unit_fqns(fqns, want):
     from fsdpdoctor.facts import block_container
 
@@ -322,9 +353,13 @@ def test_rule_metadata_is_declared_once_and_checked():
         return m
 
     assert rule_meta(module()).severity == "warning" and rule_meta(module()).claim_priority == 1000
-    for bad, why in ((dict(SAVE_ON="step"), "did you mean SAVES_ON"), (dict(SEVERITY="high"), "SEVERITY"),
-                     (dict(SAVES_ON="cpu"), "SAVES_ON"), (dict(THRESHOLDS="min_overlap_pct"), "THRESHOLDS"),
-                     (dict(MEMORY_ADVICE=1), "MEMORY_ADVICE")):
+    for bad, why in (
+        (dict(SAVE_ON="step"), "did you mean SAVES_ON"),
+        (dict(SEVERITY="high"), "SEVERITY"),
+        (dict(SAVES_ON="cpu"), "SAVES_ON"),
+        (dict(THRESHOLDS="min_overlap_pct"), "THRESHOLDS"),
+        (dict(MEMORY_ADVICE=1), "MEMORY_ADVICE"),
+    ):
         with pytest.raises(RuleError, match=why):
             rule_meta(module(**bad))
     m = module()

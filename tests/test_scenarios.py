@@ -65,8 +65,11 @@ class Rank:
         self.kernels = [e for e in self.x if e["cat"] == "kernel"]
         self.nccl = sorted((e for e in self.kernels if "Collective name" in e["args"]), key=lambda e: e["_s"])
         self.cpu = [e for e in self.x if e["cat"] in ("cpu_op", "user_annotation")]
-        self.thread_names = {e["tid"]: e["args"]["name"] for e in ev if e.get("name") == "thread_name"
-                             and isinstance(e.get("pid"), int) and e["pid"] > 100}
+        self.thread_names = {
+            e["tid"]: e["args"]["name"]
+            for e in ev
+            if e.get("name") == "thread_name" and isinstance(e.get("pid"), int) and e["pid"] > 100
+        }
 
     def launch(self, k: dict) -> dict:
         return self.runtime[k["args"]["correlation"]]
@@ -192,8 +195,15 @@ def test_schema_matches_public_traces(cases):
         gen = load(cases[name] / "rank1.json.gz")
         # top level: the B200 (current Kineto) key set minus the optional record_shapes/with_stack
         assert set(gen) <= set(b200) | set(a100)
-        assert {"schemaVersion", "deviceProperties", "distributedInfo", "traceEvents", "traceName",
-                "displayTimeUnit", "baseTimeNanoseconds"} <= set(gen)
+        assert {
+            "schemaVersion",
+            "deviceProperties",
+            "distributedInfo",
+            "traceEvents",
+            "traceName",
+            "displayTimeUnit",
+            "baseTimeNanoseconds",
+        } <= set(gen)
         assert set(gen["deviceProperties"][0]) == set(a100["deviceProperties"][0])
         assert set(gen["distributedInfo"]) == set(a100["distributedInfo"])
         assert set(gen["distributedInfo"]["pg_config"][0]) == set(a100["distributedInfo"]["pg_config"][0])
@@ -208,7 +218,11 @@ def test_schema_matches_public_traces(cases):
         assert ag[("X", "kernel", "nccl")] == aa[("X", "kernel", "nccl")] == ab[("X", "kernel", "nccl")]
         assert ag[("X", "gpu_memcpy")] == aa.get(("X", "gpu_memcpy"), ab[("X", "gpu_memcpy")])
         assert ag[("X", "cpu_op", "record_param_comms")] == ab[("X", "cpu_op", "record_param_comms")] - {
-            "Input Strides", "Concrete Inputs", "Input type", "Input Dims"}
+            "Input Strides",
+            "Concrete Inputs",
+            "Input type",
+            "Input Dims",
+        }
         assert gen["traceEvents"][-1]["name"] == "Record Window End"
         assert gen["traceEvents"][-2]["name"] == "Iteration Start: PyTorch Profiler"
 
@@ -221,8 +235,12 @@ def test_raw_text_is_kineto_formatted(cases):
     assert '"ph": "f", "id": ' in raw and '"bp": "e"' in raw
     assert raw.startswith('\n  {\n    "schemaVersion": 1,')
     assert raw.rstrip().endswith("}")
-    kernel = re.search(r'"cat": "kernel", "name": "ncclDevKernel_AllGather_RING_LL\(ncclDevKernelArgsStorage'
-                       r'<4096ul>\)".*?\n    "args": \{\n      (.*?)\n', raw, re.S).group(1)
+    kernel = re.search(
+        r'"cat": "kernel", "name": "ncclDevKernel_AllGather_RING_LL\(ncclDevKernelArgsStorage'
+        r'<4096ul>\)".*?\n    "args": \{\n      (.*?)\n',
+        raw,
+        re.S,
+    ).group(1)
     assert kernel.startswith('"External id": ')
     assert ',      "queued": 0, "device": 2, "context": 1,      "stream": 20,' in kernel
     assert kernel.endswith('"Process Group Ranks": "[0, 1, 2, 3]"')
@@ -231,16 +249,34 @@ def test_raw_text_is_kineto_formatted(cases):
 def test_event_names_per_fsdp_version(cases):
     r2 = Rank(cases["healthy-fsdp2"] / "rank0.json.gz")
     names2 = {e["name"] for e in r2.cpu}
-    for n in ("FSDP::root_pre_forward", "FSDP::pre_forward", "FSDP::pre_forward (layers.3)",
-              "FSDP::all_gather (layers.3)", "fsdp::all_gather_copy_in", "c10d::_allgather_base_",
-              "record_param_comms", "nccl:_all_gather_base", "FSDP::all_gather_copy_out (layers.3)",
-              "fsdp::split_with_sizes_copy", "FSDP::post_forward (layers.3)", "FSDP::pre_backward (layers.3)",
-              "FSDP::backward_prefetch for layers.2", "FSDP::post_backward_accumulate (layers.3)",
-              "FSDP::post_backward_reshard (layers.3)", "FSDP::post_backward_rs_wait (layers.3)",
-              "FSDP::post_backward_reduce (layers.3)", "fsdp::chunk_cat", "c10d::_reduce_scatter_base_",
-              "nccl:_reduce_scatter_base", "FSDP::root_post_backward_callback", "FSDP::post_backward_rs_wait ()",
-              "Optimizer.step#AdamW.step", "Optimizer.zero_grad#AdamW.zero_grad", "ProfilerStep#5",
-              "autograd::engine::evaluate_function: RegisterPostBackwardFunctionBackward"):
+    for n in (
+        "FSDP::root_pre_forward",
+        "FSDP::pre_forward",
+        "FSDP::pre_forward (layers.3)",
+        "FSDP::all_gather (layers.3)",
+        "fsdp::all_gather_copy_in",
+        "c10d::_allgather_base_",
+        "record_param_comms",
+        "nccl:_all_gather_base",
+        "FSDP::all_gather_copy_out (layers.3)",
+        "fsdp::split_with_sizes_copy",
+        "FSDP::post_forward (layers.3)",
+        "FSDP::pre_backward (layers.3)",
+        "FSDP::backward_prefetch for layers.2",
+        "FSDP::post_backward_accumulate (layers.3)",
+        "FSDP::post_backward_reshard (layers.3)",
+        "FSDP::post_backward_rs_wait (layers.3)",
+        "FSDP::post_backward_reduce (layers.3)",
+        "fsdp::chunk_cat",
+        "c10d::_reduce_scatter_base_",
+        "nccl:_reduce_scatter_base",
+        "FSDP::root_post_backward_callback",
+        "FSDP::post_backward_rs_wait ()",
+        "Optimizer.step#AdamW.step",
+        "Optimizer.zero_grad#AdamW.zero_grad",
+        "ProfilerStep#5",
+        "autograd::engine::evaluate_function: RegisterPostBackwardFunctionBackward",
+    ):
         assert n in names2, n
     # the first unit in backward has no earlier reduce-scatter to wait for; layers.0 prefetches nothing
     assert "FSDP::post_backward_rs_wait (layers.7)" not in names2
@@ -253,18 +289,28 @@ def test_event_names_per_fsdp_version(cases):
     assert {e["args"]["Collective name"] for e in r2.nccl} == {"_allgather_base", "_reduce_scatter_base"}
     assert {e["name"] for e in r2.nccl} == {
         "ncclDevKernel_AllGather_RING_LL(ncclDevKernelArgsStorage<4096ul>)",
-        "ncclDevKernel_ReduceScatter_Sum_bf16_RING_LL(ncclDevKernelArgsStorage<4096ul>)"}
+        "ncclDevKernel_ReduceScatter_Sum_bf16_RING_LL(ncclDevKernelArgsStorage<4096ul>)",
+    }
     assert {e["args"]["stream"] for e in r2.nccl if e["args"]["Collective name"] == "_allgather_base"} == {20}
     assert {e["args"]["stream"] for e in r2.nccl if e["args"]["Collective name"] == "_reduce_scatter_base"} == {24}
 
     r1 = Rank(cases["healthy-fsdp1"] / "rank3.json.gz")
     names1 = {e["name"] for e in r1.cpu}
-    for n in ("FullyShardedDataParallel.forward", "FullyShardedDataParallel._root_pre_forward",
-              "FullyShardedDataParallel._to_kwargs", "FullyShardedDataParallel._pre_forward",
-              "FullyShardedDataParallel._pre_forward_prefetch", "FullyShardedDataParallel._post_forward",
-              "FullyShardedDataParallel._pre_backward_hook", "FullyShardedDataParallel._pre_backward_prefetch",
-              "FullyShardedDataParallel._post_backward_hook", "FullyShardedDataParallel._post_backward_prefetch",
-              "FullyShardedDataParallel.rate_limiter", "c10d::_allgather_base_", "c10d::_reduce_scatter_base_"):
+    for n in (
+        "FullyShardedDataParallel.forward",
+        "FullyShardedDataParallel._root_pre_forward",
+        "FullyShardedDataParallel._to_kwargs",
+        "FullyShardedDataParallel._pre_forward",
+        "FullyShardedDataParallel._pre_forward_prefetch",
+        "FullyShardedDataParallel._post_forward",
+        "FullyShardedDataParallel._pre_backward_hook",
+        "FullyShardedDataParallel._pre_backward_prefetch",
+        "FullyShardedDataParallel._post_backward_hook",
+        "FullyShardedDataParallel._post_backward_prefetch",
+        "FullyShardedDataParallel.rate_limiter",
+        "c10d::_allgather_base_",
+        "c10d::_reduce_scatter_base_",
+    ):
         assert n in names1, n
     assert not any(n.startswith("FSDP::") for n in names1)
     assert "thread 44524 (pt_autograd_3)" in r1.thread_names.values()  # rank 3 runs on cuda:3
@@ -279,13 +325,20 @@ def test_event_names_per_fsdp_version(cases):
     fp32 = Rank(cases["fp32-collectives"] / "rank0.json.gz")
     assert {e["args"]["dtype"] for e in fp32.nccl} == {"Float"}
     assert any("ReduceScatter_Sum_f32" in e["name"] for e in fp32.nccl)
-    old = Rank(generate(dataclasses.replace(PRESETS["healthy-fsdp2"], nccl_version="2.17.1", steps=1, num_layers=2),
-                        cases["healthy-fsdp2"].parent / "nccl217") / "rank0.json.gz")
+    old = Rank(
+        generate(
+            dataclasses.replace(PRESETS["healthy-fsdp2"], nccl_version="2.17.1", steps=1, num_layers=2),
+            cases["healthy-fsdp2"].parent / "nccl217",
+        )
+        / "rank0.json.gz"
+    )
     assert {e["name"] for e in old.nccl} == {
         "ncclKernel_AllGather_RING_LL_Sum_int8_t(ncclDevComm*, unsigned long, ncclWork*)",
-        "ncclKernel_ReduceScatter_RING_LL_Sum_bfloat16(ncclDevComm*, unsigned long, ncclWork*)"}
+        "ncclKernel_ReduceScatter_RING_LL_Sum_bfloat16(ncclDevComm*, unsigned long, ncclWork*)",
+    }
     assert {e["name"] for e in old.x if e["cat"] in ("cuda_runtime", "cuda_driver") and "ExC" in e["name"]} == {
-        "cudaLaunchKernelExC"}
+        "cudaLaunchKernelExC"
+    }
 
 
 def test_collective_args_match_record_param_comms(cases):
@@ -295,8 +348,16 @@ def test_collective_args_match_record_param_comms(cases):
     params = t["model"]["unit_params"]
     for k in r.nccl:
         c = rpc[k["args"]["External id"]]  # Kineto links the kernel to record_param_comms
-        for key in ("Collective name", "In msg nelems", "Out msg nelems", "Group size", "dtype",
-                    "Process Group Name", "Process Group Description", "Process Group Ranks"):
+        for key in (
+            "Collective name",
+            "In msg nelems",
+            "Out msg nelems",
+            "Group size",
+            "dtype",
+            "Process Group Name",
+            "Process Group Description",
+            "Process Group Ranks",
+        ):
             assert k["args"][key] == c["args"][key], key
         assert c["args"]["Rank"] == 1
         assert c["_s"] <= r.launch(k)["_s"] <= c["_e"]
@@ -314,8 +375,9 @@ def test_collective_args_match_record_param_comms(cases):
 # ------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("name", ["healthy-fsdp2", "healthy-fsdp1", "too-fine", "cpu-offload-pageable", "ddp",
-                                  "slow-rank", "host-bound"])
+@pytest.mark.parametrize(
+    "name", ["healthy-fsdp2", "healthy-fsdp1", "too-fine", "cpu-offload-pageable", "ddp", "slow-rank", "host-bound"]
+)
 def test_causality(cases, name):
     for r in ranks_of(cases[name]):
         ev = r.doc["traceEvents"]
@@ -366,27 +428,38 @@ def _check_fsdp2_unit_waits(r: Rank) -> int:
         ag_of[id(lab)] = (lab, inside[0])
     checked = 0
     for step in r.labels(r"^ProfilerStep#"):
-        for phase, open_rx, close_rx in (("fwd", r"^FSDP::pre_forward \((.+)\)$", "FSDP::post_forward ({})"),
-                                         ("bwd", r"^FSDP::pre_backward \((.+)\)$",
-                                          "FSDP::post_backward_accumulate ({})")):
+        for phase, open_rx, close_rx in (
+            ("fwd", r"^FSDP::pre_forward \((.+)\)$", "FSDP::post_forward ({})"),
+            ("bwd", r"^FSDP::pre_backward \((.+)\)$", "FSDP::post_backward_accumulate ({})"),
+        ):
             for opener in r.labels(open_rx):
                 if not step["_s"] <= opener["_s"] < step["_e"]:
                     continue
                 fqn = re.match(open_rx, opener["name"]).group(1)
                 closer = [c for c in r.labels("^" + re.escape(close_rx.format(fqn)) + "$") if c["_s"] > opener["_s"]][0]
-                ags = [k for lab, k in ag_of.values() if lab["name"] == f"FSDP::all_gather ({fqn})"
-                       and lab["_s"] < opener["_e"] and lab["_s"] > step["_s"] and lab["tid"] == opener["tid"]]
+                ags = [
+                    k
+                    for lab, k in ag_of.values()
+                    if lab["name"] == f"FSDP::all_gather ({fqn})"
+                    and lab["_s"] < opener["_e"]
+                    and lab["_s"] > step["_s"]
+                    and lab["tid"] == opener["tid"]
+                ]
                 ag = max(ags, key=lambda k: k["_s"])  # the latest one issued for this unit
-                compute = [k for k in r.launched_within(opener["_e"], closer["_s"], opener["tid"])
-                           if k["args"]["stream"] == 7 and "Collective name" not in k["args"]]
+                compute = [
+                    k
+                    for k in r.launched_within(opener["_e"], closer["_s"], opener["tid"])
+                    if k["args"]["stream"] == 7 and "Collective name" not in k["args"]
+                ]
                 assert compute, (phase, fqn)
                 assert min(k["_s"] for k in compute) >= ag["_e"], (phase, fqn)
                 checked += 1
     return checked
 
 
-@pytest.mark.parametrize("name", ["healthy-fsdp2", "no-backward-prefetch-fsdp2", "too-fine", "cpu-offload-pinned",
-                                  "slow-rank"])
+@pytest.mark.parametrize(
+    "name", ["healthy-fsdp2", "no-backward-prefetch-fsdp2", "too-fine", "cpu-offload-pinned", "slow-rank"]
+)
 def test_unit_compute_waits_for_its_all_gather_fsdp2(cases, name):
     for r in ranks_of(cases[name]):
         assert _check_fsdp2_unit_waits(r) > 0
@@ -398,17 +471,22 @@ def test_unit_compute_waits_for_its_all_gather_fsdp1(cases):
             fwd = r.labels(r"^FullyShardedDataParallel\.forward$")
             checked = 0
             for f in fwd:
-                pre = [p for p in r.labels(r"^FullyShardedDataParallel\._pre_forward$")
-                       if f["_s"] <= p["_s"] <= f["_e"]][0]
-                post = [p for p in r.labels(r"^FullyShardedDataParallel\._post_forward$")
-                        if f["_s"] <= p["_s"] <= f["_e"]][-1]
+                pre = [
+                    p for p in r.labels(r"^FullyShardedDataParallel\._pre_forward$") if f["_s"] <= p["_s"] <= f["_e"]
+                ][0]
+                post = [
+                    p for p in r.labels(r"^FullyShardedDataParallel\._post_forward$") if f["_s"] <= p["_s"] <= f["_e"]
+                ][-1]
                 ag = [k for k in r.nccl if pre["_s"] <= r.launch(k)["_s"] <= pre["_e"]]
                 if not ag:
                     continue
                 # compute launched directly by this module (not inside a nested FSDP module)
                 nested = [g for g in fwd if f["_s"] < g["_s"] and g["_e"] < f["_e"]]
-                comp = [k for k in r.launched_within(pre["_e"], post["_s"], f["tid"]) if k["args"]["stream"] == 7
-                        and not any(g["_s"] <= r.launch(k)["_s"] <= g["_e"] for g in nested)]
+                comp = [
+                    k
+                    for k in r.launched_within(pre["_e"], post["_s"], f["tid"])
+                    if k["args"]["stream"] == 7 and not any(g["_s"] <= r.launch(k)["_s"] <= g["_e"] for g in nested)
+                ]
                 assert comp and min(k["_s"] for k in comp) >= ag[0]["_e"]
                 checked += 1
             assert checked >= 9 * 3 - 1
@@ -419,8 +497,9 @@ def test_unit_compute_waits_for_its_all_gather_fsdp1(cases):
                 ag = [k for k in r.nccl if hook["_s"] <= r.launch(k)["_s"] <= hook["_e"]]
                 if not ag:
                     continue
-                nxt = [p for p in r.labels(r"^FullyShardedDataParallel\._post_backward_hook$")
-                       if p["_s"] > hook["_e"]][0]
+                nxt = [p for p in r.labels(r"^FullyShardedDataParallel\._post_backward_hook$") if p["_s"] > hook["_e"]][
+                    0
+                ]
                 comp = [k for k in r.launched_within(hook["_e"], nxt["_s"], hook["tid"]) if k["args"]["stream"] == 7]
                 assert comp and min(k["_s"] for k in comp) >= ag[0]["_e"]
 
@@ -464,32 +543,55 @@ def test_cpu_offload_signatures(cases):
 
 
 def _write_trace(path: Path, events: list[dict], rank: int = 0) -> None:
-    doc = {"schemaVersion": 1, "distributedInfo": {"backend": "nccl", "rank": rank, "world_size": 1},
-           "traceEvents": events}
+    doc = {
+        "schemaVersion": 1,
+        "distributedInfo": {"backend": "nccl", "rank": rank, "world_size": 1},
+        "traceEvents": events,
+    }
     with gzip.open(path, "wt") as fh:
         json.dump(doc, fh)
 
 
 def test_truth_reader_on_hand_made_trace(tmp_path):
     def x(cat, name, ts, dur, **args):
-        return {"ph": "X", "cat": cat, "name": name, "pid": 0 if cat in ("kernel", "gpu_memcpy") else 100,
-                "tid": 7 if cat in ("kernel", "gpu_memcpy") else 100, "ts": ts, "dur": dur, "args": args}
+        return {
+            "ph": "X",
+            "cat": cat,
+            "name": name,
+            "pid": 0 if cat in ("kernel", "gpu_memcpy") else 100,
+            "tid": 7 if cat in ("kernel", "gpu_memcpy") else 100,
+            "ts": ts,
+            "dur": dur,
+            "args": args,
+        }
 
-    ag = dict(stream=20, **{"Collective name": "_allgather_base", "dtype": "BFloat16", "In msg nelems": 250,
-                            "Out msg nelems": 1000})
-    rs = dict(stream=24, **{"Collective name": "_reduce_scatter_base", "dtype": "Float", "In msg nelems": 1000,
-                            "Out msg nelems": 250})
+    ag = dict(
+        stream=20,
+        **{"Collective name": "_allgather_base", "dtype": "BFloat16", "In msg nelems": 250, "Out msg nelems": 1000},
+    )
+    rs = dict(
+        stream=24,
+        **{"Collective name": "_reduce_scatter_base", "dtype": "Float", "In msg nelems": 1000, "Out msg nelems": 250},
+    )
     agk = "ncclDevKernel_AllGather_RING_LL(ncclDevKernelArgsStorage<4096ul>)"
     ev = [
         x("user_annotation", "ProfilerStep#1", 0.0, 100.0),
         x("user_annotation", "ProfilerStep#2", 100.0, 100.0),
         # launches (all but the last in step 1)
-        *[x("cuda_runtime", "cudaLaunchKernel", t, 1.0, correlation=c) for c, t in
-          ((1, 1.0), (2, 2.0), (3, 3.0), (4, 4.0), (5, 95.0), (6, 150.0), (7, 5.0))],
+        *[
+            x("cuda_runtime", "cudaLaunchKernel", t, 1.0, correlation=c)
+            for c, t in ((1, 1.0), (2, 2.0), (3, 3.0), (4, 4.0), (5, 95.0), (6, 150.0), (7, 5.0))
+        ],
         x("kernel", agk, 10.0, 20.0, correlation=1, **ag),
         x("kernel", "gemm", 20.0, 30.0, correlation=2, stream=7),
-        x("kernel", "ncclDevKernel_ReduceScatter_Sum_f32_RING_LL(ncclDevKernelArgsStorage<4096ul>)", 40.0, 30.0,
-          correlation=3, **rs),
+        x(
+            "kernel",
+            "ncclDevKernel_ReduceScatter_Sum_f32_RING_LL(ncclDevKernelArgsStorage<4096ul>)",
+            40.0,
+            30.0,
+            correlation=3,
+            **rs,
+        ),
         x("kernel", "elementwise", 65.0, 3.0, correlation=4, stream=7),
         # launched inside step 1, runs inside step 2: belongs to step 1 (HTA's rule)
         x("kernel", agk, 105.0, 5.0, correlation=5, **ag),
@@ -507,8 +609,9 @@ def test_truth_reader_on_hand_made_trace(tmp_path):
     assert s1["overlap_pct"] == pytest.approx(100 * 23 / 55)
     assert s1["exposed_comm_ms"] == pytest.approx(0.032)
     assert s1["exposed_by_phase_ms"] == pytest.approx({"forward": 0.015, "backward": 0.017, "optimizer": 0.0})
-    assert s1["exposed_by_collective_ms"] == pytest.approx({"all_gather": 0.015, "reduce_scatter": 0.017,
-                                                            "all_reduce": 0.0})
+    assert s1["exposed_by_collective_ms"] == pytest.approx(
+        {"all_gather": 0.015, "reduce_scatter": 0.017, "all_reduce": 0.0}
+    )
     assert s1["collectives"]["all_gather"] == {"count": 2, "bytes": 4000}
     assert s1["collectives"]["reduce_scatter"] == {"count": 1, "bytes": 4000}
     assert s1["step_ms"] == pytest.approx(0.1)
@@ -523,9 +626,20 @@ def test_truth_analytic_root_only_case(tmp_path):
     """One unit: the only all-gather and reduce-scatter cannot overlap anything, and the rank that
     arrives last sees exactly latency + (n-1)/n * bytes / bandwidth."""
     h, f, v, layers, n = 256, 512, 512, 1, 2
-    cfg = ScenarioConfig(name="analytic", world_size=n, num_layers=layers, hidden_size=h, ffn_hidden_size=f,
-                         vocab_size=v, seq_len=128, batch_size=1, wrap="root_only", steps=2,
-                         link_bandwidth_gbps=10.0, link_latency_us=20.0)
+    cfg = ScenarioConfig(
+        name="analytic",
+        world_size=n,
+        num_layers=layers,
+        hidden_size=h,
+        ffn_hidden_size=f,
+        vocab_size=v,
+        seq_len=128,
+        batch_size=1,
+        wrap="root_only",
+        steps=2,
+        link_bandwidth_gbps=10.0,
+        link_latency_us=20.0,
+    )
     generate(cfg, tmp_path)
     params = v * h + layers * (4 * h * h + 3 * h * f + 2 * h) + h + h * v
     padded = -(-params // n) * n
@@ -577,8 +691,12 @@ def test_cli(tmp_path, capsys):
     assert scenarios_cli.main(["--preset", "ddp", "--out", str(tmp_path / "d"), "--set", "steps=2"]) == 0
     assert (tmp_path / "d" / "truth.json").exists() and read_truth(tmp_path / "d")["config"]["steps"] == 2
     assert scenarios_cli.main(["--preset", "nope", "--out", str(tmp_path / "x")]) == 2
-    assert scenarios_cli.main(["--preset", "healthy-fsdp2", "--out", str(tmp_path / "y"),
-                               "--set", "backward_prefetch=BACKWARD_POST"]) == 2
+    assert (
+        scenarios_cli.main(
+            ["--preset", "healthy-fsdp2", "--out", str(tmp_path / "y"), "--set", "backward_prefetch=BACKWARD_POST"]
+        )
+        == 2
+    )
 
 
 def test_config_validation():

@@ -166,7 +166,16 @@ def test_check_gates_on_the_step_clock(tmp_path):
     fsdp2-ac vs an fsdp2 baseline: +20% (recompute): fails the step-time gate."""
     b1, b2 = tmp_path / "fsdp1.json", tmp_path / "fsdp2.json"
     for v, b in (("fsdp1", b1), ("fsdp2", b2)):
-        r = _cli("analyze", str(GPU / v), "--save-baseline", str(b), "--format", "json", "-o", str(tmp_path / f"{v}.report.json"))
+        r = _cli(
+            "analyze",
+            str(GPU / v),
+            "--save-baseline",
+            str(b),
+            "--format",
+            "json",
+            "-o",
+            str(tmp_path / f"{v}.report.json"),
+        )
         assert r.returncode == 0, r.stderr
     r = _cli("check", str(GPU / "fsdp2"), "--baseline", str(b1), "--fail-on-new", "never")
     assert r.returncode == 0, r.stdout + r.stderr
@@ -189,7 +198,10 @@ def test_savings_say_where_they_come_from(analyzed):
     offload saving on the real pair (the replay's, 530.6 ms) within 5% of what the twin without
     offload really saves (tests/test_savings.py checks every pair's range)."""
     f = analyzed(GPU / "fsdp2-offload")
-    real = raw_clock(GPU / "fsdp2-offload" / "rank0.json.gz")["step_ms"] - raw_clock(GPU / "fsdp2" / "rank0.json.gz")["step_ms"]
+    real = (
+        raw_clock(GPU / "fsdp2-offload" / "rank0.json.gz")["step_ms"]
+        - raw_clock(GPU / "fsdp2" / "rank0.json.gz")["step_ms"]
+    )
     stall = next(x for x in f.findings if x.slug == "cpu-offload-stall")
     assert stall.saving_basis == "replay" and stall.replay_fidelity_pct is not None and stall.replay_fidelity_pct <= 2.0
     assert stall.est_saving_ms == pytest.approx(real, rel=0.05)

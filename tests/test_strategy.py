@@ -53,7 +53,6 @@ def test_communication_follows_nccl_tests_convention():
     assert "HYBRID_SHARD" not in c  # one node: nothing to replicate across
 
 
-
 @pytest.fixture(scope="module")
 def scenario(tmp_path_factory):
     def make(preset, **knobs):
@@ -106,9 +105,32 @@ def test_cpu_runs_get_no_strategy_estimate():
 
 def test_plan_cli_prints_table_and_assumptions():
     out = subprocess.run(
-        [sys.executable, "-m", "fsdpdoctor", "plan", "--params", "7e9", "--gpus", "16", "--nodes", "2",
-         "--gpu-mem", "80GiB", "--seq", "4096", "--batch", "1", "--layers", "32", "--hidden", "4096", "--format", "json"],
-        capture_output=True, text=True,
+        [
+            sys.executable,
+            "-m",
+            "fsdpdoctor",
+            "plan",
+            "--params",
+            "7e9",
+            "--gpus",
+            "16",
+            "--nodes",
+            "2",
+            "--gpu-mem",
+            "80GiB",
+            "--seq",
+            "4096",
+            "--batch",
+            "1",
+            "--layers",
+            "32",
+            "--hidden",
+            "4096",
+            "--format",
+            "json",
+        ],
+        capture_output=True,
+        text=True,
     )
     assert out.returncode == 0, out.stderr
     st = json.loads(out.stdout)
@@ -116,8 +138,11 @@ def test_plan_cli_prints_table_and_assumptions():
     assert names == ["FULL_SHARD", "SHARD_GRAD_OP", "HYBRID_SHARD", "NO_SHARD"]
     assert any(a.startswith("inter_busbw_gbps") for a in st["assumptions"])
     assert st["recommended"] in names
-    bad = subprocess.run([sys.executable, "-m", "fsdpdoctor", "plan", "--params", "7e9", "--gpus", "10", "--nodes", "3"],
-                         capture_output=True, text=True)
+    bad = subprocess.run(
+        [sys.executable, "-m", "fsdpdoctor", "plan", "--params", "7e9", "--gpus", "10", "--nodes", "3"],
+        capture_output=True,
+        text=True,
+    )
     assert bad.returncode == 2 and "multiple of nodes" in bad.stderr and "Traceback" not in bad.stderr
 
 
@@ -146,13 +171,21 @@ def test_plan_params_as_model_cards_write_them(text, count):
 
 def test_plan_params_7b_equals_7e9_and_rejects_bytes():
     def run(params):
-        return subprocess.run([sys.executable, "-m", "fsdpdoctor", "plan", "--params", params, "--gpus", "8",
-                               "--format", "json"], capture_output=True, text=True)
+        return subprocess.run(
+            [sys.executable, "-m", "fsdpdoctor", "plan", "--params", params, "--gpus", "8", "--format", "json"],
+            capture_output=True,
+            text=True,
+        )
 
     a, b = run("7B"), run("7e9")
     assert a.returncode == 0 and a.stdout == b.stdout
     bad = run("7GiB")
-    assert bad.returncode == 2 and "7GiB" in bad.stderr and "parameter count" in bad.stderr and "Traceback" not in bad.stderr
+    assert (
+        bad.returncode == 2
+        and "7GiB" in bad.stderr
+        and "parameter count" in bad.stderr
+        and "Traceback" not in bad.stderr
+    )
 
 
 def test_one_size_parser_binary_units():
@@ -170,8 +203,25 @@ def test_one_size_parser_binary_units():
             parse_size(bad)
 
     def plan(mem: str) -> str:
-        r = subprocess.run([sys.executable, "-m", "fsdpdoctor", "plan", "--params", "7B", "--gpus", "8", "--gpu-mem", mem,
-                            "--format", "json"], capture_output=True, text=True, timeout=120)
+        r = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "fsdpdoctor",
+                "plan",
+                "--params",
+                "7B",
+                "--gpus",
+                "8",
+                "--gpu-mem",
+                mem,
+                "--format",
+                "json",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         assert r.returncode == 0, r.stderr
         return r.stdout
 
@@ -210,8 +260,15 @@ def test_never_recommends_a_strategy_slower_than_the_measured_step():
     # compute-bound (300 ms of compute, fast links): every strategy within a few ms of the others;
     # measured at the best one's own estimate, the model is right about the current one (within
     # tolerance) and no candidate is faster than the run: it recommends nothing new
-    fast = PlanInputs(params=7e9, world_size=8, gpus_per_node=8, gpu_memory_bytes=80 * 2**30,
-                      intra_busbw_gbps=5000.0, compute_forward_ms=100.0, compute_backward_ms=200.0)
+    fast = PlanInputs(
+        params=7e9,
+        world_size=8,
+        gpus_per_node=8,
+        gpu_memory_bytes=80 * 2**30,
+        intra_busbw_gbps=5000.0,
+        compute_forward_ms=100.0,
+        compute_backward_ms=200.0,
+    )
     fast.current = "SHARD_GRAD_OP"
     cs = {c.name: c for c in estimate(fast)}
     fastest = cs["FULL_SHARD"]  # ties SHARD_GRAD_OP on time and leaves more memory free

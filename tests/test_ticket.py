@@ -54,7 +54,8 @@ def torch_oom_truth() -> dict[str, float]:
         "total": gib(r"total capacity of"),
         "in_use": gib(r"this process has"),
         "allocated": gib(r"Of the allocated memory"),
-        "reserved_free": float(re.search(r"and ([\d.]+) MiB is reserved by PyTorch but unallocated", msg).group(1)) / 1024,
+        "reserved_free": float(re.search(r"and ([\d.]+) MiB is reserved by PyTorch but unallocated", msg).group(1))
+        / 1024,
         "free": float(re.search(r"of which ([\d.]+) MiB is free", msg).group(1)) / 1024,
     }
 
@@ -147,15 +148,18 @@ def test_ranking_contract():
     def fd(slug, sev, ms=None, b=None):
         return Finding(slug=slug, code=slug.upper(), severity=sev, summary="", est_saving_ms=ms, est_saving_bytes=b)
 
-    ranked = rank([
-        fd("copy", "info", ms=0.0),
-        fd("act-mem", "warning", b=2 * GIB),
-        fd("opt-mem", "warning", b=3 * GIB),
-        fd("prefetch", "warning", ms=4.0),
-        fd("overlap", "critical", ms=9.0),
-        fd("nothing", "warning"),
-        fd("oom", "critical"),
-    ], crash={"oom"})
+    ranked = rank(
+        [
+            fd("copy", "info", ms=0.0),
+            fd("act-mem", "warning", b=2 * GIB),
+            fd("opt-mem", "warning", b=3 * GIB),
+            fd("prefetch", "warning", ms=4.0),
+            fd("overlap", "critical", ms=9.0),
+            fd("nothing", "warning"),
+            fd("oom", "critical"),
+        ],
+        crash={"oom"},
+    )
     assert [f.slug for f in ranked] == ["oom", "overlap", "prefetch", "opt-mem", "act-mem", "nothing", "copy"]
 
 
@@ -167,7 +171,9 @@ def test_snapshot_found_by_content_and_bad_one_is_a_note(tmp_path):
     (tmp_path / "notes.txt").write_text("not a pickle")
     rep = fsdpdoctor.analyze(tmp_path)
     assert rep.facts.memory is not None and Path(rep.facts.memory.path).name == "memdump_rank0"
-    assert any(n.startswith("memory snapshot rank1.snapshot.pickle beside the traces not read") for n in rep.facts.notes)
+    assert any(
+        n.startswith("memory snapshot rank1.snapshot.pickle beside the traces not read") for n in rep.facts.notes
+    )
     assert rep.findings[0].slug == "oom"
 
 
@@ -187,7 +193,9 @@ def test_snapshot_found_in_a_url_directory():
     finally:
         mem.rm("/ticket-oom", recursive=True)
     m = rep.facts.memory
-    assert m is not None and m.discovered and m.path.startswith("memory://") and m.path.endswith("rank0.memory.pickle.gz")
+    assert (
+        m is not None and m.discovered and m.path.startswith("memory://") and m.path.endswith("rank0.memory.pickle.gz")
+    )
     assert rep.findings[0].slug == "oom"
     assert "outside PyTorch" in rep.findings[0].cause
 
@@ -195,7 +203,10 @@ def test_snapshot_found_in_a_url_directory():
 def test_fix_language_of_every_rules_fix_strings():
     from fsdpdoctor.report.sections import fix_language
 
-    assert fix_language("# before the first CUDA allocation\nexport PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True") == "bash"
+    assert (
+        fix_language("# before the first CUDA allocation\nexport PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True")
+        == "bash"
+    )
     assert fix_language("nvidia-smi --query-compute-apps=pid --format=csv") == "bash"
     assert fix_language("model = torch.compile(model)") == "python"
     assert fix_language("# No code fix is known for this setup.") == "python"

@@ -61,8 +61,11 @@ def twins(tmp_path_factory):
     for name in REGIMES:
         base = gen.PRESETS[name]
         runs = []
-        for tag, cfg in (("base", base), ("hooks", dataclasses.replace(base, hook_overhead_us=0.0)),
-                         ("fused", dataclasses.replace(base, optimizer_kernels="fused"))):
+        for tag, cfg in (
+            ("base", base),
+            ("hooks", dataclasses.replace(base, hook_overhead_us=0.0)),
+            ("fused", dataclasses.replace(base, optimizer_kernels="fused")),
+        ):
             runs.append(fsdpdoctor.analyze(gen.generate(cfg, tmp_path_factory.mktemp(f"{name}-{tag}"))))
         out[name] = runs
     return out

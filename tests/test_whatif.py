@@ -32,9 +32,18 @@ STRATEGY = ("FSD030", "FSD031")
 # GPT-2 small (12 blocks, h=768, ~7.1M parameters = ~13.5 MiB bf16 per block), one unit per
 # block, 8 ranks on NVLink-class bandwidth: below the 16 MiB size threshold, yet not latency-bound
 GPT2_SMALL = gen.ScenarioConfig(
-    name="gpt2-small-per-block", description="GPT-2 small wrapped per block on NVLink", fsdp_version=2,
-    world_size=8, num_layers=12, hidden_size=768, ffn_hidden_size=2048, vocab_size=50304, seq_len=1024,
-    batch_size=8, link_bandwidth_gbps=150.0, kernel_noise=0.02,
+    name="gpt2-small-per-block",
+    description="GPT-2 small wrapped per block on NVLink",
+    fsdp_version=2,
+    world_size=8,
+    num_layers=12,
+    hidden_size=768,
+    ffn_hidden_size=2048,
+    vocab_size=50304,
+    seq_len=1024,
+    batch_size=8,
+    link_bandwidth_gbps=150.0,
+    kernel_noise=0.02,
 )
 
 
@@ -270,7 +279,9 @@ def test_compiled_replay_loop_equals_the_python_loop(monkeypatch):
     from fsdpdoctor.analysis.whatif import loop as W
     from fsdpdoctor.ingest.kineto import load_trace
 
-    rt = load_trace(str(Path(__file__).resolve().parents[1] / "fixtures" / "recorded" / "gpu" / "fsdp2-offload" / "rank0.json.gz"))
+    rt = load_trace(
+        str(Path(__file__).resolve().parents[1] / "fixtures" / "recorded" / "gpu" / "fsdp2-offload" / "rank0.json.gz")
+    )
     info = find_steps(rt)
     colls = find_collectives(rt, enclosing(rt, label_rows(rt), issue_rows(rt)))
     step_timeline(rt, info.steps, colls)
@@ -344,8 +355,16 @@ def test_replay_applicability_is_decided_once_with_the_rules():
     from fsdpdoctor.analysis.whatif.plan import _applies
     from fsdpdoctor.facts import FsdpFacts
 
-    unknown, off, on = FsdpFacts(version=2), FsdpFacts(version=2, mixed_precision=False), FsdpFacts(version=2, mixed_precision=True)
-    assert not unknown.fix_applies("mixed_precision") and off.fix_applies("mixed_precision") and not on.fix_applies("mixed_precision")
+    unknown, off, on = (
+        FsdpFacts(version=2),
+        FsdpFacts(version=2, mixed_precision=False),
+        FsdpFacts(version=2, mixed_precision=True),
+    )
+    assert (
+        not unknown.fix_applies("mixed_precision")
+        and off.fix_applies("mixed_precision")
+        and not on.fix_applies("mixed_precision")
+    )
     for fs in (unknown, off, on):
         assert _applies(fs) == {name: fs.fix_applies(name) for name in FIXES}
     assert _applies(unknown)["mixed_precision"] is False

@@ -67,11 +67,33 @@ _KERNEL_KIND = [
 ]
 
 DTYPE_BYTES = {
-    "float": 4, "float32": 4, "int": 4, "int32": 4, "uint32": 4,
-    "bfloat16": 2, "half": 2, "float16": 2, "short": 2, "int16": 2, "uint16": 2,
-    "double": 8, "float64": 8, "long": 8, "int64": 8, "uint64": 8, "complexfloat": 8,
-    "byte": 1, "char": 1, "bool": 1, "int8": 1, "uint8": 1, "unsigned char": 1,
-    "float8_e4m3fn": 1, "float8_e5m2": 1, "float8_e4m3fnuz": 1, "float8_e5m2fnuz": 1,
+    "float": 4,
+    "float32": 4,
+    "int": 4,
+    "int32": 4,
+    "uint32": 4,
+    "bfloat16": 2,
+    "half": 2,
+    "float16": 2,
+    "short": 2,
+    "int16": 2,
+    "uint16": 2,
+    "double": 8,
+    "float64": 8,
+    "long": 8,
+    "int64": 8,
+    "uint64": 8,
+    "complexfloat": 8,
+    "byte": 1,
+    "char": 1,
+    "bool": 1,
+    "int8": 1,
+    "uint8": 1,
+    "unsigned char": 1,
+    "float8_e4m3fn": 1,
+    "float8_e5m2": 1,
+    "float8_e4m3fnuz": 1,
+    "float8_e5m2fnuz": 1,
 }
 
 
@@ -183,9 +205,18 @@ def comm_kernel_mask(rt: RankTrace) -> np.ndarray:
 LAUNCH_CATS = ("cuda_runtime", "cuda_driver")
 # CPU calls that block until GPU work is done (a pageable or synchronous copy returns when its
 # copy is done)
-SYNC_NAMES = ("cudaDeviceSynchronize", "cudaStreamSynchronize", "cudaEventSynchronize", "cudaMemcpy",
-              "cudaMemcpyAsync", "hipDeviceSynchronize", "hipStreamSynchronize", "hipEventSynchronize",
-              "hipMemcpy", "hipMemcpyAsync")
+SYNC_NAMES = (
+    "cudaDeviceSynchronize",
+    "cudaStreamSynchronize",
+    "cudaEventSynchronize",
+    "cudaMemcpy",
+    "cudaMemcpyAsync",
+    "hipDeviceSynchronize",
+    "hipStreamSynchronize",
+    "hipEventSynchronize",
+    "hipMemcpy",
+    "hipMemcpyAsync",
+)
 
 
 def launch_rows(rt: RankTrace, rows: np.ndarray) -> np.ndarray:
@@ -244,12 +275,17 @@ def args_from_shapes(name: str, a: Args | None, kind: str, group_size: int | Non
         return None
     first = _nelems(dims[0])
     second = _nelems(dims[1]) if len(dims) > 1 else first
-    dtype = next((t for t in types if isinstance(t, str) and t and t not in ("TensorList", "Scalar", "ScalarList")), None)
+    dtype = next(
+        (t for t in types if isinstance(t, str) and t and t not in ("TensorList", "Scalar", "ScalarList")), None
+    )
     if dtype is None and types and types[0] == "TensorList":
         dtype = None
     op = name.removeprefix("c10d::").rstrip("_")
     if kind in ("all_gather", "reduce_scatter") and op in (
-        "_allgather_base", "allgather_into_tensor_coalesced", "_reduce_scatter_base", "reduce_scatter_tensor_coalesced"
+        "_allgather_base",
+        "allgather_into_tensor_coalesced",
+        "_reduce_scatter_base",
+        "reduce_scatter_tensor_coalesced",
     ):
         out_n, in_n = first, second  # (output, input, ...)
     elif op == "allgather":
@@ -371,8 +407,13 @@ def find_collectives(rt: RankTrace, chains: dict[int, list[int]], group_size: in
             or (kind_from_collective_name(rt.row_name(chain[-1])) if chain else None)
             or "other"
         )
-        c = Collective(kind=kind, name=(a.collective if a and a.collective else rt.row_name(k)), cpu_row=-1,
-                       cpu_ts=float(rt.ts[k]), cpu_thread=-1)
+        c = Collective(
+            kind=kind,
+            name=(a.collective if a and a.collective else rt.row_name(k)),
+            cpu_row=-1,
+            cpu_ts=float(rt.ts[k]),
+            cpu_thread=-1,
+        )
         _fill_args(c, a)
         _attach_kernels(rt, c, [k])
         out.append(c)
@@ -395,7 +436,7 @@ def role_of_desc(desc: str | None) -> str | None:
     """Role a DeviceMesh group description names (``mesh_tp`` → tensor_parallel), or None."""
     if not desc or not desc.startswith("mesh_"):
         return None
-    dim = desc[len("mesh_"):]
+    dim = desc[len("mesh_") :]
     for names, role in _DESC_ROLE:
         if dim in names:
             return role
@@ -432,7 +473,9 @@ def assign_roles(colls: list[Collective], pg_config: list[dict], world_size: int
     desc_by_name = {str(g.get("pg_name")): g.get("pg_desc") for g in pg_config if isinstance(g, dict)}
     size_by_name = {str(g.get("pg_name")): g.get("pg_size") for g in pg_config if isinstance(g, dict)}
     fsdp_run = any(any(lab.startswith(_FSDP_LABEL_PREFIXES) for lab in c.labels) for c in colls)
-    sharded = any(c.kind == "reduce_scatter" and any(lab.startswith(_FSDP_LABEL_PREFIXES) for lab in c.labels) for c in colls)
+    sharded = any(
+        c.kind == "reduce_scatter" and any(lab.startswith(_FSDP_LABEL_PREFIXES) for lab in c.labels) for c in colls
+    )
     for c in colls:
         recorded = c.group_size if c.group_size_recorded else None
         desc = c.pg_desc or desc_by_name.get(str(c.pg_name)) if c.pg_name is not None or c.pg_desc else None
@@ -443,7 +486,9 @@ def assign_roles(colls: list[Collective], pg_config: list[dict], world_size: int
                 role = "fsdp_shard"
             elif in_fsdp and c.kind == "all_reduce":
                 role = "hsdp_replicate" if sharded else "data_parallel"
-            elif c.kind in ("all_reduce", "broadcast") and any(lab.startswith("DistributedDataParallel.") for lab in c.labels):
+            elif c.kind in ("all_reduce", "broadcast") and any(
+                lab.startswith("DistributedDataParallel.") for lab in c.labels
+            ):
                 role = "data_parallel"  # buffer broadcast / all-reduce in DDP's forward (model-parallel ops inside it are not)
             elif fsdp_run and "tensor_parallel" in sizes:
                 role = "tensor_parallel"
@@ -502,10 +547,13 @@ def parallelism_facts(colls: list[Collective], pg_config: list[dict], n_steps: i
         dp_size=size("data_parallel"),
         roles={r: k / n for r, k in sorted(roles.items())},
     )
-    groups = [f"{g.get('pg_desc')}={g.get('pg_size')}" for g in pg_config if isinstance(g, dict) and role_of_desc(g.get("pg_desc"))]
-    pf.evidence = (
-        "group sizes from collective args / all-gather and reduce-scatter element ratios"
-        + (f"; mesh groups in distributedInfo.pg_config: {', '.join(groups)}" if groups else "")
+    groups = [
+        f"{g.get('pg_desc')}={g.get('pg_size')}"
+        for g in pg_config
+        if isinstance(g, dict) and role_of_desc(g.get("pg_desc"))
+    ]
+    pf.evidence = "group sizes from collective args / all-gather and reduce-scatter element ratios" + (
+        f"; mesh groups in distributedInfo.pg_config: {', '.join(groups)}" if groups else ""
     )
     return pf
 

@@ -22,12 +22,15 @@ def rank_parts(f: RunFacts, ranks: list[int]) -> dict[str, float] | None:
     return {k: sum(p.get(k, 0.0) for p in parts) / len(parts) for k in PARTS}
 
 
-def waterfall_split(before: RunFacts, after: RunFacts, before_ranks: list[int],
-                    after_ranks: list[int]) -> tuple[dict[str, tuple[float, float]], str | None]:
+def waterfall_split(
+    before: RunFacts, after: RunFacts, before_ranks: list[int], after_ranks: list[int]
+) -> tuple[dict[str, tuple[float, float]], str | None]:
     """(part → (before ms, after ms) per step, or {} and why not)."""
     b, a = rank_parts(before, before_ranks), rank_parts(after, after_ranks)
     if b is None or a is None:
         which = " and ".join(x for x, p in (("before", b), ("after", a)) if p is None)
-        return {}, (f"no efficiency waterfall in the {which} run's facts (no GPU work in its steps, or saved before "
-                    "fsdpdoctor measured it): the change is not split by its parts")
+        return {}, (
+            f"no efficiency waterfall in the {which} run's facts (no GPU work in its steps, or saved before "
+            "fsdpdoctor measured it): the change is not split by its parts"
+        )
     return {k: (b[k], a[k]) for k in PARTS}, None

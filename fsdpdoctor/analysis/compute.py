@@ -40,13 +40,30 @@ from .peaks import device_peaks, has_tensor_cores
 from .steps import PHASES, StepWindow, locate
 
 #: a forward op found under one of these inside backward is checkpointing's recompute
-FORWARD_COMPOSITES = frozenset({"aten::linear", "aten::matmul", "aten::scaled_dot_product_attention", "aten::einsum",
-                                "aten::conv1d", "aten::conv2d", "aten::conv3d"})
+FORWARD_COMPOSITES = frozenset(
+    {
+        "aten::linear",
+        "aten::matmul",
+        "aten::scaled_dot_product_attention",
+        "aten::einsum",
+        "aten::conv1d",
+        "aten::conv2d",
+        "aten::conv3d",
+    }
+)
 
 ENGINES = ("fp32-simt", "fp32", "tf32", "bf16", "fp16", "fp8")
 TENSOR_CORE = frozenset({"tf32", "bf16", "fp16", "fp8"})
-_DTYPE = {"float": "fp32", "c10::BFloat16": "bf16", "c10::Half": "fp16", "c10::Float8_e4m3fn": "fp8",
-          "c10::Float8_e5m2": "fp8", "c10::Float8_e4m3fnuz": "fp8", "c10::Float8_e5m2fnuz": "fp8", "double": "fp64"}
+_DTYPE = {
+    "float": "fp32",
+    "c10::BFloat16": "bf16",
+    "c10::Half": "fp16",
+    "c10::Float8_e4m3fn": "fp8",
+    "c10::Float8_e5m2": "fp8",
+    "c10::Float8_e4m3fnuz": "fp8",
+    "c10::Float8_e5m2fnuz": "fp8",
+    "double": "fp64",
+}
 
 
 @functools.lru_cache(maxsize=4096)  # a trace repeats a few hundred kernel names many thousand times
@@ -70,7 +87,9 @@ def _engine_from_name(name: str, op_dtype: str | None) -> str:
         return "bf16"
     if "fp16" in n or "h1688" in n or "h16816" in n or "_hhs_" in n or "half" in n or re.search(r"(?<!b)f16", n):
         return "fp16"
-    if "tf32" in n or "xf32" in n or "s1688" in n or "s16816" in n:  # fp32 inputs on tensor cores (CUTLASS "s" = single)
+    if (
+        "tf32" in n or "xf32" in n or "s1688" in n or "s16816" in n
+    ):  # fp32 inputs on tensor cores (CUTLASS "s" = single)
         return "tf32"
     if op_dtype in ("bf16", "fp16", "fp8"):
         return op_dtype
@@ -220,7 +239,9 @@ class KernelFlops:
     ops: np.ndarray | None = None  # the counted op row that launched each (its shapes and name)
 
 
-def analyze_compute(rt: RankTrace, steps: list[StepWindow], device_name: str | None, n_steps: int) -> tuple[ComputeFacts, KernelFlops]:
+def analyze_compute(
+    rt: RankTrace, steps: list[StepWindow], device_name: str | None, n_steps: int
+) -> tuple[ComputeFacts, KernelFlops]:
     """FLOPs, kernel time by engine and achieved throughput of one rank (step time filled in by
     :func:`finish`, which needs the run's step clock)."""
     cf = ComputeFacts(device=device_name)
@@ -235,7 +256,11 @@ def analyze_compute(rt: RankTrace, steps: list[StepWindow], device_name: str | N
     missing = 0
     for i, (r, n) in enumerate(zip(counted.tolist(), names)):
         a = rt.args.get(r)
-        f = op_flops(n, _dims(a.input_dims), _dims(a.concrete_inputs)) if a is not None and a.input_dims is not None else None
+        f = (
+            op_flops(n, _dims(a.input_dims), _dims(a.concrete_inputs))
+            if a is not None and a.input_dims is not None
+            else None
+        )
         if f is None:
             missing += 1
         flops[i] = f or 0.0
@@ -314,7 +339,9 @@ def analyze_compute(rt: RankTrace, steps: list[StepWindow], device_name: str | N
 
 
 def _peak_dtype(engine: str | None) -> str | None:
-    return {"fp32-simt": "fp32", "fp32": "fp32", "tf32": "tf32", "bf16": "bf16", "fp16": "fp16", "fp8": "fp8"}.get(engine or "")
+    return {"fp32-simt": "fp32", "fp32": "fp32", "tf32": "tf32", "bf16": "bf16", "fp16": "fp16", "fp8": "fp8"}.get(
+        engine or ""
+    )
 
 
 def finish(cf: ComputeFacts, step_ms: float | None, peak_override: float | None = None) -> ComputeFacts:
@@ -336,8 +363,16 @@ def finish(cf: ComputeFacts, step_ms: float | None, peak_override: float | None 
     return cf
 
 
-_MEAN_ATTRS = ("flops_per_step", "model_flops_per_step", "matmul_flops_per_step", "attention_flops_per_step",
-               "recompute_flops_per_step", "gemm_ms_per_step", "attention_ms_per_step", "recompute_ms_per_step")
+_MEAN_ATTRS = (
+    "flops_per_step",
+    "model_flops_per_step",
+    "matmul_flops_per_step",
+    "attention_flops_per_step",
+    "recompute_flops_per_step",
+    "gemm_ms_per_step",
+    "attention_ms_per_step",
+    "recompute_ms_per_step",
+)
 _RATE_ATTRS = ("gemm_tflops", "attention_tflops")
 _DICT_ATTRS = ("flops_by_phase", "engine_ms_per_step", "attention_engine_ms_per_step", "engine_tflops")
 
@@ -350,7 +385,9 @@ class ComputeFold:
 
     def __init__(self) -> None:
         self.cols = Columns()
-        self.first: tuple[int, str | None, bool] | None = None  # (rank, device, tensor cores) of the lowest rank with shapes
+        self.first: tuple[int, str | None, bool] | None = (
+            None  # (rank, device, tensor cores) of the lowest rank with shapes
+        )
 
     def add(self, rank: int, c: ComputeFacts | None) -> None:
         if c is None:
@@ -387,13 +424,17 @@ class ComputeFold:
         out.ops_with_shapes = int(sum(cols.values("with")))
         out.ops_without_shapes = int(sum(cols.values("without")))
         for attr in _DICT_ATTRS:
-            setattr(out, attr, {k: float(np.mean(cols.filled((attr, k), 0.0, among="shapes"))) for k in cols.keys(attr)})
+            setattr(
+                out, attr, {k: float(np.mean(cols.filled((attr, k), 0.0, among="shapes"))) for k in cols.keys(attr)}
+            )
         out.tensor_cores = self.first[2]
         _engines_and_peak(out)
         return finish(out, step_ms, peak_override)
 
 
-def fold(per_rank: list[ComputeFacts], step_ms: float | None, peak_override: float | None = None) -> ComputeFacts | None:
+def fold(
+    per_rank: list[ComputeFacts], step_ms: float | None, peak_override: float | None = None
+) -> ComputeFacts | None:
     """The run's compute facts: per-device means over the ranks that have them (``per_rank`` in
     rank order), on the run's step clock."""
     acc = ComputeFold()

@@ -158,8 +158,16 @@ class CrossRankFold:
                     continue
                 step, phase, unit = g.where[i] if i < len(g.where) else (-1, "", None)
                 item = CollectiveSkew(
-                    pg=pg, kind=kind, index=int(i), step=step, phase=phase, unit=unit, last_rank=int(g.argmax[i]),
-                    skew_ms=int(skew[i]) / 1e6, mean_wait_ms=float(waits[i]) / 1e6, ranks=int(g.count[i]),
+                    pg=pg,
+                    kind=kind,
+                    index=int(i),
+                    step=step,
+                    phase=phase,
+                    unit=unit,
+                    last_rank=int(g.argmax[i]),
+                    skew_ms=int(skew[i]) / 1e6,
+                    mean_wait_ms=float(waits[i]) / 1e6,
+                    ranks=int(g.count[i]),
                 )
                 seq += 1
                 entry = (int(skew[i]), -seq, item)
@@ -171,11 +179,23 @@ class CrossRankFold:
         for r in sorted(self.rank_sum):
             wait_ns = sum(int(prefix[k][n]) for k, n in self.rank_n[r].items()) - self.rank_sum[r]
             steps = max(self.rank_steps[r], 1)
-            ranks.append(RankWait(rank=r, wait_ms_per_step=wait_ns / 1e6 / steps, last_arrivals=last_counts.get(r, 0),
-                                  step_ms=self.rank_step_ms[r]))
+            ranks.append(
+                RankWait(
+                    rank=r,
+                    wait_ms_per_step=wait_ns / 1e6 / steps,
+                    last_arrivals=last_counts.get(r, 0),
+                    step_ms=self.rank_step_ms[r],
+                )
+            )
         # straggler first: it waits least for the others (and arrives last most often)
         ranks.sort(key=lambda w: (w.wait_ms_per_step, -w.last_arrivals, w.rank))
-        basis = "gpu kernel start" if self.basis == {"gpu"} else "cpu issue" if self.basis == {"cpu"} else "gpu kernel start, else cpu issue"
+        basis = (
+            "gpu kernel start"
+            if self.basis == {"gpu"}
+            else "cpu issue"
+            if self.basis == {"cpu"}
+            else "gpu kernel start, else cpu issue"
+        )
         return CrossRankFacts(
             arrival=basis,
             collectives_matched=int(sum(int((g.count >= 2).sum()) for g in self.groups.values())),

@@ -45,11 +45,25 @@ from .timeline import GpuSteps
 MATMUL_NAME_RX = re.compile(r"gemm|nvjet|Cijk_|cutlass.*(?:gemm|Kernel2)|xmma|cublas", re.I)
 ATTENTION_NAME_RX = re.compile(r"fmha|flash|attention|sdpa", re.I)
 #: forward activations that follow a block's last forward-only op in a re-run forward
-FORWARD_TAIL_OPS = frozenset({"aten::gelu", "aten::relu", "aten::relu_", "aten::silu", "aten::silu_", "aten::dropout",
-                              "aten::native_dropout", "aten::tanh", "aten::sigmoid", "aten::hardtanh_", "aten::add",
-                              "aten::add_", "aten::mul"})
+FORWARD_TAIL_OPS = frozenset(
+    {
+        "aten::gelu",
+        "aten::relu",
+        "aten::relu_",
+        "aten::silu",
+        "aten::silu_",
+        "aten::dropout",
+        "aten::native_dropout",
+        "aten::tanh",
+        "aten::sigmoid",
+        "aten::hardtanh_",
+        "aten::add",
+        "aten::add_",
+        "aten::mul",
+    }
+)
 TOP_GEMM_SHAPES = 8
-SMALL_GEMM_FLOP = 2.0 * 512 ** 3  # a matmul under this many FLOPs per call is "small"
+SMALL_GEMM_FLOP = 2.0 * 512**3  # a matmul under this many FLOPs per call is "small"
 
 
 def family(kernel: str, op: str, optimizer: bool) -> str:
@@ -63,7 +77,9 @@ def family(kernel: str, op: str, optimizer: bool) -> str:
             return "optimizer_foreach"
         return "optimizer_per_parameter"
     both = o + " " + k
-    if any(x in both for x in ("layer_norm", "rms_norm", "layernorm", "rmsnorm", "batch_norm", "group_norm", "batchnorm")):
+    if any(
+        x in both for x in ("layer_norm", "rms_norm", "layernorm", "rmsnorm", "batch_norm", "group_norm", "batchnorm")
+    ):
         return "norm"
     if any(x in both for x in ("softmax", "cross_entropy", "nll_loss")):
         return "softmax_loss"
@@ -148,9 +164,15 @@ def _stepped(s: np.ndarray, e: np.ndarray, step: np.ndarray, t0: float, span: fl
     return s - t0 + off, e - t0 + off
 
 
-def analyze_efficiency(rt: RankTrace, steps: list[StepWindow], step_facts: list[StepFacts], gs: GpuSteps,
-                       kf: KernelFlops, compute: ComputeFacts | None,
-                       checkpointing: bool | None = None) -> EfficiencyFacts | None:
+def analyze_efficiency(
+    rt: RankTrace,
+    steps: list[StepWindow],
+    step_facts: list[StepFacts],
+    gs: GpuSteps,
+    kf: KernelFlops,
+    compute: ComputeFacts | None,
+    checkpointing: bool | None = None,
+) -> EfficiencyFacts | None:
     """The rank's waterfall over its steps (means per step); None without steps or GPU work.
     ``checkpointing``: ``FsdpFacts.activation_checkpointing`` (False: no re-run forward to find)."""
     g = gs.g
@@ -205,9 +227,12 @@ def analyze_efficiency(rt: RankTrace, steps: list[StepWindow], step_facts: list[
     eff.matmul_flops = float(flops[m_sel].sum()) / n
     eff.attention_flops = float(flops[a_sel].sum()) / n
     eff.gpu_busy_ms = sum(sf.gpu_busy_ms for sf in step_facts) / n
-    eff.own_ms = {"recompute": recompute_ms, "other_kernels": other_ms,
-                  "exposed_comm": sum(sf.exposed_comm_ms for sf in step_facts) / n,
-                  "exposed_copies": sum(sf.memcpy_ms for sf in step_facts) / n}
+    eff.own_ms = {
+        "recompute": recompute_ms,
+        "other_kernels": other_ms,
+        "exposed_comm": sum(sf.exposed_comm_ms for sf in step_facts) / n,
+        "exposed_copies": sum(sf.memcpy_ms for sf in step_facts) / n,
+    }
     windows = step_windows(steps, step_facts)
     classified = g.comm | g.compute | g.memory
     busy_all = iv.merge(start[classified], end[classified])
@@ -241,8 +266,10 @@ def analyze_efficiency(rt: RankTrace, steps: list[StepWindow], step_facts: list[
     idle_and_hooks(eff, rt, steps, windows, busy_all, gs)
     split(eff, compute.peak_tflops if compute is not None else None)
     if not eff.flops_known:
-        eff.notes.append("no recorded shapes: matmul and attention kernels found by name, their at-peak part unknown "
-                         "(all of their time shown below peak)")
+        eff.notes.append(
+            "no recorded shapes: matmul and attention kernels found by name, their at-peak part unknown "
+            "(all of their time shown below peak)"
+        )
     return eff
 
 
@@ -257,8 +284,17 @@ def _families(rt: RankTrace, rows: np.ndarray, op: np.ndarray, sel: np.ndarray, 
     n_names = len(rt.names) + 1
     key = (kname * n_names + oname) * 2 + opt[idx].astype(np.int64)  # one integer per (kernel, op, phase)
     uniq, inv = np.unique(key, return_inverse=True)
-    fams = np.array([family(rt.names[int(k // 2 // n_names)], rt.names[int(k // 2 % n_names) - 1] if k // 2 % n_names else "",
-                            bool(k % 2)) for k in uniq.tolist()], dtype=object)
+    fams = np.array(
+        [
+            family(
+                rt.names[int(k // 2 // n_names)],
+                rt.names[int(k // 2 % n_names) - 1] if k // 2 % n_names else "",
+                bool(k % 2),
+            )
+            for k in uniq.tolist()
+        ],
+        dtype=object,
+    )
     out[idx] = fams[inv.reshape(-1)]
     return out
 
@@ -313,9 +349,16 @@ def _gemm_shapes(rt, rows, kf, pos, kfi, m_sel, start, end, n, compute) -> list[
     eng_names, eng_code = np.unique(engines.astype(str), return_inverse=True)
     by_eng = np.zeros((len(info), eng_names.size))
     np.add.at(by_eng, (g, eng_code.reshape(-1)), dur)
-    groups = {(name, raw): {"ops": int(calls[j]), "us": float(us[j]), "flops": float(fl[j]), "type": typ,
-                            "eng": str(eng_names[int(np.argmax(by_eng[j]))]) if eng_names.size else None}
-              for j, (name, raw, typ) in enumerate(info)}
+    groups = {
+        (name, raw): {
+            "ops": int(calls[j]),
+            "us": float(us[j]),
+            "flops": float(fl[j]),
+            "type": typ,
+            "eng": str(eng_names[int(np.argmax(by_eng[j]))]) if eng_names.size else None,
+        }
+        for j, (name, raw, typ) in enumerate(info)
+    }
     out = []
     for (name, raw), d in groups.items():
         ms = d["us"] / 1e3 / n
@@ -329,12 +372,20 @@ def _gemm_shapes(rt, rows, kf, pos, kfi, m_sel, start, end, n, compute) -> list[
                 flags.append("dims not multiples of 64: " + ", ".join(str(x) for x in (m, kk, nn) if x % 64))
             if 2.0 * b * m * kk * nn < SMALL_GEMM_FLOP:
                 flags.append("small (under 0.27 GFLOP a call)")
-        out.append(GemmShape(
-            op=name, shape=shape, dtype=_op_dtype(d["type"]) if d["type"] is not None else None,
-            engine=d["eng"], calls_per_step=d["ops"] / n,
-            ms_per_step=ms, gflop_per_step=d["flops"] / n / 1e9,
-            tflops=d["flops"] / (d["us"] * 1e6) if d["us"] > 0 else None,
-            below_peak_ms=max(ms - at, 0.0), flags=flags))
+        out.append(
+            GemmShape(
+                op=name,
+                shape=shape,
+                dtype=_op_dtype(d["type"]) if d["type"] is not None else None,
+                engine=d["eng"],
+                calls_per_step=d["ops"] / n,
+                ms_per_step=ms,
+                gflop_per_step=d["flops"] / n / 1e9,
+                tflops=d["flops"] / (d["us"] * 1e6) if d["us"] > 0 else None,
+                below_peak_ms=max(ms - at, 0.0),
+                flags=flags,
+            )
+        )
     out.sort(key=lambda x: -x.below_peak_ms)
     return out[:TOP_GEMM_SHAPES]
 
@@ -347,7 +398,9 @@ def step_windows(steps: list[StepWindow], step_facts: list[StepFacts]) -> iv.Int
     t = np.array([sf.step_ms for sf in step_facts]) * 1e3
     cpu_end = np.maximum.accumulate(np.array([st.end for st in steps], dtype=np.float64))
     cpu = np.diff(np.concatenate(([min(float(steps[0].start), float(cpu_end[0]))], cpu_end)))
-    done = np.array([sf.end_us if sf.end_us is not None else st.end for sf, st in zip(step_facts, steps)], dtype=np.float64)
+    done = np.array(
+        [sf.end_us if sf.end_us is not None else st.end for sf, st in zip(step_facts, steps)], dtype=np.float64
+    )
     ends = cpu_end if np.allclose(t, cpu, rtol=1e-9, atol=1e-6) else done
     return iv.merge(ends - t, ends)
 
@@ -361,8 +414,11 @@ def split(eff: EfficiencyFacts, peak_tflops: float | None) -> EfficiencyFacts:
     if eff.flops_known and peak_tflops:
         p["matmul_at_peak"] = eff.matmul_flops / (peak_tflops * 1e9)
         p["attention_at_peak"] = eff.attention_flops / (peak_tflops * 1e9)
-    own = {"matmul_below_peak": max(eff.matmul_ms - p["matmul_at_peak"], 0.0),
-           "attention_below_peak": max(eff.attention_ms - p["attention_at_peak"], 0.0), **eff.own_ms}
+    own = {
+        "matmul_below_peak": max(eff.matmul_ms - p["matmul_at_peak"], 0.0),
+        "attention_below_peak": max(eff.attention_ms - p["attention_at_peak"], 0.0),
+        **eff.own_ms,
+    }
     at = p["matmul_at_peak"] + p["attention_at_peak"]
     idle = min(eff.window_idle_ms, eff.step_ms)
     avail = eff.step_ms - idle - at
@@ -404,8 +460,19 @@ def _fit_idle(eff: EfficiencyFacts) -> None:
         s.gpu_idle_ms_per_step *= f
 
 
-_SCALARS = ("step_ms", "matmul_ms", "attention_ms", "matmul_flops", "attention_flops", "gpu_busy_ms", "window_idle_ms", "optimizer_ms",
-            "kernels_per_step", "launch_bound_kernels_per_step", "optimizer_kernels_per_step")
+_SCALARS = (
+    "step_ms",
+    "matmul_ms",
+    "attention_ms",
+    "matmul_flops",
+    "attention_flops",
+    "gpu_busy_ms",
+    "window_idle_ms",
+    "optimizer_ms",
+    "kernels_per_step",
+    "launch_bound_kernels_per_step",
+    "optimizer_kernels_per_step",
+)
 _FOLDED_PARTS = ("recompute", "other_kernels", "exposed_comm", "exposed_copies")
 
 
@@ -434,15 +501,25 @@ class EfficiencyFold:
         for h in e.hooks:
             k = (h.unit, h.hook)
             row[("hook_calls", k)], row[("hook_cpu", k)], row[("hook_wait", k)] = (
-                h.calls_per_step, h.cpu_ms_per_step, h.gpu_wait_ms_per_step)
+                h.calls_per_step,
+                h.cpu_ms_per_step,
+                h.gpu_wait_ms_per_step,
+            )
         for x in e.gemm_shapes:
             k = (x.op, x.shape, x.dtype)
             self.info.setdefault(k, (x.engine, list(x.flags)))
-            row[("gemm_calls", k)], row[("gemm_ms", k)], row[("gemm_gflop", k)] = x.calls_per_step, x.ms_per_step, x.gflop_per_step
+            row[("gemm_calls", k)], row[("gemm_ms", k)], row[("gemm_gflop", k)] = (
+                x.calls_per_step,
+                x.ms_per_step,
+                x.gflop_per_step,
+            )
         for s in e.syncs:
             self.info.setdefault(s.site, s.line)
             row[("sync_calls", s.site)], row[("sync_cpu", s.site)], row[("sync_idle", s.site)] = (
-                s.calls_per_step, s.cpu_ms_per_step, s.gpu_idle_ms_per_step)
+                s.calls_per_step,
+                s.cpu_ms_per_step,
+                s.gpu_idle_ms_per_step,
+            )
         if e.optimizer:
             self.styles[e.optimizer] = self.styles.get(e.optimizer, 0) + 1
         self.cols.add(rank, row)
@@ -465,24 +542,56 @@ class EfficiencyFold:
         out.own_ms = {p: self._mean(("own", p)) for p in _FOLDED_PARTS}
         out.other_kernels_ms = {f: self._mean(("family", f)) for f in FAMILIES if f in cols.keys("family")}
         out.idle_ms = {c: self._mean(("idle", c)) for c in cols.keys("idle")}
-        out.hooks = sorted((HookCost(unit=k[0], hook=k[1], calls_per_step=self._mean(("hook_calls", k)),
-                                     cpu_ms_per_step=self._mean(("hook_cpu", k)),
-                                     gpu_wait_ms_per_step=self._mean(("hook_wait", k))) for k in cols.keys("hook_calls")),
-                           key=lambda c: (-c.gpu_wait_ms_per_step, -c.cpu_ms_per_step, c.unit, c.hook))
+        out.hooks = sorted(
+            (
+                HookCost(
+                    unit=k[0],
+                    hook=k[1],
+                    calls_per_step=self._mean(("hook_calls", k)),
+                    cpu_ms_per_step=self._mean(("hook_cpu", k)),
+                    gpu_wait_ms_per_step=self._mean(("hook_wait", k)),
+                )
+                for k in cols.keys("hook_calls")
+            ),
+            key=lambda c: (-c.gpu_wait_ms_per_step, -c.cpu_ms_per_step, c.unit, c.hook),
+        )
         shapes = []
         for k in cols.keys("gemm_calls"):
             ms, gf = self._mean(("gemm_ms", k)), self._mean(("gemm_gflop", k))
             at = gf / peak_tflops if peak_tflops else 0.0
             eng, flags = self.info.get(k, (None, []))
-            shapes.append(GemmShape(op=k[0], shape=k[1], dtype=k[2], engine=eng, calls_per_step=self._mean(("gemm_calls", k)),
-                                    ms_per_step=ms, gflop_per_step=gf, tflops=gf / ms if ms > 0 else None,
-                                    below_peak_ms=max(ms - at, 0.0), flags=list(flags)))
+            shapes.append(
+                GemmShape(
+                    op=k[0],
+                    shape=k[1],
+                    dtype=k[2],
+                    engine=eng,
+                    calls_per_step=self._mean(("gemm_calls", k)),
+                    ms_per_step=ms,
+                    gflop_per_step=gf,
+                    tflops=gf / ms if ms > 0 else None,
+                    below_peak_ms=max(ms - at, 0.0),
+                    flags=list(flags),
+                )
+            )
         out.gemm_shapes = sorted(shapes, key=lambda x: -x.below_peak_ms)[:TOP_GEMM_SHAPES]
-        out.syncs = sorted((SyncSite(site=k, calls_per_step=self._mean(("sync_calls", k)), cpu_ms_per_step=self._mean(("sync_cpu", k)),
-                                     gpu_idle_ms_per_step=self._mean(("sync_idle", k)), line=self.info.get(k))
-                            for k in cols.keys("sync_calls")), key=lambda s: (-s.gpu_idle_ms_per_step, -s.cpu_ms_per_step, s.site))
+        out.syncs = sorted(
+            (
+                SyncSite(
+                    site=k,
+                    calls_per_step=self._mean(("sync_calls", k)),
+                    cpu_ms_per_step=self._mean(("sync_cpu", k)),
+                    gpu_idle_ms_per_step=self._mean(("sync_idle", k)),
+                    line=self.info.get(k),
+                )
+                for k in cols.keys("sync_calls")
+            ),
+            key=lambda s: (-s.gpu_idle_ms_per_step, -s.cpu_ms_per_step, s.site),
+        )
         out.optimizer = max(self.styles, key=lambda s: (self.styles[s], s)) if self.styles else None
         if not out.flops_known:
-            out.notes.append("no recorded shapes on every rank: matmul and attention kernels found by name, their at-peak "
-                             "part unknown (all of their time shown below peak)")
+            out.notes.append(
+                "no recorded shapes on every rank: matmul and attention kernels found by name, their at-peak "
+                "part unknown (all of their time shown below peak)"
+            )
         return split(out, peak_tflops)

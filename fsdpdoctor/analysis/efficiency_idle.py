@@ -35,8 +35,18 @@ from .labels import enclosing
 from .steps import StepWindow
 from .timeline import GpuSteps
 
-LAUNCH_CALLS = ("cudaLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernel", "cuLaunchKernelEx", "cudaGraphLaunch",
-                "hipLaunchKernel", "hipExtLaunchKernel", "hipModuleLaunchKernel", "cudaMemcpyAsync", "cudaMemsetAsync")
+LAUNCH_CALLS = (
+    "cudaLaunchKernel",
+    "cudaLaunchKernelExC",
+    "cuLaunchKernel",
+    "cuLaunchKernelEx",
+    "cudaGraphLaunch",
+    "hipLaunchKernel",
+    "hipExtLaunchKernel",
+    "hipModuleLaunchKernel",
+    "cudaMemcpyAsync",
+    "cudaMemsetAsync",
+)
 _FSDP2 = re.compile(r"^FSDP::(?P<hook>[A-Za-z_]+)(?: \((?P<fqn>[^)]*)\))?(?: for (?P<target>\S+))?")
 _FSDP1 = "FullyShardedDataParallel."
 
@@ -82,8 +92,14 @@ def _outermost(rt: RankTrace, rows: np.ndarray) -> np.ndarray:
     return np.concatenate(out) if out else rows
 
 
-def idle_and_hooks(eff: EfficiencyFacts, rt: RankTrace, steps: list[StepWindow], windows: iv.Intervals,
-                   busy: iv.Intervals, gs: GpuSteps) -> None:
+def idle_and_hooks(
+    eff: EfficiencyFacts,
+    rt: RankTrace,
+    steps: list[StepWindow],
+    windows: iv.Intervals,
+    busy: iv.Intervals,
+    gs: GpuSteps,
+) -> None:
     """Fill ``eff.idle_ms`` (measured, by cause), ``hooks`` and ``syncs``: the idle gaps are
     ``windows`` (the steps' intervals on the step clock) less ``busy`` (all GPU activity)."""
     n = max(len(steps), 1)
@@ -173,8 +189,16 @@ def _by_cpu_state(rt, thread, g0, g1, sel, hooks, causes, hook_wait) -> None:
 
 #: calls that wait for the GPU whatever they are given (``SYNC_NAMES`` also holds the copies,
 #: which block only from or to pageable memory)
-EXPLICIT_SYNCS = ("cudaDeviceSynchronize", "cudaStreamSynchronize", "cudaEventSynchronize", "cudaMemcpy",
-                  "hipDeviceSynchronize", "hipStreamSynchronize", "hipEventSynchronize", "hipMemcpy")
+EXPLICIT_SYNCS = (
+    "cudaDeviceSynchronize",
+    "cudaStreamSynchronize",
+    "cudaEventSynchronize",
+    "cudaMemcpy",
+    "hipDeviceSynchronize",
+    "hipStreamSynchronize",
+    "hipEventSynchronize",
+    "hipMemcpy",
+)
 BLOCKED_COPY_US = 50.0  # a copy call this long waited for the GPU (a launch takes a few µs)
 
 
@@ -238,28 +262,47 @@ def _hook_costs(rt: RankTrace, hooks: np.ndarray, wait: dict, n: int) -> list[Ho
         if b.size:
             h = hooks[m]
             bs = iv.merge(rt.ts[b], rt.ts[b] + rt.dur[b])
-            own[m] = np.maximum(own[m] - (iv.measure_below(bs, rt.ts[h] + rt.dur[h]) - iv.measure_below(bs, rt.ts[h])), 0.0)
+            own[m] = np.maximum(
+                own[m] - (iv.measure_below(bs, rt.ts[h] + rt.dur[h]) - iv.measure_below(bs, rt.ts[h])), 0.0
+            )
     codes, inv = np.unique(rt.name[hooks], return_inverse=True)  # by label, then by (unit, hook)
     us = np.bincount(inv.reshape(-1), weights=own, minlength=codes.size)
     calls = np.bincount(inv.reshape(-1), minlength=codes.size)
     out: dict[tuple[str, str], HookCost] = {}
     for code, u, c in zip(codes.tolist(), us.tolist(), calls.tolist()):
         key = hook_of(rt.names[code])
-        h = out.setdefault(key, HookCost(unit=key[0], hook=key[1], calls_per_step=0.0, cpu_ms_per_step=0.0,
-                                         gpu_wait_ms_per_step=wait.get(key, 0.0) / 1e3 / n))
+        h = out.setdefault(
+            key,
+            HookCost(
+                unit=key[0],
+                hook=key[1],
+                calls_per_step=0.0,
+                cpu_ms_per_step=0.0,
+                gpu_wait_ms_per_step=wait.get(key, 0.0) / 1e3 / n,
+            ),
+        )
         h.calls_per_step += c / n
         h.cpu_ms_per_step += u / 1e3 / n
     return sorted(out.values(), key=lambda c: (-c.gpu_wait_ms_per_step, -c.cpu_ms_per_step, c.unit, c.hook))
 
 
-def _sync_costs(rt: RankTrace, lo: float, hi: float, idle: dict[str, float], drains: list[int], n: int) -> list[SyncSite]:
+def _sync_costs(
+    rt: RankTrace, lo: float, hi: float, idle: dict[str, float], drains: list[int], n: int
+) -> list[SyncSite]:
     """The explicit synchronizations and the calls that drained the queue (``drains``), by site."""
     rows = np.union1d(_sync_rows(rt, lo, hi, explicit=True), np.array(drains, dtype=np.int64))
     sites = _sites(rt, rows)
     out: dict[str, SyncSite] = {}
     for r in rows.tolist():
-        s = out.setdefault(sites[r], SyncSite(site=sites[r], calls_per_step=0.0, cpu_ms_per_step=0.0,
-                                              gpu_idle_ms_per_step=idle.get(sites[r], 0.0) / 1e3 / n))
+        s = out.setdefault(
+            sites[r],
+            SyncSite(
+                site=sites[r],
+                calls_per_step=0.0,
+                cpu_ms_per_step=0.0,
+                gpu_idle_ms_per_step=idle.get(sites[r], 0.0) / 1e3 / n,
+            ),
+        )
         s.calls_per_step += 1.0 / n
         s.cpu_ms_per_step += float(rt.dur[r]) / 1e3 / n
     return sorted(out.values(), key=lambda s: (-s.gpu_idle_ms_per_step, -s.cpu_ms_per_step, s.site))

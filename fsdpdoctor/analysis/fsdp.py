@@ -30,7 +30,9 @@ FSDP1_PREFIX = "FullyShardedDataParallel."
 # torch 2.13 appends " [pg=<shard mesh size>]" when a unit has several parameter groups
 # (per-parameter meshes through shard_placement_fn)
 _FSDP2_HOOK = re.compile(r"^FSDP::(?P<hook>[a-z_]+?)(?: \((?P<fqn>.*?)\))?(?: \[pg=(?P<pg>\d+)\])?$")
-_FSDP2_PREFETCH = re.compile(r"^FSDP::(?P<pass>forward|backward)_prefetch(?: for (?P<fqn>.*?))?(?: \[pg=(?P<pg>\d+)\])?$")
+_FSDP2_PREFETCH = re.compile(
+    r"^FSDP::(?P<pass>forward|backward)_prefetch(?: for (?P<fqn>.*?))?(?: \[pg=(?P<pg>\d+)\])?$"
+)
 ROOT_FQN = ""
 LOW_PRECISION = {"bfloat16", "half", "float16", "c10::bfloat16", "c10::half"}
 
@@ -78,8 +80,15 @@ def _fsdp2_unit(c: Collective) -> str | None:
             return _fqn_of(lab)
     for lab in reversed(chain):
         m = _FSDP2_HOOK.match(lab)
-        if m and m.group("hook") in ("pre_forward", "pre_backward", "post_backward_reduce", "post_backward",
-                                     "post_backward_reshard", "post_backward_accumulate", "all_gather"):
+        if m and m.group("hook") in (
+            "pre_forward",
+            "pre_backward",
+            "post_backward_reduce",
+            "post_backward",
+            "post_backward_reshard",
+            "post_backward_accumulate",
+            "all_gather",
+        ):
             return _fqn_of(lab)
     return None
 
@@ -172,7 +181,9 @@ def _first_forward_pass_rows(rt: RankTrace, rows: np.ndarray, steps) -> np.ndarr
 
 
 def _units_fsdp2(rt: RankTrace, f: FsdpFacts, colls: list[Collective], steps) -> None:
-    rows = cpu_label_rows(rt, lambda n: n == "FSDP::pre_forward" or n.startswith(("FSDP::pre_forward (", "FSDP::pre_forward [")))
+    rows = cpu_label_rows(
+        rt, lambda n: n == "FSDP::pre_forward" or n.startswith(("FSDP::pre_forward (", "FSDP::pre_forward ["))
+    )
     rows = rows[np.argsort(rt.ts[rows], kind="stable")]
     names = [rt.row_name(int(r)) for r in rows]
     # torch >= 2.5 suffixes every label with the module FQN except the root's, and records
@@ -272,7 +283,9 @@ def _per_unit_stats(f: FsdpFacts, colls: list[Collective], n_steps: int) -> None
             u.unsharded_numel = int(sum(c.out_nelems for c in cs))
     for u in f.units:
         if u.unsharded_numel is None:  # gathered only in backward (or sizes unknown)
-            u.unsharded_numel = next((c.out_nelems for c in colls if c.unit == u.fqn and c.kind == "all_gather" and c.out_nelems), None)
+            u.unsharded_numel = next(
+                (c.out_nelems for c in colls if c.unit == u.fqn and c.kind == "all_gather" and c.out_nelems), None
+            )
         if u.forward_all_gathers + u.backward_all_gathers > 0 and (u.fqn, "ag") not in sized:
             u.all_gather_bytes = None
         if u.reduce_scatters > 0 and (u.fqn, "rs") not in sized:
@@ -336,10 +349,20 @@ def _microbatches_per_step(steps) -> int:
 COMPILED_LABELS = ("Torch-Compiled Region", "CompiledFunction", "TorchDynamo Cache Lookup")
 # ops a module's forward calls and autograd's backward formulas do not: seen inside a backward
 # node they are a checkpointed forward being recomputed
-FORWARD_ONLY_OPS = frozenset({
-    "aten::layer_norm", "aten::rms_norm", "aten::group_norm", "aten::batch_norm", "aten::linear",
-    "aten::scaled_dot_product_attention", "aten::embedding", "aten::conv1d", "aten::conv2d", "aten::conv3d",
-})
+FORWARD_ONLY_OPS = frozenset(
+    {
+        "aten::layer_norm",
+        "aten::rms_norm",
+        "aten::group_norm",
+        "aten::batch_norm",
+        "aten::linear",
+        "aten::scaled_dot_product_attention",
+        "aten::embedding",
+        "aten::conv1d",
+        "aten::conv2d",
+        "aten::conv3d",
+    }
+)
 BACKWARD_NODE_PREFIX = "autograd::engine::evaluate_function"
 
 
@@ -361,7 +384,9 @@ def _shape(rt: RankTrace, f: FsdpFacts, colls: list[Collective], steps, n_steps:
 
 
 def _strategy(f: FsdpFacts, colls: list[Collective]) -> str | None:
-    fsdp_colls = [c for c in colls if c.labels and any(lab.startswith((FSDP2_PREFIX, FSDP1_PREFIX)) for lab in c.labels)]
+    fsdp_colls = [
+        c for c in colls if c.labels and any(lab.startswith((FSDP2_PREFIX, FSDP1_PREFIX)) for lab in c.labels)
+    ]
     if any(c.role == "hsdp_replicate" for c in fsdp_colls):
         return "HYBRID_SHARD"
     kinds = {c.kind for c in fsdp_colls}
@@ -426,7 +451,9 @@ def _checkpointing(rt: RankTrace, f: FsdpFacts, n_steps: int) -> None:
             f"backward nodes: checkpointed activations recomputed, {per_step:.2f} ms CPU per step"
         )
     else:
-        f.activation_checkpointing_evidence = f"no forward-only op ({', '.join(sorted(FORWARD_ONLY_OPS)[:4])} …) inside a backward node"
+        f.activation_checkpointing_evidence = (
+            f"no forward-only op ({', '.join(sorted(FORWARD_ONLY_OPS)[:4])} …) inside a backward node"
+        )
 
 
 def _recompute_gpu_ms(rt: RankTrace, recompute_ops: np.ndarray) -> float:

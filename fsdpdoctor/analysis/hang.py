@@ -120,7 +120,9 @@ def _groups(by_rank: dict[int, RankView], world: int) -> dict[tuple, Group]:
             key = (g.name, tuple(sorted(g.ranks))) if known else (g.name, g.desc, None)
             grp = out.get(key)
             if grp is None:
-                grp = out[key] = Group(g.name, g.desc, sorted(g.ranks) if known else [], "pg_config" if known else "dumps")
+                grp = out[key] = Group(
+                    g.name, g.desc, sorted(g.ranks) if known else [], "pg_config" if known else "dumps"
+                )
             grp.per_rank[r] = g
     for grp in out.values():
         if grp.ranks_from == "dumps":
@@ -145,7 +147,9 @@ class Mismatch:
 def _global_sigs(by_rank: dict[int, RankView]) -> dict[int, np.ndarray]:
     """rank → its local signature ids mapped to ids shared by every rank."""
     table: dict[Any, int] = {}
-    return {r: np.asarray([table.setdefault(s, len(table)) for s in v.sigs], dtype=np.int64) for r, v in by_rank.items()}
+    return {
+        r: np.asarray([table.setdefault(s, len(table)) for s in v.sigs], dtype=np.int64) for r, v in by_rank.items()
+    }
 
 
 def _mismatch(grp: Group, gsig: dict[int, np.ndarray]) -> Mismatch | None:
@@ -268,7 +272,7 @@ def _step(v: OpView, from_start: bool) -> str | None:
 
 
 def context(v: OpView, from_start: bool) -> str:
-    """"FSDP2 unshard, forward of step 3", or the call site "train.py:88 in main"."""
+    """ "FSDP2 unshard, forward of step 3", or the call site "train.py:88 in main"."""
     parts = []
     if v.fsdp:
         parts.append(v.fsdp + (f" of unit {v.unit}" if v.unit and v.phase == "forward" and "unshard" in v.fsdp else ""))
@@ -283,7 +287,7 @@ def context(v: OpView, from_start: bool) -> str:
 
 
 def payload(ops: list[OpView], word: str = "of") -> str:
-    """" of a scalar", " of [68] Float" (``word`` "with input": " with input [68] Float")."""
+    """ " of a scalar", " of [68] Float" (``word`` "with input": " with input [68] Float")."""
     v = ops[0]
     if len(ops) == 1 and v.input_sizes == [[]]:
         return " of a scalar"
@@ -297,14 +301,30 @@ def _op_of(ops: list[OpView] | None, status: str, rank: int, from_start: bool, l
     if not ops:
         return HangOp(rank, status)
     h = ops[0]
-    return HangOp(rank, status, op_name(ops), h.profiling_name, h.p2p_seq if h.is_p2p else h.seq,
-                  [s for o in ops for s in o.input_sizes], [s for o in ops for s in o.output_sizes],
-                  [d for o in ops for d in o.input_dtypes], [d for o in ops for d in o.output_dtypes],
-                  min((o.state for o in ops), key=lambda s: ("scheduled", "started", "completed").index(s)
-                      if s in ("scheduled", "started", "completed") else 0),
-                  h.time_created_ns, late, h.fsdp, h.phase or None,
-                  h.pass_index if h.phase in ("forward", "backward") and h.pass_index > 0 and from_start else None,
-                  h.unit, h.call_site)
+    return HangOp(
+        rank,
+        status,
+        op_name(ops),
+        h.profiling_name,
+        h.p2p_seq if h.is_p2p else h.seq,
+        [s for o in ops for s in o.input_sizes],
+        [s for o in ops for s in o.output_sizes],
+        [d for o in ops for d in o.input_dtypes],
+        [d for o in ops for d in o.output_dtypes],
+        min(
+            (o.state for o in ops),
+            key=lambda s: (
+                ("scheduled", "started", "completed").index(s) if s in ("scheduled", "started", "completed") else 0
+            ),
+        ),
+        h.time_created_ns,
+        late,
+        h.fsdp,
+        h.phase or None,
+        h.pass_index if h.phase in ("forward", "backward") and h.pass_index > 0 and from_start else None,
+        h.unit,
+        h.call_site,
+    )
 
 
 def _stack(view: RankView, v: OpView | None) -> list[str]:
@@ -324,15 +344,23 @@ def diagnose(views: list[RankView], *, late_s: float = DEFAULT_LATE_S, world_siz
     groups = _groups(by_rank, world)
     from_start = not any(v.wrapped for v in by_rank.values())
     facts = HangFacts(
-        dumps=len(by_rank), world_size=world or None,
-        backend=Counter(v.backend for v in by_rank.values() if v.backend).most_common(1)[0][0] if any(v.backend for v in by_rank.values()) else "",
-        versions=sorted({v.version for v in by_rank.values()}), forms=sorted({v.form for v in by_rank.values()}),
-        steps_from_start=from_start, paths=[v.path for v in by_rank.values()], notes=notes,
+        dumps=len(by_rank),
+        world_size=world or None,
+        backend=Counter(v.backend for v in by_rank.values() if v.backend).most_common(1)[0][0]
+        if any(v.backend for v in by_rank.values())
+        else "",
+        versions=sorted({v.version for v in by_rank.values()}),
+        forms=sorted({v.form for v in by_rank.values()}),
+        steps_from_start=from_start,
+        paths=[v.path for v in by_rank.values()],
+        notes=notes,
         ranks_without_dump=sorted(set(range(world)) - set(by_rank)),
     )
     if any(v.pg_config_names and not any(g.ranks for g in v.groups) for v in by_rank.values()):
-        notes.append("the dumps' pg_config names no group their collectives use (gloo): group members are "
-                     "the ranks whose dumps use the group, every rank for the default group")
+        notes.append(
+            "the dumps' pg_config names no group their collectives use (gloo): group members are "
+            "the ranks whose dumps use the group, every rank for the default group"
+        )
     if not from_start:
         notes.append("a recorder buffer wrapped: steps are counted from the oldest forward pass it holds")
     facts.progress = _progress(by_rank)
@@ -367,9 +395,17 @@ def _progress(by_rank: dict[int, RankView]) -> list[RankProgress]:
             def val(x):
                 return None if x is None or x < 0 else x
 
-            out.append(RankProgress(r, g.desc or g.name, g.seqs[-1] if g.seqs else None, op_name(last) if last else None,
-                                    val(st.last_enqueued) if st else None, val(st.last_started) if st else None,
-                                    val(st.last_completed) if st else None))
+            out.append(
+                RankProgress(
+                    r,
+                    g.desc or g.name,
+                    g.seqs[-1] if g.seqs else None,
+                    op_name(last) if last else None,
+                    val(st.last_enqueued) if st else None,
+                    val(st.last_started) if st else None,
+                    val(st.last_completed) if st else None,
+                )
+            )
     return out
 
 
@@ -428,23 +464,42 @@ def _fill_mismatch(facts: HangFacts, m: Mismatch, by_rank, gsig, from_start: boo
         what = f"ran {op_name(ops)}{payload(ops)}"
         if ref is not None and majority is not None:
             what += f" at #{m.seq} where {ranks_text(maj_ranks)} ran {facts.op}{payload(ref_ops)}"
-        facts.culprits.append(HangCulprit(r, "mismatch", what, None, v.call_site, v.fsdp, v.phase or None,
-                                          v.pass_index if v.pass_index > 0 and from_start else None, _stack(view, v)))
+        facts.culprits.append(
+            HangCulprit(
+                r,
+                "mismatch",
+                what,
+                None,
+                v.call_site,
+                v.fsdp,
+                v.phase or None,
+                v.pass_index if v.pass_index > 0 and from_start else None,
+                _stack(view, v),
+            )
+        )
     first = facts.mismatched_ranks[0] if facts.mismatched_ranks else None
     if majority is None:
-        parts = "; ".join(f"{ranks_text(rs)} ran {op_name(at[rs[0]][1]) if rs[0] in at else '?'}{payload(at[rs[0]][1]) if rs[0] in at else ''}"
-                          for _, rs in counts)
+        parts = "; ".join(
+            f"{ranks_text(rs)} ran {op_name(at[rs[0]][1]) if rs[0] in at else '?'}{payload(at[rs[0]][1]) if rs[0] in at else ''}"
+            for _, rs in counts
+        )
         facts.summary = f"ranks disagree at collective #{m.seq}{_group_text(grp)} (no majority): {parts}"
     elif first is not None:
         cv = at[first.rank][1]
         same_op = op_name(cv) == facts.op
         where = context(cv[0], from_start) or cv[0].call_site or ""
         if same_op:
-            facts.summary = (f"{ranks_text(culprits)} ran {facts.op} #{m.seq}{_group_text(grp)}{payload(cv, 'with input')} "
-                             f"where {ranks_text(maj_ranks)} ran it{payload(ref_ops, 'with input')}" + (f" ({where})" if where else ""))
+            facts.summary = (
+                f"{ranks_text(culprits)} ran {facts.op} #{m.seq}{_group_text(grp)}{payload(cv, 'with input')} "
+                f"where {ranks_text(maj_ranks)} ran it{payload(ref_ops, 'with input')}"
+                + (f" ({where})" if where else "")
+            )
         else:
-            facts.summary = (f"{ranks_text(culprits)} ran {op_name(cv)}{payload(cv)}" + (f" ({where})" if where else "")
-                             + f" where {ranks_text(maj_ranks)} ran {facts.op} #{m.seq}{_group_text(grp)}")
+            facts.summary = (
+                f"{ranks_text(culprits)} ran {op_name(cv)}{payload(cv)}"
+                + (f" ({where})" if where else "")
+                + f" where {ranks_text(maj_ranks)} ran {facts.op} #{m.seq}{_group_text(grp)}"
+            )
     if facts.ranks_without_dump:
         facts.summary += f"; no dump from {ranks_text(facts.ranks_without_dump)}"
 
@@ -471,7 +526,9 @@ def _fill_missing(facts: HangFacts, stucks: list[Stuck], p2p: list[Stuck], by_ra
                 at[r] = (by_rank[r], [v])
     ref = next(iter(at.values()), (None, []))[1]
     facts.op = op_name(ref) if ref else None
-    for r in (sorted(set(primary.waiting) | set(primary.laggards)) if is_p2p else grp.members):  # p2p: the channel's two ends
+    for r in (
+        sorted(set(primary.waiting) | set(primary.laggards)) if is_p2p else grp.members
+    ):  # p2p: the channel's two ends
         if r not in by_rank:
             facts.ops.append(HangOp(r, "no_dump"))
         elif r in at:
@@ -486,7 +543,9 @@ def _fill_missing(facts: HangFacts, stucks: list[Stuck], p2p: list[Stuck], by_ra
         v = (mine_last[0] if mine_last else None) or last_any
         last_txt = None
         if v is not None:
-            last_txt = f"{v.op} #{v.p2p_seq if v.is_p2p else v.seq}" + (f" ({context(v, from_start)})" if context(v, from_start) else "")
+            last_txt = f"{v.op} #{v.p2p_seq if v.is_p2p else v.seq}" + (
+                f" ({context(v, from_start)})" if context(v, from_start) else ""
+            )
         waits_elsewhere = [s for s in all_stuck if r in s.waiting]
         if waits_elsewhere:
             s2 = waits_elsewhere[0]
@@ -495,23 +554,37 @@ def _fill_missing(facts: HangFacts, stucks: list[Stuck], p2p: list[Stuck], by_ra
             what = f"never entered {facts.op or 'the collective'} #{seq}"
             if ref and last_any is not None and ref[0].pass_index > last_any.pass_index > 0:
                 what += f": its last collective was in step {last_any.pass_index}, the others are in step {ref[0].pass_index}"
-        facts.culprits.append(HangCulprit(r, "missing", what, last_txt, last_any.call_site if last_any else None,
-                                          last_any.fsdp if last_any else None, (last_any.phase or None) if last_any else None,
-                                          last_any.pass_index if last_any and last_any.pass_index > 0 and from_start else None,
-                                          _stack(view, last_any)))
+        facts.culprits.append(
+            HangCulprit(
+                r,
+                "missing",
+                what,
+                last_txt,
+                last_any.call_site if last_any else None,
+                last_any.fsdp if last_any else None,
+                (last_any.phase or None) if last_any else None,
+                last_any.pass_index if last_any and last_any.pass_index > 0 and from_start else None,
+                _stack(view, last_any),
+            )
+        )
     ctx = context(ref[0], from_start) if ref else ""
     kind = "p2p " if is_p2p else ""
-    facts.summary = (f"{ranks_text(facts.missing_ranks)} never entered {kind}{facts.op or 'the collective'} #{seq}"
-                     f"{_group_text(grp)}" + (f" ({ctx})" if ctx else "")
-                     + f" that {ranks_text(facts.waiting_ranks)} wait{'s' if len(facts.waiting_ranks) == 1 else ''} in")
+    facts.summary = (
+        f"{ranks_text(facts.missing_ranks)} never entered {kind}{facts.op or 'the collective'} #{seq}"
+        f"{_group_text(grp)}"
+        + (f" ({ctx})" if ctx else "")
+        + f" that {ranks_text(facts.waiting_ranks)} wait{'s' if len(facts.waiting_ranks) == 1 else ''} in"
+    )
     for s in sorted(all_stuck, key=lambda s: (s.t, s.seq)):
         if s is primary:
             continue
         if len(facts.also_stuck) >= ALSO_STUCK_LINES:
             facts.also_stuck.append(f"… {len(all_stuck) - 1 - ALSO_STUCK_LINES} more")
             break
-        facts.also_stuck.append(f"{ranks_text(s.waiting)} wait{'s' if len(s.waiting) == 1 else ''} in #{s.seq}"
-                                f"{_group_text(s.group) or ' of the default group'} for {ranks_text(s.laggards)}")
+        facts.also_stuck.append(
+            f"{ranks_text(s.waiting)} wait{'s' if len(s.waiting) == 1 else ''} in #{s.seq}"
+            f"{_group_text(s.group) or ' of the default group'} for {ranks_text(s.laggards)}"
+        )
 
 
 def _late(groups: dict[tuple, Group], lasts: dict[tuple, dict[int, int]], late_s: float):
@@ -540,8 +613,9 @@ def _late(groups: dict[tuple, Group], lasts: dict[tuple, dict[int, int]], late_s
     return None if best is None else best[:4]
 
 
-def _fill_late(facts: HangFacts, grp: Group, seq: int, lateness: dict[int, float], t: dict[int, int], by_rank,
-               from_start: bool) -> None:
+def _fill_late(
+    facts: HangFacts, grp: Group, seq: int, lateness: dict[int, float], t: dict[int, int], by_rank, from_start: bool
+) -> None:
     at = _ops_at(by_rank, grp, seq)
     facts.kind, facts.process_group, facts.seq_id = "late", _pg(grp), seq
     ref = next((at[r][1] for r in sorted(at) if r not in lateness), None) or next(iter(at.values()))[1]
@@ -558,7 +632,9 @@ def _fill_late(facts: HangFacts, grp: Group, seq: int, lateness: dict[int, float
         if r not in by_rank:
             facts.ops.append(HangOp(r, "no_dump"))
         elif r in at:
-            facts.ops.append(_op_of(at[r][1], "entered", r, from_start, round(lateness[r], 3) if r in lateness else None))
+            facts.ops.append(
+                _op_of(at[r][1], "entered", r, from_start, round(lateness[r], 3) if r in lateness else None)
+            )
     for r, s in sorted(lateness.items()):
         facts.late_ranks.append(LateRank(r, round(s, 3), gap(r), og))
         view, ops = at[r]
@@ -566,15 +642,30 @@ def _fill_late(facts: HangFacts, grp: Group, seq: int, lateness: dict[int, float
         g = gap(r)
         what = f"entered {facts.op} #{seq} {seconds(s)} after the others"
         if g is not None:
-            what += (f"; {seconds(g)} passed between its previous collective and this one"
-                     + (f" (the others: {seconds(og)})" if og is not None else ""))
-        facts.culprits.append(HangCulprit(r, "late", what, None, v.call_site, v.fsdp, v.phase or None,
-                                          v.pass_index if v.pass_index > 0 and from_start else None, _stack(view, v)))
+            what += f"; {seconds(g)} passed between its previous collective and this one" + (
+                f" (the others: {seconds(og)})" if og is not None else ""
+            )
+        facts.culprits.append(
+            HangCulprit(
+                r,
+                "late",
+                what,
+                None,
+                v.call_site,
+                v.fsdp,
+                v.phase or None,
+                v.pass_index if v.pass_index > 0 and from_start else None,
+                _stack(view, v),
+            )
+        )
     facts.waiting_ranks = sorted(r for r in t if r not in lateness)
     worst = max(lateness, key=lateness.get)
     ctx = context(ref[0], from_start)
-    facts.summary = (f"{ranks_text(sorted(lateness))} entered {facts.op} #{seq}{_group_text(grp)}"
-                     + (f" ({ctx})" if ctx else "") + f" {seconds(lateness[worst])} after the others")
+    facts.summary = (
+        f"{ranks_text(sorted(lateness))} entered {facts.op} #{seq}{_group_text(grp)}"
+        + (f" ({ctx})" if ctx else "")
+        + f" {seconds(lateness[worst])} after the others"
+    )
 
 
 def _fill_rest(facts: HangFacts, groups, lasts, by_rank, from_start: bool) -> None:
@@ -600,8 +691,10 @@ def _fill_rest(facts: HangFacts, groups, lasts, by_rank, from_start: bool) -> No
     else:
         open_ = [c for c in cands if c[2] < 2]
         if not (tracked and open_):
-            facts.summary = ("every rank's dump ends at the same collective in every group and nothing is missing, "
-                             "late or different" + ("" if tracked else " (the backend records no completion)"))
+            facts.summary = (
+                "every rank's dump ends at the same collective in every group and nothing is missing, "
+                "late or different" + ("" if tracked else " (the backend records no completion)")
+            )
             return
         grp, seq, _, _ = max(open_, key=lambda c: c[3])
         kind = "in_collective"
@@ -610,17 +703,29 @@ def _fill_rest(facts: HangFacts, groups, lasts, by_rank, from_start: bool) -> No
     ref = next(iter(at.values()))[1] if at else []
     facts.op = op_name(ref) if ref else None
     for r in grp.members:
-        facts.ops.append(HangOp(r, "no_dump") if r not in by_rank else
-                         _op_of(at[r][1], "entered", r, from_start, None) if r in at else HangOp(r, "not_entered"))
+        facts.ops.append(
+            HangOp(r, "no_dump")
+            if r not in by_rank
+            else _op_of(at[r][1], "entered", r, from_start, None)
+            if r in at
+            else HangOp(r, "not_entered")
+        )
     facts.waiting_ranks = sorted(at)
     ctx = context(ref[0], from_start) if ref else ""
     if kind == "no_dump":
         missing = sorted(set(grp.members) - set(by_rank))
-        facts.summary = (f"{ranks_text(missing)} left no dump; {ranks_text(sorted(at))} all entered {facts.op} #{seq}"
-                         f"{_group_text(grp)}" + (f" ({ctx})" if ctx else ""))
+        facts.summary = (
+            f"{ranks_text(missing)} left no dump; {ranks_text(sorted(at))} all entered {facts.op} #{seq}"
+            f"{_group_text(grp)}" + (f" ({ctx})" if ctx else "")
+        )
         for r in missing:
-            facts.culprits.append(HangCulprit(r, "no_dump", "left no Flight Recorder dump (crashed, killed, or its dump failed)"))
+            facts.culprits.append(
+                HangCulprit(r, "no_dump", "left no Flight Recorder dump (crashed, killed, or its dump failed)")
+            )
     else:
         states = sorted({o.state for _, ops in at.values() for o in ops})
-        facts.summary = (f"every rank entered {facts.op} #{seq}{_group_text(grp)}" + (f" ({ctx})" if ctx else "")
-                         + f" and none completed it (states: {', '.join(states)}): stuck inside the collective")
+        facts.summary = (
+            f"every rank entered {facts.op} #{seq}{_group_text(grp)}"
+            + (f" ({ctx})" if ctx else "")
+            + f" and none completed it (states: {', '.join(states)}): stuck inside the collective"
+        )

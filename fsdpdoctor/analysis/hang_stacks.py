@@ -30,9 +30,25 @@ from typing import Iterable
 from ..ingest.flight_recorder import Frame
 
 _LIBRARY = ("/site-packages/", "/dist-packages/", "/lib/python", "/torch/", "\\site-packages\\", "\\torch\\")
-_BACKWARD = {"_engine_run_backward", "run_backward", "_backward_hook", "_post_backward_hook", "_pre_backward_hook",
-             "post_backward", "pre_backward", "_root_post_backward_final_callback", "_post_backward_final_callback"}
-_FORWARD = {"_pre_forward", "pre_forward", "_root_pre_forward", "_call_impl", "_wrapped_call_impl", "_pre_forward_unshard"}
+_BACKWARD = {
+    "_engine_run_backward",
+    "run_backward",
+    "_backward_hook",
+    "_post_backward_hook",
+    "_pre_backward_hook",
+    "post_backward",
+    "pre_backward",
+    "_root_post_backward_final_callback",
+    "_post_backward_final_callback",
+}
+_FORWARD = {
+    "_pre_forward",
+    "pre_forward",
+    "_root_pre_forward",
+    "_call_impl",
+    "_wrapped_call_impl",
+    "_pre_forward_unshard",
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,7 +75,7 @@ def short_path(filename: str) -> str:
             return filename.split(marker, 1)[1]
     i = filename.find("/lib/python")
     if i >= 0:
-        rest = filename[i + len("/lib/python"):]
+        rest = filename[i + len("/lib/python") :]
         return rest.split("/", 1)[1] if "/" in rest else rest
     return filename
 
@@ -76,8 +92,9 @@ def read_stack(frames: Iterable[Frame]) -> StackInfo:
     torch_names = {f.name for f in frames if is_library(f.filename)}
     fsdp2 = any("/_fully_shard/" in f.filename or "/_composable/fsdp/" in f.filename for f in frames)
     fsdp1 = not fsdp2 and any("/distributed/fsdp/" in f.filename for f in frames)
-    if torch_names & _BACKWARD or any(f.name == "backward" and ("/autograd/" in f.filename or f.filename.endswith("_tensor.py"))
-                                      for f in frames):
+    if torch_names & _BACKWARD or any(
+        f.name == "backward" and ("/autograd/" in f.filename or f.filename.endswith("_tensor.py")) for f in frames
+    ):
         phase = "backward"
     elif any("/torch/optim/" in f.filename for f in frames) or "clip_grad_norm_" in names:
         phase = "optimizer"

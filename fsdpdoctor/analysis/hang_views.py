@@ -99,8 +99,14 @@ def _numel(sizes: list[list[int]]) -> int:
 def _size_free(op: str) -> bool:
     """Ops whose sizes legitimately differ across ranks: only op and dtypes are compared."""
     o = op.lower()
-    return ("all_to_all" in o or "alltoall" in o or o.endswith("_v") or o.endswith("_v_single")
-            or ("gather" in o and "all" not in o) or ("scatter" in o and "reduce" not in o))
+    return (
+        "all_to_all" in o
+        or "alltoall" in o
+        or o.endswith("_v")
+        or o.endswith("_v_single")
+        or ("gather" in o and "all" not in o)
+        or ("scatter" in o and "reduce" not in o)
+    )
 
 
 def _group_size(op: str, e: Any) -> int | None:
@@ -167,8 +173,20 @@ def view_from_dump(d: Dump, extra: set[tuple[str, str, int]] | None = None) -> R
         g = groups.get(key)
         if g is None:
             cfg = d.pg_config.get(key[0])
-            g = groups[key] = GroupSeqs(key[0], key[1], e.pg_id, cfg.ranks if cfg is not None else None, None,
-                                        array("q"), array("i"), array("q"), array("b"), {}, [], partial_first=wrapped)
+            g = groups[key] = GroupSeqs(
+                key[0],
+                key[1],
+                e.pg_id,
+                cfg.ranks if cfg is not None else None,
+                None,
+                array("q"),
+                array("i"),
+                array("q"),
+                array("b"),
+                {},
+                [],
+                partial_first=wrapped,
+            )
             members[key] = []
         if info.fsdp_kind in ("unshard", "reduce"):
             ukey = (key, pass_i, phase, info.fsdp_kind)
@@ -185,8 +203,11 @@ def view_from_dump(d: Dump, extra: set[tuple[str, str, int]] | None = None) -> R
         ck = (op, repr(e.input_sizes), repr(e.output_sizes), tuple(e.input_dtypes), tuple(e.output_dtypes))
         hit = esig_cache.get(ck)
         if hit is None:
-            esig = (op, (), (), ck[3], ck[4]) if _size_free(op) else (
-                op, tuple(map(tuple, e.input_sizes)), tuple(map(tuple, e.output_sizes)), ck[3], ck[4])
+            esig = (
+                (op, (), (), ck[3], ck[4])
+                if _size_free(op)
+                else (op, tuple(map(tuple, e.input_sizes)), tuple(map(tuple, e.output_sizes)), ck[3], ck[4])
+            )
             hit = esig_cache[ck] = (esig, _group_size(op, e))
         esig, size = hit
         if size is not None and size > (g.size or 0):
@@ -213,10 +234,28 @@ def view_from_dump(d: Dump, extra: set[tuple[str, str, int]] | None = None) -> R
         if v is None:
             e = entries[i]
             info = infos[e.stack] if 0 <= e.stack < len(infos) else no_info
-            v = made[i] = OpView(e.op, e.profiling_name, e.seq, e.p2p_seq, bool(e.is_p2p), e.input_sizes, e.output_sizes,
-                                 e.input_dtypes, e.output_dtypes, e.state, e.time_created_ns, e.record_id, e.stack,
-                                 info.phase, info.fsdp, info.call_site, passes[i], units[i],
-                                 _peer(e.profiling_name) if e.is_p2p else None, e.duration_ms)
+            v = made[i] = OpView(
+                e.op,
+                e.profiling_name,
+                e.seq,
+                e.p2p_seq,
+                bool(e.is_p2p),
+                e.input_sizes,
+                e.output_sizes,
+                e.input_dtypes,
+                e.output_dtypes,
+                e.state,
+                e.time_created_ns,
+                e.record_id,
+                e.stack,
+                info.phase,
+                info.fsdp,
+                info.call_site,
+                passes[i],
+                units[i],
+                _peer(e.profiling_name) if e.is_p2p else None,
+                e.duration_ms,
+            )
         return v
 
     # the last DETAIL collectives of each group in full (and any asked for), every p2p op, the last op
@@ -241,8 +280,23 @@ def view_from_dump(d: Dump, extra: set[tuple[str, str, int]] | None = None) -> R
     sigs = [None] * len(sig_ids)
     for sg, i in sig_ids.items():
         sigs[i] = sg
-    return RankView(d.path, d.rank, d.version, d.form, d.backend, d.comm_lib_version, wrapped, len(entries),
-                    list(groups.values()), sigs, stacks, d.pg_status, names, last_view, sorted(d.pg_config))
+    return RankView(
+        d.path,
+        d.rank,
+        d.version,
+        d.form,
+        d.backend,
+        d.comm_lib_version,
+        wrapped,
+        len(entries),
+        list(groups.values()),
+        sigs,
+        stacks,
+        d.pg_status,
+        names,
+        last_view,
+        sorted(d.pg_config),
+    )
 
 
 def view_task(path: str, rank: int | None = None) -> RankView | InputError:

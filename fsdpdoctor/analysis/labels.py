@@ -69,9 +69,21 @@ def enclosing(rt: RankTrace, labels: np.ndarray, queries: np.ndarray) -> dict[in
 
 # Hook labels by the pass they run in. FSDP2 (torch 2.4-2.13): ``FSDP::<hook> (<fqn>) [pg=N]``
 # and ``FSDP::<pass>_prefetch for <fqn>``; FSDP1: ``FullyShardedDataParallel.<hook>``.
-_FORWARD_HOOKS = ("pre_forward", "post_forward", "root_pre_forward", "forward_prefetch", "forward",
-                  "_pre_forward", "_post_forward", "_root_pre_forward", "_pre_forward_prefetch", "_to_kwargs",
-                  "inputs_to_device", "cast_forward_inputs", "cast_forward_outputs")
+_FORWARD_HOOKS = (
+    "pre_forward",
+    "post_forward",
+    "root_pre_forward",
+    "forward_prefetch",
+    "forward",
+    "_pre_forward",
+    "_post_forward",
+    "_root_pre_forward",
+    "_pre_forward_prefetch",
+    "_to_kwargs",
+    "inputs_to_device",
+    "cast_forward_inputs",
+    "cast_forward_outputs",
+)
 _BACKWARD_MARK = "backward"
 
 
@@ -79,9 +91,9 @@ def hook_name(label: str) -> str | None:
     """``pre_forward`` for ``FSDP::pre_forward (layers.0) [pg=2]``, ``_pre_backward_hook`` for
     ``FullyShardedDataParallel._pre_backward_hook``; None for a label that is not an FSDP hook."""
     if label.startswith("FSDP::"):
-        rest = label[len("FSDP::"):]
+        rest = label[len("FSDP::") :]
     elif label.startswith("FullyShardedDataParallel."):
-        rest = label[len("FullyShardedDataParallel."):]
+        rest = label[len("FullyShardedDataParallel.") :]
     else:
         return None
     return rest.split(" ", 1)[0]

@@ -54,8 +54,10 @@ def judge_oom(facts: RunFacts) -> None:
     o.outside_bytes = max(total - o.device_free_bytes - o.reserved_bytes, 0)
     if o.outside_bytes > o.reserved_bytes and o.outside_bytes >= o.requested_bytes:
         o.cause = "outside"
-        o.explanation = (f"memory outside PyTorch's allocator ({o.outside_bytes} bytes: another process, another library's "
-                         "pool, NCCL buffers or a second model) leaves too little for the request")
+        o.explanation = (
+            f"memory outside PyTorch's allocator ({o.outside_bytes} bytes: another process, another library's "
+            "pool, NCCL buffers or a second model) leaves too little for the request"
+        )
 
 
 def memory_pressure(facts: RunFacts, budget_gib: float = 0.0, pressure_pct: float = 80.0) -> MemoryPressureFacts | None:

@@ -93,11 +93,15 @@ def _read_rank(rt: RankTrace, order_index: int) -> tuple[RankFacts, WhatIfPlan |
     elif gpu_present:
         notes.append(
             "no matmul or attention op with recorded shapes in this trace: FLOPs and MFU not computed "
-            "(profile with record_shapes=True)" if not compute.ops_without_shapes else
-            f"{compute.ops_without_shapes} matmul/attention ops without usable shapes: FLOPs and MFU not computed"
+            "(profile with record_shapes=True)"
+            if not compute.ops_without_shapes
+            else f"{compute.ops_without_shapes} matmul/attention ops without usable shapes: FLOPs and MFU not computed"
         )
-    efficiency = analyze_efficiency(rt, info.steps, steps, gs, kflops, compute,
-                                    fsdp.activation_checkpointing) if gpu_present else None
+    efficiency = (
+        analyze_efficiency(rt, info.steps, steps, gs, kflops, compute, fsdp.activation_checkpointing)
+        if gpu_present
+        else None
+    )
     del gs
     opt = next((n.split("#", 1)[1].split(".")[0] for n in rt.names if n.startswith("Optimizer.step#")), None)
     if efficiency is not None and efficiency.optimizer_ms >= OPTIMIZER_LEVER_PCT / 100 * efficiency.step_ms:
@@ -165,7 +169,10 @@ def start_unix_s(rt: RankTrace) -> float | None:
 
 
 #: CPU annotations that show a training pipeline already in use, and its name
-PIPELINE_MARKS = {"## sparse_data_dist ##": "TrainPipelineSparseDist", "## wait_sparse_data_dist ##": "TrainPipelineSparseDist"}
+PIPELINE_MARKS = {
+    "## sparse_data_dist ##": "TrainPipelineSparseDist",
+    "## wait_sparse_data_dist ##": "TrainPipelineSparseDist",
+}
 
 
 def pipelines(rt: RankTrace) -> list[str]:
@@ -175,7 +182,7 @@ def pipelines(rt: RankTrace) -> list[str]:
 
 
 def workload(steps) -> str | None:
-    """"training" when some step has a backward pass or an optimizer step, else "inference"."""
+    """ "training" when some step has a backward pass or an optimizer step, else "inference"."""
     if not steps:
         return None
     return "training" if any("backward" in st.phases or "optimizer" in st.phases for st in steps) else "inference"

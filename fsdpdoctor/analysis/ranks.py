@@ -205,7 +205,11 @@ class CollectiveFold:
         row: dict = {}
         for c in stats:
             k = c.kind
-            row[("count", k)], row[("gpu", k)], row[("exposed", k)] = c.count_per_step, c.gpu_ms_per_step, c.exposed_ms_per_step
+            row[("count", k)], row[("gpu", k)], row[("exposed", k)] = (
+                c.count_per_step,
+                c.gpu_ms_per_step,
+                c.exposed_ms_per_step,
+            )
             if c.bytes_per_step is not None:
                 row[("bytes", k)] = c.bytes_per_step
             if c.mean_busbw_gbps is not None:
@@ -237,8 +241,11 @@ class CollectiveFold:
                     dtypes=sorted(self.dtypes.get(k, ())),
                     group_size=most_common(int(v) for v in cols.values(("group", k))),
                     role=most_common(names[int(v)] for v in cols.values(("role", k))),
-                    roles={role: sum(cols.filled(("roles", (kind, role)), 0.0, among=("count", k))) / n
-                           for kind, role in cols.keys("roles") if kind == k},
+                    roles={
+                        role: sum(cols.filled(("roles", (kind, role)), 0.0, among=("count", k))) / n
+                        for kind, role in cols.keys("roles")
+                        if kind == k
+                    },
                 )
             )
         return out
@@ -372,15 +379,23 @@ def load_ranks(
     lone = len(items) == 1 and not excluded
     for k in range(max(ids) + 1 if ids and not lone else 0):
         if k not in ids:
-            excluded.append(ExcludedInput(path=None, rank=k, reason="no trace file for this rank id (a gap in the rank ids)"))
+            excluded.append(
+                ExcludedInput(path=None, rank=k, reason="no trace file for this rank id (a gap in the rank ids)")
+            )
     excluded.sort(key=lambda e: (e.rank is None, e.rank if e.rank is not None else 0, e.path or ""))
     cross_rank = cross.result()
     _straggler_whole(ranks, items, cross_rank, arrived, jobs, scheduler)
     return RankLoad(sorted(ranks, key=lambda r: r.rank), excluded, cross_rank, arrived)
 
 
-def _straggler_whole(ranks: list[RankFacts], items: list[tuple[str, int, bool]], cross_rank: CrossRankFacts,
-                     arrived: Arrivals, jobs: int | None, scheduler: str | None) -> None:
+def _straggler_whole(
+    ranks: list[RankFacts],
+    items: list[tuple[str, int, bool]],
+    cross_rank: CrossRankFacts,
+    arrived: Arrivals,
+    jobs: int | None,
+    scheduler: str | None,
+) -> None:
     """The straggler (the rank the others wait for) is known only once every rank has arrived:
     when it was kept lean, its file is read again, on the same engine, so that the report's
     detail holds it whole (one more file out of many; if it cannot be read now, it stays lean)."""
@@ -405,7 +420,10 @@ def _straggler_whole(ranks: list[RankFacts], items: list[tuple[str, int, bool]],
 
 
 def _run_local(
-    items: list[tuple[str, int, bool]], jobs: int | None, progress: Callable[[int, int], None] | None, strict: bool,
+    items: list[tuple[str, int, bool]],
+    jobs: int | None,
+    progress: Callable[[int, int], None] | None,
+    strict: bool,
     take: Callable[[Result | InputError], RankFacts | InputError],
 ) -> list[RankFacts | InputError]:
     want = jobs or _cores()
@@ -465,7 +483,9 @@ def _run_local(
 
             pending = submit(SUBMIT_AHEAD * want)
             while pending:
-                done, pending = wait(pending, timeout=0.1 if progress is not None else None, return_when=FIRST_COMPLETED)
+                done, pending = wait(
+                    pending, timeout=0.1 if progress is not None else None, return_when=FIRST_COMPLETED
+                )
                 for f in done:
                     k = futures.pop(f)  # the future holds the result (with its cross-rank part): let it go
                     results[k] = take(f.result())
@@ -491,8 +511,11 @@ _UNSET: Any = object()
 
 
 def fold(
-    ranks: list[RankFacts], excluded: list[ExcludedInput] | None = None, cross_rank: CrossRankFacts | None = _UNSET,
-    *, arrived: Arrivals | None = None,
+    ranks: list[RankFacts],
+    excluded: list[ExcludedInput] | None = None,
+    cross_rank: CrossRankFacts | None = _UNSET,
+    *,
+    arrived: Arrivals | None = None,
 ) -> RunFacts:
     """RunFacts from per-rank facts. Per-step figures are means over ranks of per-rank means.
 
@@ -537,7 +560,9 @@ def fold(
         m = s.mean_step
         steps_per_rank[str(s.rank)] = 100.0 * m.overlap_ms / m.comm_ms if m is not None and m.comm_ms > 0 else None
     svals = [v for v in steps_per_rank.values() if v is not None]
-    rf.overlap = OverlapSummary(pct=_mean(vals), per_rank=per_rank, steps_pct=_mean(svals), steps_per_rank=steps_per_rank)
+    rf.overlap = OverlapSummary(
+        pct=_mean(vals), per_rank=per_rank, steps_pct=_mean(svals), steps_per_rank=steps_per_rank
+    )
     # exposed comm and the timeline, only for ranks with GPU activity
     gpu = [(r, s) for r, s in zip(ranks, sums) if r.gpu_present and s.mean_step is not None]
     if gpu:
@@ -557,8 +582,11 @@ def fold(
                 for kind, v in kinds.items():
                     d[kind] = d.get(kind, 0.0) + v / len(gpu)
         rf.exposed_comm = ExposedSummary(
-            mean_ms_per_step=m("exposed_comm_ms"), by_phase=by_key("exposed_by_phase", PHASES), by_kind=by_key("exposed_by_kind"),
-            by_phase_kind=by_pk, per_rank={str(s.rank): s.mean_step.exposed_comm_ms for _, s in gpu},
+            mean_ms_per_step=m("exposed_comm_ms"),
+            by_phase=by_key("exposed_by_phase", PHASES),
+            by_kind=by_key("exposed_by_kind"),
+            by_phase_kind=by_pk,
+            per_rank={str(s.rank): s.mean_step.exposed_comm_ms for _, s in gpu},
             by_role=by_key("exposed_by_role"),
         )
         busy = _mean([x.gpu_busy_ms / max(x.step_ms, 1e-9) for x in means]) or 0.0
@@ -592,13 +620,19 @@ def fold(
     rf.collectives = arrived.collectives.result()
     rf.whatif = arrived.whatif.result()
     rf.compute = arrived.compute.result(rf.step_clock_ms)
-    rf.efficiency = arrived.efficiency.result(rf.step_clock_ms, rf.compute.peak_tflops if rf.compute is not None else None)
+    rf.efficiency = arrived.efficiency.result(
+        rf.step_clock_ms, rf.compute.peak_tflops if rf.compute is not None else None
+    )
     if rf.compute is None and rf.gpu_present:
-        rf.notes.append("FLOPs and MFU not computed: no matmul or attention op with recorded shapes "
-                        "(profile with record_shapes=True)")
+        rf.notes.append(
+            "FLOPs and MFU not computed: no matmul or attention op with recorded shapes "
+            "(profile with record_shapes=True)"
+        )
     elif rf.compute is not None and rf.compute.peak_tflops is None:
-        rf.notes.append(f"MFU not computed: no peak known for device {rf.compute.device!r} and dtype "
-                        f"{rf.compute.compute_dtype} (give one with --peak-tflops)")
+        rf.notes.append(
+            f"MFU not computed: no peak known for device {rf.compute.device!r} and dtype "
+            f"{rf.compute.compute_dtype} (give one with --peak-tflops)"
+        )
     if cross_rank is _UNSET:
         cross = CrossRankFold()
         for r in ranks:
@@ -637,14 +671,14 @@ CPU_BOUND_SPAN = 0.9  # else the CPU span this share of it: CPU-bound
 
 
 def bound_side(gpu_busy_share: float, cpu_span_share: float) -> str:
-    """"gpu", "cpu" or "mixed" from the shares of the step time (see :class:`TimelineSummary`)."""
+    """ "gpu", "cpu" or "mixed" from the shares of the step time (see :class:`TimelineSummary`)."""
     if gpu_busy_share >= GPU_BOUND_BUSY:
         return "gpu"
     return "cpu" if cpu_span_share >= CPU_BOUND_SPAN else "mixed"
 
 
 def partial_run_line(rf: RunFacts) -> str:
-    """"7 of 8 ranks analysed; left out: rank 3 (traces/rank3.json.gz: truncated ...)"."""
+    """ "7 of 8 ranks analysed; left out: rank 3 (traces/rank3.json.gz: truncated ...)"."""
     parts = []
     for e in rf.inputs_excluded:
         who = f"rank {e.rank}" if e.rank is not None else "a file"

@@ -38,7 +38,9 @@ def differences(ranks: list[RankFacts]) -> list[str]:
         if ref.start_unix_s is not None and other.start_unix_s is not None:
             gap = abs(other.start_unix_s - ref.start_unix_s)
             if gap > MAX_START_GAP_S:
-                out.append(f"traces start {_span(gap)} apart ({_when(ref.start_unix_s)} and {_when(other.start_unix_s)})")
+                out.append(
+                    f"traces start {_span(gap)} apart ({_when(ref.start_unix_s)} and {_when(other.start_unix_s)})"
+                )
         if out:
             return out
     return []

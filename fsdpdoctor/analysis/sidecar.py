@@ -42,13 +42,22 @@ def apply_sidecar(facts: RunFacts, side: dict[str, Any]) -> None:
     sv = side.get("fsdp_version")
     if fs.version is None and sv in (1, 2):
         notes.append(f"sidecar says FSDP{sv} but the trace has no FSDP labels")
-    fill("backward_prefetch", fs.backward_prefetch, _prefetch(side.get("backward_prefetch")), lambda v: setattr(fs, "backward_prefetch", v))
+    fill(
+        "backward_prefetch",
+        fs.backward_prefetch,
+        _prefetch(side.get("backward_prefetch")),
+        lambda v: setattr(fs, "backward_prefetch", v),
+    )
     fwd = side.get("forward_prefetch")
     fwd_bool = fwd if isinstance(fwd, bool) else None  # FSDP2 "implicit" says nothing explicit
     fill("forward_prefetch", fs.forward_prefetch, fwd_bool, lambda v: setattr(fs, "forward_prefetch", v))
     raf = side.get("reshard_after_forward")
-    fill("reshard_after_forward", fs.reshard_after_forward, raf if isinstance(raf, bool) else None,
-         lambda v: setattr(fs, "reshard_after_forward", v))
+    fill(
+        "reshard_after_forward",
+        fs.reshard_after_forward,
+        raf if isinstance(raf, bool) else None,
+        lambda v: setattr(fs, "reshard_after_forward", v),
+    )
     if side.get("cpu_offload") and not fs.cpu_offload.detected:
         fs.cpu_offload.detected = True
         fs.cpu_offload.evidence = "sidecar: CPU offload enabled" + (
@@ -83,7 +92,9 @@ def _name_units(facts: RunFacts, side_units: list[dict[str, Any]]) -> None:
         if len(side_units) == len(fs.units):  # sizes unknown: fall back to order
             renamed = {u.fqn: su.get("fqn", "") for u, su in zip(fs.units, side_units)}
         else:
-            facts.notes.append(f"sidecar lists {len(side_units)} units, the trace shows {len(fs.units)}: unit names not applied")
+            facts.notes.append(
+                f"sidecar lists {len(side_units)} units, the trace shows {len(fs.units)}: unit names not applied"
+            )
             return
     for u in fs.units:
         u.fqn, u.named = renamed[u.fqn], True

@@ -219,7 +219,12 @@ def locate(steps: list[StepWindow], t: np.ndarray) -> tuple[np.ndarray, np.ndarr
     inside = (k >= 0) & (t < ends[kc])
     step_idx[inside] = k[inside]
     # phases in the order _assign_phases inserts them (a later one wins where they overlap)
-    for name in ("optimizer", "forward", "backward", *[p for p in PHASES if p not in ("optimizer", "forward", "backward")]):
+    for name in (
+        "optimizer",
+        "forward",
+        "backward",
+        *[p for p in PHASES if p not in ("optimizer", "forward", "backward")],
+    ):
         a = np.array([st.phases[name][0] if name in st.phases else np.nan for st in steps])
         b = np.array([st.phases[name][1] if name in st.phases else np.nan for st in steps])
         if np.all(np.isnan(a)):
@@ -287,7 +292,9 @@ def step_times_ms(cpu_start: np.ndarray, cpu_end: np.ndarray, done: np.ndarray |
     return comp if comp.size and comp.mean() > cpu.mean() else cpu
 
 
-def step_clocks_ms(cpu_start: np.ndarray, cpu_end: np.ndarray, done: np.ndarray | None, first: float) -> tuple[np.ndarray, np.ndarray]:
+def step_clocks_ms(
+    cpu_start: np.ndarray, cpu_end: np.ndarray, done: np.ndarray | None, first: float
+) -> tuple[np.ndarray, np.ndarray]:
     """(the CPU's step intervals, the completion intervals), ms, as :func:`step_times_ms` reads
     them; with one step, its completion interval runs from ``first``; none without GPU work."""
     n = cpu_start.size

@@ -128,20 +128,33 @@ def estimate(inp: PlanInputs) -> list[Candidate]:
     f_ag, f_rs = ag(W, bw_world), rs(W, bw_world)
     mem = b * P / W + 2 * unit * inp.comm_bytes + act
     e = exposed(f_ag, f_ag + f_rs, share * f_ag, share * f_rs)
-    out.append(Candidate("FULL_SHARD", mem, False, 2 * f_ag + f_rs, e, base + e, P * (2 * inp.comm_bytes + inp.reduce_bytes)))
+    out.append(
+        Candidate("FULL_SHARD", mem, False, 2 * f_ag + f_rs, e, base + e, P * (2 * inp.comm_bytes + inp.reduce_bytes))
+    )
     # SHARD_GRAD_OP
     mem = b * P / W + P * inp.comm_bytes + act
     e = exposed(f_ag, f_rs, share * f_ag, share * f_rs)
-    out.append(Candidate("SHARD_GRAD_OP", mem, False, f_ag + f_rs, e, base + e, P * (inp.comm_bytes + inp.reduce_bytes)))
+    out.append(
+        Candidate("SHARD_GRAD_OP", mem, False, f_ag + f_rs, e, base + e, P * (inp.comm_bytes + inp.reduce_bytes))
+    )
     # HYBRID_SHARD: shard group = one node
     if n_nodes > 1:
         h_ag, h_rs = ag(G, inp.intra_busbw_gbps), rs(G, inp.intra_busbw_gbps)
         h_ar = _t(P / G * inp.reduce_bytes, 2 * (n_nodes - 1) / n_nodes, inp.inter_busbw_gbps)
         mem = b * P / G + 2 * unit * inp.comm_bytes + act
         e = exposed(h_ag, h_ag + h_rs + h_ar, share * h_ag, share * (h_rs + h_ar))
-        out.append(Candidate("HYBRID_SHARD", mem, False, 2 * h_ag + h_rs + h_ar, e, base + e,
-                             P * (2 * inp.comm_bytes + inp.reduce_bytes) + P / G * inp.reduce_bytes,
-                             note=f"shard group {G} GPUs, replicated over {n_nodes} nodes"))
+        out.append(
+            Candidate(
+                "HYBRID_SHARD",
+                mem,
+                False,
+                2 * h_ag + h_rs + h_ar,
+                e,
+                base + e,
+                P * (2 * inp.comm_bytes + inp.reduce_bytes) + P / G * inp.reduce_bytes,
+                note=f"shard group {G} GPUs, replicated over {n_nodes} nodes",
+            )
+        )
     # NO_SHARD / DDP
     d_ar = _t(P * inp.reduce_bytes, 2 * (W - 1) / W, bw_world) if W > 1 else 0.0
     mem = b * P + DDP_BUCKETS_BYTES + act
@@ -155,16 +168,20 @@ def estimate(inp: PlanInputs) -> list[Candidate]:
 def advise(inp: PlanInputs) -> StrategyFacts:
     cands = estimate(inp)
     fitting = [c for c in cands if c.fits]
-    best = min(fitting, key=lambda c: (round(c.step_ms, 3), -(inp.gpu_memory_bytes - c.memory_bytes))) if fitting else None
+    best = (
+        min(fitting, key=lambda c: (round(c.step_ms, 3), -(inp.gpu_memory_bytes - c.memory_bytes))) if fitting else None
+    )
     cur = next((c for c in cands if c.name == inp.current), None)
     measured = inp.measured_step_ms
     error = 100 * (cur.step_ms - measured) / measured if cur is not None and measured else None
     trusted = error is None or abs(error) <= MODEL_TOLERANCE_PCT
     if not trusted:
         best = None
-        reasoning = (f"The model estimates the current {cur.name} at {cur.step_ms:.1f} ms per step where the run measured "
-                     f"{measured:.1f} ms ({error:+.0f}%, beyond its ±{MODEL_TOLERANCE_PCT:g}% tolerance): it does not "
-                     "describe this run well enough to rank the others, so nothing is recommended.")
+        reasoning = (
+            f"The model estimates the current {cur.name} at {cur.step_ms:.1f} ms per step where the run measured "
+            f"{measured:.1f} ms ({error:+.0f}%, beyond its ±{MODEL_TOLERANCE_PCT:g}% tolerance): it does not "
+            "describe this run well enough to rank the others, so nothing is recommended."
+        )
     elif best is None:
         least = min(cands, key=lambda c: c.memory_bytes)
         reasoning = (
@@ -175,23 +192,32 @@ def advise(inp: PlanInputs) -> StrategyFacts:
         )
     elif measured and best.name != inp.current and best.step_ms >= measured:
         # never recommend a strategy the model itself puts at or above the step the run measured
-        reasoning = (f"The fastest strategy that fits, {best.name}, is estimated at {best.step_ms:.1f} ms per step, no "
-                     f"faster than the measured {measured:.1f} ms: nothing to recommend.")
+        reasoning = (
+            f"The fastest strategy that fits, {best.name}, is estimated at {best.step_ms:.1f} ms per step, no "
+            f"faster than the measured {measured:.1f} ms: nothing to recommend."
+        )
         best = cur
     else:
         why = []
         if best.name == "HYBRID_SHARD":
-            why.append(f"the inter-node link ({inp.inter_busbw_gbps:.0f} GB/s bus bandwidth) is the bottleneck; "
-                       f"sharding inside a node keeps all-gathers on {inp.intra_busbw_gbps:.0f} GB/s links")
+            why.append(
+                f"the inter-node link ({inp.inter_busbw_gbps:.0f} GB/s bus bandwidth) is the bottleneck; "
+                f"sharding inside a node keeps all-gathers on {inp.intra_busbw_gbps:.0f} GB/s links"
+            )
         elif best.name == "SHARD_GRAD_OP":
-            why.append("memory allows keeping unsharded parameters from forward to backward, which removes the backward all-gathers")
+            why.append(
+                "memory allows keeping unsharded parameters from forward to backward, which removes the backward all-gathers"
+            )
         elif best.name == "NO_SHARD":
-            why.append("the model fits replicated, and one all-reduce moves less than FSDP's all-gathers plus reduce-scatter")
+            why.append(
+                "the model fits replicated, and one all-reduce moves less than FSDP's all-gathers plus reduce-scatter"
+            )
         else:
             why.append("it is the only candidate that fits, or the fastest that does")
         reasoning = (
             f"{best.name} is estimated at {best.step_ms:.1f} ms per step with {best.memory_bytes / GiB:.1f} GiB per GPU: "
-            + "; ".join(why) + "."
+            + "; ".join(why)
+            + "."
         )
         if cur is not None and cur.name != best.name:
             reasoning += f" The current {cur.name} is estimated at {cur.step_ms:.1f} ms"
@@ -248,7 +274,12 @@ def inputs_from_facts(facts: RunFacts, gpus_per_node: int | None = None) -> Plan
     if not params and facts.sidecar:
         params = float(facts.sidecar.get("extra", {}).get("total_params") or 0)
     if not params:
-        ar = [c for r in facts.rank_facts[:1] for c in r.collectives if c.kind == "all_reduce" and c.step == 0 and c.in_nelems]
+        ar = [
+            c
+            for r in facts.rank_facts[:1]
+            for c in r.collectives
+            if c.kind == "all_reduce" and c.step == 0 and c.in_nelems
+        ]
         params = float(sum(c.in_nelems for c in ar))  # DDP: the gradient buckets cover the parameters
     if params < MIN_PARAMS:  # nothing, or too little to be a model's parameters: cannot estimate
         return None
@@ -256,7 +287,9 @@ def inputs_from_facts(facts: RunFacts, gpus_per_node: int | None = None) -> Plan
     r0 = facts.rank_facts[0]
     ws = facts.world_size or len(facts.ranks)
     g = gpus_per_node or r0.gpus_per_node or ws
-    src["gpus_per_node"] = "given" if gpus_per_node else ("measured (deviceProperties)" if r0.gpus_per_node else "assumed (one node)")
+    src["gpus_per_node"] = (
+        "given" if gpus_per_node else ("measured (deviceProperties)" if r0.gpus_per_node else "assumed (one node)")
+    )
     g = min(g, ws)
     mem = float(r0.device_memory_bytes or 80 * GiB)
     src["gpu_memory_bytes"] = "measured (deviceProperties)" if r0.device_memory_bytes else "assumed"
@@ -270,7 +303,9 @@ def inputs_from_facts(facts: RunFacts, gpus_per_node: int | None = None) -> Plan
     src["comm_bytes"] = "measured (collective dtype)"
     opt = (r0.optimizer or "").lower()
     inp.optimizer_bytes = float(OPTIMIZER_STATE_BYTES.get(opt, 8))
-    src["optimizer_bytes"] = f"measured (Optimizer.step#{r0.optimizer})" if opt in OPTIMIZER_STATE_BYTES else "assumed (Adam)"
+    src["optimizer_bytes"] = (
+        f"measured (Optimizer.step#{r0.optimizer})" if opt in OPTIMIZER_STATE_BYTES else "assumed (Adam)"
+    )
     inp.largest_unit_params = float(max((u.unsharded_numel for u in units), default=0))
     if facts.memory is not None:
         inp.activation_bytes = float(facts.memory.categories.get("activations", 0))
@@ -312,8 +347,12 @@ def inputs_from_facts(facts: RunFacts, gpus_per_node: int | None = None) -> Plan
 
 def expected_memory(inp: PlanInputs, strategy: str | None) -> dict[str, float]:
     """Per-rank persistent state the ZeRO arithmetic predicts for ``strategy``, by category name."""
-    shard = {"FULL_SHARD": inp.world_size, "SHARD_GRAD_OP": inp.world_size,
-             "HYBRID_SHARD": min(inp.gpus_per_node, inp.world_size), "NO_SHARD": 1}.get(strategy or "FULL_SHARD", inp.world_size)
+    shard = {
+        "FULL_SHARD": inp.world_size,
+        "SHARD_GRAD_OP": inp.world_size,
+        "HYBRID_SHARD": min(inp.gpus_per_node, inp.world_size),
+        "NO_SHARD": 1,
+    }.get(strategy or "FULL_SHARD", inp.world_size)
     P = inp.params
     return {
         "parameters_sharded": P * (inp.param_bytes + inp.master_bytes) / shard,

@@ -20,7 +20,16 @@ import numpy as np
 from ..facts import StepFacts
 from ..ingest.kineto import RankTrace
 from . import intervals as iv
-from .comms import COMM_NAME_RX, LAUNCH_CATS, MEMORY_NAME_RX, NOT_COMPUTE_RX, SYNC_NAMES, Collective, comm_kernel_mask, launch_rows
+from .comms import (
+    COMM_NAME_RX,
+    LAUNCH_CATS,
+    MEMORY_NAME_RX,
+    NOT_COMPUTE_RX,
+    SYNC_NAMES,
+    Collective,
+    comm_kernel_mask,
+    launch_rows,
+)
 from .labels import phase_from_labels
 from .steps import PHASES, StepWindow, locate, microbatch_of, step_times_ms
 
@@ -127,8 +136,9 @@ def gpu_steps(rt: RankTrace, steps: list[StepWindow]) -> GpuSteps:
     return GpuSteps(g, step_idx, phase_idx)
 
 
-def step_timeline_backlog(rt: RankTrace, steps: list[StepWindow], colls: list[Collective],
-                          gs: GpuSteps | None = None) -> tuple[list[StepFacts], Backlog]:
+def step_timeline_backlog(
+    rt: RankTrace, steps: list[StepWindow], colls: list[Collective], gs: GpuSteps | None = None
+) -> tuple[list[StepFacts], Backlog]:
     """:func:`step_timeline` and the carried-over backlog. GPU work belongs to the step whose CPU
     span launched it; the backlog (work with no launch in the trace) belongs to no step.
     ``gs``: :func:`gpu_steps` of these steps, when the caller has it already."""
@@ -160,8 +170,10 @@ def step_timeline_backlog(rt: RankTrace, steps: list[StepWindow], colls: list[Co
     # rows of each step in one stable sort instead of one full-length comparison per step
     by_step = np.argsort(step_idx, kind="stable")
     bounds = np.searchsorted(step_idx[by_step], np.arange(len(steps) + 1), side="left")
-    starts = [float(s_all[by_step[bounds[k] : bounds[k + 1]]].min()) if bounds[k + 1] > bounds[k] else None
-              for k in range(len(steps))]
+    starts = [
+        float(s_all[by_step[bounds[k] : bounds[k + 1]]].min()) if bounds[k + 1] > bounds[k] else None
+        for k in range(len(steps))
+    ]
     for k, st in enumerate(steps):
         in_step = by_step[bounds[k] : bounds[k + 1]]
         sf = StepFacts(number=st.number, start_us=st.start, step_ms=st.dur / 1e3, cpu_span_ms=st.dur / 1e3)
@@ -258,8 +270,9 @@ def step_clock(out: list[StepFacts], steps: list[StepWindow], backlog_end_us: fl
             d = max(d, done[-1])
         done.append(d)
     gpu = any(sf.gpu_start_us is not None for sf in out)
-    times = step_times_ms(np.array([st.start for st in steps]), np.array([st.end for st in steps]),
-                          np.array(done) if gpu else None, first)
+    times = step_times_ms(
+        np.array([st.start for st in steps]), np.array([st.end for st in steps]), np.array(done) if gpu else None, first
+    )
     for sf, d, t in zip(out, done, times.tolist()):
         sf.end_us = d
         sf.step_ms = t

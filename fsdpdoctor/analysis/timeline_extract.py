@@ -38,7 +38,13 @@ from .steps import StepWindow
 from .timeline import classify_gpu
 
 __all__ = [
-    "KernelSpan", "ExposedSpan", "UnitMark", "StepTimeline", "extract_step", "extract_for_facts", "median_step_index",
+    "KernelSpan",
+    "ExposedSpan",
+    "UnitMark",
+    "StepTimeline",
+    "extract_step",
+    "extract_for_facts",
+    "median_step_index",
     "short_name",
 ]
 
@@ -271,8 +277,14 @@ def _match_collective(index: dict[int, list], stream: int, start: float, end: fl
     return None
 
 
-def _unit_marks(rt: RankTrace, st: StepWindow, comp_start: np.ndarray, comp_launch: np.ndarray,
-                comp_rows: np.ndarray, unit_names: list[str] | None = None) -> list[UnitMark]:
+def _unit_marks(
+    rt: RankTrace,
+    st: StepWindow,
+    comp_start: np.ndarray,
+    comp_launch: np.ndarray,
+    comp_rows: np.ndarray,
+    unit_names: list[str] | None = None,
+) -> list[UnitMark]:
     cpu = rt.mask_cat("cpu_op", "user_annotation")
     hook = rt.mask_names(lambda n: _HOOK_RX.match(n) is not None)
     rows = np.flatnonzero(cpu & hook & (rt.ts >= st.start) & (rt.ts < st.end))
@@ -332,8 +344,9 @@ def median_step_index(step_ms: list[float]) -> int | None:
     return order[(len(order) - 1) // 2]
 
 
-def extract_for_facts(facts, rank: int | None = None, step_index: int | None = None,
-                      max_events: int = 20000) -> StepTimeline:
+def extract_for_facts(
+    facts, rank: int | None = None, step_index: int | None = None, max_events: int = 20000
+) -> StepTimeline:
     """Load ``rank``'s trace again (the path in its RankFacts) and extract ``step_index``.
 
     Defaults: rank 0 (else the lowest rank), the median-length step of that rank. Raises
@@ -359,7 +372,8 @@ def extract_for_facts(facts, rank: int | None = None, step_index: int | None = N
     if not 0 <= step_index < len(steps):
         raise InputError(f"step {step_index}", f"rank {rf.rank} has {len(steps)} steps (indices 0..{len(steps) - 1})")
     names = [u.fqn for u in sorted(facts.fsdp.units, key=lambda u: u.index)]
-    tl = extract_step(rt, steps[step_index], max_events, step_index=step_index, collectives=rf.collectives,
-                      unit_names=names or None)
+    tl = extract_step(
+        rt, steps[step_index], max_events, step_index=step_index, collectives=rf.collectives, unit_names=names or None
+    )
     tl.rank = rf.rank
     return tl

@@ -104,9 +104,7 @@ def byte_budget(on_disk: int, compressed: bool) -> tuple[int, str]:
     if compressed:
         ratio_cap = max(RATIO_FLOOR, MAX_RATIO * on_disk)
         if ratio_cap < DEFAULT_MAX_BYTES:
-            return ratio_cap, (
-                f"{MAX_RATIO}x its compressed size of {fmt_bytes(on_disk)}, likely a gzip bomb"
-            )
+            return ratio_cap, (f"{MAX_RATIO}x its compressed size of {fmt_bytes(on_disk)}, likely a gzip bomb")
     return DEFAULT_MAX_BYTES, f"the default limit of {fmt_bytes(DEFAULT_MAX_BYTES)}"
 
 
@@ -141,8 +139,14 @@ class InputStream:
     ``size`` the size on disk, ``offset`` the decompressed bytes handed out so far.
     """
 
-    def __init__(self, path: str | Path, raw: IO[bytes], size: int, error: type[InputError] = InputError,
-                 describe: Callable[[BaseException], str] | None = None):
+    def __init__(
+        self,
+        path: str | Path,
+        raw: IO[bytes],
+        size: int,
+        error: type[InputError] = InputError,
+        describe: Callable[[BaseException], str] | None = None,
+    ):
         self.path = path
         self.raw = raw
         self.size = size
@@ -192,8 +196,14 @@ class InputStream:
         return cls(path, os.fdopen(fd, "rb"), st.st_size, error)
 
     @classmethod
-    def wrap(cls, path: str | Path, raw: IO[bytes], size: int, error: type[InputError] = InputError,
-             describe: Callable[[BaseException], str] | None = None) -> "InputStream":
+    def wrap(
+        cls,
+        path: str | Path,
+        raw: IO[bytes],
+        size: int,
+        error: type[InputError] = InputError,
+        describe: Callable[[BaseException], str] | None = None,
+    ) -> "InputStream":
         """Limits and errors for a stream opened elsewhere (``size``: its size on storage;
         ``describe``: how its back-end's errors read, e.g. :func:`.remote.problem`)."""
         return cls(path, raw, size, error, describe)

@@ -96,8 +96,10 @@ def _memory_bound(n: int):
     vm = _vm_size()
     soft, hard = resource.getrlimit(resource.RLIMIT_AS)
     limit = None if vm is None else vm + max(UNPICKLE_FLOOR, UNPICKLE_BYTES_PER_BYTE * n)
-    if limit is None or (soft != resource.RLIM_INFINITY and soft <= limit) or (
-        hard != resource.RLIM_INFINITY and hard < limit
+    if (
+        limit is None
+        or (soft != resource.RLIM_INFINITY and soft <= limit)
+        or (hard != resource.RLIM_INFINITY and hard < limit)
     ):
         yield
         return
@@ -129,7 +131,8 @@ def load_plain_pickle(path: Any, data: bytes, what: str, error: type[InputError]
             return _RefuseGlobals(io.BufferedReader(io.BytesIO(data), 1 << 16)).load()
     except _RefusedGlobal as exc:
         raise error(
-            path, f"refused to load: the pickle references {exc} ({what} holds only plain data; this file may be malicious)"
+            path,
+            f"refused to load: the pickle references {exc} ({what} holds only plain data; this file may be malicious)",
         ) from None
     except EOFError:
         raise error(path, "truncated pickle (ran out of data)") from None

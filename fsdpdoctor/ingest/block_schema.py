@@ -115,7 +115,6 @@ class _Whole(Exception):
         self.data = data
 
 
-
 # --------------------------------------------------------------------------------------------
 # Columns, built block by block
 # --------------------------------------------------------------------------------------------
@@ -230,14 +229,31 @@ def extract(evs: list, table: KeyTable, counted: int | None = None) -> Part:
     keep: dict[int, K.Args] = {}
     if n:
         rare = list(map(_RARE, args))
-        cand = [] if rare.count(_NONE3) == n else [np.flatnonzero(np.fromiter(map(ne, rare, repeat(_NONE3)), dtype=bool, count=n))]
+        cand = (
+            []
+            if rare.count(_NONE3) == n
+            else [np.flatnonzero(np.fromiter(map(ne, rare, repeat(_NONE3)), dtype=bool, count=n))]
+        )
         del rare
         if table.shapes:
             rows = np.flatnonzero(np.isin(key, table.shapes)).tolist()
             cand.append(np.array([i for i in rows if args[i].input_dims is not None], dtype=np.intp))
         if cand:
             keep = {i: _public_args(args[i]) for i in np.unique(np.concatenate(cand)).tolist()}
-    return Part(table.token, table.unsent(), count, thread_names, key, ts, dur, ext, corr, stream, keep, K.memory_array(mem_rows))
+    return Part(
+        table.token,
+        table.unsent(),
+        count,
+        thread_names,
+        key,
+        ts,
+        dur,
+        ext,
+        corr,
+        stream,
+        keep,
+        K.memory_array(mem_rows),
+    )
 
 
 class _Interner:

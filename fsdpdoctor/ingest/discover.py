@@ -169,8 +169,11 @@ def discover(
                 hint = f" ({dump.latest_snapshot_iteration}): fsdpdoctor memory {p}" if dump.latest_snapshots else ""
                 raise InputError(p, f"a {dump.layout} dump folder without profile traces; its memory snapshots{hint}")
             if not found and not got_dumps:
-                raise InputError(p, "directory contains no trace files (*.json, *.json.gz with traceEvents)"
-                                 + (" and no Flight Recorder dumps" if dumps is not None else ""))
+                raise InputError(
+                    p,
+                    "directory contains no trace files (*.json, *.json.gz with traceEvents)"
+                    + (" and no Flight Recorder dumps" if dumps is not None else ""),
+                )
             out.extend(found)
         elif st is not None:
             if dumps is not None and stat.S_ISREG(st.st_mode) and not looks_like_trace(p) and _direct_dump(p):
@@ -194,7 +197,9 @@ def discover(
         else:
             raise InputError(p, "no such file or directory")
     if iteration is not None and not folders:
-        raise InputError(" ".join(map(str, paths)), "--iteration chooses among a framework's dump folder's iterations; none given")
+        raise InputError(
+            " ".join(map(str, paths)), "--iteration chooses among a framework's dump folder's iterations; none given"
+        )
     seen: set[Path | str] = set()
     unique = []
     for p in out:
@@ -261,7 +266,11 @@ def snapshots_beside(paths: list[str | Path], iteration: int | None = None) -> l
     for raw in paths:
         raw = remote.localize(raw)
         if remote.is_url(raw):
-            out.extend(u for u in _url_listing(str(raw)) if not _is_trace_name(Path(u)) and _url_snapshot_head(u) in _PICKLE_MAGIC)
+            out.extend(
+                u
+                for u in _url_listing(str(raw))
+                if not _is_trace_name(Path(u)) and _url_snapshot_head(u) in _PICKLE_MAGIC
+            )
             continue
         s = str(raw)
         p = Path(s)

@@ -46,9 +46,16 @@ ARG_FIELDS: tuple[tuple[str, Any, str], ...] = (
 RAW_FIELDS = ("input_dims", "input_type", "concrete_inputs")
 #: CPU ops whose recorded shapes (``Input Dims`` / ``Input type``) are kept besides the c10d
 #: collectives': the matmul and attention operators whose FLOPs fsdpdoctor.analysis.compute counts
-GEMM_OPS = frozenset({"aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::_scaled_mm", "aten::_addmm_activation"})
-ATTN_FWD_OPS = frozenset({"aten::_scaled_dot_product_efficient_attention", "aten::_scaled_dot_product_flash_attention",
-                          "aten::_scaled_dot_product_cudnn_attention"})
+GEMM_OPS = frozenset(
+    {"aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::_scaled_mm", "aten::_addmm_activation"}
+)
+ATTN_FWD_OPS = frozenset(
+    {
+        "aten::_scaled_dot_product_efficient_attention",
+        "aten::_scaled_dot_product_flash_attention",
+        "aten::_scaled_dot_product_cudnn_attention",
+    }
+)
 ATTN_BWD_OPS = frozenset(n + "_backward" for n in ATTN_FWD_OPS)
 CONV_OPS = frozenset({"aten::convolution", "aten::convolution_backward"})
 FLOP_OPS = GEMM_OPS | ATTN_FWD_OPS | ATTN_BWD_OPS | CONV_OPS
@@ -74,7 +81,9 @@ MEMORY_ARG_FIELDS: tuple[tuple[str, Any, str], ...] = (
 )
 
 
-def args_struct(name: str, fields: tuple[tuple[str, Any, str], ...], defaults: dict[str, Any] | None = None, **kw: Any) -> type:
+def args_struct(
+    name: str, fields: tuple[tuple[str, Any, str], ...], defaults: dict[str, Any] | None = None, **kw: Any
+) -> type:
     """A msgspec Struct decoding ``fields`` (absent ones take ``defaults``, else None)."""
     d = defaults or {}
     return msgspec.defstruct(name, [(a, t, msgspec.field(name=j, default=d.get(a))) for a, t, j in fields], **kw)

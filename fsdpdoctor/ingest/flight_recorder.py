@@ -41,8 +41,20 @@ from ..errors import InputError
 from ._io import convert_checked, open_input, read_input, short
 from ._pickle import PICKLE_MAGIC, load_plain_pickle, looks_like_json
 
-__all__ = ["FrError", "Dump", "Entry", "Frame", "PgConfig", "PgStatus", "sniff", "load_dump", "dumps_in",
-           "rank_of", "DUMP_SUBDIRS", "NEWEST_VERSION"]
+__all__ = [
+    "FrError",
+    "Dump",
+    "Entry",
+    "Frame",
+    "PgConfig",
+    "PgStatus",
+    "sniff",
+    "load_dump",
+    "dumps_in",
+    "rank_of",
+    "DUMP_SUBDIRS",
+    "NEWEST_VERSION",
+]
 
 #: The newest dump version whose fields this reader knows (torch 2.13 writes it).
 NEWEST_VERSION = (2, 10)
@@ -148,7 +160,7 @@ class Dump(msgspec.Struct, gc=False):
 
 
 def sniff(head: bytes) -> str | None:
-    """"pickle" or "json" when ``head`` (a file's first, gunzipped bytes) starts a Flight
+    """ "pickle" or "json" when ``head`` (a file's first, gunzipped bytes) starts a Flight
     Recorder dump, else None. A pickled dict whose first keys are a dump's (``version`` and
     ``pg_config`` in 2.x, ``entries`` with a ``profiling_name`` in 1.x); a JSON object with
     ``pg_config`` or an entry's ``profiling_name`` and no ``traceEvents`` (a Kineto trace)."""
@@ -241,7 +253,9 @@ def _decode(path: Path, data: bytes) -> tuple[Any, str]:
         try:
             return msgspec.json.decode(data), "json"
         except msgspec.DecodeError as exc:
-            raise FrError(path, "truncated JSON" if "truncated" in str(exc) else f"invalid JSON ({short(exc)})") from None
+            raise FrError(
+                path, "truncated JSON" if "truncated" in str(exc) else f"invalid JSON ({short(exc)})"
+            ) from None
         except RecursionError:
             raise FrError(path, "JSON nested too deeply") from None
     raise FrError(path, f"not a Flight Recorder dump (neither a pickle nor JSON: starts with {data[:8]!r})")
@@ -259,13 +273,18 @@ def load_dump(path: str | Path, rank: int | None = None) -> Dump:
     return dump_from_object(obj, path, form, len(data), rank)
 
 
-def dump_from_object(obj: Any, path: str | Path, form: str = "pickle", nbytes: int = 0, rank: int | None = None) -> Dump:
+def dump_from_object(
+    obj: Any, path: str | Path, form: str = "pickle", nbytes: int = 0, rank: int | None = None
+) -> Dump:
     """Validate and normalise an already-decoded dump (see :func:`load_dump`)."""
     if rank is None:
         rank = rank_of(path)
         if rank is None:
-            raise FrError(path, "cannot tell which rank wrote this dump: its name does not end in the rank "
-                                "(the watchdog writes <prefix><rank>, e.g. nccl_trace_rank_3)")
+            raise FrError(
+                path,
+                "cannot tell which rank wrote this dump: its name does not end in the rank "
+                "(the watchdog writes <prefix><rank>, e.g. nccl_trace_rank_3)",
+            )
     if not isinstance(obj, dict):
         raise FrError(path, f"not a Flight Recorder dump: the top level is a {type(obj).__name__}, not a dict")
     if "version" not in obj or ("entries" not in obj and "pg_config" not in obj):
@@ -275,10 +294,16 @@ def dump_from_object(obj: Any, path: str | Path, form: str = "pickle", nbytes: i
     version = obj.get("version")
     vt = _version(version)
     if vt is None:
-        raise FrError(path, f"unknown Flight Recorder dump version {short(ValueError(repr(version)))[:40]} (expected 'MAJOR.MINOR')")
+        raise FrError(
+            path,
+            f"unknown Flight Recorder dump version {short(ValueError(repr(version)))[:40]} (expected 'MAJOR.MINOR')",
+        )
     if vt[0] not in (1, 2):
-        raise FrError(path, f"Flight Recorder dump version {vt[0]}.{vt[1]} is not one this fsdpdoctor reads "
-                            f"(1.x to {NEWEST_VERSION[0]}.{NEWEST_VERSION[1]}); a newer fsdpdoctor may")
+        raise FrError(
+            path,
+            f"Flight Recorder dump version {vt[0]}.{vt[1]} is not one this fsdpdoctor reads "
+            f"(1.x to {NEWEST_VERSION[0]}.{NEWEST_VERSION[1]}); a newer fsdpdoctor may",
+        )
     raw_entries = obj.get("entries", [])
     if not isinstance(raw_entries, list):
         raise FrError(path, f"wrong structure: 'entries' is a {type(raw_entries).__name__}, expected a list")
@@ -296,12 +321,16 @@ def dump_from_object(obj: Any, path: str | Path, form: str = "pickle", nbytes: i
             e.started_ns = e.started_ns or None
             e.completed_ns = e.completed_ns or None
     return Dump(
-        path=str(path), rank=rank, version=f"{vt[0]}.{vt[1]}", form=form,
+        path=str(path),
+        rank=rank,
+        version=f"{vt[0]}.{vt[1]}",
+        form=form,
         backend=_backend(entries),
         comm_lib_version=_str(obj.get("comm_lib_version", obj.get("nccl_version"))),
         pg_config=_pg_config(obj.get("pg_config")),
         pg_status=_pg_status(obj.get("pg_status")),
-        entries=entries, stacks=stacks,
+        entries=entries,
+        stacks=stacks,
     )
 
 
@@ -339,9 +368,11 @@ def _pg_status(raw: Any) -> dict[str, PgStatus]:
         return out
     for key, v in raw.items():
         if isinstance(v, dict):
-            out[str(key)] = PgStatus(_int_or_none(v.get("last_enqueued_collective")),
-                                     _int_or_none(v.get("last_started_collective")),
-                                     _int_or_none(v.get("last_completed_collective")))
+            out[str(key)] = PgStatus(
+                _int_or_none(v.get("last_enqueued_collective")),
+                _int_or_none(v.get("last_started_collective")),
+                _int_or_none(v.get("last_completed_collective")),
+            )
     return out
 
 
@@ -358,8 +389,11 @@ def _bounded(path: Any, raw_entries: list, nbytes: int) -> None:
                 if n > limit:
                     break
     if n > limit:
-        raise FrError(path, f"refused: its shared references (pickle memo) expand to more than {limit:.3g} entries "
-                            f"and frames from {nbytes} bytes; a Flight Recorder dump this size holds far fewer")
+        raise FrError(
+            path,
+            f"refused: its shared references (pickle memo) expand to more than {limit:.3g} entries "
+            f"and frames from {nbytes} bytes; a Flight Recorder dump this size holds far fewer",
+        )
 
 
 def _stacks(path: Any, raw_entries: list, entries: list[Entry]) -> list[list[Frame]]:

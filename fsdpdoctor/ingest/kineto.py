@@ -47,6 +47,7 @@ from .events import (
     memory_row,
 )
 
+
 class _TraceDoc(msgspec.Struct, gc=False):
     traceEvents: list[Event] | None = None
     distributedInfo: Any = None
@@ -290,9 +291,7 @@ def _build(path: Path, events: list[Event], meta: dict, mode: str) -> RankTrace:
     cat_codes, cats = _factorize([e.cat for e in xs])
     name_codes, names = _factorize([e.name for e in xs])
     thr_index: dict[tuple[Any, Any], int] = {}
-    thr_codes = np.fromiter(
-        (thr_index.setdefault((e.pid, e.tid), len(thr_index)) for e in xs), dtype=np.int32, count=n
-    )
+    thr_codes = np.fromiter((thr_index.setdefault((e.pid, e.tid), len(thr_index)) for e in xs), dtype=np.int32, count=n)
     threads = list(thr_index)
     ts = np.fromiter((e.ts for e in xs), dtype=np.float64, count=n)
     dur = np.fromiter((e.dur for e in xs), dtype=np.float64, count=n)
@@ -310,8 +309,11 @@ def _build(path: Path, events: list[Event], meta: dict, mode: str) -> RankTrace:
             corr[i] = a.correlation
         if a.stream is not None:
             stream[i] = a.stream
-        if a.collective is not None or a.nbytes is not None or a.out_nelems is not None or (
-            a.input_dims is not None and keeps_shapes(e.name)
+        if (
+            a.collective is not None
+            or a.nbytes is not None
+            or a.out_nelems is not None
+            or (a.input_dims is not None and keeps_shapes(e.name))
         ):
             if isinstance(a.nbytes, str):
                 a.nbytes = _to_int(a.nbytes)
@@ -321,8 +323,24 @@ def _build(path: Path, events: list[Event], meta: dict, mode: str) -> RankTrace:
                     setattr(a, f, getattr(a, f).copy())
             keep[i] = a
     return _make_trace(
-        path, meta, mode, cat_codes, name_codes, thr_codes, ts, dur, ext, corr, stream,
-        [str(c) for c in cats], [str(x) for x in names], threads, keep, thread_names, n_all, memory_array(mem_rows),
+        path,
+        meta,
+        mode,
+        cat_codes,
+        name_codes,
+        thr_codes,
+        ts,
+        dur,
+        ext,
+        corr,
+        stream,
+        [str(c) for c in cats],
+        [str(x) for x in names],
+        threads,
+        keep,
+        thread_names,
+        n_all,
+        memory_array(mem_rows),
     )
 
 
@@ -331,8 +349,9 @@ def _build(path: Path, events: list[Event], meta: dict, mode: str) -> RankTrace:
 CLOCK_MAX_US = float(1 << 53)
 
 
-def _check_clock(path, field: str, col: np.ndarray, names: list[str] | None, name_codes: np.ndarray | None,
-                 what: str = "") -> None:
+def _check_clock(
+    path, field: str, col: np.ndarray, names: list[str] | None, name_codes: np.ndarray | None, what: str = ""
+) -> None:
     """Refuse a time field that no clock produces (1e30, inf, NaN): one line naming the file,
     the field and the first event holding it, instead of silently wrong (or overflowing) sums."""
     bad = ~(np.abs(col) <= CLOCK_MAX_US)  # also catches NaN
@@ -350,10 +369,24 @@ def _check_clock(path, field: str, col: np.ndarray, names: list[str] | None, nam
 
 
 def _make_trace(
-    path: Path, meta: dict, mode: str, cat: np.ndarray, name: np.ndarray, thread: np.ndarray,
-    ts: np.ndarray, dur: np.ndarray, ext: np.ndarray, corr: np.ndarray, stream: np.ndarray,
-    cats: list[str], names: list[str], threads: list[tuple[Any, Any]], keep: dict[int, Args],
-    thread_names: dict[tuple[Any, Any], str], event_count: int, memory_events: np.ndarray | None = None,
+    path: Path,
+    meta: dict,
+    mode: str,
+    cat: np.ndarray,
+    name: np.ndarray,
+    thread: np.ndarray,
+    ts: np.ndarray,
+    dur: np.ndarray,
+    ext: np.ndarray,
+    corr: np.ndarray,
+    stream: np.ndarray,
+    cats: list[str],
+    names: list[str],
+    threads: list[tuple[Any, Any]],
+    keep: dict[int, Args],
+    thread_names: dict[tuple[Any, Any], str],
+    event_count: int,
+    memory_events: np.ndarray | None = None,
 ) -> RankTrace:
     _check_clock(path, "ts", ts, names, name)
     _check_clock(path, "dur", dur, names, name)
@@ -466,12 +499,24 @@ def load_trace(
 
 def _trace_from_columns(path: Path, meta: dict, mode: str, cols) -> RankTrace:
     return _make_trace(
-        path, meta, mode,
-        cols.column("cat", np.int32), cols.column("name", np.int32), cols.column("thread", np.int32),
-        cols.column("ts", np.float64), cols.column("dur", np.float64), cols.column("ext", np.int64),
-        cols.column("corr", np.int64), cols.column("stream", np.int64),
-        [str(c) for c in cols.cats.values], [str(x) for x in cols.names.values], list(cols.threads.values),
-        cols.keep, cols.thread_names, cols.event_count, cols.memory_events(),
+        path,
+        meta,
+        mode,
+        cols.column("cat", np.int32),
+        cols.column("name", np.int32),
+        cols.column("thread", np.int32),
+        cols.column("ts", np.float64),
+        cols.column("dur", np.float64),
+        cols.column("ext", np.int64),
+        cols.column("corr", np.int64),
+        cols.column("stream", np.int64),
+        [str(c) for c in cols.cats.values],
+        [str(x) for x in cols.names.values],
+        list(cols.threads.values),
+        cols.keep,
+        cols.thread_names,
+        cols.event_count,
+        cols.memory_events(),
     )
 
 

@@ -107,16 +107,24 @@ def torchtitan(root: Path, iteration: int | None = None) -> DumpFolder | None:
             key = (iteration, False) if (iteration, False) in snaps else (iteration, True)
             if key not in snaps:
                 if not traces:
-                    raise InputError(root, f"has memory snapshots for iterations {sorted({n for n, _ in snaps})}, "
-                                           f"not {iteration} (--iteration)")
+                    raise InputError(
+                        root,
+                        f"has memory snapshots for iterations {sorted({n for n, _ in snaps})}, "
+                        f"not {iteration} (--iteration)",
+                    )
                 key = max(snaps)
         else:
             key = max(snaps)
         out.latest_snapshots = snaps[key]
         out.latest_snapshot_iteration = f"iteration_{key[0]}" + ("_exit" if key[1] else "")
         if out.traces and key[1] and out.latest_snapshots != out.snapshots and key[0] >= out.iteration:
-            out.skipped.append((str(out.latest_snapshots[0].parent), "the memory snapshot of an out-of-memory exit after "
-                                "the traces' iteration: 'fsdpdoctor memory' on the dump folder reads it"))
+            out.skipped.append(
+                (
+                    str(out.latest_snapshots[0].parent),
+                    "the memory snapshot of an out-of-memory exit after "
+                    "the traces' iteration: 'fsdpdoctor memory' on the dump folder reads it",
+                )
+            )
     return out
 
 

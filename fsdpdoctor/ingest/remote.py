@@ -23,9 +23,16 @@ _SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.\-]*)://")
 
 # scheme → the package that provides it (for the error when it is missing)
 _BACKENDS = {
-    "s3": "s3fs", "s3a": "s3fs", "gs": "gcsfs", "gcs": "gcsfs",
-    "az": "adlfs", "abfs": "adlfs", "abfss": "adlfs", "adl": "adlfs",
-    "http": "aiohttp", "https": "aiohttp",
+    "s3": "s3fs",
+    "s3a": "s3fs",
+    "gs": "gcsfs",
+    "gcs": "gcsfs",
+    "az": "adlfs",
+    "abfs": "adlfs",
+    "abfss": "adlfs",
+    "adl": "adlfs",
+    "http": "aiohttp",
+    "https": "aiohttp",
 }
 
 
@@ -48,7 +55,7 @@ def localize(path: str | Path) -> str | Path:
     if scheme(path) == "file":
         import fsspec.implementations.local as local
 
-        return local.make_path_posix(str(path)[len("file://"):])
+        return local.make_path_posix(str(path)[len("file://") :])
     return path
 
 
@@ -65,7 +72,9 @@ def _filesystem(url: str):
         fs, root = fsspec.core.url_to_fs(url)
     except ImportError as exc:
         pkg = _BACKENDS.get(scheme(url) or "", "the fsspec back-end")
-        raise InputError(url, f"reading {scheme(url)}:// needs the '{pkg}' package ({exc.msg if hasattr(exc, 'msg') else exc})") from None
+        raise InputError(
+            url, f"reading {scheme(url)}:// needs the '{pkg}' package ({exc.msg if hasattr(exc, 'msg') else exc})"
+        ) from None
     except ValueError as exc:  # unknown protocol
         raise InputError(url, f"cannot read this URL ({exc})") from None
     return fs, root
@@ -73,10 +82,26 @@ def _filesystem(url: str):
 
 # Packages whose exceptions are I/O or back-end failures of a remote read (network, HTTP, auth,
 # cloud SDKs): those make a URL input unreadable. Anything else raised while analysing is a bug.
-_BACKEND_PACKAGES = frozenset({
-    "fsspec", "aiohttp", "requests", "urllib3", "http", "ssl", "socket", "botocore", "boto3", "s3fs",
-    "aiobotocore", "gcsfs", "google", "adlfs", "azure", "huggingface_hub",
-})
+_BACKEND_PACKAGES = frozenset(
+    {
+        "fsspec",
+        "aiohttp",
+        "requests",
+        "urllib3",
+        "http",
+        "ssl",
+        "socket",
+        "botocore",
+        "boto3",
+        "s3fs",
+        "aiobotocore",
+        "gcsfs",
+        "google",
+        "adlfs",
+        "azure",
+        "huggingface_hub",
+    }
+)
 
 
 def is_backend_error(exc: BaseException) -> bool:

@@ -44,12 +44,10 @@ HINTS = {
     "reduce-scatter and whether the last unit's gradients overlap with anything.",
     "exposed_other_comm": "Other collectives (all-reduce, broadcast, …) are more exposed: look for "
     "new collectives (grad-norm clipping, metrics, DDP buckets).",
-    "memcpy": "Host/device copies are exposed: CPU offload, pageable memory, or .item()/.cpu() in "
-    "the step.",
+    "memcpy": "Host/device copies are exposed: CPU offload, pageable memory, or .item()/.cpu() in the step.",
     "host_bound_idle": "The GPU waits for the host inside the step: launch, Python or FSDP hook "
     "overhead (torch.compile, fewer units, larger batches).",
-    "other_idle": "Time without GPU work at the step's edges: data loading, CPU-side optimizer, "
-    "synchronisation.",
+    "other_idle": "Time without GPU work at the step's edges: data loading, CPU-side optimizer, synchronisation.",
     "cpu_forward": "The forward pass takes longer on the CPU.",
     "cpu_backward": "The backward pass takes longer on the CPU.",
     "cpu_optimizer": "The optimizer step takes longer on the CPU.",
@@ -111,7 +109,13 @@ def to_dict(c: Comparison) -> dict[str, Any]:
         ],
         "components": {n: {"before_ms": b, "after_ms": a, "delta_ms": a - b} for n, (b, a) in totals.items()},
         "components_by_phase": [
-            {"component": x.name, "phase": x.phase, "before_ms": x.before_ms, "after_ms": x.after_ms, "delta_ms": x.delta_ms}
+            {
+                "component": x.name,
+                "phase": x.phase,
+                "before_ms": x.before_ms,
+                "after_ms": x.after_ms,
+                "delta_ms": x.delta_ms,
+            }
             for x in c.components
         ],
         "phases": [msgspec.to_builtins(p) for p in c.phases],
@@ -120,7 +124,8 @@ def to_dict(c: Comparison) -> dict[str, Any]:
             for s in c.structure
         ],
         "findings": {
-            st: [msgspec.to_builtins(f) for f in c.findings if f.status == st] for st in ("appeared", "disappeared", "persisting")
+            st: [msgspec.to_builtins(f) for f in c.findings if f.status == st]
+            for st in ("appeared", "disappeared", "persisting")
         },
         "ranks": [msgspec.to_builtins(r) for r in c.ranks],
         "units": [msgspec.to_builtins(u) for u in c.units],
@@ -201,7 +206,9 @@ def causes_table(c: Comparison, compact: bool = False) -> Table:
             if k.kind == "finding" and not k.corroborated:
                 what += " (threshold crossed, configuration unchanged)"
             elif k.kind == "finding" and k.note.startswith("its parts"):
-                what += " (" + k.note.replace("its parts of the step time are already counted under", "counted under") + ")"
+                what += (
+                    " (" + k.note.replace("its parts of the step time are already counted under", "counted under") + ")"
+                )
         else:
             what = cause_summary(k) if k.kind == "component" else f"{k.status}: {k.summary}"
             if k.note:
@@ -219,9 +226,19 @@ def parts_table(c: Comparison) -> Table:
     rows = []
     for name, (b, a) in c.component_totals().items():
         rows.append([LABELS.get(name, name), ms(b), ms(a), dms(a - b), _share(c, a - b)])
-    rows.append(["step time", ms(c.step_before_ms), ms(c.step_after_ms), dms(c.step_time_delta_ms), "100%" if c.step_time_delta_ms else "–"])
+    rows.append(
+        [
+            "step time",
+            ms(c.step_before_ms),
+            ms(c.step_after_ms),
+            dms(c.step_time_delta_ms),
+            "100%" if c.step_time_delta_ms else "–",
+        ]
+    )
     rows.append(["sum of the parts", "", "", dms(c.components_sum_ms, 3), ""])
-    title = "Where the step time went (mean per step)" + (" — GPU split" if c.basis == "gpu" else " — CPU phases, no GPU timeline")
+    title = "Where the step time went (mean per step)" + (
+        " — GPU split" if c.basis == "gpu" else " — CPU phases, no GPU timeline"
+    )
     return Table(title, ["part", "before", "after", "Δ", "share of Δ"], rows)
 
 
@@ -233,7 +250,10 @@ def phase_table(c: Comparison) -> Table | None:
         cpu = "–" if p.cpu_before_ms is None else f"{ms(p.cpu_before_ms)} → {ms(p.cpu_after_ms)}"
         row = [p.phase if p.phase != "other" else "other (rest of the step)", cpu]
         if c.basis == "gpu":
-            row += [dms(p.exposed_delta_ms.get(k, 0.0)) for k in ("exposed_all_gather", "exposed_reduce_scatter", "exposed_other_comm")]
+            row += [
+                dms(p.exposed_delta_ms.get(k, 0.0))
+                for k in ("exposed_all_gather", "exposed_reduce_scatter", "exposed_other_comm")
+            ]
         rows.append(row)
     headers = ["phase", "CPU time (launch side)"]
     if c.basis == "gpu":
@@ -250,7 +270,12 @@ def structure_table(c: Comparison) -> Table:
         rows.append(["units only after", "", _names(added)])
     if removed:
         rows.append(["units only before", _names(removed), ""])
-    return Table("What changed in structure and configuration", ["", "before", "after"], rows, "" if rows else "nothing: same structure and configuration")
+    return Table(
+        "What changed in structure and configuration",
+        ["", "before", "after"],
+        rows,
+        "" if rows else "nothing: same structure and configuration",
+    )
 
 
 def _names(xs: list[str], limit: int = 6) -> str:
@@ -261,8 +286,15 @@ def findings_table(c: Comparison) -> Table:
     order = {"appeared": 0, "disappeared": 1, "persisting": 2}
     rows = []
     for f in sorted(c.findings, key=lambda f: order[f.status]):
-        rows.append([f.status, f"{f.code} {f.slug}", f.severity, f"{ms(f.est_saving_before_ms)} → {ms(f.est_saving_after_ms)}"])
-    return Table("Findings", ["", "finding", "severity", "est. saving/step before → after"], rows, "" if rows else "no findings in either run")
+        rows.append(
+            [f.status, f"{f.code} {f.slug}", f.severity, f"{ms(f.est_saving_before_ms)} → {ms(f.est_saving_after_ms)}"]
+        )
+    return Table(
+        "Findings",
+        ["", "finding", "severity", "est. saving/step before → after"],
+        rows,
+        "" if rows else "no findings in either run",
+    )
 
 
 def ranks_table(c: Comparison) -> Table | None:
@@ -273,17 +305,31 @@ def ranks_table(c: Comparison) -> Table | None:
         d = None if r.step_before_ms is None or r.step_after_ms is None else r.step_after_ms - r.step_before_ms
         row = [str(r.rank), ms(r.step_before_ms), ms(r.step_after_ms), dms(d)]
         if c.basis == "gpu":
-            dc = None if r.compute_before_ms is None or r.compute_after_ms is None else r.compute_after_ms - r.compute_before_ms
-            de = None if r.exposed_before_ms is None or r.exposed_after_ms is None else r.exposed_after_ms - r.exposed_before_ms
+            dc = (
+                None
+                if r.compute_before_ms is None or r.compute_after_ms is None
+                else r.compute_after_ms - r.compute_before_ms
+            )
+            de = (
+                None
+                if r.exposed_before_ms is None or r.exposed_after_ms is None
+                else r.exposed_after_ms - r.exposed_before_ms
+            )
             row += [dms(dc), dms(de)]
         rows.append(row)
-    headers = ["rank", "step before", "step after", "Δ step"] + (["Δ compute", "Δ exposed comm"] if c.basis == "gpu" else [])
+    headers = ["rank", "step before", "step after", "Δ step"] + (
+        ["Δ compute", "Δ exposed comm"] if c.basis == "gpu" else []
+    )
     return Table("Per rank", headers, rows)
 
 
 def collectives_table(c: Comparison, limit: int = 16) -> Table | None:
     def changed(r) -> bool:
-        return abs(r.count[0] - r.count[1]) > 1e-6 or r.bytes[0] != r.bytes[1] or abs(r.exposed_ms[0] - r.exposed_ms[1]) >= 0.005
+        return (
+            abs(r.count[0] - r.count[1]) > 1e-6
+            or r.bytes[0] != r.bytes[1]
+            or abs(r.exposed_ms[0] - r.exposed_ms[1]) >= 0.005
+        )
 
     rows_src = [r for r in c.collectives if changed(r)]
     if not rows_src:
@@ -302,7 +348,12 @@ def collectives_table(c: Comparison, limit: int = 16) -> Table | None:
             ]
         )
     note = f"… and {len(rows_src) - limit} more changed groups" if len(rows_src) > limit else ""
-    return Table("Collectives that changed (by unit, phase and kind; per step, mean over ranks)", ["unit", "phase", "kind", "count", "bytes", "exposed"], rows, note)
+    return Table(
+        "Collectives that changed (by unit, phase and kind; per step, mean over ranks)",
+        ["unit", "phase", "kind", "count", "bytes", "exposed"],
+        rows,
+        note,
+    )
 
 
 def compute_split_table(c: Comparison) -> Table | None:
@@ -312,10 +363,17 @@ def compute_split_table(c: Comparison) -> Table | None:
     if not c.compute_split:
         return None
     total = sum(c.compute_split.values())
-    rows = [[COMPUTE_SPLIT.get(k, k), dms(v), _share(c, v)] for k, v in sorted(c.compute_split.items(), key=lambda kv: -abs(kv[1]))]
-    return Table("Where the compute change comes from (per step)", ["part", "Δ", "share of Δ step"], rows,
-                 f"the parts add up to the GPU compute change, {dms(total)} per step; FLOP-driven parts at the before "
-                 "run's achieved GEMM + attention rate")
+    rows = [
+        [COMPUTE_SPLIT.get(k, k), dms(v), _share(c, v)]
+        for k, v in sorted(c.compute_split.items(), key=lambda kv: -abs(kv[1]))
+    ]
+    return Table(
+        "Where the compute change comes from (per step)",
+        ["part", "Δ", "share of Δ step"],
+        rows,
+        f"the parts add up to the GPU compute change, {dms(total)} per step; FLOP-driven parts at the before "
+        "run's achieved GEMM + attention rate",
+    )
 
 
 def waterfall_table(c: Comparison) -> Table | None:
@@ -324,11 +382,18 @@ def waterfall_table(c: Comparison) -> Table | None:
 
     if not c.waterfall:
         return None
-    rows = [[PART_LABEL.get(k, k), ms(b), ms(a), dms(a - b), _share(c, a - b)] for k, (b, a) in c.waterfall.items()
-            if abs(a - b) >= 0.0005 or b or a]
-    return Table("Where the change went against the ideal (per step)", ["part", "before", "after", "Δ", "share of Δ step"],
-                 rows, "the parts add up to each run's step time; at-peak parts are the model FLOPs at the dense BF16 peak "
-                 "(MFU), the rest the time lost below it")
+    rows = [
+        [PART_LABEL.get(k, k), ms(b), ms(a), dms(a - b), _share(c, a - b)]
+        for k, (b, a) in c.waterfall.items()
+        if abs(a - b) >= 0.0005 or b or a
+    ]
+    return Table(
+        "Where the change went against the ideal (per step)",
+        ["part", "before", "after", "Δ", "share of Δ step"],
+        rows,
+        "the parts add up to each run's step time; at-peak parts are the model FLOPs at the dense BF16 peak "
+        "(MFU), the rest the time lost below it",
+    )
 
 
 def all_tables(c: Comparison, compact: bool = False) -> list[Table]:
@@ -404,7 +469,10 @@ def render_terminal(c: Comparison, console: Console) -> None:
     head.add_row("After", Text(c.after_label))
     d = c.step_time_delta_ms
     style = "bold red" if d > 0 and (c.step_time_delta_pct or 0) >= 1 else ("bold green" if d < 0 else "")
-    head.add_row("Step time", Text(f"{ms(c.step_before_ms)} → {ms(c.step_after_ms)}  ({dms(d)}, {dpct(c.step_time_delta_pct)})", style=style))
+    head.add_row(
+        "Step time",
+        Text(f"{ms(c.step_before_ms)} → {ms(c.step_after_ms)}  ({dms(d)}, {dpct(c.step_time_delta_pct)})", style=style),
+    )
     head.add_row("Primary cause", Text(c.primary_cause or "none (no significant change)", style="bold"))
     console.print(Panel(head, title="fsdpdoctor compare", title_align="left"))
     console.print(Text(primary_sentence(c)))

@@ -36,8 +36,11 @@ def comparison_parts(comparison: Any) -> tuple[float | None, list[tuple[str, flo
     d = _as_dict(comparison)
     before, after = _number(d.get("step_time_before_ms")), _number(d.get("step_time_after_ms"))
     total = _number(d.get("step_time_delta_ms"))
-    comps = [(str(n), v) for n, c in (d.get("components") or {}).items()
-             if isinstance(c, dict) and (v := _number(c.get("delta_ms"))) is not None]
+    comps = [
+        (str(n), v)
+        for n, c in (d.get("components") or {}).items()
+        if isinstance(c, dict) and (v := _number(c.get("delta_ms"))) is not None
+    ]
     if total is None and before is not None and after is not None:
         total = after - before
     return before, comps, after, total
@@ -49,8 +52,13 @@ def _component_labels() -> dict[str, str]:
     return dict(LABELS)
 
 
-def _waterfall(before: float | None, comps: list[tuple[str, float]], after: float | None,
-               total: float | None, labels: dict[str, str]) -> go.Figure:
+def _waterfall(
+    before: float | None,
+    comps: list[tuple[str, float]],
+    after: float | None,
+    total: float | None,
+    labels: dict[str, str],
+) -> go.Figure:
     x: list[str] = []
     y: list[float] = []
     text: list[str] = []
@@ -78,17 +86,29 @@ def _waterfall(before: float | None, comps: list[tuple[str, float]], after: floa
     end = (before or 0.0) + (total if total is not None else explained)
     text.append(f"{end:.2f} ms" if before is not None else f"{end:+.2f} ms")
     measure.append("total")
-    fig = go.Figure(go.Waterfall(
-        x=x, y=y, measure=measure, orientation="v", text=text,
-        increasing=dict(marker=dict(color="#E45756")),  # slower
-        decreasing=dict(marker=dict(color="#54A24B")),  # faster
-        totals=dict(marker=dict(color="#4C78A8")),
-        connector=dict(line=dict(color="#999", width=1, dash="dot")),
-        texttemplate="%{text}", textposition="outside",
-        hovertemplate="%{x}: %{delta:+.3f} ms (running %{y:.3f} ms)<extra></extra>",
-    ))
-    fig.update_layout(height=480, margin=dict(l=60, r=20, t=30, b=140), yaxis_title="step time (ms)",
-                      showlegend=False, xaxis=dict(tickangle=-30))
+    fig = go.Figure(
+        go.Waterfall(
+            x=x,
+            y=y,
+            measure=measure,
+            orientation="v",
+            text=text,
+            increasing=dict(marker=dict(color="#E45756")),  # slower
+            decreasing=dict(marker=dict(color="#54A24B")),  # faster
+            totals=dict(marker=dict(color="#4C78A8")),
+            connector=dict(line=dict(color="#999", width=1, dash="dot")),
+            texttemplate="%{text}",
+            textposition="outside",
+            hovertemplate="%{x}: %{delta:+.3f} ms (running %{y:.3f} ms)<extra></extra>",
+        )
+    )
+    fig.update_layout(
+        height=480,
+        margin=dict(l=60, r=20, t=30, b=140),
+        yaxis_title="step time (ms)",
+        showlegend=False,
+        xaxis=dict(tickangle=-30),
+    )
     return fig
 
 
@@ -125,9 +145,12 @@ def render_comparison(comparison: Any, title: str = "fsdpdoctor compare") -> str
         page.add('<p class="missing">The comparison holds no step-time delta to draw.</p>')
     else:
         basis = d.get("basis_definition")
-        page.add('<p class="sub">Components sorted by size; red makes the step slower, green faster. '
-                 "An <i>unexplained</i> bar, when present, is the part of the change no component accounts for."
-                 + (f" Basis: {_e(basis)}." if isinstance(basis, str) else "") + "</p>")
+        page.add(
+            '<p class="sub">Components sorted by size; red makes the step slower, green faster. '
+            "An <i>unexplained</i> bar, when present, is the part of the change no component accounts for."
+            + (f" Basis: {_e(basis)}." if isinstance(basis, str) else "")
+            + "</p>"
+        )
         page.figure(_waterfall(before, comps, after, total, labels), "fig-compare")
         rows = [[labels.get(n, n.replace("_", " ")), f"{v:+.3f} ms"] for n, v in comps]
         if rows:
@@ -136,29 +159,47 @@ def render_comparison(comparison: Any, title: str = "fsdpdoctor compare") -> str
     if isinstance(parts, dict) and parts and before is not None:
         from .waterfall import PART_LABEL
 
-        deltas = [(str(k), v) for k, p in parts.items() if isinstance(p, dict) and (v := _number(p.get("delta_ms"))) is not None]
-        page.add('<h2 id="compare-parts">Where the change went against the ideal</h2><p class="sub">The same change split by '
-                 "the efficiency waterfall's parts (at peak, below peak, recompute, other kernels, exposed comm and copies, "
-                 "GPU idle), in that order.</p>")
+        deltas = [
+            (str(k), v)
+            for k, p in parts.items()
+            if isinstance(p, dict) and (v := _number(p.get("delta_ms"))) is not None
+        ]
+        page.add(
+            '<h2 id="compare-parts">Where the change went against the ideal</h2><p class="sub">The same change split by '
+            "the efficiency waterfall's parts (at peak, below peak, recompute, other kernels, exposed comm and copies, "
+            "GPU idle), in that order.</p>"
+        )
         page.figure(_waterfall(before, deltas, after, total, dict(PART_LABEL)), "fig-compare-parts")
     causes = d.get("causes")
     if isinstance(causes, list) and causes and all(isinstance(c, dict) for c in causes):
-        rows = [[str(c.get("slug", "")), f"{c['delta_ms']:+.3f} ms" if _number(c.get("delta_ms")) is not None else "–",
-                 str(c.get("summary", ""))] for c in causes]
+        rows = [
+            [
+                str(c.get("slug", "")),
+                f"{c['delta_ms']:+.3f} ms" if _number(c.get("delta_ms")) is not None else "–",
+                str(c.get("summary", "")),
+            ]
+            for c in causes
+        ]
         page.add(f'<h2 id="causes">Causes, ranked</h2>{_table_html(Table("", ["cause", "delta", "summary"], rows))}')
         prim = next((c for c in causes if c.get("slug") == d.get("primary_cause")), None)
         for flavour, code in ((prim or {}).get("fix") or {}).items():
-            page.add(f"<h4>Fix for the primary cause ({_e(flavour)})</h4><pre><code>{_e(str(code).rstrip())}</code></pre>")
+            page.add(
+                f"<h4>Fix for the primary cause ({_e(flavour)})</h4><pre><code>{_e(str(code).rstrip())}</code></pre>"
+            )
     findings = d.get("findings") or {}  # {"appeared": [...], "disappeared": [...], "persisting": [...]}
     findings = [dict(f, status=st) for st, lst in findings.items() for f in lst]
     if findings:
         items = []
         for fdd in findings:
             status = f"[{fdd['status']}] " if fdd.get("status") else ""
-            items.append(f"<li>{_e(status)}<b>{_e(fdd.get('code', ''))}</b> <code>{_e(fdd.get('slug', ''))}</code> "
-                         f"{_e(fdd.get('summary', ''))}</li>")
+            items.append(
+                f"<li>{_e(status)}<b>{_e(fdd.get('code', ''))}</b> <code>{_e(fdd.get('slug', ''))}</code> "
+                f"{_e(fdd.get('summary', ''))}</li>"
+            )
         page.add(f"<h2>Findings</h2><ul>{''.join(items)}</ul>")
     notes = d.get("notes")
     if isinstance(notes, list) and notes:
-        page.add(f'<h2 id="notes">{_e(TITLES["notes"])}</h2><ul>' + "".join(f"<li>{_e(n)}</li>" for n in notes) + "</ul>")
+        page.add(
+            f'<h2 id="notes">{_e(TITLES["notes"])}</h2><ul>' + "".join(f"<li>{_e(n)}</li>" for n in notes) + "</ul>"
+        )
     return page.html(title)

@@ -111,8 +111,13 @@ footer { color: var(--muted); margin-top: 40px; font-size: 12px; }
 def _script_safe(js: str) -> str:
     """JSON that cannot close or confuse the <script> element it is written into: ``<``, ``>``
     and ``&`` only occur inside JSON strings, where their \\u escapes mean the same."""
-    return (js.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
-            .replace("\u2028", "\\u2028").replace("\u2029", "\\u2029"))
+    return (
+        js.replace("<", "\\u003c")
+        .replace(">", "\\u003e")
+        .replace("&", "\\u0026")
+        .replace("\u2028", "\\u2028")
+        .replace("\u2029", "\\u2029")
+    )
 
 
 def _e(v: Any) -> str:
@@ -146,8 +151,6 @@ def _comm_color(kind: str | None) -> str:
     return COLORS[kind] if kind in COMM_KINDS else COLORS["other_comm"]
 
 
-
-
 class _Page:
     """Collects body HTML and figures; plotly.js goes into the head once, if any figure is drawn."""
 
@@ -169,7 +172,7 @@ class _Page:
         self.parts.append(
             f'<div class="chart"><div id="{_e(div_id)}" class="plotly-graph-div" style="height:{height}px; width:100%;">'
             f'</div>\n<script type="text/javascript">\n(function () {{ var fig = {data};\n'
-            f'Plotly.newPlot({json.dumps(div_id)}, fig.data, fig.layout, {config}); }})();\n</script></div>'
+            f"Plotly.newPlot({json.dumps(div_id)}, fig.data, fig.layout, {config}); }})();\n</script></div>"
         )
 
     def html(self, title: str) -> str:
@@ -198,13 +201,18 @@ _NUMERIC = re.compile(r"^\s*([+\-−–]|\d|\.\d|$)")
 def _table_html(t: Table) -> str:
     # the first two columns are labels; after them a column is numbers (right-aligned) unless
     # some cell in it is text
-    text_col = [i < 2 or any(not _NUMERIC.match(str(r[i])) for r in t.rows if i < len(r)) for i in range(len(t.headers))]
+    text_col = [
+        i < 2 or any(not _NUMERIC.match(str(r[i])) for r in t.rows if i < len(r)) for i in range(len(t.headers))
+    ]
 
     def cls(i: int) -> str:
         return ' class="text"' if i >= 2 and i < len(text_col) and text_col[i] else ""
 
     if not t.rows:  # nothing to show: the title and the one line saying why
-        return "\n".join(([f"<h3>{_e(t.title)}</h3>"] if t.title else []) + [f'<p class="missing">{_e(t.note or "nothing to show")}</p>'])
+        return "\n".join(
+            ([f"<h3>{_e(t.title)}</h3>"] if t.title else [])
+            + [f'<p class="missing">{_e(t.note or "nothing to show")}</p>']
+        )
     out = ([f"<h3>{_e(t.title)}</h3>"] if t.title else []) + ["<table>", "<thead><tr>"]
     out += [f"<th{cls(i)}>{_e(h)}</th>" for i, h in enumerate(t.headers)]
     out.append("</tr></thead><tbody>")

@@ -13,12 +13,27 @@ from .html_page import TITLES, _e, _Page
 from .waterfall import PART_LABEL, waterfall_line
 
 PART_COLORS = {
-    "matmul_at_peak": "#2E7D32", "attention_at_peak": "#66BB6A", "matmul_below_peak": "#4C78A8",
-    "attention_below_peak": "#A0CBE8", "recompute": "#B279A2", "other_kernels": "#F58518",
-    "exposed_comm": "#E45756", "exposed_copies": "#79706E", "gpu_idle": "#BAB0AC",
+    "matmul_at_peak": "#2E7D32",
+    "attention_at_peak": "#66BB6A",
+    "matmul_below_peak": "#4C78A8",
+    "attention_below_peak": "#A0CBE8",
+    "recompute": "#B279A2",
+    "other_kernels": "#F58518",
+    "exposed_comm": "#E45756",
+    "exposed_copies": "#79706E",
+    "gpu_idle": "#BAB0AC",
 }
-ORDER = ("matmul_at_peak", "attention_at_peak", "matmul_below_peak", "attention_below_peak", "recompute",
-         "other_kernels", "exposed_comm", "exposed_copies", "gpu_idle")
+ORDER = (
+    "matmul_at_peak",
+    "attention_at_peak",
+    "matmul_below_peak",
+    "attention_below_peak",
+    "recompute",
+    "other_kernels",
+    "exposed_comm",
+    "exposed_copies",
+    "gpu_idle",
+)
 MAX_MENU_RANKS = 64  # ranks a menu entry each; beyond, the slowest and fastest
 MAX_BAR_RANKS = 256
 
@@ -27,10 +42,16 @@ def _waterfall_trace(parts: dict[str, float], name: str, visible: bool) -> go.Wa
     x = [PART_LABEL[k] for k in ORDER] + ["step"]
     y = [parts.get(k, 0.0) for k in ORDER] + [0.0]
     return go.Waterfall(
-        x=x, y=y, measure=["relative"] * len(ORDER) + ["total"], name=name, visible=visible,
-        text=[f"{v:.2f}" for v in y[:-1]] + [f"{sum(y):.2f} ms"], textposition="outside",
+        x=x,
+        y=y,
+        measure=["relative"] * len(ORDER) + ["total"],
+        name=name,
+        visible=visible,
+        text=[f"{v:.2f}" for v in y[:-1]] + [f"{sum(y):.2f} ms"],
+        textposition="outside",
         connector=dict(line=dict(color="#999", width=1, dash="dot")),
-        increasing=dict(marker=dict(color="#4C78A8")), totals=dict(marker=dict(color="#333333")),
+        increasing=dict(marker=dict(color="#4C78A8")),
+        totals=dict(marker=dict(color="#333333")),
         hovertemplate="%{x}: %{y:.3f} ms<extra>" + _e(name) + "</extra>",
     )
 
@@ -50,15 +71,22 @@ def waterfall_figure(f) -> go.Figure | None:
         shown = ranks
         if len(ranks) > MAX_MENU_RANKS:
             by_step = sorted(ranks, key=lambda rp: sum(rp[1].values()))
-            shown = sorted(by_step[: MAX_MENU_RANKS // 2] + by_step[-MAX_MENU_RANKS // 2:])
+            shown = sorted(by_step[: MAX_MENU_RANKS // 2] + by_step[-MAX_MENU_RANKS // 2 :])
         for rank, parts in shown:
             fig.add_trace(_waterfall_trace(parts, f"rank {rank}", False))
         n = len(fig.data)
-        buttons = [dict(label=tr.name, method="update", args=[{"visible": [j == i for j in range(n)]}])
-                   for i, tr in enumerate(fig.data)]
+        buttons = [
+            dict(label=tr.name, method="update", args=[{"visible": [j == i for j in range(n)]}])
+            for i, tr in enumerate(fig.data)
+        ]
         fig.update_layout(updatemenus=[dict(buttons=buttons, direction="down", x=1.0, xanchor="right", y=1.15)])
-    fig.update_layout(height=460, margin=dict(l=60, r=20, t=50, b=110), yaxis_title="ms per step", showlegend=False,
-                      xaxis=dict(tickangle=-30))
+    fig.update_layout(
+        height=460,
+        margin=dict(l=60, r=20, t=50, b=110),
+        yaxis_title="ms per step",
+        showlegend=False,
+        xaxis=dict(tickangle=-30),
+    )
     return fig
 
 
@@ -70,10 +98,20 @@ def spread_figure(f) -> go.Figure | None:
     fig = go.Figure()
     x = [f"rank {r}" for r, _ in ranks]
     for k in ORDER:
-        fig.add_bar(x=x, y=[p.get(k, 0.0) for _, p in ranks], name=PART_LABEL[k], marker_color=PART_COLORS[k],
-                    hovertemplate="%{x}: " + PART_LABEL[k] + " %{y:.3f} ms<extra></extra>")
-    fig.update_layout(barmode="stack", height=380, margin=dict(l=60, r=20, t=20, b=60), yaxis_title="ms per step",
-                      legend=dict(orientation="h", y=-0.2, x=0))
+        fig.add_bar(
+            x=x,
+            y=[p.get(k, 0.0) for _, p in ranks],
+            name=PART_LABEL[k],
+            marker_color=PART_COLORS[k],
+            hovertemplate="%{x}: " + PART_LABEL[k] + " %{y:.3f} ms<extra></extra>",
+        )
+    fig.update_layout(
+        barmode="stack",
+        height=380,
+        margin=dict(l=60, r=20, t=20, b=60),
+        yaxis_title="ms per step",
+        legend=dict(orientation="h", y=-0.2, x=0),
+    )
     return fig
 
 
@@ -85,9 +123,11 @@ def waterfall_section(page: _Page, f) -> None:
     if fig is None:
         page.add('<p class="missing">No GPU activity in the steps: no waterfall to draw.</p>')
         return
-    page.add(f'<p class="sub">{_e(waterfall_line(f))}. Each GPU instant counts once, in the order drawn; at-peak '
-             "parts are the model FLOPs at the dense BF16 peak (their share of the step is the MFU); GPU idle is the "
-             "time in the step with nothing running on the GPU.</p>")
+    page.add(
+        f'<p class="sub">{_e(waterfall_line(f))}. Each GPU instant counts once, in the order drawn; at-peak '
+        "parts are the model FLOPs at the dense BF16 peak (their share of the step is the MFU); GPU idle is the "
+        "time in the step with nothing running on the GPU.</p>"
+    )
     page.figure(fig, "fig-waterfall")
     spread = spread_figure(f)
     if spread is not None:

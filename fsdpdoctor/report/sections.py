@@ -15,9 +15,9 @@ if TYPE_CHECKING:
     from ..engine import Finding
 
 
-
-
-_SHELL_LINE = re.compile(r"^(export\s|[A-Z_][A-Z0-9_]*=|nvidia-smi\b|torchrun\b|pip\s|python3?\s+-m\b|kill\b|ps\b|\$\s)")
+_SHELL_LINE = re.compile(
+    r"^(export\s|[A-Z_][A-Z0-9_]*=|nvidia-smi\b|torchrun\b|pip\s|python3?\s+-m\b|kill\b|ps\b|\$\s)"
+)
 
 
 def fix_language(code: str) -> str:
@@ -48,8 +48,11 @@ def saving_text(fd: "Finding", f: RunFacts) -> str:
         else:
             src = "estimate"
         if rng is not None and fd.saving_range_basis and fd.est_saving_ms >= 0.005:
-            src += "; " + ("no real twin yet" if fd.saving_range_basis.startswith("no real twin") else
-                           fd.saving_range_basis.split(":")[0].replace("real twin", "real twin").strip())
+            src += "; " + (
+                "no real twin yet"
+                if fd.saving_range_basis.startswith("no real twin")
+                else fd.saving_range_basis.split(":")[0].replace("real twin", "real twin").strip()
+            )
         out += f" ({src})"
         if fd.saving_pct_of_step is not None:
             out += f", {pct(fd.saving_pct_of_step)} of the step"
@@ -64,7 +67,7 @@ def _num(v: float) -> str:
 
 
 def plural(n: int | float, word: str) -> str:
-    """"1 unit", "5 units", "2.5 steps"."""
+    """ "1 unit", "5 units", "2.5 steps"."""
     return f"{n:g} {word}" + ("" if n == 1 else "s")
 
 
@@ -76,7 +79,7 @@ def limit_text(f: RunFacts) -> str:
 
 
 def mfu_text(f: RunFacts) -> str:
-    """"10.0% of the H100 SXM's 989 TFLOP/s BF16 dense peak (99.0 TFLOP/s; 3,367 GFLOP per step;
+    """ "10.0% of the H100 SXM's 989 TFLOP/s BF16 dense peak (99.0 TFLOP/s; 3,367 GFLOP per step;
     GEMMs on bf16 tensor cores)"."""
     c = f.compute
     if c.peak_label == "--peak-tflops":
@@ -104,10 +107,22 @@ def vendor_words(peak_label: str | None, text: str) -> str:
     return text
 
 
-ENGINE_LABEL = {"fp32-simt": "fp32, CUDA cores", "fp32": "fp32, engine unknown", "tf32": "TF32 tensor cores",
-                "bf16": "BF16 tensor cores", "fp16": "FP16 tensor cores", "fp8": "FP8 tensor cores"}
-ENGINE_TEXT = {"fp32-simt": "in fp32 on CUDA cores", "fp32": "in fp32", "tf32": "on TF32 tensor cores",
-               "bf16": "on BF16 tensor cores", "fp16": "on FP16 tensor cores", "fp8": "on FP8 tensor cores"}
+ENGINE_LABEL = {
+    "fp32-simt": "fp32, CUDA cores",
+    "fp32": "fp32, engine unknown",
+    "tf32": "TF32 tensor cores",
+    "bf16": "BF16 tensor cores",
+    "fp16": "FP16 tensor cores",
+    "fp8": "FP8 tensor cores",
+}
+ENGINE_TEXT = {
+    "fp32-simt": "in fp32 on CUDA cores",
+    "fp32": "in fp32",
+    "tf32": "on TF32 tensor cores",
+    "bf16": "on BF16 tensor cores",
+    "fp16": "on FP16 tensor cores",
+    "fp8": "on FP8 tensor cores",
+}
 
 
 def ticket_headline(f: RunFacts) -> list[tuple[str, str]]:
@@ -127,9 +142,16 @@ def ticket_headline(f: RunFacts) -> list[tuple[str, str]]:
     if not f.collectives:
         items.append(("Comm", f"no collectives in the traces (world size {f.world_size or len(f.ranks)})"))
     elif f.gpu_present and f.overlap.pct is not None:
-        items.append(("Comm", f"{pct(f.overlap.pct)} hidden behind compute · exposed {ms(f.exposed_comm.mean_ms_per_step)} per step"))
+        items.append(
+            (
+                "Comm",
+                f"{pct(f.overlap.pct)} hidden behind compute · exposed {ms(f.exposed_comm.mean_ms_per_step)} per step",
+            )
+        )
     elif f.gpu_present:
-        items.append(("Comm", f"no collective kernel in the GPU window · exposed {ms(f.exposed_comm.mean_ms_per_step)} per step"))
+        items.append(
+            ("Comm", f"no collective kernel in the GPU window · exposed {ms(f.exposed_comm.mean_ms_per_step)} per step")
+        )
     return hang_headline(f) + items + memory_headline(f)
 
 
@@ -138,16 +160,23 @@ def hang_headline(f: RunFacts) -> list[tuple[str, str]]:
     h = f.hang
     if h is None:
         return []
-    dumps = (f"{h.dumps} Flight Recorder dump{'s' if h.dumps != 1 else ''} · {h.backend or 'no collectives'} · "
-             f"version {', '.join(h.versions)}" + (f" · world size {h.world_size}" if h.world_size else ""))
+    dumps = (
+        f"{h.dumps} Flight Recorder dump{'s' if h.dumps != 1 else ''} · {h.backend or 'no collectives'} · "
+        f"version {', '.join(h.versions)}" + (f" · world size {h.world_size}" if h.world_size else "")
+    )
     if h.ranks_without_dump:
         dumps += f" · no dump from {ranks_text(h.ranks_without_dump)}"
     if h.kind == "none":
         return [("Hang", "none found: " + h.summary), ("Dumps", dumps)]
     lines = [("Hang", h.summary)]
     if h.culprits:
-        lines.append(("Culprits", "; ".join(f"rank {c.rank} ({c.kind})" for c in h.culprits[:6])
-                      + (f"; … {len(h.culprits) - 6} more" if len(h.culprits) > 6 else "")))
+        lines.append(
+            (
+                "Culprits",
+                "; ".join(f"rank {c.rank} ({c.kind})" for c in h.culprits[:6])
+                + (f"; … {len(h.culprits) - 6} more" if len(h.culprits) > 6 else ""),
+            )
+        )
     return lines + [("Dumps", dumps)]
 
 
@@ -160,16 +189,35 @@ def hang_table(f: RunFacts) -> Table | None:
     for o in h.ops:
         coll = ""
         if o.op:
-            coll = f"{o.op} " + "+".join(str(list(x)) for x in o.input_sizes) + " " + "/".join(dict.fromkeys(o.input_dtypes))
-        said = ", ".join(x for x in (o.fsdp, f"{o.phase} of step {o.step}" if o.step is not None else o.phase,
-                                     o.call_site) if x)
-        key = (o.status.replace("_", " "), coll.strip(), o.state or "", seconds(o.late_s) if o.late_s is not None else "", said)
+            coll = (
+                f"{o.op} "
+                + "+".join(str(list(x)) for x in o.input_sizes)
+                + " "
+                + "/".join(dict.fromkeys(o.input_dtypes))
+            )
+        said = ", ".join(
+            x for x in (o.fsdp, f"{o.phase} of step {o.step}" if o.step is not None else o.phase, o.call_site) if x
+        )
+        key = (
+            o.status.replace("_", " "),
+            coll.strip(),
+            o.state or "",
+            seconds(o.late_s) if o.late_s is not None else "",
+            said,
+        )
         rows.setdefault(key, []).append(o.rank)
     pg = h.process_group
-    title = f"Hang: what each rank ran at #{h.seq_id} of {pg.desc or pg.name} (ranks {rank_list(pg.ranks)})" if pg else "Hang"
-    return Table(title, ["ranks", "status", "collective", "state", "late", "what its stack says"],
-                 [[rank_list(rs), *k] for k, rs in sorted(rows.items(), key=lambda kv: kv[1][0])],
-                 note="state as recorded (gloo records none: every entry 'scheduled'); step: forward pass, counted from 1")
+    title = (
+        f"Hang: what each rank ran at #{h.seq_id} of {pg.desc or pg.name} (ranks {rank_list(pg.ranks)})"
+        if pg
+        else "Hang"
+    )
+    return Table(
+        title,
+        ["ranks", "status", "collective", "state", "late", "what its stack says"],
+        [[rank_list(rs), *k] for k, rs in sorted(rows.items(), key=lambda kv: kv[1][0])],
+        note="state as recorded (gloo records none: every entry 'scheduled'); step: forward pass, counted from 1",
+    )
 
 
 def memory_headline(f: RunFacts) -> list[tuple[str, str]]:
@@ -188,17 +236,26 @@ def memory_headline(f: RunFacts) -> list[tuple[str, str]]:
         peak += f" · {m.source} {Path(m.path).name}" + (", found beside the traces" if m.discovered else "")
     lines = [("Memory", peak)]
     if m.peak_active_bytes and m.peak_active_bytes != m.peak_allocated_bytes:
-        lines.append(("Active peak", f"{mib(m.peak_active_bytes)} (memory_viz: freed blocks still in use on another stream count)"))
+        lines.append(
+            (
+                "Active peak",
+                f"{mib(m.peak_active_bytes)} (memory_viz: freed blocks still in use on another stream count)",
+            )
+        )
     if m.history_missing:
         lines.append(("", "snapshot has no allocation history: categories from segments only"))
     ac = m.activation_checkpointing
     if ac is not None:
-        blocks = f" on {m.checkpointed_blocks} of {m.forward_blocks} blocks" if ac != "none" and m.forward_blocks else ""
+        blocks = (
+            f" on {m.checkpointed_blocks} of {m.forward_blocks} blocks" if ac != "none" and m.forward_blocks else ""
+        )
         lines.append(("Checkpointing", f"{ac}{blocks} (activation checkpointing, from the allocation stacks)"))
     if m.oom:
         st = m.oom.statement
         where = f" in `{st.function}` ({st.file}:{st.line})" if st else ""
-        lines.append(("OOM", f"the run ran out of memory requesting {mib(m.oom.requested_bytes)}{where} (see the oom finding)"))
+        lines.append(
+            ("OOM", f"the run ran out of memory requesting {mib(m.oom.requested_bytes)}{where} (see the oom finding)")
+        )
     return lines
 
 
@@ -214,8 +271,11 @@ def headline(f: RunFacts) -> list[tuple[str, str]]:
     if fs.version is None:
         fsdp_txt = "not detected (" + fs.version_evidence + ")"
     else:
-        fsdp_txt = (f"FSDP{fs.version}" + (f" {fs.sharding_strategy}" if fs.sharding_strategy else "")
-                    + f", {plural(fs.unit_count, 'unit')}")
+        fsdp_txt = (
+            f"FSDP{fs.version}"
+            + (f" {fs.sharding_strategy}" if fs.sharding_strategy else "")
+            + f", {plural(fs.unit_count, 'unit')}"
+        )
         if fs.backward_prefetch:
             fsdp_txt += f", backward prefetch {fs.backward_prefetch}"
         if fs.forward_prefetch:
@@ -227,17 +287,27 @@ def headline(f: RunFacts) -> list[tuple[str, str]]:
         if fs.mixed_precision is not None and any(c.kind == "all_gather" for c in f.collectives):
             fsdp_txt += ", " + ("low-precision" if fs.mixed_precision else "fp32") + " all-gathers"
     if f.inputs_excluded:  # a partial run: "7 of 8 ranks", whatever the traces say the world size is
-        rank_txt = f"{len(ranks)} of {f.ranks_expected} ranks" + (f" (world size {ws})" if ws and ws != f.ranks_expected else "")
+        rank_txt = f"{len(ranks)} of {f.ranks_expected} ranks" + (
+            f" (world size {ws})" if ws and ws != f.ranks_expected else ""
+        )
     lines = [
         ("Run", rank_txt + (f" · {dev}" if dev else "") + ("" if f.gpu_present else " · no GPU activity")),
         ("Steps", steps_text(f)),
         ("FSDP", fsdp_txt),
     ]
     if f.inputs_excluded:
-        lines.insert(1, ("Left out", "; ".join(
-            (f"rank {e.rank}" if e.rank is not None else "?") + (f" {e.path}" if e.path else "") + f": {e.reason}"
-            for e in f.inputs_excluded
-        )))
+        lines.insert(
+            1,
+            (
+                "Left out",
+                "; ".join(
+                    (f"rank {e.rank}" if e.rank is not None else "?")
+                    + (f" {e.path}" if e.path else "")
+                    + f": {e.reason}"
+                    for e in f.inputs_excluded
+                ),
+            ),
+        )
     shape = shape_text(f)
     if shape:
         lines.append(("Shape", shape))
@@ -268,7 +338,7 @@ def steps_text(f: RunFacts) -> str:
 
 
 def bound_text(f: RunFacts) -> str:
-    """"GPU-bound (GPU busy 71.43 ms of it; CPU span 36.74 ms)" and the like."""
+    """ "GPU-bound (GPU busy 71.43 ms of it; CPU span 36.74 ms)" and the like."""
     t = f.timeline
     figures = f"GPU busy {ms(t.gpu_busy_ms)} of it; CPU span {ms(t.cpu_step_ms)}"
     label = {"gpu": "GPU-bound", "cpu": "CPU-bound", "mixed": "neither side saturated"}.get(t.bound, "")
@@ -281,8 +351,11 @@ def shape_text(f: RunFacts) -> str:
     parts = []
     if fs.microbatches_per_step > 1:
         parts.append(f"{fs.microbatches_per_step} micro-batches per step (gradient accumulation)")
-    mesh = [f"{name} {v}" for name, v in (("shard", p.shard_size), ("replicate", p.replicate_size),
-                                          ("tensor parallel", p.tp_size)) if v]
+    mesh = [
+        f"{name} {v}"
+        for name, v in (("shard", p.shard_size), ("replicate", p.replicate_size), ("tensor parallel", p.tp_size))
+        if v
+    ]
     if p.replicate_size or p.tp_size:
         parts.append("mesh: " + " × ".join(mesh))
     if fs.activation_checkpointing:
@@ -320,7 +393,9 @@ def memory_tables(f: RunFacts) -> list[Table]:
     total = m.peak_allocated_bytes or 1
     rows = []
     exp = f.memory_expected
-    active = m.categories_at_active_peak if m.peak_active_bytes and m.peak_active_bytes != m.peak_allocated_bytes else {}
+    active = (
+        m.categories_at_active_peak if m.peak_active_bytes and m.peak_active_bytes != m.peak_allocated_bytes else {}
+    )
     for k, v in sorted(m.categories.items(), key=lambda kv: -kv[1]):
         if not v and k not in exp and not active.get(k):
             continue
@@ -336,7 +411,11 @@ def memory_tables(f: RunFacts) -> list[Table]:
         headers.insert(2, "at active peak")
     if exp:
         headers.insert(2, "expected (ZeRO)")
-    out = [Table(f"Memory at the peak ({m.source}: {m.path or ''})", headers, rows, note=_instant_note(m))] if rows else []
+    out = (
+        [Table(f"Memory at the peak ({m.source}: {m.path or ''})", headers, rows, note=_instant_note(m))]
+        if rows
+        else []
+    )
     frag = [["peak allocated", mib(m.peak_allocated_bytes)]]
     if m.reserved_at_peak_bytes is not None:
         frag.append(["reserved at peak", mib(m.reserved_at_peak_bytes)])
@@ -350,7 +429,11 @@ def memory_tables(f: RunFacts) -> list[Table]:
         frag.append(["allocated before recording started", mib(m.pre_existing_bytes)])
     out.append(Table("Reserved memory at the peak", ["part", "bytes"], frag))
     if m.top_sites:
-        out.append(Table("Top allocation sites at the peak", ["site", "bytes"], [[site, mib(b)] for site, b in m.top_sites[:8]]))
+        out.append(
+            Table(
+                "Top allocation sites at the peak", ["site", "bytes"], [[site, mib(b)] for site, b in m.top_sites[:8]]
+            )
+        )
     return out
 
 
@@ -366,14 +449,24 @@ def breakdown_table(f: RunFacts) -> Table | None:
         t_rows.append([f"exposed {kind.replace('_', '-')}", ms(v), pct(100 * v / w if w else None)])
     t_rows.append(["exposed memcpy/memset", ms(t.memcpy_ms), pct(100 * t.memcpy_ms / w if w else None)])
     if t.other_steps_ms > 0.0005 * w:
-        t_rows.append(["other steps' GPU work (GPU behind the CPU)", ms(t.other_steps_ms), pct(100 * t.other_steps_ms / w if w else None)])
+        t_rows.append(
+            [
+                "other steps' GPU work (GPU behind the CPU)",
+                ms(t.other_steps_ms),
+                pct(100 * t.other_steps_ms / w if w else None),
+            ]
+        )
     t_rows += [
         ["idle (nothing running)", ms(t.idle_ms), pct(100 * t.idle_ms / w if w else None)],
         ["GPU step window", ms(w), "100%"],
     ]
     note = f"step time {ms(f.steps.mean_ms)} (shares 'of the step' in findings are of it); CPU step span {ms(t.cpu_step_ms)}"
-    return Table("Where a step's GPU window goes (mean per step over ranks; shares of the GPU window)", ["part", "time", "share"],
-                 t_rows, note)
+    return Table(
+        "Where a step's GPU window goes (mean per step over ranks; shares of the GPU window)",
+        ["part", "time", "share"],
+        t_rows,
+        note,
+    )
 
 
 def no_collectives(f: RunFacts) -> str:
@@ -381,7 +474,11 @@ def no_collectives(f: RunFacts) -> str:
     if not f.rank_facts or f.collectives:
         return ""
     ws = f.world_size or len(f.ranks)
-    why = "one GPU: FSDP has nothing to gather or reduce across ranks" if ws == 1 else "the traces record no NCCL/Gloo kernels"
+    why = (
+        "one GPU: FSDP has nothing to gather or reduce across ranks"
+        if ws == 1
+        else "the traces record no NCCL/Gloo kernels"
+    )
     return f"no collectives in the traces (world size {ws}; {why})"
 
 
@@ -414,7 +511,11 @@ def collectives_table(f: RunFacts) -> Table | None:
                 ", ".join(c.dtypes) or "–",
             ]
         )
-    return Table("Collectives (per step, mean over ranks)", ["kind", "count", "bytes", "GPU time", "exposed", "bus bw", "dtype"], rows)
+    return Table(
+        "Collectives (per step, mean over ranks)",
+        ["kind", "count", "bytes", "GPU time", "exposed", "bus bw", "dtype"],
+        rows,
+    )
 
 
 def units_table(f: RunFacts, limit: int = 12) -> Table | None:
@@ -422,8 +523,12 @@ def units_table(f: RunFacts, limit: int = 12) -> Table | None:
     if not units:
         return None
     if no_collectives(f):
-        return Table(f"FSDP units ({f.fsdp.unit_source})", [], [],
-                     f"{len(units)} units, no all-gathers or reduce-scatters to show (no collectives in the traces)")
+        return Table(
+            f"FSDP units ({f.fsdp.unit_source})",
+            [],
+            [],
+            f"{len(units)} units, no all-gathers or reduce-scatters to show (no collectives in the traces)",
+        )
     rows = []
     for u in units[:limit]:
         rows.append(
@@ -451,7 +556,11 @@ def ranks_table(f: RunFacts) -> Table | None:
         return None
     rows = []
     cr = f.cross_rank
-    straggler = cr.ranks[0].rank if cr is not None and cr.ranks and cr.ranks[0].last_arrivals * 2 >= max(cr.collectives_matched, 1) else None
+    straggler = (
+        cr.ranks[0].rank
+        if cr is not None and cr.ranks and cr.ranks[0].last_arrivals * 2 >= max(cr.collectives_matched, 1)
+        else None
+    )
     for r in f.all_ranks():
         steps = [s.step_ms for s in r.steps]
         exp = [s.exposed_comm_ms for s in r.steps]
@@ -476,7 +585,16 @@ def strategy_tables(f: RunFacts) -> list[Table]:
     for c in st.candidates:
         mark = " ← current" if c.name == st.current else ""
         mark += " ← recommended" if c.name == st.recommended and st.trusted and c.name != st.current else ""
-        rows.append([c.name + mark, mib(c.memory_bytes), "yes" if c.fits else "no", ms(c.comm_ms), ms(c.exposed_ms), ms(c.step_ms)])
+        rows.append(
+            [
+                c.name + mark,
+                mib(c.memory_bytes),
+                "yes" if c.fits else "no",
+                ms(c.comm_ms),
+                ms(c.exposed_ms),
+                ms(c.step_ms),
+            ]
+        )
     return [
         Table(
             "Sharding strategy (estimates per GPU and step)",
@@ -501,16 +619,37 @@ def compute_table(f: RunFacts) -> Table | None:
     for e, t in sorted(c.engine_ms_per_step.items(), key=lambda kv: -kv[1]):
         rate = c.engine_tflops.get(e)
         peak = peaks.get(dtype.get(e, e))
-        rows.append([vendor_words(c.peak_label, ENGINE_LABEL.get(e, e)), ms(t), pct(c.dtype_mix.get(e)), f"{rate:.1f}" if rate else "–",
-                     f"{peak:,.0f}" if peak else "–", pct(100 * rate / peak) if rate and peak else "–"])
-    note = (f"{c.model_flops_per_step / 1e9:,.1f} GFLOP per step of matmuls and attention (model; "
-            f"{c.recompute_flops_per_step / 1e9:,.1f} recomputed); by phase: "
-            + ", ".join(f"{k} {v / 1e9:,.1f}" for k, v in c.flops_by_phase.items()))
-    return Table("GEMM and attention kernels by engine (per step)", ["engine", "time", "share", "TFLOP/s", "peak", "of peak"],
-                 rows, note)
+        rows.append(
+            [
+                vendor_words(c.peak_label, ENGINE_LABEL.get(e, e)),
+                ms(t),
+                pct(c.dtype_mix.get(e)),
+                f"{rate:.1f}" if rate else "–",
+                f"{peak:,.0f}" if peak else "–",
+                pct(100 * rate / peak) if rate and peak else "–",
+            ]
+        )
+    note = (
+        f"{c.model_flops_per_step / 1e9:,.1f} GFLOP per step of matmuls and attention (model; "
+        f"{c.recompute_flops_per_step / 1e9:,.1f} recomputed); by phase: "
+        + ", ".join(f"{k} {v / 1e9:,.1f}" for k, v in c.flops_by_phase.items())
+    )
+    return Table(
+        "GEMM and attention kernels by engine (per step)",
+        ["engine", "time", "share", "TFLOP/s", "peak", "of peak"],
+        rows,
+        note,
+    )
 
 
 def all_tables(f: RunFacts) -> list[Table]:
-    tables = [hang_table(f), breakdown_table(f), compute_table(f), phase_table(f), collectives_table(f), units_table(f),
-              ranks_table(f)]
+    tables = [
+        hang_table(f),
+        breakdown_table(f),
+        compute_table(f),
+        phase_table(f),
+        collectives_table(f),
+        units_table(f),
+        ranks_table(f),
+    ]
     return waterfall_tables(f) + [t for t in tables if t] + memory_tables(f) + strategy_tables(f)

@@ -55,15 +55,30 @@ def _finding_full(fd, f, console: Console) -> None:
         body.append(Text(f"fix ({flavour}):", style="bold"))
         # a line too long for the terminal wraps: then line numbers show where each line starts
         wraps = max(map(len, code.rstrip().splitlines() or [""])) > console.width - 4
-        body.append(Padding(Syntax(code.rstrip(), fix_language(code), theme="ansi_dark", background_color="default",
-                                   word_wrap=True, line_numbers=wraps), (0, 0, 0, 2)))
+        body.append(
+            Padding(
+                Syntax(
+                    code.rstrip(),
+                    fix_language(code),
+                    theme="ansi_dark",
+                    background_color="default",
+                    word_wrap=True,
+                    line_numbers=wraps,
+                ),
+                (0, 0, 0, 2),
+            )
+        )
     console.print(Padding(Group(*body), (0, 0, 1, 2)))
 
 
 def _finding_line(fd, f) -> Text:
     saving = saving_text(fd, f)
     return Text.assemble(
-        (f"{fd.severity}[{fd.code}]", SEVERITY_STYLE.get(fd.severity, "")), " ", (fd.slug, "bold"), ": ", fd.summary,
+        (f"{fd.severity}[{fd.code}]", SEVERITY_STYLE.get(fd.severity, "")),
+        " ",
+        (fd.slug, "bold"),
+        ": ",
+        fd.summary,
         (f" ({saving})" if saving else "", "dim"),
     )
 
@@ -128,6 +143,8 @@ def render(report: "Report", console: Console, *, brief: bool = False, details: 
             console.print(Text(f"note: {n}", style="dim"))
     elif tables:
         names = "; ".join(t.title.split(" (")[0] for t in tables)
-        console.print(Text(f"--details adds {len(tables)} table{'s' if len(tables) != 1 else ''}: {names}.", style="dim"))
+        console.print(
+            Text(f"--details adds {len(tables)} table{'s' if len(tables) != 1 else ''}: {names}.", style="dim")
+        )
         if f.notes:
             console.print(Text(f"--details adds {len(f.notes)} note{'s' if len(f.notes) != 1 else ''}.", style="dim"))

@@ -19,9 +19,16 @@ PART_LABEL = {
     "gpu_idle": "GPU idle",
 }
 FAMILY_LABEL = {
-    "elementwise": "elementwise", "norm": "norms", "softmax_loss": "softmax / loss", "casts": "casts",
-    "copies": "copies", "reductions": "reductions", "embedding": "embedding", "optimizer_fused": "optimizer (fused)",
-    "optimizer_foreach": "optimizer (foreach)", "optimizer_per_parameter": "optimizer (per-parameter kernels)",
+    "elementwise": "elementwise",
+    "norm": "norms",
+    "softmax_loss": "softmax / loss",
+    "casts": "casts",
+    "copies": "copies",
+    "reductions": "reductions",
+    "embedding": "embedding",
+    "optimizer_fused": "optimizer (fused)",
+    "optimizer_foreach": "optimizer (foreach)",
+    "optimizer_per_parameter": "optimizer (per-parameter kernels)",
     "other": "other",
 }
 CAUSE_LABEL = {
@@ -42,7 +49,7 @@ def _n(v: float) -> str:
 
 
 def waterfall_line(f: RunFacts) -> str | None:
-    """"55.1 ms = 17.2 at peak (31% MFU) + 21.9 other kernels + 7.3 GPU idle + … ": the step
+    """ "55.1 ms = 17.2 at peak (31% MFU) + 21.9 other kernels + 7.3 GPU idle + … ": the step
     as its parts, at peak first, then the largest; None without a waterfall."""
     e = f.efficiency
     if e is None or not e.step_ms:
@@ -82,45 +89,101 @@ def waterfall_tables(f: RunFacts) -> list[Table]:
     if e is None or not e.step_ms:
         return []
     rows = [[PART_LABEL[k], ms(v), pct(100 * v / e.step_ms), _contributors(e, k)] for k, v in e.parts_ms.items()]
-    note = ("each GPU instant counted once, in this order; at-peak parts are the model FLOPs at the dense BF16 peak "
-            "(attention: the causal triangle the kernel computes), so their share of the step is the MFU")
+    note = (
+        "each GPU instant counted once, in this order; at-peak parts are the model FLOPs at the dense BF16 peak "
+        "(attention: the causal triangle the kernel computes), so their share of the step is the MFU"
+    )
     if abs(e.busy_scale - 1.0) >= 0.005:
-        note += (f"; the step's own GPU work is {pct(100 * abs(e.busy_scale - 1))} "
-                 f"{'less' if e.busy_scale > 1 else 'more'} than the GPU's busy time in its interval (the GPU runs "
-                 "behind or starts with a backlog): the parts after the at-peak ones are scaled to fit")
-    out = [Table("Where the step goes (per step)", ["part", "time", "of step", "largest contributors"], rows,
-                 "; ".join([note, *e.notes]))]
+        note += (
+            f"; the step's own GPU work is {pct(100 * abs(e.busy_scale - 1))} "
+            f"{'less' if e.busy_scale > 1 else 'more'} than the GPU's busy time in its interval (the GPU runs "
+            "behind or starts with a backlog): the parts after the at-peak ones are scaled to fit"
+        )
+    out = [
+        Table(
+            "Where the step goes (per step)",
+            ["part", "time", "of step", "largest contributors"],
+            rows,
+            "; ".join([note, *e.notes]),
+        )
+    ]
     if e.other_kernels_ms:
         fam = sorted(e.other_kernels_ms.items(), key=lambda kv: -kv[1])
         tot = e.parts_ms["other_kernels"] or 1.0
-        note = (f"the optimizer runs {e.optimizer} kernels ({e.optimizer_kernels_per_step:,.0f} per step)"
-                if e.optimizer else "")
-        out.append(Table("Other kernels by family (per step)", ["family", "time", "share"],
-                         [[FAMILY_LABEL.get(k, k), ms(v), pct(100 * v / tot)] for k, v in fam if v >= 0.005], note))
+        note = (
+            f"the optimizer runs {e.optimizer} kernels ({e.optimizer_kernels_per_step:,.0f} per step)"
+            if e.optimizer
+            else ""
+        )
+        out.append(
+            Table(
+                "Other kernels by family (per step)",
+                ["family", "time", "share"],
+                [[FAMILY_LABEL.get(k, k), ms(v), pct(100 * v / tot)] for k, v in fam if v >= 0.005],
+                note,
+            )
+        )
     if e.idle_ms:
         tot = e.parts_ms["gpu_idle"] or 1.0
-        rows = [[CAUSE_LABEL.get(k, k), ms(v), pct(100 * v / tot)] for k, v in sorted(e.idle_ms.items(), key=lambda kv: -kv[1])]
-        rows += [[f"  {s.site}", ms(s.gpu_idle_ms_per_step), pct(100 * s.gpu_idle_ms_per_step / tot)]
-                 for s in e.syncs if s.gpu_idle_ms_per_step >= 0.005]
-        out.append(Table("GPU idle: what the CPU was doing (per step)", ["cause", "time", "share"], rows,
-                         f"{e.launch_bound_kernels_per_step:,.0f} of the {e.kernels_per_step:,.0f} GPU activities a step "
-                         "launches run shorter than their own launch call"))
+        rows = [
+            [CAUSE_LABEL.get(k, k), ms(v), pct(100 * v / tot)]
+            for k, v in sorted(e.idle_ms.items(), key=lambda kv: -kv[1])
+        ]
+        rows += [
+            [f"  {s.site}", ms(s.gpu_idle_ms_per_step), pct(100 * s.gpu_idle_ms_per_step / tot)]
+            for s in e.syncs
+            if s.gpu_idle_ms_per_step >= 0.005
+        ]
+        out.append(
+            Table(
+                "GPU idle: what the CPU was doing (per step)",
+                ["cause", "time", "share"],
+                rows,
+                f"{e.launch_bound_kernels_per_step:,.0f} of the {e.kernels_per_step:,.0f} GPU activities a step "
+                "launches run shorter than their own launch call",
+            )
+        )
     hooks = [h for h in e.hooks if h.cpu_ms_per_step >= 0.005][:12]
     if hooks:
-        out.append(Table("FSDP hooks: CPU time and the GPU's wait (per step)",
-                         ["unit", "hook", "calls", "CPU per call", "CPU", "GPU waits"],
-                         [[h.unit or "(root)", h.hook, f"{h.calls_per_step:g}",
-                           ms(h.cpu_ms_per_step / h.calls_per_step) if h.calls_per_step else "–",
-                           ms(h.cpu_ms_per_step), ms(h.gpu_wait_ms_per_step)] for h in hooks],
-                         "CPU: the outermost hook ranges, blocking calls inside them left out; GPU waits: the GPU idle "
-                         "while the thread that launched its next work was inside the hook"))
+        out.append(
+            Table(
+                "FSDP hooks: CPU time and the GPU's wait (per step)",
+                ["unit", "hook", "calls", "CPU per call", "CPU", "GPU waits"],
+                [
+                    [
+                        h.unit or "(root)",
+                        h.hook,
+                        f"{h.calls_per_step:g}",
+                        ms(h.cpu_ms_per_step / h.calls_per_step) if h.calls_per_step else "–",
+                        ms(h.cpu_ms_per_step),
+                        ms(h.gpu_wait_ms_per_step),
+                    ]
+                    for h in hooks
+                ],
+                "CPU: the outermost hook ranges, blocking calls inside them left out; GPU waits: the GPU idle "
+                "while the thread that launched its next work was inside the hook",
+            )
+        )
     if e.gemm_shapes and e.peak_tflops:
         why = any(g.flags for g in e.gemm_shapes)
-        out.append(Table("Matmul shapes furthest below peak (per step)",
-                         ["matmul", "dtype", "calls", "time", "TFLOP/s", "of peak", "below peak"] + (["why"] if why else []),
-                         [[f"{g.op.removeprefix('aten::')} {g.shape}", g.dtype or "?", f"{g.calls_per_step:g}", ms(g.ms_per_step),
-                           f"{g.tflops:,.0f}" if g.tflops else "–",
-                           pct(100 * g.tflops / e.peak_tflops) if g.tflops else "–", ms(g.below_peak_ms)]
-                          + (["; ".join(g.flags)] if why else []) for g in e.gemm_shapes],
-                         "shape: M×K · K×N of the product (batched: B× both)"))
+        out.append(
+            Table(
+                "Matmul shapes furthest below peak (per step)",
+                ["matmul", "dtype", "calls", "time", "TFLOP/s", "of peak", "below peak"] + (["why"] if why else []),
+                [
+                    [
+                        f"{g.op.removeprefix('aten::')} {g.shape}",
+                        g.dtype or "?",
+                        f"{g.calls_per_step:g}",
+                        ms(g.ms_per_step),
+                        f"{g.tflops:,.0f}" if g.tflops else "–",
+                        pct(100 * g.tflops / e.peak_tflops) if g.tflops else "–",
+                        ms(g.below_peak_ms),
+                    ]
+                    + (["; ".join(g.flags)] if why else [])
+                    for g in e.gemm_shapes
+                ],
+                "shape: M×K · K×N of the product (batched: B× both)",
+            )
+        )
     return out

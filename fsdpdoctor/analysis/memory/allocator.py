@@ -44,6 +44,7 @@ def round_size(size: int, divisions: dict | None = None) -> int:
             return size if rounded_floor == size else rounded_floor + step
     return MIN_BLOCK * ((size + MIN_BLOCK - 1) // MIN_BLOCK)
 
+
 # =========================================================================== trace replay
 
 NEVER = np.iinfo(np.int64).max // 4  # free index of blocks alive at the end
@@ -322,4 +323,3 @@ def state_series(r: Replay) -> tuple[np.ndarray, np.ndarray, int, int]:
     seed_alloc = int(r.size[(r.alloc_idx < 0) & (r.free_req >= 0)].sum())
     seed_pend = int(r.size[(r.alloc_idx < 0) & (r.free_req < 0)].sum())
     return seed_alloc + np.cumsum(d_alloc[:n]), seed_pend + np.cumsum(d_pend[:n]), seed_alloc, seed_pend
-

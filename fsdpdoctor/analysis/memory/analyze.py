@@ -43,7 +43,6 @@ def _top_sites(mask: np.ndarray, r: Replay, labels: Labels) -> list[tuple[str, i
     return [(s, int(v)) for s, v in c.most_common(TOP_SITES)]
 
 
-
 def _segment_totals(segs: list[dict]) -> dict[str, int]:
     t = Counter()
     for s in segs:
@@ -174,9 +173,15 @@ def _oom(r: Replay, trace, labels: Labels, alloc, pend, ooms: list[dict], device
     cached = reserved - allocated - pending
     largest = last["largest_cached_free_block_bytes"]
     if largest is not None and cached >= requested > largest:
-        cause, why = "fragmentation", "fragmentation: enough cached free memory in total, but no contiguous block large enough"
+        cause, why = (
+            "fragmentation",
+            "fragmentation: enough cached free memory in total, but no contiguous block large enough",
+        )
     elif cached + (free_dev or 0) >= requested:
-        cause, why = "cache", "cached free memory plus free device memory would cover the request, but neither alone does"
+        cause, why = (
+            "cache",
+            "cached free memory plus free device memory would cover the request, but neither alone does",
+        )
     else:
         cause, why = "allocated", "the device is full: allocated tensors (see categories) leave too little free memory"
     return OomFacts(

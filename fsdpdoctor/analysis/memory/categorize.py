@@ -353,9 +353,7 @@ def _shards_of(unsharded, d: int) -> set[int]:
     return {u * f // d for u in unsharded for f in (1, 2) if (u * f) % d == 0}
 
 
-def _params_per_shard_size(
-    r: Replay, cats: list[str], phase: np.ndarray, divisor: int, pre_sizes: Counter
-) -> Counter:
+def _params_per_shard_size(r: Replay, cats: list[str], phase: np.ndarray, divisor: int, pre_sizes: Counter) -> Counter:
     """How many parameters have each sharded size: FSDP all-gathers every parameter (FSDP1: every
     flat parameter) once in a forward pass, so count the unsharded allocations of the first
     complete forward pass."""
@@ -440,4 +438,3 @@ def _attribute_pre_existing(
     for b in np.flatnonzero(pre):
         out[cats[b]] += int(r.size[b])
     return {c: out[c] for c in CATEGORIES if out[c]}
-

@@ -26,4 +26,3 @@ def downsample(x: np.ndarray, alloc: np.ndarray, reserved: np.ndarray | None, x_
         allocated=[int(v) for v in alloc[idx]],
         reserved=[int(v) for v in reserved[idx]] if reserved is not None else [None] * len(idx),
     )
-

@@ -126,7 +126,13 @@ _NATIVE_SUFFIXES = (".c", ".cc", ".cpp", ".cxx", ".h", ".hh", ".hpp", ".hxx", ".
 _CPP_OP = re.compile(r"\bat::_ops::(\w+)::(?:call|redispatch)\b")
 #: ops that only hand out memory for another op: the op above them names the allocation
 _ALLOCATION_OPS = {
-    "empty", "empty_strided", "empty_like", "new_empty", "new_empty_strided", "resize_", "empty_memory_format"
+    "empty",
+    "empty_strided",
+    "empty_like",
+    "new_empty",
+    "new_empty_strided",
+    "resize_",
+    "empty_memory_format",
 }
 #: torch/utils/checkpoint.py and checkpoint_wrapper.py frames a checkpointed forward runs under
 _CHECKPOINT_FORWARD = {"checkpoint", "forward", "_checkpoint_without_reentrant_generator", "checkpoint_sequential"}
@@ -175,7 +181,9 @@ def is_native(path: str, name: str, line: int) -> bool:
     """A C / C++ / CPython frame (not Python): no line, no file (``??``), a C source or header
     (``Objects/methodobject.c``, ``/build/Python-3.12.3/Python/ceval.c``, ``cpython/abstract.h``,
     ``torch/csrc/...cpp``), or a C++ symbol (``c10::``, ``at::``, ``torch::``)."""
-    return line <= 0 or path in ("??", "") or path.endswith(_NATIVE_SUFFIXES) or "/build/Python-" in path or "::" in name
+    return (
+        line <= 0 or path in ("??", "") or path.endswith(_NATIVE_SUFFIXES) or "/build/Python-" in path or "::" in name
+    )
 
 
 def short_path(path: str) -> str:
@@ -320,4 +328,3 @@ class StackCache:
         if st is None:
             st = self.seen[key] = summarize(key)
         return st
-

@@ -142,12 +142,36 @@ def _append_ops(g: Graph, src: list[int]) -> tuple[Graph, list[int]]:
     n = g.start.size
     idx = np.array(src, dtype=np.int64)
     cat = lambda a: np.concatenate([a, a[idx]])  # noqa: E731
-    g2 = Graph(cat(g.start), cat(g.end), cat(g.stream), cat(g.launch), cat(g.key), cat(g.backlog), cat(g.comm), cat(g.coll),
-               cat(g.pg), cat(g.is_compute), cat(g.step), cat(g.g_launch), cat(g.g_stream), cat(g.g_comm),
-               dict(g.deps), g.syncs, g.steps, g.colls, g.names + [g.names[i] for i in src], cat(g.phase),
-               g.ranges, g.device_syncs, g.n_wait_edges, g.n_inferred, cat(g.g_wait),
-               cat(g.name_code) if g.name_code is not None else None, g.code_names,
-               cat(g.rows) if g.rows is not None else None)
+    g2 = Graph(
+        cat(g.start),
+        cat(g.end),
+        cat(g.stream),
+        cat(g.launch),
+        cat(g.key),
+        cat(g.backlog),
+        cat(g.comm),
+        cat(g.coll),
+        cat(g.pg),
+        cat(g.is_compute),
+        cat(g.step),
+        cat(g.g_launch),
+        cat(g.g_stream),
+        cat(g.g_comm),
+        dict(g.deps),
+        g.syncs,
+        g.steps,
+        g.colls,
+        g.names + [g.names[i] for i in src],
+        cat(g.phase),
+        g.ranges,
+        g.device_syncs,
+        g.n_wait_edges,
+        g.n_inferred,
+        cat(g.g_wait),
+        cat(g.name_code) if g.name_code is not None else None,
+        g.code_names,
+        cat(g.rows) if g.rows is not None else None,
+    )
     return g2, list(range(n, n + idx.size))
 
 
@@ -190,16 +214,24 @@ def fix_wrap(g: Graph, find_blocks: Callable[[], RepeatedBlocks | None] | None =
     share = _block_share(g, ci, unit, blocks)
     fx = Fix("wrap")
     if share is not None:
-        fx.note = (f"the unit split as per-block wrapping would: {blocks.count} repeated blocks found from GEMM shapes, "
-                   f"{100 * share:.1f}% of its elements each, the root keeping {100 * (1 - blocks.count * share):.1f}%")
+        fx.note = (
+            f"the unit split as per-block wrapping would: {blocks.count} repeated blocks found from GEMM shapes, "
+            f"{100 * share:.1f}% of its elements each, the root keeping {100 * (1 - blocks.count * share):.1f}%"
+        )
     else:
         fx.note = f"the unit split into {WRAP_SPLIT} equal units (no repeated blocks found from GEMM shapes: record_shapes=True tells them)"
     new_src, plan = [], []
     dur = g.end - g.start
     for st in range(len(g.steps)):
         for kind, phase in (("all_gather", "forward"), ("reduce_scatter", "backward")):
-            ops = [int(i) for i in ci if g.step[i] == st and g.colls[int(g.coll[i])].kind == kind
-                   and g.colls[int(g.coll[i])].phase == phase and g.colls[int(g.coll[i])].unit == unit]
+            ops = [
+                int(i)
+                for i in ci
+                if g.step[i] == st
+                and g.colls[int(g.coll[i])].kind == kind
+                and g.colls[int(g.coll[i])].phase == phase
+                and g.colls[int(g.coll[i])].unit == unit
+            ]
             comp = np.flatnonzero(g.is_compute & (g.step == st) & (g.phase == phase))
             if not ops:
                 continue
@@ -257,16 +289,22 @@ def _block_share(g: Graph, ci: list, unit, blocks: RepeatedBlocks | None) -> flo
     if blocks is None or not blocks.forward_starts:
         return None
     st = min(blocks.forward_starts)
-    numel = sum(g.colls[int(g.coll[i])].out_nelems or 0 for i in ci
-                if g.step[i] == st and g.colls[int(g.coll[i])].kind == "all_gather"
-                and g.colls[int(g.coll[i])].phase == "forward" and g.colls[int(g.coll[i])].unit == unit)
+    numel = sum(
+        g.colls[int(g.coll[i])].out_nelems or 0
+        for i in ci
+        if g.step[i] == st
+        and g.colls[int(g.coll[i])].kind == "all_gather"
+        and g.colls[int(g.coll[i])].phase == "forward"
+        and g.colls[int(g.coll[i])].unit == unit
+    )
     if not numel or blocks.count * blocks.block_numel > numel:
         return None
     return blocks.block_numel / numel
 
 
-def _block_pieces(g: Graph, comp: np.ndarray, kind: str, st: int, blocks: RepeatedBlocks,
-                  share: float) -> tuple[float, list[tuple[float, int]]] | None:
+def _block_pieces(
+    g: Graph, comp: np.ndarray, kind: str, st: int, blocks: RepeatedBlocks, share: float
+) -> tuple[float, list[tuple[float, int]]] | None:
     """(the original's share, [(share, anchor op)] of the other pieces) for step ``st``: forward,
     one piece per block gating the first compute launched at its first GEMM; backward, one per
     block but the first issued after the last compute launched before the next block's backward
@@ -332,8 +370,15 @@ def fix_hooks_off(g: Graph) -> Fix | None:
     # every hook's points: its ends, the launches inside it and the ends of its blocking calls; a
     # piece between two points of one hook is cut unless a blocking call holds it
     pts = np.concatenate((a, b, keys[inside], blocked[0], blocked[1]))
-    owner = np.concatenate((np.arange(a.size), np.arange(a.size), k[inside],
-                            np.searchsorted(a, blocked[0], side="right") - 1, np.searchsorted(a, blocked[1], side="left") - 1))
+    owner = np.concatenate(
+        (
+            np.arange(a.size),
+            np.arange(a.size),
+            k[inside],
+            np.searchsorted(a, blocked[0], side="right") - 1,
+            np.searchsorted(a, blocked[1], side="left") - 1,
+        )
+    )
     srt = np.lexsort((pts, owner))
     pts, owner = pts[srt], owner[srt]
     same = owner[1:] == owner[:-1]
@@ -396,8 +441,11 @@ def latency_share(colls: list[Collective]) -> float | None:
     """Share of the median all-gather's / reduce-scatter's duration that is fixed cost, from a
     least-squares fit duration = a + bytes / bandwidth over this rank's collectives of those
     kinds (None when sizes do not vary enough to separate the two)."""
-    pts = [(c.bytes, c.gpu_dur_us) for c in colls if c.kind in ("all_gather", "reduce_scatter") and c.step >= 0
-           and c.bytes and c.gpu_dur_us and c.gpu_dur_us > 0]
+    pts = [
+        (c.bytes, c.gpu_dur_us)
+        for c in colls
+        if c.kind in ("all_gather", "reduce_scatter") and c.step >= 0 and c.bytes and c.gpu_dur_us and c.gpu_dur_us > 0
+    ]
     if len(pts) < 4:
         return None
     x, y = np.array(pts, dtype=float).T
@@ -494,7 +542,11 @@ def fix_fused_optimizer(g: Graph) -> Fix | None:
         m = np.flatnonzero((g.key >= a) & (g.key < b) & g.is_compute & ~g.backlog)
         if m.size < 2 or b <= a:
             continue
-        codes = g.name_code[m] if g.name_code is not None else np.unique(np.array([g.names[i] for i in m]), return_inverse=True)[1]
+        codes = (
+            g.name_code[m]
+            if g.name_code is not None
+            else np.unique(np.array([g.names[i] for i in m]), return_inverse=True)[1]
+        )
         counts = np.unique(codes, return_counts=True)[1]
         units = int(counts.min())
         keep = (b - a) * min(units / m.size, 1.0)
@@ -506,8 +558,10 @@ def fix_fused_optimizer(g: Graph) -> Fix | None:
     if not notes:
         return None
     k, u, cpu, keep = (sum(x[i] for x in notes) / len(notes) for i in range(4))
-    fx.note = (f"{k:.0f} optimizer kernels a step ({u:.0f} of its rarest), {cpu / 1e3:.2f} ms of CPU: fused, the step keeps "
-               f"{keep / 1e3:.2f} ms of CPU and {100 * FUSED_TRAFFIC:.0f}% of the kernels' time above {KERNEL_FLOOR_US:g} µs each")
+    fx.note = (
+        f"{k:.0f} optimizer kernels a step ({u:.0f} of its rarest), {cpu / 1e3:.2f} ms of CPU: fused, the step keeps "
+        f"{keep / 1e3:.2f} ms of CPU and {100 * FUSED_TRAFFIC:.0f}% of the kernels' time above {KERNEL_FLOOR_US:g} µs each"
+    )
     return fx
 
 

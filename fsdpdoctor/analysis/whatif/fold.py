@@ -28,8 +28,12 @@ class WhatIfFold:
     def add(self, rank: int, w: WhatIfFacts | None, compute_ms_total: float) -> None:
         if w is None:
             return
-        row: dict = {"measured": w.measured_step_ms, "replayed": w.replayed_step_ms, "error": w.error_pct,
-                     "unexplained_wait_ms": w.unexplained_wait_ms}
+        row: dict = {
+            "measured": w.measured_step_ms,
+            "replayed": w.replayed_step_ms,
+            "error": w.error_pct,
+            "unexplained_wait_ms": w.unexplained_wait_ms,
+        }
         for attr in _WHATIF_SUMS:
             row[attr] = float(getattr(w, attr))
         if w.latency_share is not None:
@@ -97,8 +101,10 @@ class WhatIfFold:
         worst = max(v for v in self.cols.filled("replayed", float("-inf"), among="compute_ms"))
         out.saving_ms["straggler"] = max(worst - fixed, 0.0)
         out.step_ms["straggler"] = fixed
-        out.evidence["straggler"] = (f"rank {slow_rank}'s compute at the median rank's ({100 * f:.0f}% of its own) "
-                                     f"replays to {fixed:.1f} ms per step")
+        out.evidence["straggler"] = (
+            f"rank {slow_rank}'s compute at the median rank's ({100 * f:.0f}% of its own) "
+            f"replays to {fixed:.1f} ms per step"
+        )
 
 
 def fold_whatif(ranks: list) -> WhatIfFacts | None:

@@ -19,8 +19,17 @@ MIN_SYNC_US = 2.0  # shortest blocking call
 WAIT_NAMES = ("cudaStreamWaitEvent", "hipStreamWaitEvent")
 # kernel launches: one that takes this long waited for room in the launch queue (the GPU runs
 # behind and the queue is full) and is replayed as a blocking call on the GPU work that freed it
-LAUNCH_NAMES = ("cudaLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernel", "cuLaunchKernelEx", "cudaGraphLaunch",
-                "hipLaunchKernel", "hipExtModuleLaunchKernel", "hipModuleLaunchKernel", "hipGraphLaunch")
+LAUNCH_NAMES = (
+    "cudaLaunchKernel",
+    "cudaLaunchKernelExC",
+    "cuLaunchKernel",
+    "cuLaunchKernelEx",
+    "cudaGraphLaunch",
+    "hipLaunchKernel",
+    "hipExtModuleLaunchKernel",
+    "hipModuleLaunchKernel",
+    "hipGraphLaunch",
+)
 LAUNCH_BLOCKED_US = 50.0
 RATE_LIMITER = "FullyShardedDataParallel.rate_limiter"
 
@@ -72,7 +81,9 @@ class Fix:
     cpu_cuts: list[tuple[float, float]] = field(default_factory=list)  # measured CPU time removed
     free_syncs: set[int] = field(default_factory=set)  # blocking calls that no longer block (rows)
     cpu_adds: list[tuple[float, float]] = field(default_factory=list)  # (CPU key, µs) inserted there
-    drop_inferred: set[int] = field(default_factory=set)  # ops whose inferred cross-stream edge goes (it was the fix's cause)
+    drop_inferred: set[int] = field(
+        default_factory=set
+    )  # ops whose inferred cross-stream edge goes (it was the fix's cause)
     note: str = ""  # how the transformation was built, for the finding's evidence
 
 
@@ -137,15 +148,46 @@ def build_graph(rt: RankTrace, steps: list[StepWindow], colls: list[Collective])
     phase = np.array(PHASES, dtype=object)[ph]
     cpu = rt.mask_cat("cpu_op", "user_annotation")
     ranges = {}
-    for label, pred in (("optimizer", lambda n: n.startswith("Optimizer.step#")), ("rate_limiter", lambda n: n == RATE_LIMITER),
-                        ("hooks", _is_hook)):
+    for label, pred in (
+        ("optimizer", lambda n: n.startswith("Optimizer.step#")),
+        ("rate_limiter", lambda n: n == RATE_LIMITER),
+        ("hooks", _is_hook),
+    ):
         r = np.flatnonzero(cpu & rt.mask_names(pred))
         ranges[label] = [(float(rt.ts[i]), float(rt.ts[i] + rt.dur[i])) for i in r]
     ranges["hooks"] = _outermost(ranges["hooks"])
-    return Graph(start, end, stream, launch, key, backlog, comm, coll, pg, is_compute, step, g_launch, g_stream, g_comm,
-                 deps, syncs, steps, colls, names, phase, ranges,
-                 {row for *_, row in syncs if rt.row_name(row).endswith("DeviceSynchronize")}, n_wait, n_inferred, g_wait,
-                 rt.name[rows].astype(np.int64), rt.names, rows, inferred, nbytes)
+    return Graph(
+        start,
+        end,
+        stream,
+        launch,
+        key,
+        backlog,
+        comm,
+        coll,
+        pg,
+        is_compute,
+        step,
+        g_launch,
+        g_stream,
+        g_comm,
+        deps,
+        syncs,
+        steps,
+        colls,
+        names,
+        phase,
+        ranges,
+        {row for *_, row in syncs if rt.row_name(row).endswith("DeviceSynchronize")},
+        n_wait,
+        n_inferred,
+        g_wait,
+        rt.name[rows].astype(np.int64),
+        rt.names,
+        rows,
+        inferred,
+        nbytes,
+    )
 
 
 def replay_order(key: np.ndarray, backlog: np.ndarray) -> np.ndarray:
@@ -183,7 +225,9 @@ UNEXPLAINED_US = 50.0  # an op that starts this much later than the trace explai
 INFER_TOL_US = 10.0  # ... and started within this of the end of work on another stream: it waited for that
 
 
-def _unexplained_waits(start, end, key, stream, backlog, g_launch, prev_s, g_stream, prev_p, g_comm, deps) -> np.ndarray:
+def _unexplained_waits(
+    start, end, key, stream, backlog, g_launch, prev_s, g_stream, prev_p, g_comm, deps
+) -> np.ndarray:
     """Per op, how much later it started than its launch, its stream, its communicator and its
     cross-stream waits allow (with their capped gaps), where that is ≥ UNEXPLAINED_US; an op that
     started within INFER_TOL_US of the end of earlier-launched work on another stream gets an
@@ -259,7 +303,9 @@ def _wait_edges(rt, steps, start, end, stream, key, has, lr):
         jj = np.searchsorted(key[ops], t[m], side="right")
         inside = jj < ops.size
         cand = ops[np.minimum(jj, ops.size - 1)]
-        same_step = np.searchsorted(st_starts, key[cand], side="right") == np.searchsorted(st_starts, t[m], side="right")
+        same_step = np.searchsorted(st_starts, key[cand], side="right") == np.searchsorted(
+            st_starts, t[m], side="right"
+        )
         y[m] = np.where(inside & same_step, cand, y[m])
     # the awaited op: the latest-ending op of another stream launched last before the wait
     best = np.full(y.size, -1, dtype=np.int64)
@@ -281,8 +327,13 @@ def _wait_edges(rt, steps, start, end, stream, key, has, lr):
 def _sync_calls(rt, start, end, key, rows, lr, has):
     """Blocking CPU calls: (ts, end, awaited op, gap, row); awaited -1 when it did not block."""
     runtime = rt.mask_cat("cuda_runtime", "cuda_driver")
-    calls = np.flatnonzero(runtime & (rt.mask_names(lambda n: n in SYNC_NAMES)
-                                      | (rt.mask_names(lambda n: n in LAUNCH_NAMES) & (rt.dur > LAUNCH_BLOCKED_US))))
+    calls = np.flatnonzero(
+        runtime
+        & (
+            rt.mask_names(lambda n: n in SYNC_NAMES)
+            | (rt.mask_names(lambda n: n in LAUNCH_NAMES) & (rt.dur > LAUNCH_BLOCKED_US))
+        )
+    )
     if calls.size == 0:
         return []
     ts = rt.ts[calls].astype(np.float64)

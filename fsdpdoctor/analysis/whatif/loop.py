@@ -49,7 +49,9 @@ def _step_clocks(g: Graph, marks: np.ndarray, E: np.ndarray) -> np.ndarray:
     return np.vstack((cpu, comp if comp.size else cpu))
 
 
-def replay(g: Graph, fix: Fix | None = None, replays: int = 1, blind: bool = False) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+def replay(
+    g: Graph, fix: Fix | None = None, replays: int = 1, blind: bool = False
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Replayed (start, end) of every op, the step times (ms) of ``g.steps`` and both step clocks
     they come from (rows: CPU intervals, completion intervals; see :func:`_step_clocks`).
 
@@ -85,10 +87,17 @@ def replay(g: Graph, fix: Fix | None = None, replays: int = 1, blind: bool = Fal
     cuts = np.array(fix.cpu_cuts + [(t + d, t) for t, d in fix.cpu_adds], dtype=np.float64).reshape(-1, 2)
     # the CPU-side event list: ops, blocking calls, step boundaries, cuts; one order: the backlog
     # first (launched before the window), then everything by CPU time
-    kinds_a = np.concatenate((np.zeros(n, np.int8), np.ones(sy["ts"].size, np.int8), np.full(2 * ns, 2, np.int8),
-                              np.full(cuts.shape[0], 3, np.int8)))
-    keys_a = np.concatenate((key, sy["ts"], np.array([x for st in g.steps for x in (st.start, st.end)], dtype=np.float64),
-                             cuts[:, 1]))
+    kinds_a = np.concatenate(
+        (
+            np.zeros(n, np.int8),
+            np.ones(sy["ts"].size, np.int8),
+            np.full(2 * ns, 2, np.int8),
+            np.full(cuts.shape[0], 3, np.int8),
+        )
+    )
+    keys_a = np.concatenate(
+        (key, sy["ts"], np.array([x for st in g.steps for x in (st.start, st.end)], dtype=np.float64), cuts[:, 1])
+    )
     idx_a = np.concatenate((np.arange(n), np.arange(sy["ts"].size), np.arange(2 * ns), np.arange(cuts.shape[0])))
     first = np.zeros(kinds_a.size, dtype=bool)
     first[:n] = g.backlog
@@ -100,13 +109,43 @@ def replay(g: Graph, fix: Fix | None = None, replays: int = 1, blind: bool = Fal
     if moved:  # a moved op's unseen wait is not carried along
         g_wait[np.array(moved, dtype=np.int64)] = 0.0
     dep_ptr, dep_op, dep_gap = _deps_csr(g, fix.drop_deps, blind, fix.drop_inferred)
-    free = np.isin(sy["row"], np.fromiter(fix.free_syncs, dtype=np.int64, count=len(fix.free_syncs))) \
-        if fix.free_syncs else np.zeros(sy["row"].size, dtype=bool)
+    free = (
+        np.isin(sy["row"], np.fromiter(fix.free_syncs, dtype=np.int64, count=len(fix.free_syncs)))
+        if fix.free_syncs
+        else np.zeros(sy["row"].size, dtype=bool)
+    )
     _, stream_ix = np.unique(g.stream, return_inverse=True)
-    args = (kinds_a[order], idx_a[order], keys_a[order], g.start, key, dur, g.backlog, g.g_launch, g.g_stream, g.g_comm, g_wait,
-            stream_ix.astype(np.int64), int(stream_ix.max()) + 1 if n else 1, g.pg, int(g.pg.max()) + 1 if n else 0,
-            dep_ptr, dep_op, dep_gap, sy["ts"], sy["te"], sy["a"], sy["res"], free, sy["device"], g.end,
-            cuts[:, 1] - cuts[:, 0], 2 * ns, MIN_SYNC_US, CAP_SYNC_US)
+    args = (
+        kinds_a[order],
+        idx_a[order],
+        keys_a[order],
+        g.start,
+        key,
+        dur,
+        g.backlog,
+        g.g_launch,
+        g.g_stream,
+        g.g_comm,
+        g_wait,
+        stream_ix.astype(np.int64),
+        int(stream_ix.max()) + 1 if n else 1,
+        g.pg,
+        int(g.pg.max()) + 1 if n else 0,
+        dep_ptr,
+        dep_op,
+        dep_gap,
+        sy["ts"],
+        sy["te"],
+        sy["a"],
+        sy["res"],
+        free,
+        sy["device"],
+        g.end,
+        cuts[:, 1] - cuts[:, 0],
+        2 * ns,
+        MIN_SYNC_US,
+        CAP_SYNC_US,
+    )
     if _use_compiled(kinds_a.size, replays):
         S, E, marks = _compiled_loop()(*args)
     else:  # little work so far: the same loop in Python over lists costs less than loading numba
@@ -157,14 +196,21 @@ def _sync_arrays(g: Graph) -> dict[str, np.ndarray]:
         return cached
     sy = np.array([(ts, te, a, res, row) for ts, te, a, res, row in g.syncs], dtype=np.float64).reshape(-1, 5)
     rows = sy[:, 4].astype(np.int64)
-    out = {"ts": sy[:, 0].copy(), "te": sy[:, 1].copy(), "a": sy[:, 2].astype(np.int64), "res": sy[:, 3].copy(), "row": rows,
-           "device": np.isin(rows, np.fromiter(g.device_syncs, dtype=np.int64, count=len(g.device_syncs)))}
+    out = {
+        "ts": sy[:, 0].copy(),
+        "te": sy[:, 1].copy(),
+        "a": sy[:, 2].astype(np.int64),
+        "res": sy[:, 3].copy(),
+        "row": rows,
+        "device": np.isin(rows, np.fromiter(g.device_syncs, dtype=np.int64, count=len(g.device_syncs))),
+    }
     g._sync_cache = out  # type: ignore[attr-defined]
     return out
 
 
-def _deps_csr(g: Graph, drop: set[int], blind: bool = False,
-              drop_inferred: set[int] | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _deps_csr(
+    g: Graph, drop: set[int], blind: bool = False, drop_inferred: set[int] | None = None
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """The cross-stream edges as CSR arrays (ptr per op, awaited op, gap), without ``drop``'s
     (and, ``blind``, without the inferred ones; else without those of ``drop_inferred``)."""
     n = g.start.size
@@ -186,9 +232,37 @@ def _deps_csr(g: Graph, drop: set[int], blind: bool = False,
     return ptr, op[srt], gap[srt]
 
 
-def _replay_loop(ev_kind, ev_idx, ev_key, start, key, dur, backlog, g_launch, g_stream, g_comm, g_wait,
-                 stream, n_streams, pg, n_pgs, dep_ptr, dep_op, dep_gap,
-                 sy_ts, sy_te, sy_a, sy_res, sy_free, sy_device, meas_end, cut_len, n_marks, min_sync, cap_sync):
+def _replay_loop(
+    ev_kind,
+    ev_idx,
+    ev_key,
+    start,
+    key,
+    dur,
+    backlog,
+    g_launch,
+    g_stream,
+    g_comm,
+    g_wait,
+    stream,
+    n_streams,
+    pg,
+    n_pgs,
+    dep_ptr,
+    dep_op,
+    dep_gap,
+    sy_ts,
+    sy_te,
+    sy_a,
+    sy_res,
+    sy_free,
+    sy_device,
+    meas_end,
+    cut_len,
+    n_marks,
+    min_sync,
+    cap_sync,
+):
     """The replay's event loop (see :func:`replay`; the module docstring gives the model). Plain
     code over arrays or lists: numba compiles it when there is enough to replay (:func:`_use_compiled`)."""
     n = len(start)

@@ -19,8 +19,9 @@ from .loop import _slower, measured_clocks_ms, replay
 
 def _exposed_rs_ms(g: Graph, S: np.ndarray, E: np.ndarray) -> float:
     """Exposed reduce-scatter per step (ms) in a replayed timeline."""
-    rs = np.array([i for i in np.flatnonzero(g.coll >= 0) if g.colls[int(g.coll[i])].kind == "reduce_scatter"],
-                  dtype=np.int64)
+    rs = np.array(
+        [i for i in np.flatnonzero(g.coll >= 0) if g.colls[int(g.coll[i])].kind == "reduce_scatter"], dtype=np.int64
+    )
     if rs.size == 0:
         return 0.0
     comp = np.flatnonzero(g.is_compute)
@@ -68,16 +69,25 @@ class WhatIfPlan:
     fixes: list[tuple[str, Fix | tuple[Graph, Fix] | None]]
 
 
-def plan_whatif(rt: RankTrace, steps: list[StepWindow], colls: list[Collective],
-                fsdp: FsdpFacts | None = None, kflops=None, compute: ComputeFacts | None = None) -> WhatIfPlan | None:
+def plan_whatif(
+    rt: RankTrace,
+    steps: list[StepWindow],
+    colls: list[Collective],
+    fsdp: FsdpFacts | None = None,
+    kflops=None,
+    compute: ComputeFacts | None = None,
+) -> WhatIfPlan | None:
     """The graph of this rank's steps and every transformation that applies (all of them when
     ``fsdp`` is None): everything of the what-if replay that reads the trace."""
     g = build_graph(rt, steps, colls)
     if g is None:
         return None
     applies = _applies(fsdp)
-    fixes = [(name, make(g, lambda: repeated_blocks(rt, steps)) if name == "wrap" else make(g))
-             for name, make in FIXES.items() if applies.get(name, True)]
+    fixes = [
+        (name, make(g, lambda: repeated_blocks(rt, steps)) if name == "wrap" else make(g))
+        for name, make in FIXES.items()
+        if applies.get(name, True)
+    ]
     if kflops is not None and compute is not None and compute.fp32_share_pct >= TENSOR_CORE_MIN_SHARE:
         fixes.append(("tensor_cores", fix_tensor_cores(g, kflops, compute)))
     fixes += [(f"compute×{f}", fix_compute_scale(g, f)) for f in STRAGGLER_FACTORS]
@@ -134,8 +144,13 @@ def _sensitivity(plan: WhatIfPlan, out: WhatIfFacts) -> None:
     g = plan.g
     if g.g_wait is None or not (g.g_wait > 0).any():
         return
-    todo = [(name, fx) for name, fx in plan.fixes if fx is not None and not name.startswith("compute×")
-            and out.saving_ms.get(name, 0.0) >= SENSITIVITY_MIN_PCT / 100 * out.measured_step_ms]
+    todo = [
+        (name, fx)
+        for name, fx in plan.fixes
+        if fx is not None
+        and not name.startswith("compute×")
+        and out.saving_ms.get(name, 0.0) >= SENSITIVITY_MIN_PCT / 100 * out.measured_step_ms
+    ]
     if not todo:
         return
     due = 1 + len(todo)
@@ -147,8 +162,14 @@ def _sensitivity(plan: WhatIfPlan, out: WhatIfFacts) -> None:
         out.sensitivity_ms[name] = abs(out.saving_ms[name] - blind)
 
 
-def analyze_whatif(rt: RankTrace, steps: list[StepWindow], colls: list[Collective],
-                   fsdp: FsdpFacts | None = None, kflops=None, compute: ComputeFacts | None = None) -> WhatIfFacts | None:
+def analyze_whatif(
+    rt: RankTrace,
+    steps: list[StepWindow],
+    colls: list[Collective],
+    fsdp: FsdpFacts | None = None,
+    kflops=None,
+    compute: ComputeFacts | None = None,
+) -> WhatIfFacts | None:
     """Replay this rank's steps unchanged and with every transformation that applies (all of
     them when ``fsdp`` is None)."""
     plan = plan_whatif(rt, steps, colls, fsdp, kflops, compute)
