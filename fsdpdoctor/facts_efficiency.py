@@ -22,6 +22,21 @@ PARTS = (
     "gpu_idle",
 )
 
+#: the kernel families of the other_kernels part, as the reports and rules name them
+FAMILY_LABEL = {
+    "elementwise": "elementwise",
+    "norm": "norms",
+    "softmax_loss": "softmax / loss",
+    "casts": "casts",
+    "copies": "copies",
+    "reductions": "reductions",
+    "embedding": "embedding",
+    "optimizer_fused": "optimizer (fused)",
+    "optimizer_foreach": "optimizer (foreach)",
+    "optimizer_per_parameter": "optimizer (per-parameter kernels)",
+    "other": "other",
+}
+
 #: kernel families of ``other_kernels`` (see analysis.efficiency.family)
 FAMILIES = (
     "elementwise",

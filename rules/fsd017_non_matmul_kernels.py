@@ -32,6 +32,7 @@ Known problems
 """
 
 from fsdpdoctor.fmt import ms
+from fsdpdoctor.facts_efficiency import FAMILY_LABEL
 
 from ._util import finding, fix_for, of_step, replay_evidence, replayed_saving, step_ms
 
@@ -51,19 +52,6 @@ SUPERSEDED_BY = ("matmul-wrong-engine",)
 FUSABLE = ("elementwise", "norm", "softmax_loss", "casts")
 FUSION_SHARE = 0.5
 OPTIMIZER = ("optimizer_per_parameter", "optimizer_foreach")
-LABEL = {
-    "elementwise": "elementwise",
-    "norm": "norms",
-    "softmax_loss": "softmax / loss",
-    "casts": "casts",
-    "copies": "copies",
-    "reductions": "reductions",
-    "embedding": "embedding",
-    "optimizer_fused": "optimizer (fused)",
-    "optimizer_foreach": "optimizer (foreach)",
-    "optimizer_per_parameter": "optimizer (per-parameter)",
-    "other": "other",
-}
 
 FIX_OPT = "optimizer = torch.optim.AdamW(model.parameters(), lr=lr, fused=True)  # one fused kernel per group\n"
 FIX_FSDP2 = """# fuse the elementwise / norm / softmax chains between the matmuls: compile each block
@@ -107,7 +95,7 @@ def check(facts, cfg):
     top = sorted(fam.items(), key=lambda kv: -kv[1])
     evidence = [
         f"kernels that are not matmuls or attention: {ms(other)} per step = {of_step(facts, other)}: "
-        + ", ".join(f"{LABEL.get(k, k)} {ms(v)}" for k, v in top[:6] if v >= 0.005)
+        + ", ".join(f"{FAMILY_LABEL.get(k, k)} {ms(v)}" for k, v in top[:6] if v >= 0.005)
     ]
     if optimizer:
         evidence.append(

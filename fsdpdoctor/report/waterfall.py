@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from ..facts import RunFacts
-from ..facts_efficiency import EfficiencyFacts
+from ..facts_efficiency import FAMILY_LABEL, EfficiencyFacts
 from ..fmt import ms, pct
 from .tables import Table
 
@@ -17,19 +17,6 @@ PART_LABEL = {
     "exposed_comm": "exposed comm",
     "exposed_copies": "exposed copies",
     "gpu_idle": "GPU idle",
-}
-FAMILY_LABEL = {
-    "elementwise": "elementwise",
-    "norm": "norms",
-    "softmax_loss": "softmax / loss",
-    "casts": "casts",
-    "copies": "copies",
-    "reductions": "reductions",
-    "embedding": "embedding",
-    "optimizer_fused": "optimizer (fused)",
-    "optimizer_foreach": "optimizer (foreach)",
-    "optimizer_per_parameter": "optimizer (per-parameter kernels)",
-    "other": "other",
 }
 CAUSE_LABEL = {
     "sync_drain": "synchronizations (the launch queue drained)",
