@@ -20,7 +20,7 @@ Known problems
     and nothing is recommended; on the public 2-rank A100 DDP trace 6.8% under. What the trace
     lacks is assumed and listed among the strategy's assumptions: GPUs per node (one node without
     ``deviceProperties``), the inter-node bandwidth where no collective crosses nodes (25 GB/s),
-    Adam's 8 bytes per parameter unless the optimizer's name is in the trace, and activations (0
+    Adam's 8 bytes per parameter unless the trace names a known optimizer, and activations (0
     without a memory snapshot, so "fits" can be wrong). The optimizer step keeps its measured cost
     in every candidate, though HYBRID_SHARD steps more parameters per rank. No twin checks it on a
     GPU; on CPU (gloo, where no strategy is estimated) ``reshard_after_forward=False`` made the
