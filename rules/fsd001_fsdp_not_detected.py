@@ -14,6 +14,14 @@ Fix
     Nothing to fix if this is not an FSDP run. For an FSDP run, profile with CPU activity
     (``torch.profiler.ProfilerActivity.CPU``) so that the hook ranges are recorded, e.g. with
     ``fsdpdoctor.capture``.
+
+Known problems
+    What was found is named by the first of: DDP labels, all-to-all or point-to-point traffic,
+    all-reduces. The public 8-rank DLRM trace (TorchRec: 5 all-to-alls and 3 all-reduces per step)
+    and the public sampled 128-rank trace are both reported as DDP; their all-to-alls show only in
+    the collectives line. It fires on every trace without FSDP labels, a single-process inference
+    run included (the H100 inference recording: "no collectives (single process)"): it is
+    information about the input, not a problem of the run.
 """
 
 from fsdpdoctor.fmt import pct

@@ -15,6 +15,19 @@ How it shows in a trace
 
 Fix
     Wrap each transformer block as its own unit, then the root.
+
+Known problems
+    It is judged on unit sizes alone: a model whose root unit keeps a large embedding and an untied
+    output layer, more than ``coarse_max_unit_share`` (half) of the parameters, fires even when
+    every block is a unit of its own (the generated GPT-2 small with a 50,304-token vocabulary
+    keeps 48% in its root, tests/test_whatif.py); its fix is then to wrap those layers as units
+    too. Without FQNs in the trace (FSDP1, torch 2.4 FSDP2) the units are inferred from the
+    pre-forward ranges in execution order. The saving is the what-if replay of a per-block split
+    (or, without a replay that reproduces the step, the exposed time ×
+    (1 − 1/``coarse_split_into``)), with no real GPU twin yet (±50%): on the generated too-coarse
+    twin it predicted 11.69 ms where the per-block run was 10.52 ms faster. CPU-only traces get no
+    saving, and there the real gloo twin went the other way: per-block wrapping made the step
+    34.96 ms slower (FSDP's hooks cost more than they hide, docs/savings.md).
 """
 
 from fsdpdoctor.fmt import mib, ms, pct

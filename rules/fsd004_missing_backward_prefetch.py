@@ -17,6 +17,16 @@ How it shows in a trace
 Fix
     FSDP1: ``backward_prefetch=BackwardPrefetch.BACKWARD_PRE`` (the default). FSDP2: remove the
     override that disabled prefetching, or prefetch explicitly.
+
+Known problems
+    The mode is read from the FSDP label around each backward all-gather; a single prefetched
+    all-gather makes an FSDP2 run count as prefetched. The saving is the what-if replay with each
+    backward all-gather issued one unit ahead (without a trusted replay, the exposed backward
+    all-gather time): within 15% of generated twins (FSDP1 and FSDP2, also with the GPU the
+    bottleneck, tests/test_whatif.py), with no real GPU twin yet (±50%). CPU-only traces get no
+    saving: on the real gloo twin prefetching made the step 3.46 ms shorter (docs/savings.md), less
+    than the 16.4 ms between the two steps of the problem recording itself (rank 0: 52.6 and
+    69.0 ms).
 """
 
 from fsdpdoctor.fmt import ms

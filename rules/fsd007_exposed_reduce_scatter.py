@@ -12,6 +12,16 @@ How it shows in a trace
 Fix
     Keep the last unit to run in backward small: wrap the output layer / embeddings as units of
     their own so the root's reduce-scatter is small, and use bf16 reduce-scatters.
+
+Known problems
+    The saving is all the exposed reduce-scatter time, though the last reduce-scatter of backward
+    has no gradient compute after it to hide behind whatever the wrapping: a fix leaves part of it.
+    A reduce-scatter kernel also counts the time it waits for a late rank: in the generated
+    slow-rank scenario it claims 13.03 ms per step (12.8% of the step) that the straggler causes
+    and no wrapping or bf16 removes (the twin without the slow rank was 25.52 ms faster;
+    straggler-rank's replay predicted 24.79 ms). It is folded into missing-backward-prefetch or
+    auto-wrap-too-coarse only where a replay that reproduces the measured step within 5% shows
+    their fix removing at least half of it. CPU-only traces draw nothing.
 """
 
 from fsdpdoctor.fmt import ms

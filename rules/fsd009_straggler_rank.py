@@ -22,6 +22,16 @@ Fix
     Find out why that rank is slow: GPU clocks and temperature (``nvidia-smi -q -d
     PERFORMANCE``), host load, the data it receives (sequence lengths), then replace or
     rebalance.
+
+Known problems
+    Ranks are compared among the files given (the public 128-rank job's two sampled files: two
+    ranks), and the arrival times of ranks on different hosts are compared on each host's own
+    clock, so an offset between hosts adds to the skew. The late-arrival saving is the others' mean
+    extra wait, a heuristic (±50%) that assumes no other rank would be last in its place; on the
+    public DLRM trace it rests on 8 matched collectives of one step (rank 7: 4.94 ms per step). The
+    slow-compute saving is the what-if replay with the rank at the median's speed: on the generated
+    slow-rank twin 24.79 ms predicted, 25.52 ms measured. Without matched collectives, waits fall
+    back to collective kernel time, which counts the transfer as well as the wait.
 """
 
 import statistics

@@ -18,6 +18,15 @@ Fix
     inference run (no backward pass, no optimizer step): CUDA graphs
     (``torch.compile(mode="reduce-overhead")``; in vLLM, leave ``enforce_eager`` off) and larger
     batches; training advice (data loaders, FSDP units) does not apply.
+
+Known problems
+    The saving is a heuristic with no real twin (±50%): the idle less 5% of the GPU window, as if a
+    fix removed nearly all of it. On the H100 fsdp2-bf16 recording it would claim 21.19 ms of the
+    34.24 ms step where the replay without FSDP's hooks' CPU time gives 13.92 ms; there
+    gpu-starved-by-hooks takes its place, as cpu-offload-stall and straggler-rank do where they
+    fire. Only CUDA/HIP synchronizations and blocking copies count as the CPU waiting for the GPU:
+    idle while the CPU waits for another rank outside CUDA (a gloo barrier, a CPU collective)
+    counts as host-bound.
 """
 
 from fsdpdoctor.analysis.pressure import batch_headroom

@@ -12,6 +12,16 @@ How it shows in a trace
 Fix
     If memory allows, ``limit_all_gathers=False``; otherwise larger units or less memory
     pressure (activation checkpointing) so the limiter rarely waits.
+
+Known problems
+    Not yet seen firing on a real trace: the recorded FSDP1 CPU run spends 0.18 ms per step in the
+    limiter (under ``rate_limiter_min_ms``), the H100 FSDP1 recording none, and the generator does
+    not model the limiter starving the GPU, so its firing case is a real recording's facts with the
+    limiter time set. Without a replay the cost is the limiter's CPU time capped at the GPU's idle
+    time, which may have other causes. CPU-only traces cannot tell whether the blocked CPU costs
+    anything and report its CPU time with no saving, while a limiter that blocks a CPU running
+    ahead of the GPU costs nothing (a generated FSDP1 run with 20 µs of Python per op: about 40 ms
+    per step blocked, and its twin without the limiter no faster, tests/test_whatif.py).
 """
 
 from fsdpdoctor.fmt import ms

@@ -13,6 +13,15 @@ How it shows in a trace
 Fix
     ``reshard_after_forward=True`` (FSDP2 default for non-root units) / ``FULL_SHARD`` (FSDP1),
     trading one extra all-gather per unit in backward for the memory.
+
+Known problems
+    The bytes count every unsharded parameter block alive at the peak, including those the fix
+    leaves: the root unit, which FSDP2 by default does not reshard after forward, and the unit
+    running or prefetched at that moment. On the H100 fsdp2 recording the 64.0 MiB unsharded at the
+    peak are, by size, the root unit's parameters; on fsdp2-ac the 112.1 MiB are the root's
+    64.0 MiB and one block's 48.0 MiB. The blocks are recognised by FSDP's unshard and all-gather
+    frames in the snapshot's stacks: from a trace alone (the no-reshard CPU recording shows no
+    backward all-gathers) it draws nothing.
 """
 
 from fsdpdoctor.fmt import mib, pct

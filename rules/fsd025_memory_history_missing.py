@@ -11,6 +11,12 @@ How it shows in a trace
 
 Fix
     Record history before the steps you want to see, then dump.
+
+Known problems
+    It fires only when the history is empty. A history cut short by its ring buffer
+    (``max_entries``) is not flagged: blocks allocated before its first entry count as
+    pre-existing, attributed by size where they look like parameters or optimizer state, else to
+    other memory.
 """
 
 from fsdpdoctor.fmt import mib

@@ -13,6 +13,18 @@ How it shows in a trace
 
 Fix
     Switch to the recommended strategy (the code is in the finding and the strategy table).
+
+Known problems
+    The estimate is arithmetic, not a replay, and recommends only where its estimate of the current
+    strategy lands within 25% of the measured step: on the public MI300 DDP trace it was 194% over
+    and nothing is recommended; on the public 2-rank A100 DDP trace 6.8% under. What the trace
+    lacks is assumed and listed among the strategy's assumptions: GPUs per node (one node without
+    ``deviceProperties``), the inter-node bandwidth where no collective crosses nodes (25 GB/s),
+    Adam's 8 bytes per parameter unless the trace names a known optimizer, and activations (0
+    without a memory snapshot, so "fits" can be wrong). The optimizer step keeps its measured cost
+    in every candidate, though HYBRID_SHARD steps more parameters per rank. No twin checks it on a
+    GPU; on CPU (gloo, where no strategy is estimated) ``reshard_after_forward=False`` made the
+    real twin 7.56 ms faster per step.
 """
 
 from fsdpdoctor.fmt import mib, ms, pct

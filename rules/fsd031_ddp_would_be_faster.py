@@ -12,6 +12,14 @@ How it shows in a trace
 
 Fix
     Use ``DistributedDataParallel`` (or FSDP ``NO_SHARD``).
+
+Known problems
+    It shares the sharding-strategy model's limits (an arithmetic estimate, trusted within 25% of
+    the measured step, with assumed inputs listed) and one of its own: the optimizer step keeps its
+    measured, sharded cost, though under DDP each rank steps every parameter. On the generated
+    too-coarse scenario (4 ranks) it estimated DDP 13.04 ms per step faster; the same scenario
+    generated as DDP was 0.56 ms faster, its optimizer step taking 17.77 ms instead of 4.45 ms.
+    Without a memory snapshot the activations count as 0, so "fits replicated" can be wrong.
 """
 
 from fsdpdoctor.fmt import mib, ms, pct

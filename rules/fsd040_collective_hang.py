@@ -31,6 +31,14 @@ Fix
     late rank: what its stack was doing before the collective (data loading, a checkpoint write,
     logging) goes off the critical path, or the timeout goes up. Ranks without a dump: their
     logs (crash, OOM kill) say why.
+
+Known problems
+    The diagnosis is the first of mismatch, missing, late, no dump and stuck inside the collective
+    that the dumps show: a job with two faults is told by the first. Lateness is read from
+    ``time_created_ns`` on each host's own clock, so an offset between hosts near ``hang_late_s``
+    can name the wrong rank. gloo's dumps record no completion: a hang inside the collective on
+    every rank is told from NCCL dumps only, and from gloo dumps draws nothing. A rank that left no
+    dump is named, not explained.
 """
 
 from fsdpdoctor.fmt import rank_list, ranks_text, seconds
