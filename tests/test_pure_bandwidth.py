@@ -145,3 +145,21 @@ def test_one_rank_has_no_pure_figure(shared_traces):
     lo = next(f for f in mi300.findings if f.slug == "low-overlap")
     assert any("GB/s bus bandwidth including the wait for other ranks" in e for e in lo.evidence)
     assert "including the wait" in "\n".join(lo.fix.values())
+
+
+def test_ranks_missing_from_the_group_give_no_pure_figure(shared_traces):
+    """2 of a 128-rank job: collectives are matched across the two (skew, straggler), but the
+    last of 128 arrivals is unknown, so no transfer time (raw: the job's world size; the trace
+    records no group size, so the group is the world)."""
+    d = shared_traces / "hta-sampled-128ranks"
+    files = sorted(d.glob("*.json.gz"))
+    worlds = set()
+    for p in files:
+        with gzip.open(p, "rt") as fh:
+            worlds.add(json.load(fh)["distributedInfo"]["world_size"])
+    assert worlds == {128} and len(files) == 2
+    rep = fsdpdoctor.analyze(d)
+    cr = rep.facts.cross_rank
+    assert cr is not None and cr.collectives_matched > 0 and cr.transfer_collectives == 0
+    assert all(c.transfer_ms_per_step is None and c.pure_busbw_gbps is None for c in rep.facts.collectives)
+    assert "the pure figures need every rank's trace" in rep.to_markdown()

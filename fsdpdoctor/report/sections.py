@@ -579,7 +579,8 @@ def bandwidth_note(f: RunFacts) -> str:
         "Bus bandwidth (nccl-tests convention) in GB/s, over the whole kernel (bw+wait) and over the transfer alone (bw pure)"
     )
     cr = f.cross_rank
-    if cr is None:
+    if cr is None or not cr.transfer_collectives:
+        # one rank's file, or ranks missing from every collective's group: the last arrival is unknown
         line += "; the pure figures need every rank's trace"
     elif cr.transfer_clock_skipped:
         n = cr.transfer_clock_skipped
