@@ -73,6 +73,11 @@ class StepFacts:
     exposed_by_kind: dict[str, float] = field(default_factory=dict)
     phase_ms: dict[str, float] = field(default_factory=dict)  # CPU duration of each phase
     compute_by_phase: dict[str, float] = field(default_factory=dict)  # |compute| of kernels launched in each phase
+    # the step on the step clock: the interval of length step_ms that ends at the step's completion
+    # (end_us), split into this step's compute, exposed comm and exposed memcpy/memset running in it,
+    # other steps' GPU work ("other_steps") and nothing running ("idle"); the parts add up to
+    # step_ms. Unlike the GPU window it never runs into the next step's interval.
+    clock_parts_ms: dict[str, float] = field(default_factory=dict)
     exposed_by_role: dict[str, float] = field(default_factory=dict)  # process-group role → exposed ms
     microbatches: int = 1  # forward passes in this step (gradient accumulation)
     microbatch_phase_ms: list[dict[str, float]] = field(
@@ -238,11 +243,18 @@ class CollectiveStats:
     bytes_per_step: float | None  # None when no collective of this kind records its size
     gpu_ms_per_step: float
     exposed_ms_per_step: float
+    # bus bandwidth including the wait: bytes over the whole kernel time, which holds the wait for
+    # the last rank to arrive (nccl-tests busBw convention; mean over the collectives)
     mean_busbw_gbps: float | None
     dtypes: list[str]
     group_size: int | None = None  # the most common group size of these collectives
     role: str | None = None  # the most common role (see analysis.comms.ROLES)
     roles: dict[str, float] = field(default_factory=dict)  # role → collectives per step
+    # with the wait removed (run level; needs every rank's trace, None otherwise): the transfer
+    # after the last rank arrived, ms per step, and the bus bandwidth of that time (see
+    # ``cross_rank.transfer_*``)
+    transfer_ms_per_step: float | None = None
+    pure_busbw_gbps: float | None = None
 
 
 @dataclass(slots=True)
@@ -453,6 +465,9 @@ class TimelineSummary:
     backlog_ms: float = 0.0
     backlog_ops: float = 0.0
     gpu_busy_ms: float = 0.0  # mean per step: |union of the step's own GPU work|
+    # mean per step of StepFacts.clock_parts_ms: the step time split (compute, exposed_comm, memcpy,
+    # other_steps, idle), on the step clock; the GPU window above can be longer than the step
+    clock_parts_ms: dict[str, float] = field(default_factory=dict)
     # what limits the step: "gpu" (the GPU is busy with the step's work ≥ 90% of the step time),
     # "cpu" (it is not, and the CPU span fills ≥ 90% of the step), "mixed" otherwise; "" without a GPU
     bound: str = ""
@@ -522,6 +537,15 @@ class CrossRankFacts:
     mean_wait_ms_by_kind: dict[str, float] = field(default_factory=dict)  # mean over collectives
     ranks: list[RankWait] = field(default_factory=list)  # straggler first (least waiting)
     top_skew: list[CollectiveSkew] = field(default_factory=list)  # the largest skews, largest first
+    # the transfer with the wait removed (GPU traces): each rank's kernel end − the last rank's
+    # arrival, mean over the ranks, over the collectives in a step that every rank of the group
+    # reached (``transfer_collectives``); ``transfer_clock_skipped``: left out, their mean end
+    # before the last arrival (host clocks disagree). Per kind: ms per step, and the bus bandwidth
+    # (nccl-tests convention) of that time, mean over the collectives with a recorded size.
+    transfer_collectives: int = 0
+    transfer_clock_skipped: int = 0
+    transfer_ms_per_step_by_kind: dict[str, float] = field(default_factory=dict)
+    pure_busbw_gbps_by_kind: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass(slots=True)

@@ -15,8 +15,10 @@ Fix
     DDP, from the measured all-reduces: larger gradient buckets (``bucket_cap_mb``) only where
     many small all-reduces are latency-bound, a bf16 compression hook only where gradients are
     reduced in fp32, and a measurement of the link where the bus bandwidth is far below any GPU
-    interconnect's (the collectives wait for other ranks, or the link is slow: no schedule hides
-    that). Embedding all-to-all (recommendation models): pipeline the sparse input distribution
+    interconnect's: the pure bus bandwidth (the transfer after the last rank arrived) where every
+    rank's trace is given, so a slow link is told from ranks that arrive late; from one rank's
+    trace only the figure including the wait, which says "the link is slow or the collectives
+    wait for other ranks" (no schedule hides either). Embedding all-to-all (recommendation models): pipeline the sparse input distribution
     so that it overlaps the previous batch, unless the trace shows it already is. Other
     communication (inference, point-to-point): fsdpdoctor knows no code fix and says so.
 
@@ -80,8 +82,14 @@ DDP_SLOW_BUSBW_GBPS = 20.0
 DDP_BUCKETS = "    bucket_cap_mb=100,  # {n:.0f} all-reduces per step of {avg} each are latency-bound: fewer, larger"
 DDP_BF16 = "model.register_comm_hook(None, default_hooks.bf16_compress_hook)  # reduced in {dtype} now: half the bytes"
 DDP_LINK = (
-    "# the all-reduces run at {busbw:.1f} GB/s bus bandwidth: measure the link itself and look for ranks that\n"
-    "# arrive late (their wait counts in the kernel) before changing the schedule\n"
+    "# the all-reduces run at {busbw:.1f} GB/s bus bandwidth including the wait: measure the link itself and look\n"
+    "# for ranks that arrive late (their wait counts in the kernel) before changing the schedule\n"
+    "#   NCCL_DEBUG=INFO torchrun ...                       which transport and topology NCCL picked\n"
+    "#   ./build/all_reduce_perf -b {size} -e {size} -g 1   nccl-tests / rccl-tests on the same nodes"
+)
+DDP_LINK_PURE = (
+    "# the all-reduces move data at {busbw:.1f} GB/s bus bandwidth once the last rank has arrived (the wait\n"
+    "# removed): the link itself is slow; measure it before changing the schedule\n"
     "#   NCCL_DEBUG=INFO torchrun ...                       which transport and topology NCCL picked\n"
     "#   ./build/all_reduce_perf -b {size} -e {size} -g 1   nccl-tests / rccl-tests on the same nodes"
 )
@@ -111,7 +119,15 @@ def ddp_fix(facts) -> tuple[str | None, list[str]]:
             f"DDP all-reduces {n:.0f} bucket(s) per step; the trace records neither their sizes nor their "
             "dtypes (profile with record_shapes=True): no bucket or compression advice can follow from it"
         ]
-    bw = f", at {ar.mean_busbw_gbps:.1f} GB/s bus bandwidth" if ar.mean_busbw_gbps else ""
+    wait_bw, pure_bw = ar.mean_busbw_gbps, ar.pure_busbw_gbps
+    if pure_bw is not None:
+        bw = f", at {pure_bw:.1f} GB/s bus bandwidth once the last rank has arrived" + (
+            f" ({wait_bw:.1f} GB/s including the wait)" if wait_bw else ""
+        )
+    elif wait_bw:
+        bw = f", at {wait_bw:.1f} GB/s bus bandwidth including the wait for other ranks"
+    else:
+        bw = ""
     evidence = [f"DDP all-reduces {n:.0f} bucket(s) per step, {mib(total)} in all ({mib(avg)} each), {dtypes}{bw}"]
     ctor, hook, link = [], [], []
     if n > DDP_MANY_BUCKETS and avg < DDP_SMALL_BUCKET_BYTES:
@@ -126,11 +142,25 @@ def ddp_fix(facts) -> tuple[str | None, list[str]]:
         hook.append(DDP_BF16.format(dtype=fp32[0]))
     elif ar.dtypes:
         evidence.append(f"the gradients are already reduced in {dtypes}: no compression hook")
-    if ar.mean_busbw_gbps is not None and ar.mean_busbw_gbps < DDP_SLOW_BUSBW_GBPS and avg >= 1 << 20:
-        link.append(DDP_LINK.format(busbw=ar.mean_busbw_gbps, size=f"{max(int(avg) >> 20, 1)}M"))
+    size = f"{max(int(avg) >> 20, 1)}M"
+    if pure_bw is not None and avg >= 1 << 20:
+        if pure_bw < DDP_SLOW_BUSBW_GBPS:
+            link.append(DDP_LINK_PURE.format(busbw=pure_bw, size=size))
+            evidence.append(
+                f"{pure_bw:.1f} GB/s of bus bandwidth with the wait removed is slow for {mib(avg)} messages: "
+                "the link is slow, which no schedule hides"
+            )
+        elif wait_bw is not None and wait_bw < DDP_SLOW_BUSBW_GBPS:
+            evidence.append(
+                f"the link is not slow ({pure_bw:.1f} GB/s once the last rank has arrived): the kernels' "
+                f"{wait_bw:.1f} GB/s is the wait for ranks that arrive late (see the per-rank table)"
+            )
+    elif wait_bw is not None and wait_bw < DDP_SLOW_BUSBW_GBPS and avg >= 1 << 20:
+        link.append(DDP_LINK.format(busbw=wait_bw, size=size))
         evidence.append(
-            f"{ar.mean_busbw_gbps:.1f} GB/s of bus bandwidth is slow for {mib(avg)} messages: the "
-            "collectives wait for other ranks or the link is slow, which no schedule hides"
+            f"{wait_bw:.1f} GB/s of bus bandwidth including the wait is slow for {mib(avg)} messages: the "
+            "collectives wait for other ranks or the link is slow, which no schedule hides (every rank's "
+            "trace tells the two apart)"
         )
     code: list[str] = []
     if hook:

@@ -16,7 +16,9 @@ How it shows in a trace
     others wait for (the wait comes from elsewhere: its host, its network), and no finding is
     drawn. Waits come from the cross-rank arrival times of matched collectives
     (``facts.cross_rank``), else from each rank's collective kernel time. Traces of different
-    runs (``--allow-mixed-runs``) are never compared.
+    runs (``--allow-mixed-runs``) are never compared. With every rank's trace, the evidence says
+    how much of the collectives' kernel time moves data once the last rank has arrived (the pure
+    transfer time, docs/metrics.md): the rest is the wait.
 
 Fix
     Find out why that rank is slow: GPU clocks and temperature (``nvidia-smi -q -d
@@ -64,6 +66,20 @@ def waits(facts, ranks) -> tuple[dict[int, float], str]:
     return {r.rank: _mean([s.comm_ms for s in r.steps]) for r in ranks}, "collective kernel time"
 
 
+def transfer_line(facts) -> str | None:
+    """How little of the collectives' kernel time moves data once the last rank has arrived (the
+    rest is waiting), from the collectives matched across every rank; None without it."""
+    timed = [c for c in facts.collectives if c.transfer_ms_per_step is not None]
+    gpu = sum(c.gpu_ms_per_step for c in timed)
+    moved = sum(c.transfer_ms_per_step for c in timed)
+    if not timed or gpu <= 0:
+        return None
+    return (
+        f"of the collectives' {ms(gpu)} kernel time per step, {ms(moved)} moves data once the last rank has "
+        f"arrived ({pct(100 * moved / gpu)}); the rest is waiting"
+    )
+
+
 def check(facts, cfg):
     if facts.mixed_runs:
         return []  # traces of different runs: their ranks are not comparable
@@ -90,6 +106,8 @@ def check(facts, cfg):
     last = next((w.last_arrivals for w in cr.ranks if w.rank == slow), None) if cr is not None else None
     if last:
         evidence.append(f"rank {slow} arrives last at {last} of {cr.collectives_matched} matched collectives")
+    if line := transfer_line(facts):
+        evidence.append(line)
     # the others gain at most what they wait beyond the straggler, and no more than its extra compute
     saving = min(compute[slow] - med, max(others - wait[slow], 0.0))
     replayed = replayed_saving(facts, "straggler")
@@ -148,6 +166,8 @@ def _late_arrival(facts, ranks, compute: dict[int, float], cfg) -> list:
             f"the largest skew it causes: {k.kind.replace('_', '-')} #{k.index} in {k.phase} of step {k.step}, "
             f"{ms(k.skew_ms)} from the first rank's arrival to its own"
         )
+    if line := transfer_line(facts):
+        evidence.append(line)
     return [
         finding(
             __name__,

@@ -81,11 +81,13 @@ DTYPE_BYTES = {
     "double": 8,
     "float64": 8,
     "long": 8,
+    "long int": 8,  # Kineto's Input type for int64 tensors (2023-era traces)
     "int64": 8,
     "uint64": 8,
     "complexfloat": 8,
     "byte": 1,
     "char": 1,
+    "signed char": 1,
     "bool": 1,
     "int8": 1,
     "uint8": 1,

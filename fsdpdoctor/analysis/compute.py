@@ -35,6 +35,7 @@ from ..ingest.events import ATTN_BWD_OPS, ATTN_FWD_OPS, CONV_OPS, FLOP_OPS
 from ..ingest.kineto import RankTrace
 from . import intervals as iv
 from .columns import Columns
+from .comms import launch_rows
 from .labels import enclosing
 from .peaks import device_peaks, has_tensor_cores
 from .steps import PHASES, StepWindow, locate
@@ -213,9 +214,15 @@ def _op_dtype(raw) -> str | None:
 
 def launching_ops(rt: RankTrace, rows: np.ndarray) -> np.ndarray:
     """The CPU op that launched each GPU row: the ``cpu_op`` with the row's ``External id`` (the
-    innermost op open at the launch), or -1."""
+    innermost op open at the launch), or -1.
+
+    2023-era traces number a kernel's ``External id`` as its correlation id, which names no CPU
+    op (the public send/recv trace: ``aten::mm`` 2864 launches ``ampere_sgemm`` 837038): for
+    those, the runtime call with the same correlation id, and the innermost CPU op around it on
+    its thread (as the collectives' orphan kernels, :func:`fsdpdoctor.analysis.comms.launch_rows`)."""
     out = np.full(rows.size, -1, dtype=np.int64)
-    ops_all = np.flatnonzero(rt.mask_cat("cpu_op") & (rt.external_id >= 0))
+    cpu = rt.mask_cat("cpu_op")
+    ops_all = np.flatnonzero(cpu & (rt.external_id >= 0))
     if ops_all.size == 0 or rows.size == 0:
         return out
     srt = ops_all[np.argsort(rt.external_id[ops_all], kind="stable")]
@@ -224,6 +231,15 @@ def launching_ops(rt: RankTrace, rows: np.ndarray) -> np.ndarray:
     k = np.minimum(np.searchsorted(sext, want), sext.size - 1)
     hit = (want >= 0) & (sext[k] == want)
     out[hit] = srt[k[hit]]
+    by_corr = np.flatnonzero(~hit & (want >= 0) & (want == rt.correlation[rows]))
+    if by_corr.size:
+        launches = launch_rows(rt, rows[by_corr])
+        found = launches >= 0
+        chains = enclosing(rt, np.flatnonzero(cpu), np.unique(launches[found]))
+        for j, lr in zip(by_corr[found].tolist(), launches[found].tolist()):
+            chain = chains.get(lr, [])
+            if chain:
+                out[j] = chain[-1]
     return out
 
 

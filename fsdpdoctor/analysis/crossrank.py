@@ -14,18 +14,30 @@ wait is ``Σ_i max_i − Σ_i a_ri`` over the collectives it has, so it needs on
 arrival sum and, at the end, prefix sums of the maxima.
 
 Arrival times of ranks on different hosts are compared on the hosts' own clocks (Kineto
-timestamps); clock offsets between hosts add to the skew.
+timestamps, no alignment); clock offsets between hosts add to the skew.
+
+Pure transfer time. A collective kernel spins from its rank's arrival until the last peer
+arrives, then moves the data: on rank r the transfer is ``end_r − max_r a_r``. Its mean over
+the ranks is ``Σ_r end_r / n − max``, folded like the waits (the sum of the ends per collective).
+Only collectives that every rank of their group reached (count ≥ group size; with no group size,
+every rank folded) and that every rank timed on the GPU are timed so; one whose mean end comes
+before the last arrival (host clocks that disagree: they are not aligned) is left out and
+counted. The pure bus bandwidth of a collective is its mean size over the ranks × the
+nccl-tests bus factor / its pure transfer time.
 """
 
 from __future__ import annotations
 
 import heapq
+import math
 from collections import defaultdict
-from dataclasses import dataclass
+from collections import Counter
+from dataclasses import dataclass, field
 
 import numpy as np
 
 from ..facts import CollectiveSkew, CrossRankFacts, RankFacts, RankWait
+from .comms import bus_factor
 
 TOP = 10  # collectives with the largest skew kept in the facts
 
@@ -43,29 +55,62 @@ class RankPart:
     n_steps: int
     step_ms: float | None
     basis: frozenset[str]
+    # per collective, beside ``arrivals``: the kernel end (integer ns, NO_END without a GPU kernel),
+    # the size in bytes (-1: not recorded), the group size (0: not known) and the step (-1: none)
+    ends: dict[tuple[str, str], np.ndarray] = field(default_factory=dict)
+    sizes: dict[tuple[str, str], np.ndarray] = field(default_factory=dict)
+    group: dict[tuple[str, str], np.ndarray] = field(default_factory=dict)
+    step: dict[tuple[str, str], np.ndarray] = field(default_factory=dict)
+
+
+NO_END = np.iinfo(np.int64).min
+
+
+def _ns(us: float) -> int:
+    """µs → integer ns, exactly: a Unix-epoch µs timestamp (~1.7e15) times 1000 is beyond a
+    float's 53 bits (it would round to 256 ns), so the whole µs are multiplied as an integer."""
+    whole = math.floor(us)
+    return whole * 1000 + round((us - whole) * 1000)
 
 
 def part_of(rf: RankFacts) -> RankPart:
     per: dict[tuple[str, str], list[int]] = defaultdict(list)
+    ends: dict[tuple[str, str], list[int]] = defaultdict(list)
+    sizes: dict[tuple[str, str], list[int]] = defaultdict(list)
+    group: dict[tuple[str, str], list[int]] = defaultdict(list)
+    step: dict[tuple[str, str], list[int]] = defaultdict(list)
     where: dict[tuple[str, str], list[tuple[int, str, str | None]]] = defaultdict(list)
     basis = set()
     for c in rf.collectives:
+        key = (c.pg_name or "", c.kind)
         if c.gpu_start_us is not None:
             a = c.gpu_start_us
             basis.add("gpu")
+            ends[key].append(_ns(a) + round(c.gpu_dur_us * 1000) if c.gpu_dur_us is not None else NO_END)
         else:
             a = c.cpu_ts_us
             basis.add("cpu")
-        key = (c.pg_name or "", c.kind)
-        per[key].append(round(a * 1000))  # integer ns: sums stay exact, in any order
+            ends[key].append(NO_END)
+        per[key].append(_ns(a))  # integer ns: sums stay exact, in any order
+        sizes[key].append(c.bytes if c.bytes is not None else -1)
+        group[key].append(c.group_size or 0)
+        step[key].append(c.step)
         where[key].append((c.step, c.phase, c.unit))
+
+    def arrays(d: dict) -> dict:
+        return {k: np.asarray(v, dtype=np.int64) for k, v in d.items()}
+
     return RankPart(
         rank=rf.rank,
-        arrivals={k: np.asarray(v, dtype=np.int64) for k, v in per.items()},
+        arrivals=arrays(per),
         where=dict(where),
         n_steps=len(rf.steps),
         step_ms=float(np.mean([s.step_ms for s in rf.steps])) if rf.steps else None,
         basis=frozenset(basis),
+        ends=arrays(ends),
+        sizes=arrays(sizes),
+        group=arrays(group),
+        step=arrays(step),
     )
 
 
@@ -79,6 +124,12 @@ class _Group:
         self.min = np.empty(0, dtype=np.int64)
         self.sum = np.empty(0, dtype=np.int64)
         self.count = np.empty(0, dtype=np.int64)
+        self.end_sum = np.empty(0, dtype=np.int64)  # Σ kernel ends of the ranks that timed it on the GPU
+        self.end_n = np.empty(0, dtype=np.int64)
+        self.size_sum = np.empty(0, dtype=np.int64)  # Σ bytes of the ranks that recorded its size
+        self.size_n = np.empty(0, dtype=np.int64)
+        self.group = np.empty(0, dtype=np.int64)  # group size, from the first rank that knew it
+        self.step = np.empty(0, dtype=np.int64)  # step, from the first rank that had it
         self.where: list[tuple[int, str, str | None]] = []  # (step, phase, unit) from the first rank that had it
 
     def grow(self, n: int) -> None:
@@ -91,7 +142,14 @@ class _Group:
         self.argmax = np.concatenate([self.argmax, np.full(extra, big.max, dtype=np.int64)])
         self.min = np.concatenate([self.min, np.full(extra, big.max, dtype=np.int64)])
         self.sum = np.concatenate([self.sum, np.zeros(extra, dtype=np.int64)])
-        self.count = np.concatenate([self.count, np.zeros(extra, dtype=np.int64)])
+        zeros = np.zeros(extra, dtype=np.int64)
+        self.count = np.concatenate([self.count, zeros])
+        self.end_sum = np.concatenate([self.end_sum, zeros])
+        self.end_n = np.concatenate([self.end_n, zeros])
+        self.size_sum = np.concatenate([self.size_sum, zeros])
+        self.size_n = np.concatenate([self.size_n, zeros])
+        self.group = np.concatenate([self.group, zeros])
+        self.step = np.concatenate([self.step, np.full(extra, -2, dtype=np.int64)])
 
 
 class CrossRankFold:
@@ -131,6 +189,21 @@ class CrossRankFold:
             g.sum[:n] += a
             g.count[:n] += 1
             total += int(a.sum())
+            e = part.ends.get(key)
+            if e is not None and len(e) == n:
+                timed = e != NO_END
+                g.end_sum[:n] += np.where(timed, e - self.t0, 0)
+                g.end_n[:n] += timed
+            z = part.sizes.get(key)
+            if z is not None and len(z) == n:
+                g.size_sum[:n] += np.maximum(z, 0)
+                g.size_n[:n] += z >= 0
+            gs = part.group.get(key)
+            if gs is not None and len(gs) == n:
+                g.group[:n] = np.where(g.group[:n] == 0, gs, g.group[:n])
+            st = part.step.get(key)
+            if st is not None and len(st) == n:
+                g.step[:n] = np.where(g.step[:n] == -2, st, g.step[:n])
         self.rank_sum[r] = total
         self.rank_n[r] = {k: len(v) for k, v in part.arrivals.items()}
         self.rank_steps[r] = part.n_steps
@@ -187,6 +260,7 @@ class CrossRankFold:
                     step_ms=self.rank_step_ms[r],
                 )
             )
+        transfer = self._transfer(n_ranks)
         # straggler first: it waits least for the others (and arrives last most often)
         ranks.sort(key=lambda w: (w.wait_ms_per_step, -w.last_arrivals, w.rank))
         basis = (
@@ -202,4 +276,35 @@ class CrossRankFold:
             mean_wait_ms_by_kind={k: float(np.mean(v)) / 1e6 if v else 0.0 for k, v in sorted(by_kind.items())},
             ranks=ranks,
             top_skew=[e[2] for e in sorted(top, key=lambda e: (-e[0], -e[1]))],
+            **transfer,
         )
+
+    def _transfer(self, n_ranks: int) -> dict:
+        """Pure transfer time per step and pure bus bandwidth per kind (see the module doc), over
+        the collectives inside a step that every rank of their group reached and timed on the GPU."""
+        steps = max(Counter(self.rank_steps.values()).most_common(1)[0][0], 1) if self.rank_steps else 1
+        ms: dict[str, float] = defaultdict(float)
+        bws: dict[str, list[float]] = defaultdict(list)
+        timed = skipped = 0
+        for (_pg, kind), g in sorted(self.groups.items()):
+            need = np.where(g.group > 0, g.group, n_ranks)
+            ok = (g.count >= np.maximum(need, 2)) & (g.end_n == g.count) & (g.step >= 0)
+            if not ok.any():
+                continue
+            pure_ns = g.end_sum / np.maximum(g.end_n, 1) - g.max  # mean over the ranks of end − last arrival
+            skipped += int((ok & (pure_ns <= 0)).sum())
+            ok &= pure_ns > 0
+            timed += int(ok.sum())
+            if not ok.any():
+                continue
+            ms[kind] += float(pure_ns[ok].sum()) / 1e6 / steps
+            sized = ok & (g.size_n == g.count) & (g.size_sum > 0)
+            for i in np.flatnonzero(sized):
+                size = g.size_sum[i] / g.size_n[i]
+                bws[kind].append(size / (pure_ns[i] * 1e-9) / 1e9 * bus_factor(kind, int(g.group[i]) or n_ranks))
+        return {
+            "transfer_collectives": timed,
+            "transfer_clock_skipped": skipped,
+            "transfer_ms_per_step_by_kind": dict(sorted(ms.items())),
+            "pure_busbw_gbps_by_kind": {k: float(np.mean(v)) for k, v in sorted(bws.items())},
+        }

@@ -607,6 +607,7 @@ def fold(
             backlog_ms=_mean([r.backlog_ms for r, _ in gpu]) or 0.0,
             backlog_ops=_mean([float(r.backlog_ops) for r, _ in gpu]) or 0.0,
             gpu_busy_ms=m("gpu_busy_ms"),
+            clock_parts_ms=by_key("clock_parts_ms", CLOCK_PARTS) if any(x.clock_parts_ms for x in means) else {},
             bound=bound_side(busy, cpu_share),
         )
         if rf.timeline.backlog_ops:
@@ -639,6 +640,10 @@ def fold(
             cross.add(r)
         cross_rank = cross.result()
     rf.cross_rank = cross_rank
+    if cross_rank is not None:
+        for c in rf.collectives:
+            c.transfer_ms_per_step = cross_rank.transfer_ms_per_step_by_kind.get(c.kind)
+            c.pure_busbw_gbps = cross_rank.pure_busbw_gbps_by_kind.get(c.kind)
     rf.rank_summaries = finish(sums, cross_rank)
     dropped = [r for r in ranks if r.collectives_dropped]
     if dropped:
@@ -666,6 +671,7 @@ def fold(
     return rf
 
 
+CLOCK_PARTS = ("compute", "exposed_comm", "memcpy", "other_steps", "idle")
 GPU_BOUND_BUSY = 0.9  # the GPU busy with the step's own work this share of the step time: GPU-bound
 CPU_BOUND_SPAN = 0.9  # else the CPU span this share of it: CPU-bound
 

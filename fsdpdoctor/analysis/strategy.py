@@ -331,12 +331,16 @@ def inputs_from_facts(facts: RunFacts, gpus_per_node: int | None = None) -> Plan
                 (intra if (c.group_size or ws) <= g else inter).append(c.busbw_gbps)
     if intra:
         inp.intra_busbw_gbps = float(median(intra))
-        src["intra_busbw_gbps"] = f"measured (median of {len(intra)} collectives ≥ 1 MiB)"
+        src["intra_busbw_gbps"] = (
+            f"measured (median of {len(intra)} collectives ≥ 1 MiB, their wait for late ranks included)"
+        )
     else:
         src["intra_busbw_gbps"] = "assumed"
     if inter:
         inp.inter_busbw_gbps = float(median(inter))
-        src["inter_busbw_gbps"] = f"measured (median of {len(inter)} collectives ≥ 1 MiB)"
+        src["inter_busbw_gbps"] = (
+            f"measured (median of {len(inter)} collectives ≥ 1 MiB, their wait for late ranks included)"
+        )
     else:
         src["inter_busbw_gbps"] = "assumed"
     inp.current = current_strategy(facts)

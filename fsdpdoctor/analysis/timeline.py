@@ -167,6 +167,7 @@ def step_timeline_backlog(
     busy_all = iv.merge(s_all[classified], e_all[classified])  # the GPU running anything, of any step
     blocked = blocking_calls(rt)  # the CPU waiting for the GPU
     out: list[StepFacts] = []
+    own_parts: dict[int, tuple] = {}  # step → its compute, exposed comm, exposed memcpy intervals
     # rows of each step in one stable sort instead of one full-length comparison per step
     by_step = np.argsort(step_idx, kind="stable")
     bounds = np.searchsorted(step_idx[by_step], np.arange(len(steps) + 1), side="left")
@@ -207,6 +208,7 @@ def step_timeline_backlog(
                 idle_iv = iv.subtract(span, busy_here)
                 sf.idle_cpu_blocked_ms = min(iv.intersect_len(idle_iv, iv.window(blocked, w0, w1)) / 1e3, sf.idle_ms)
             sf.other_steps_ms = max(own - sf.idle_ms, 0.0)
+            own_parts[k] = (comp, exposed, iv.subtract(mem, busy_cc))
             sf.gpu_busy_ms = iv.total(iv.union(busy_cc, mem)) / 1e3
             ph = phase_idx[in_step]
             for k_ph, name in enumerate(PHASES):
@@ -243,7 +245,27 @@ def step_timeline_backlog(
             bl.gpu_ms = iv.total(iv.merge(s_all[b], e_all[b])) / 1e3
             bl.end_us = float(e_all[b].max())
     step_clock(out, steps, bl.end_us)
+    clock_parts(out, own_parts, busy_all)
     return out, bl
+
+
+def clock_parts(out: list[StepFacts], own_parts: dict[int, tuple], busy_all) -> None:
+    """Each step's time split on the step clock (``StepFacts.clock_parts_ms``): in the interval of
+    length ``step_ms`` ending at its completion, its own compute, exposed comm and exposed
+    memcpy, the other steps' GPU work and idle; they add up to the step time. The GPU window
+    (first to last activity the step launched) runs over into later steps' intervals when the
+    GPU runs behind the CPU; this split does not."""
+    for k, sf in enumerate(out):
+        if sf.end_us is None or k not in own_parts:
+            continue
+        hi = sf.end_us
+        lo = hi - sf.step_ms * 1e3
+        comp, exposed, mem = (iv.window(x, lo, hi) for x in own_parts[k])
+        parts = {"compute": iv.total(comp), "exposed_comm": iv.total(exposed), "memcpy": iv.total(mem)}
+        busy = iv.total(iv.window(busy_all, lo, hi))
+        parts["other_steps"] = max(busy - sum(parts.values()), 0.0)
+        parts["idle"] = max(hi - lo - busy, 0.0)
+        sf.clock_parts_ms = {p: v / 1e3 for p, v in parts.items()}
 
 
 def blocking_calls(rt: RankTrace):

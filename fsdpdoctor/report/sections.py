@@ -441,6 +441,8 @@ def breakdown_table(f: RunFacts) -> Table | None:
     if not f.gpu_present:
         return None
     t = f.timeline
+    if t.clock_parts_ms:
+        return clock_table(f)
     w = t.gpu_window_ms or 0.0
     t_rows = [
         ["compute", ms(t.compute_ms), pct(100 * t.compute_ms / w if w else None)],
@@ -466,6 +468,45 @@ def breakdown_table(f: RunFacts) -> Table | None:
         ["part", "time", "share"],
         t_rows,
         note,
+    )
+
+
+CLOCK_ROWS = {
+    "compute": "compute",
+    "exposed_comm": "exposed communication",
+    "memcpy": "exposed memcpy/memset",
+    "other_steps": "other steps' GPU work",
+    "idle": "idle (nothing running)",
+}
+
+
+def clock_table(f: RunFacts) -> Table:
+    """The step time split on the step clock (each step's interval ends at its completion), so
+    that its shares are shares of the step; the GPU window, which can run into later steps'
+    intervals, is said beside it."""
+    t = f.timeline
+    step = sum(t.clock_parts_ms.values())
+    rows = [
+        [label, ms(t.clock_parts_ms.get(k, 0.0)), pct(100 * t.clock_parts_ms.get(k, 0.0) / step if step else None)]
+        for k, label in CLOCK_ROWS.items()
+    ]
+    rows.append(["step time", ms(step), "100%"])
+    w = t.gpu_window_ms or 0.0
+    note = (
+        "each step's interval of one step time, ending when the step completes (its CPU span and the GPU "
+        f"work it launched done); CPU step span {ms(t.cpu_step_ms)}. The GPU window of a step's own work "
+        f"(first to last GPU activity it launched) is {ms(w)}"
+    )
+    if w > 1.05 * step:
+        note += (
+            f", longer than the step: the GPU runs behind the CPU ({ms(t.gpu_behind_ms)} at the last step), so "
+            "consecutive steps' windows overlap and the window is no measure of the step"
+        )
+    return Table(
+        "Where a step's time goes on the GPU (mean per step over ranks; shares of the step time)",
+        ["part", "time", "share"],
+        rows,
+        note + ".",
     )
 
 
@@ -507,15 +548,47 @@ def collectives_table(f: RunFacts) -> Table | None:
                 mib(c.bytes_per_step),
                 ms(c.gpu_ms_per_step) if f.gpu_present else "–",
                 ms(c.exposed_ms_per_step) if f.gpu_present else "–",
-                "–" if c.mean_busbw_gbps is None else f"{c.mean_busbw_gbps:.1f} GB/s",
-                ", ".join(c.dtypes) or "–",
+                ms(c.transfer_ms_per_step),
+                gbps(c.mean_busbw_gbps),
+                gbps(c.pure_busbw_gbps),
             ]
         )
     return Table(
         "Collectives (per step, mean over ranks)",
-        ["kind", "count", "bytes", "GPU time", "exposed", "bus bw", "dtype"],
+        ["kind", "count", "bytes", "GPU time", "exposed", "transfer", "bw+wait", "bw pure"],
         rows,
+        bandwidth_note(f),
     )
+
+
+def gbps(v: float | None) -> str:
+    """A bus bandwidth in GB/s, unit in the column's header."""
+    if v is None:
+        return "–"
+    return f"{v:.1f}" if v >= 0.95 else f"{v:.2f}"
+
+
+def bandwidth_note(f: RunFacts) -> str:
+    """What the two bus bandwidths are, and why the pure one is missing where it is."""
+    dtypes = "; ".join(f"{c.kind.replace('_', '-')} {', '.join(c.dtypes)}" for c in f.collectives if c.dtypes)
+    if not f.gpu_present:
+        return f"Dtypes: {dtypes}." if dtypes else ""
+    line = (
+        "GPU time holds each rank's wait for the last rank to arrive; transfer is the time after "
+        "the last arrival (each rank's kernel end − the last rank's kernel start, mean over ranks). "
+        "Bus bandwidth (nccl-tests convention) in GB/s, over the whole kernel (bw+wait) and over the transfer alone (bw pure)"
+    )
+    cr = f.cross_rank
+    if cr is None or not cr.transfer_collectives:
+        # one rank's file, or ranks missing from every collective's group: the last arrival is unknown
+        line += "; the pure figures need every rank's trace"
+    elif cr.transfer_clock_skipped:
+        n = cr.transfer_clock_skipped
+        line += (
+            f"; {n} collective{'s' if n != 1 else ''} left out of them: "
+            "the ranks' kernels end before the last arrival (the hosts' clocks disagree)"
+        )
+    return line + "." + (f" Dtypes: {dtypes}." if dtypes else "")
 
 
 def units_table(f: RunFacts, limit: int = 12) -> Table | None:
