@@ -3,7 +3,8 @@
 Generated GPU pairs (``fixtures/scenarios/generator.py``): the healthy FSDP2 preset and the same
 config with exactly one knob changed, so the injected cause and the ground truth
 (``truth.json``) are known. Recorded CPU pairs (real torch + gloo runs): no GPU timeline, so the
-split is by CPU phase and the primary cause is the configuration finding that changed.
+split is by CPU phase with FSDP hook CPU time apart, and the primary cause is the measured part
+that moved the step most (tests/test_compare_causes.py checks it against the raw traces).
 """
 
 from __future__ import annotations
@@ -176,7 +177,9 @@ def test_outputs(generated):
     assert "step completions" in d["basis_definition"]
     md = render_markdown(c)
     assert md.startswith("# Step time 76.")
-    assert "Primary cause: `missing-backward-prefetch`" in md
+    # the primary cause is the measured part, with its sign, and the finding that explains it
+    assert "Primary cause: exposed reduce-scatter in backward +" in md
+    assert "Explained by `missing-backward-prefetch` (warning, appeared)" in md
     assert "set_modules_to_backward_prefetch" in md  # the FSDP2 fix
     assert "Fix (fsdp2)" in md and "Fix (fsdp1)" not in md  # code for the run's FSDP version only
     assert "| backward prefetch | BACKWARD_PRE | NONE |" in md
@@ -273,14 +276,19 @@ def _mean_step(facts):
     return sum(per_rank) / len(per_rank)
 
 
+# the primary cause: the measured part that moved the step most, in the direction it moved (a set:
+# freshly recorded CPU runs differ a little from one recording to the next). A configuration finding
+# that changed is not the primary cause unless it explains measured time (it used to be, 0 ms and all).
 @pytest.mark.parametrize(
     "before,after,primary",
     [
-        ("per-block", "no-backward-prefetch", "missing-backward-prefetch"),
-        ("per-block", "root-only", "auto-wrap-too-coarse"),
-        ("per-block", "per-linear", "auto-wrap-too-fine"),
-        ("bf16-mp", "per-block", "no-mixed-precision-collectives"),
-        ("per-block", "ddp", "fsdp-not-detected"),
+        ("per-block", "no-backward-prefetch", None),  # +2 ms: within the noise of a CPU recording
+        # 5 units → 1: FSDP's hooks cost less; on a loaded machine the waits in gloo's collective calls
+        # (counted in the phases outside the hooks, 28 calls → 4) can cost more
+        ("per-block", "root-only", {"cpu_fsdp_hooks", "cpu_backward"}),
+        ("per-block", "per-linear", {"auto-wrap-too-fine"}),  # more units: more hook time, which it explains
+        ("bf16-mp", "per-block", None),  # bf16 on the CPU: slower or not with the torch that records it
+        ("per-block", "ddp", {"cpu_fsdp_hooks", "cpu_backward"}),  # no FSDP hooks at all (and fewer collectives)
     ],
 )
 def test_recorded_pairs(recorded, before, after, primary):
@@ -292,8 +300,11 @@ def test_recorded_pairs(recorded, before, after, primary):
     assert abs(c.components_sum_ms - c.step_time_delta_ms) <= 0.01 * abs(c.step_time_delta_ms) + 1e-9
     assert _causes_sum(c) == pytest.approx(c.step_time_delta_ms, abs=1e-6)
     assert set(c.component_totals()) == set(CPU_COMPONENTS)
-    assert c.primary_cause == primary
-    assert c.primary.status == "appeared"
+    p = c.primary
+    if primary is not None:
+        assert c.primary_cause in primary, (c.component_totals(), c.notes)
+    if p is not None:  # measured, and moving the step the way it moved
+        assert abs(p.delta_ms) >= 0.005 and (p.delta_ms > 0) == (c.step_time_delta_ms > 0)
     assert any("GPU split" in n and "unavailable" in n for n in c.notes)
     assert "unavailable" in c.basis_text
 
