@@ -276,22 +276,25 @@ def _mean_step(facts):
     return sum(per_rank) / len(per_rank)
 
 
-# the primary cause: the measured part that moved the step most, in the direction it moved (a set:
-# freshly recorded CPU runs differ a little from one recording to the next). A configuration finding
-# that changed is not the primary cause unless it explains measured time (it used to be, 0 ms and all).
+# The finding each change brings (a configuration the traces show: robust). Which measured part
+# moved the step most is not: these runs are recorded afresh on a machine shared with other work,
+# and their CPU step times move by tens of ms from one recording to the next (per-block's FSDP hook
+# CPU time 33.8 ms in the committed recording, 77.9 ms in one made under load), so the primary cause
+# is checked for what holds in any recording: measured, moving the step the way it moved, and never
+# a finding that explains no measured time (it used to be the configuration finding, 0 ms and all).
+# tests/test_compare_causes.py checks the primary cause of the committed recordings against their
+# raw traces.
 @pytest.mark.parametrize(
-    "before,after,primary",
+    "before,after,finding",
     [
-        ("per-block", "no-backward-prefetch", None),  # +2 ms: within the noise of a CPU recording
-        # 5 units → 1: FSDP's hooks cost less; on a loaded machine the waits in gloo's collective calls
-        # (counted in the phases outside the hooks, 28 calls → 4) can cost more
-        ("per-block", "root-only", {"cpu_fsdp_hooks", "cpu_backward"}),
-        ("per-block", "per-linear", {"auto-wrap-too-fine"}),  # more units: more hook time, which it explains
-        ("bf16-mp", "per-block", None),  # bf16 on the CPU: slower or not with the torch that records it
-        ("per-block", "ddp", {"cpu_fsdp_hooks", "cpu_backward"}),  # no FSDP hooks at all (and fewer collectives)
+        ("per-block", "no-backward-prefetch", "missing-backward-prefetch"),
+        ("per-block", "root-only", "auto-wrap-too-coarse"),
+        ("per-block", "per-linear", "auto-wrap-too-fine"),
+        ("bf16-mp", "per-block", "no-mixed-precision-collectives"),
+        ("per-block", "ddp", "fsdp-not-detected"),
     ],
 )
-def test_recorded_pairs(recorded, before, after, primary):
+def test_recorded_pairs(recorded, before, after, finding):
     c = _rec(recorded, before, after)
     assert c.basis == "cpu"
     assert c.step_time_delta_ms == pytest.approx(
@@ -300,11 +303,13 @@ def test_recorded_pairs(recorded, before, after, primary):
     assert abs(c.components_sum_ms - c.step_time_delta_ms) <= 0.01 * abs(c.step_time_delta_ms) + 1e-9
     assert _causes_sum(c) == pytest.approx(c.step_time_delta_ms, abs=1e-6)
     assert set(c.component_totals()) == set(CPU_COMPONENTS)
+    f = next(k for k in c.causes if k.slug == finding)
+    assert f.kind == "finding" and f.status == "appeared"
     p = c.primary
-    if primary is not None:
-        assert c.primary_cause in primary, (c.component_totals(), c.notes)
     if p is not None:  # measured, and moving the step the way it moved
         assert abs(p.delta_ms) >= 0.005 and (p.delta_ms > 0) == (c.step_time_delta_ms > 0)
+    if f.delta_ms == 0:
+        assert c.primary_cause != finding
     assert any("GPU split" in n and "unavailable" in n for n in c.notes)
     assert "unavailable" in c.basis_text
 

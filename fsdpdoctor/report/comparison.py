@@ -265,10 +265,12 @@ def primary_sentence(c: Comparison) -> str:
         s = "Primary cause: " + ", ".join(f"{n} {dms(v)}" for n, v in pieces) + f" ({dms(p.delta_ms)} per step in all)"
     else:
         s = f"Primary cause: {part_name(p.parts, c)} {dms(p.delta_ms)} per step"
+    offsets_named: list[Cause] = []
     if _over(c, p.delta_ms):
         from ..analysis.compare import offsets
 
         against = offsets(c.causes, p, d)
+        offsets_named = against[:3]
         named = ", ".join(f"{cause_name(k, c)} {dms(k.delta_ms)}" for k in against[:3])
         s += (
             f", more than the whole {dms(d)} change: other parts moved the other way by {dms(d - p.delta_ms)} in all"
@@ -285,11 +287,40 @@ def primary_sentence(c: Comparison) -> str:
             s += f" The rule estimates {ms(p.est_saving_ms)} per step for it."
     else:
         s += " No finding that appeared or went away explains it. " + cause_hint(p)
+    seen = _context(c, [p, *offsets_named])
+    if seen:
+        s += f" What changed with it: {seen}."
     nothing = [k for k in c.causes if k.kind == "finding" and not k.measurable]
-    if nothing:
-        s += " Findings that " + ("appeared or went away" if len(nothing) > 1 else _verb(nothing[0])) + " but explain "
-        s += "nothing measurable: " + ", ".join(f"`{k.slug}` ({_verb(k)})" for k in nothing) + "."
+    if len(nothing) == 1:
+        s += f" A finding that {_verb(nothing[0])} explains nothing measurable: `{nothing[0].slug}`."
+    elif nothing:
+        s += " Findings that appeared or went away but explain nothing measurable: "
+        s += ", ".join(f"`{k.slug}` ({_verb(k)})" for k in nothing) + "."
     return s.rstrip()
+
+
+# the rows of "what changed" that go with a part of the step (shown beside it when it moves)
+_CHANGED_WITH = {
+    "compute": ("compute_dtype", "activation_checkpointing"),
+    "exposed_all_gather": ("unit_count", "backward_prefetch", "mixed_precision"),
+    "exposed_reduce_scatter": ("unit_count", "backward_prefetch", "mixed_precision"),
+    "other_idle": ("optimizer_cpu_ms",),
+    "memcpy": ("copies.pageable", "copies.h2d", "copies.d2h"),
+    "host_bound_idle": ("copies.pageable",),
+    "cpu_fsdp_hooks": ("unit_count", "backward_prefetch"),
+    "cpu_forward": ("unit_count", "mixed_precision"),
+    "cpu_backward": ("unit_count", "mixed_precision"),
+}
+
+
+def _context(c: Comparison, causes: list[Cause]) -> str:
+    """The structure rows that changed and go with these parts: "optimizer step CPU time 525.26 ms →
+    332.96 ms"."""
+    rows = {s.key: s for s in c.structure if s.changed}
+    comps = [x.partition("@")[0] for cause in causes for x in cause.parts]
+    keys = [k for comp in dict.fromkeys(comps) for k in _CHANGED_WITH.get(comp, ())]
+    out = [f"{rows[k].label} {rows[k].before} → {rows[k].after}" for k in dict.fromkeys(keys) if k in rows]
+    return "; ".join(out)
 
 
 def causes_table(c: Comparison, compact: bool = False) -> Table:
