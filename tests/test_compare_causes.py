@@ -322,3 +322,21 @@ def test_pageable_offload_what_changed_and_the_idle_that_moved():
     assert "| copies from or to pageable memory per step | 1.0 | 155.0 |" in md
     assert "nothing: same structure" not in md and "nothing: same structure" not in term
     assert to_dict(c)["primary_cause_text"].startswith("idle outside the GPU window −")
+
+
+def test_facts_saved_before_the_hook_split_are_compared_on_whole_phases():
+    """A baseline saved before the facts held FSDP hook CPU time by phase: no hook part on either
+    side (half a split would show the whole hook time as a change), and the report says why."""
+    import copy
+
+    old = copy.deepcopy(_report("per-block").facts)
+    for r in old.rank_facts:
+        r.fsdp.hook_cpu_ms_by_phase = {}
+    after = _report("root-only")
+    c = compare(old, after.facts, _report("per-block").findings, after.findings)
+    assert c.component_totals()["cpu_fsdp_hooks"] == (0.0, 0.0)
+    assert c.components_sum_ms == pytest.approx(c.step_time_delta_ms, abs=1e-9)
+    rb, ra = _cpu_run("per-block"), _cpu_run("root-only")
+    b, a = c.component_totals()["cpu_backward"]  # the whole backward phase, hooks in it
+    assert a - b == pytest.approx(ra["backward"] - rb["backward"], abs=1.0)
+    assert any("not split out" in n for n in c.notes)
