@@ -164,10 +164,10 @@ def _hook_cpu_by_phase(hooks: list[iv.Intervals], steps) -> dict[str, float]:
                     wins.setdefault(name, []).append(w)
         if "optimizer" in st.phases:
             wins["optimizer"] = [st.phases["optimizer"]]
-        in_step = sum(iv.total(iv.clip(h, st.start, st.end)) for h in hooks)
+        in_step = sum(iv.total(iv.window(h, st.start, st.end)) for h in hooks)
         known = 0.0
         for name, ws in wins.items():
-            v = sum(iv.total(iv.clip(h, a, b)) for h in hooks for a, b in ws)
+            v = sum(iv.total(iv.window(h, a, b)) for h in hooks for a, b in ws)
             out[name if name in out else "other"] += v
             known += v
         out["other"] += in_step - known
