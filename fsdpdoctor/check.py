@@ -181,11 +181,14 @@ class CheckResult:
             "notes": self.notes,
         }
         if self.comparison is not None:
+            from .report.comparison import primary_text
+
             c = self.comparison
             d["comparison"] = {
                 "step_time_delta_ms": c.step_time_delta_ms,
                 "step_time_delta_pct": c.step_time_delta_pct,
                 "primary_cause": c.primary_cause,
+                "primary_cause_text": primary_text(c),
                 "causes": [{"slug": k.slug, "delta_ms": k.delta_ms} for k in c.causes[:5]],
             }
         return d
@@ -290,11 +293,11 @@ class CheckResult:
                 console.print(Text(f"FAIL {g.name}: {g.detail}"))
         c = self.comparison
         if c is not None and not self.passed and c.primary_cause:
-            from .report.comparison import headline
+            from .report.comparison import headline, primary_text
 
             console.print(
                 Text(
-                    f"{headline(c)}; primary cause: {c.primary_cause} (run 'fsdpdoctor compare BASELINE RUN' for details)"
+                    f"{headline(c)}; primary cause: {primary_text(c)} (run 'fsdpdoctor compare BASELINE RUN' for details)"
                 )
             )
         console.print(Text(self.verdict_line(), style="bold green" if self.passed else "bold red"))

@@ -181,6 +181,9 @@ class FsdpFacts:
     mixed_precision: bool | None = None
     rate_limiter_ms_per_step: float = 0.0
     hook_cpu_ms_per_step: float = 0.0  # CPU time inside outermost FSDP hook ranges
+    # the same CPU time inside the steps, per step, by the phase it falls in (forward / backward /
+    # optimizer / other: the step outside those); empty when FSDP was not found or facts predate it
+    hook_cpu_ms_by_phase: dict[str, float] = field(default_factory=dict)
     other_parallelism: str | None = None  # what was found when FSDP was not (e.g. "DDP")
     microbatches_per_step: int = 1  # forward passes per optimizer step (gradient accumulation)
     activation_checkpointing: bool | None = None  # forward ops recomputed inside backward; None: unknown

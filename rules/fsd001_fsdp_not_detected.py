@@ -35,7 +35,7 @@ SEVERITY = "info"
 THRESHOLDS = ()
 
 # compare: the parts of the step time this finding explains when it appears or goes away
-EXPLAINS = {"gpu": ALL_COMM, "cpu": [("cpu_forward", None), ("cpu_backward", None)]}
+EXPLAINS = {"gpu": ALL_COMM, "cpu": [("cpu_fsdp_hooks", None), ("cpu_forward", None), ("cpu_backward", None)]}
 CONFIG_KEYS = ("fsdp_version",)  # a configuration finding: it explains a change only when these changed
 CLAIM_PRIORITY = 10  # specific findings claim before the general ones that they explain
 

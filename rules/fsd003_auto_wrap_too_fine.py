@@ -50,7 +50,7 @@ THRESHOLDS = (
 # compare: the parts of the step time this finding explains when it appears or goes away
 EXPLAINS = {
     "gpu": [("exposed_all_gather", None), ("exposed_reduce_scatter", None), ("host_bound_idle", None)],
-    "cpu": [("cpu_forward", None), ("cpu_backward", None)],
+    "cpu": [("cpu_fsdp_hooks", None), ("cpu_forward", None), ("cpu_backward", None)],
 }
 CONFIG_KEYS = ("unit_count",)  # a configuration finding: it explains a change only when these changed
 CLAIM_PRIORITY = 70  # specific findings claim before the general ones that they explain

@@ -41,7 +41,10 @@ REPLAY_FIX = "prefetch"  # the what-if replay transformation its saving comes fr
 THRESHOLDS = ("prefetch_min_exposed_ms",)  # below it the finding is info only
 
 # compare: the parts of the step time this finding explains when it appears or goes away
-EXPLAINS = {"gpu": [(c, "backward") for c, _ in ALL_COMM], "cpu": [("cpu_backward", None)]}
+EXPLAINS = {
+    "gpu": [(c, "backward") for c, _ in ALL_COMM],
+    "cpu": [("cpu_fsdp_hooks", "backward"), ("cpu_backward", None)],
+}
 CONFIG_KEYS = (
     "backward_prefetch",
     "fsdp_version",

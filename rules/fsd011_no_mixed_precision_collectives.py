@@ -46,7 +46,7 @@ REPLAY_FIX = "mixed_precision"  # the what-if replay transformation its saving c
 THRESHOLDS = ("mp_min_ag_mib",)
 
 # compare: the parts of the step time this finding explains when it appears or goes away
-EXPLAINS = {"gpu": ALL_COMM, "cpu": [("cpu_forward", None), ("cpu_backward", None)]}
+EXPLAINS = {"gpu": ALL_COMM, "cpu": [("cpu_fsdp_hooks", None), ("cpu_forward", None), ("cpu_backward", None)]}
 # param_dtype is also the dtype the layers compute in: when the collective dtype changed, so did compute
 EXPLAINS_IF_CHANGED = {
     "dtype.": {

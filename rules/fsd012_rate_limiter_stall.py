@@ -36,7 +36,10 @@ REPLAY_FIX = "rate_limiter_off"  # the what-if replay transformation its saving 
 THRESHOLDS = ("rate_limiter_min_ms", "rate_limiter_min_pct")
 
 # compare: the parts of the step time this finding explains when it appears or goes away
-EXPLAINS = {"gpu": [("host_bound_idle", None), ("other_idle", None)], "cpu": [("cpu_forward", None)]}
+EXPLAINS = {
+    "gpu": [("host_bound_idle", None), ("other_idle", None)],
+    "cpu": [("cpu_fsdp_hooks", "forward"), ("cpu_forward", None)],
+}
 CLAIM_PRIORITY = 90  # specific findings claim before the general ones that they explain
 
 

@@ -42,7 +42,7 @@ REPLAY_FIX = "hooks_off"
 # compare: the parts of the step time this finding explains when it appears or goes away
 EXPLAINS = {
     "gpu": [("host_bound_idle", None), ("other_idle", None)],
-    "cpu": [("cpu_forward", None), ("cpu_backward", None)],
+    "cpu": [("cpu_fsdp_hooks", None), ("cpu_forward", None), ("cpu_backward", None)],
 }
 CLAIM_PRIORITY = 95
 SUPERSEDED_BY = ("auto-wrap-too-fine", "cpu-offload-stall")

@@ -3,7 +3,8 @@
 Generated GPU pairs (``fixtures/scenarios/generator.py``): the healthy FSDP2 preset and the same
 config with exactly one knob changed, so the injected cause and the ground truth
 (``truth.json``) are known. Recorded CPU pairs (real torch + gloo runs): no GPU timeline, so the
-split is by CPU phase and the primary cause is the configuration finding that changed.
+split is by CPU phase with FSDP hook CPU time apart, and the primary cause is the measured part
+that moved the step most (tests/test_compare_causes.py checks it against the raw traces).
 """
 
 from __future__ import annotations
@@ -176,7 +177,9 @@ def test_outputs(generated):
     assert "step completions" in d["basis_definition"]
     md = render_markdown(c)
     assert md.startswith("# Step time 76.")
-    assert "Primary cause: `missing-backward-prefetch`" in md
+    # the primary cause is the measured part, with its sign, and the finding that explains it
+    assert "Primary cause: exposed reduce-scatter in backward +" in md
+    assert "Explained by `missing-backward-prefetch` (warning, appeared)" in md
     assert "set_modules_to_backward_prefetch" in md  # the FSDP2 fix
     assert "Fix (fsdp2)" in md and "Fix (fsdp1)" not in md  # code for the run's FSDP version only
     assert "| backward prefetch | BACKWARD_PRE | NONE |" in md
@@ -273,8 +276,16 @@ def _mean_step(facts):
     return sum(per_rank) / len(per_rank)
 
 
+# The finding each change brings (a configuration the traces show: robust). Which measured part
+# moved the step most is not: these runs are recorded afresh on a machine shared with other work,
+# and their CPU step times move by tens of ms from one recording to the next (per-block's FSDP hook
+# CPU time 33.8 ms in the committed recording, 77.9 ms in one made under load), so the primary cause
+# is checked for what holds in any recording: measured, moving the step the way it moved, and never
+# a finding that explains no measured time (it used to be the configuration finding, 0 ms and all).
+# tests/test_compare_causes.py checks the primary cause of the committed recordings against their
+# raw traces.
 @pytest.mark.parametrize(
-    "before,after,primary",
+    "before,after,finding",
     [
         ("per-block", "no-backward-prefetch", "missing-backward-prefetch"),
         ("per-block", "root-only", "auto-wrap-too-coarse"),
@@ -283,7 +294,7 @@ def _mean_step(facts):
         ("per-block", "ddp", "fsdp-not-detected"),
     ],
 )
-def test_recorded_pairs(recorded, before, after, primary):
+def test_recorded_pairs(recorded, before, after, finding):
     c = _rec(recorded, before, after)
     assert c.basis == "cpu"
     assert c.step_time_delta_ms == pytest.approx(
@@ -292,8 +303,13 @@ def test_recorded_pairs(recorded, before, after, primary):
     assert abs(c.components_sum_ms - c.step_time_delta_ms) <= 0.01 * abs(c.step_time_delta_ms) + 1e-9
     assert _causes_sum(c) == pytest.approx(c.step_time_delta_ms, abs=1e-6)
     assert set(c.component_totals()) == set(CPU_COMPONENTS)
-    assert c.primary_cause == primary
-    assert c.primary.status == "appeared"
+    f = next(k for k in c.causes if k.slug == finding)
+    assert f.kind == "finding" and f.status == "appeared"
+    p = c.primary
+    if p is not None:  # measured, and moving the step the way it moved
+        assert abs(p.delta_ms) >= 0.005 and (p.delta_ms > 0) == (c.step_time_delta_ms > 0)
+    if f.delta_ms == 0:
+        assert c.primary_cause != finding
     assert any("GPU split" in n and "unavailable" in n for n in c.notes)
     assert "unavailable" in c.basis_text
 

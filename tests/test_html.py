@@ -456,7 +456,8 @@ def _check_real_comparison(cmp) -> str:
 def test_render_real_comparison_cpu():
     cmp = _real_comparison(PER_BLOCK, REPO / "fixtures" / "recorded" / "no-backward-prefetch")
     page = _check_real_comparison(cmp)
-    assert '"forward (CPU)"' in page  # CPU-only runs: the delta by CPU phase
+    # CPU-only runs: the delta by CPU phase, FSDP hook CPU time apart
+    assert '"forward outside FSDP hooks (CPU)"' in page and '"FSDP hook CPU time"' in page
 
 
 def test_render_real_comparison_gpu(fsdp_gpu_dir, tmp_path_factory):

@@ -37,27 +37,27 @@ output):
   Exposed comm is resolved by phase (forward / backward / optimizer / other, from the CPU time
   each collective was issued); compute, memcpy and idle are per step only (``phase == "all"``),
   because RunFacts holds no per-phase GPU compute or idle.
-* **CPU-only runs** (gloo, no GPU timeline): ``step_ms = forward + backward + optimizer + other``
-  from ``StepFacts.phase_ms`` (CPU phase durations); the GPU split is unavailable.
+* **CPU-only runs** (gloo, no GPU timeline): ``step_ms = FSDP hooks + forward + backward +
+  optimizer + other``: the CPU phase durations (``StepFacts.phase_ms``) with the FSDP hook CPU time
+  inside each (``FsdpFacts.hook_cpu_ms_by_phase``, collective calls inside the hooks left out)
+  taken out into a part of its own, resolved by phase; the GPU split is unavailable.
 
-Causes: every finding that appeared takes the parts of the step it explains (its rule module's
-``EXPLAINS``, in ``CLAIM_PRIORITY`` order when several could) that grew, every finding that went away those that
-shrank, and the rest stays with the parts themselves, so the causes also add up to the delta. A
-configuration finding whose configuration did not change (its rule's ``CONFIG_KEYS``: it only
-crossed a threshold) takes nothing. On GPU runs the causes are ranked by the
-delta they carry (in the direction of the total change) and the top one is the primary cause.
-On CPU-only runs the step time says little about FSDP's overlap, so findings that appeared (then
-disappeared) rank first, by severity.
+Causes (:mod:`.compare_causes`): every finding that appeared takes the parts of the step it
+explains that grew, every finding that went away those that shrank, and the rest stays with the
+parts themselves, so the causes also add up to the delta; a finding that takes nothing is listed
+as explaining nothing measurable. The causes are ranked by the delta they carry in the direction
+of the total change, and the top one, a measured part (with the finding that explains it, where
+one does), is the primary cause.
 """
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..engine import SEVERITIES, Finding, load_rules
+from ..engine import Finding
 from ..facts import RankFacts, RunFacts
+from .compare_causes import Cause, offsets, primary, rank_causes  # noqa: F401  (Cause, offsets re-exported)
 from .compare_tables import (  # noqa: F401  (re-exported: the comparison's row types)
     PHASES,
     Change,
@@ -87,7 +87,7 @@ GPU_COMPONENTS = (
     "host_bound_idle",
     "other_idle",
 )
-CPU_COMPONENTS = ("cpu_forward", "cpu_backward", "cpu_optimizer", "cpu_other")
+CPU_COMPONENTS = ("cpu_fsdp_hooks", "cpu_forward", "cpu_backward", "cpu_optimizer", "cpu_other")
 EXPOSED = ("exposed_all_gather", "exposed_reduce_scatter", "exposed_other_comm")
 
 GPU_BASIS = (
@@ -100,8 +100,9 @@ GPU_BASIS = (
 )
 CPU_BASIS = (
     "step time = interval between step completions (the CPU ProfilerStep spans), mean over each rank's steps then over ranks; no GPU "
-    "timeline, so it is split into CPU phases (forward + backward + optimizer + rest), which add up "
-    "exactly; the GPU split (compute / exposed comm / idle) is unavailable"
+    "timeline, so it is split on the CPU: FSDP hook CPU time (collective calls inside the hooks left out) + forward, "
+    "backward and optimizer outside the hooks + rest, which add up exactly; the GPU split (compute / exposed comm / "
+    "idle) is unavailable"
 )
 
 # ------------------------------------------------------------------------------------------
@@ -129,21 +130,6 @@ class PhaseRow:
     cpu_before_ms: float | None
     cpu_after_ms: float | None
     exposed_delta_ms: dict[str, float] = field(default_factory=dict)  # component → Δ (GPU runs)
-
-
-@dataclass
-class Cause:
-    slug: str  # a finding slug or a component name
-    kind: str  # "finding" or "component"
-    delta_ms: float
-    summary: str
-    status: str | None = None  # for findings: appeared / disappeared
-    severity: str | None = None
-    est_saving_ms: float | None = None
-    parts: list[str] = field(default_factory=list)  # "component@phase" it covers
-    fix: dict[str, str] = field(default_factory=dict)
-    corroborated: bool = True  # False: a configuration finding whose configuration did not change
-    note: str = ""
 
 
 @dataclass
@@ -211,8 +197,9 @@ def _comm_component(kind: str) -> str:
     return "exposed_other_comm"
 
 
-def _rank_cells(r: RankFacts, basis: str) -> dict[tuple[str, str], float]:
-    """Mean per step of each (component, phase) of one rank; they add up to its mean step_ms."""
+def _rank_cells(r: RankFacts, basis: str, hooks: bool = False) -> dict[tuple[str, str], float]:
+    """Mean per step of each (component, phase) of one rank; they add up to its mean step_ms.
+    ``hooks`` (CPU runs): FSDP hook CPU time taken out of each phase into its own part."""
     n = len(r.steps)
     cells: dict[tuple[str, str], float] = {}
 
@@ -227,6 +214,10 @@ def _rank_cells(r: RankFacts, basis: str) -> dict[tuple[str, str], float]:
                 add((f"cpu_{p}", ALL), v)
                 known += v
             add(("cpu_other", ALL), s.step_ms - known)
+        for p, v in (r.fsdp.hook_cpu_ms_by_phase if hooks else {}).items():
+            cells[("cpu_fsdp_hooks", p)] = cells.get(("cpu_fsdp_hooks", p), 0.0) + v
+            key = ("cpu_other" if p not in ("forward", "backward", "optimizer") else f"cpu_{p}", ALL)
+            cells[key] = cells.get(key, 0.0) - v
         return cells
     exposed_total = 0.0
     exposed_phase = {p: 0.0 for p in PHASES}
@@ -273,12 +264,19 @@ def _ranks_for(f: RunFacts, basis: str) -> list[RankFacts]:
     return rs
 
 
-def breakdown(f: RunFacts, basis: str) -> tuple[float, dict[tuple[str, str], float]]:
-    """(mean step time, cells) of a run on ``basis`` ("gpu" or "cpu"); cells sum to the step time."""
+def hooks_split(f: RunFacts) -> bool:
+    """Whether a run's facts split FSDP hook CPU time by phase on every rank compare reads (a rank
+    without FSDP has none to split); facts saved before they held it do not."""
+    return all(r.fsdp.version is None or r.fsdp.hook_cpu_ms_by_phase for r in _ranks_for(f, "cpu"))
+
+
+def breakdown(f: RunFacts, basis: str, hooks: bool = False) -> tuple[float, dict[tuple[str, str], float]]:
+    """(mean step time, cells) of a run on ``basis`` ("gpu" or "cpu"); cells sum to the step time.
+    ``hooks``: on CPU runs, FSDP hook CPU time as a part of its own (:func:`hooks_split`)."""
     ranks = _ranks_for(f, basis)
     if not ranks:
         return 0.0, {}
-    per = [_rank_cells(r, basis) for r in ranks]
+    per = [_rank_cells(r, basis, hooks) for r in ranks]
     keys = sorted({k for c in per for k in c})
     cells = {k: _mean([c.get(k, 0.0) for c in per]) for k in keys}
     step = _mean([_mean([s.step_ms for s in r.steps]) for r in ranks])
@@ -335,149 +333,6 @@ def compute_split(before: RunFacts, after: RunFacts) -> dict[str, float]:
 
 
 # ------------------------------------------------------------------------------------------
-# structure, findings, alignment
-# ------------------------------------------------------------------------------------------
-
-
-@functools.lru_cache(maxsize=1)
-def _rules_by_slug() -> dict[str, Any]:
-    return {r.slug: r for r in load_rules()}
-
-
-def _rule(slug: str) -> Any:
-    return _rules_by_slug().get(slug)
-
-
-def _changed(structure: list[Change], key: str) -> bool:
-    """A structure row matching ``key`` (or starting with it, when it ends with '.') changed
-    between two known values."""
-    return any(
-        s.changed
-        and _known(s.before)
-        and _known(s.after)
-        and (s.key == key or (key.endswith(".") and s.key.startswith(key)))
-        for s in structure
-    )
-
-
-def _claims_for(slug: str, basis: str, structure: list[Change]) -> tuple[list[tuple[str, str | None]], str]:
-    """The parts of the step a finding explains (its rule's ``EXPLAINS``, plus ``EXPLAINS_IF_CHANGED``
-    entries whose structure key changed) and the note those extra parts carry."""
-    rule = _rule(slug)
-    claims = list(rule.explains.get(basis, [])) if rule else []
-    note = ""
-    for key, extra in (rule.explains_if_changed if rule else {}).items():
-        if extra.get(basis) and _changed(structure, key):
-            claims += extra[basis]
-            note = extra.get("note", "")
-    return claims, note
-
-
-def _corroborated(slug: str, structure: list[Change]) -> bool:
-    """A finding about a configuration (its rule's ``CONFIG_KEYS``) explains a change only when that
-    configuration changed; otherwise it appeared or disappeared by crossing a threshold."""
-    rule = _rule(slug)
-    keys = rule.config_keys if rule else None
-    if keys is None:
-        return True  # a measured finding: its appearance is the evidence
-    return any(_changed(structure, k) for k in keys)
-
-
-def _known(v: str) -> bool:
-    return v not in ("", "–", "unknown", "None")
-
-
-def _rank_causes(
-    cells: dict[tuple[str, str], tuple[float, float]],
-    changes: list[FindingChange],
-    basis: str,
-    b: RunFacts,
-    a: RunFacts,
-    total_delta: float,
-    structure: list[Change],
-) -> list[Cause]:
-    remaining = dict(cells)
-    taken_by: dict[tuple[str, str], str] = {}
-    candidates = [fc for fc in changes if fc.status in ("appeared", "disappeared")]
-    candidates.sort(key=lambda fc: (_rule(fc.slug).claim_priority if _rule(fc.slug) else 1000, fc.status != "appeared"))
-    causes: list[Cause] = []
-    for fc in candidates:
-        claims, extra_note = _claims_for(fc.slug, basis, structure)
-        corroborated = _corroborated(fc.slug, structure)
-        mine = [k for k in cells if any(k[0] == comp and (ph is None or k[1] == ph) for comp, ph in claims)]
-        # a finding that appeared explains parts that grew; one that went away, parts that shrank
-        want = 1.0 if fc.status == "appeared" else -1.0
-        taken = [k for k in mine if k in remaining and want * (cells[k][1] - cells[k][0]) > 0] if corroborated else []
-        delta = sum(remaining[k][1] - remaining[k][0] for k in taken)
-        for k in taken:
-            del remaining[k]
-            taken_by[k] = fc.slug
-        note = ""
-        if not corroborated:
-            note = f"{fc.status} without a change in the configuration it is about (a threshold was crossed): no share of the delta given to it"
-        elif not claims:
-            note = "no part of the step time is attributed to this finding"
-        elif extra_note and taken:
-            note = extra_note
-        elif mine and not taken:
-            others = sorted({taken_by[k] for k in mine if k in taken_by})
-            if others:
-                note = "its parts of the step time are already counted under " + ", ".join(others)
-            else:
-                note = "the parts of the step time it explains did not " + ("grow" if want > 0 else "shrink")
-        causes.append(
-            Cause(
-                slug=fc.slug,
-                kind="finding",
-                delta_ms=delta,
-                summary=fc.summary,
-                status=fc.status,
-                severity=fc.severity,
-                est_saving_ms=fc.est_saving_after_ms if fc.status == "appeared" else fc.est_saving_before_ms,
-                parts=[f"{c}@{p}" for c, p in sorted(taken)],
-                fix=fc.fix if fc.status == "appeared" else {},
-                corroborated=corroborated,
-                note=note,
-            )
-        )
-    by_comp: dict[str, list[tuple[str, str]]] = {}
-    for k in remaining:
-        by_comp.setdefault(k[0], []).append(k)
-    for comp, keys in by_comp.items():
-        delta = sum(remaining[k][1] - remaining[k][0] for k in keys)
-        causes.append(
-            Cause(
-                slug=comp,
-                kind="component",
-                delta_ms=delta,
-                summary="",  # worded by the reporters (fsdpdoctor.report.comparison)
-                parts=[f"{c}@{p}" for c, p in sorted(keys)],
-            )
-        )
-    sign = 1.0 if total_delta >= 0 else -1.0
-    sev = {s: i for i, s in enumerate(SEVERITIES)}
-    if basis == "gpu":
-        causes.sort(key=lambda c: -sign * c.delta_ms)
-    else:
-        # CPU-only: a corroborated finding that appeared (then one that disappeared) outranks
-        # the phase times, which do not show FSDP's overlap; findings about a configuration
-        # that changed come first
-        def key(c: Cause):
-            if c.kind == "finding" and c.corroborated:
-                about_config = 0 if _rule(c.slug) is not None and _rule(c.slug).config_keys is not None else 1
-                return (
-                    0 if c.status == "appeared" else 1,
-                    about_config,
-                    sev.get(c.severity or "", 9),
-                    -sign * c.delta_ms,
-                )
-            return (2, 0, 0, -sign * c.delta_ms)
-
-        causes.sort(key=key)
-    return causes
-
-
-# ------------------------------------------------------------------------------------------
 # entry point
 # ------------------------------------------------------------------------------------------
 
@@ -508,8 +363,14 @@ def compare(
                 f"{f.schema_version} < {STEP_CLOCK_SCHEMA}); where the GPU runs behind the CPU the two runs are "
                 "on different clocks: regenerate it with 'fsdpdoctor analyze TRACES --save-baseline FILE'"
             )
-    sb, cb = breakdown(before, basis)
-    sa, ca = breakdown(after, basis)
+    hooks = basis == "cpu" and hooks_split(before) and hooks_split(after)
+    if basis == "cpu" and not hooks:
+        notes.append(
+            "FSDP hook CPU time is not split out of the CPU phases: a run's facts were saved before fsdpdoctor "
+            "measured it by phase (regenerate them with 'fsdpdoctor analyze TRACES --save-baseline FILE')"
+        )
+    sb, cb = breakdown(before, basis, hooks)
+    sa, ca = breakdown(after, basis, hooks)
     if not any(r.steps for r in before.all_ranks()):
         notes.append(f"{before_label}: no steps found, step time taken as 0")
     if not any(r.steps for r in after.all_ranks()):
@@ -555,12 +416,10 @@ def compare(
 
     fchanges = findings_diff(before_findings, after_findings)
     structure = structure_diff(before, after)
-    causes = _rank_causes(cells, fchanges, basis, before, after, sa - sb, structure)
     delta = sa - sb
+    causes = rank_causes(cells, fchanges, basis, delta, structure)
     any_finding_change = any(fc.status != "persisting" for fc in fchanges)
-    primary = None
-    if causes and (any_finding_change or (sb and abs(delta) / sb >= 0.01) or (not sb and abs(delta) > 0)):
-        primary = causes[0].slug
+    prim = primary(causes, delta, any_finding_change or (sb and abs(delta) / sb >= 0.01) or (not sb and abs(delta) > 0))
     split = compute_split(before, after) if basis == "gpu" else {}
     parts, why = (
         waterfall_split(
@@ -584,7 +443,7 @@ def compare(
         structure=structure,
         findings=fchanges,
         causes=causes,
-        primary_cause=primary,
+        primary_cause=prim.slug if prim is not None else None,
         ranks=_rank_rows(before, after, basis),
         units=_unit_rows(before, after),
         collectives=_collective_rows(before, after),

@@ -129,8 +129,35 @@ def structure_diff(b: RunFacts, a: RunFacts) -> list[Change]:
     for k in kinds:
         row(f"count.{k}", f"{k.replace('_', '-')} per step", lambda f, k=k: _coll_count(f, k))
         row(f"bytes.{k}", f"bytes per {k.replace('_', '-')}", lambda f, k=k: _coll_bytes(f, k))
+    # host copies: how many, and whether from / to pageable memory (synchronous copies)
+    row("copies.h2d", "host-to-device copies per step", lambda f: _per_step(f, lambda o: o.h2d_count))
+    row("copies.d2h", "device-to-host copies per step", lambda f: _per_step(f, lambda o: o.d2h_count))
+    row(
+        "copies.pageable",
+        "copies from or to pageable memory per step",
+        lambda f: _per_step(f, lambda o: o.pageable_count),
+    )
+    if b.fsdp.cpu_offload.detected or a.fsdp.cpu_offload.detected:  # the optimizer step runs on the CPU
+        row("optimizer_cpu_ms", "optimizer step CPU time", _optimizer_cpu)
     row("step_method", "steps found by", lambda f: f.steps.method or "–")
     return rows
+
+
+def _ranks_with_steps(f: RunFacts) -> list[RankFacts]:
+    return [r for r in f.all_ranks() if r.steps]
+
+
+def _per_step(f: RunFacts, count) -> str:
+    """A per-rank count of the whole trace, per step, mean over ranks."""
+    rs = _ranks_with_steps(f)
+    return f"{_mean([count(r.fsdp.cpu_offload) / len(r.steps) for r in rs]):.1f}" if rs else "–"
+
+
+def _optimizer_cpu(f: RunFacts) -> str:
+    from ..fmt import ms
+
+    rs = _ranks_with_steps(f)
+    return ms(_mean([_mean([s.phase_ms.get("optimizer", 0.0) for s in r.steps]) for r in rs])) if rs else "–"
 
 
 def _stats(f: RunFacts, kind: str):

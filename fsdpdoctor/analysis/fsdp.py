@@ -23,6 +23,7 @@ import numpy as np
 
 from ..facts import FsdpFacts, OffloadFacts, UnitFacts
 from ..ingest.kineto import RankTrace
+from . import intervals as iv
 from .comms import Collective
 
 FSDP2_PREFIX = "FSDP::"
@@ -123,14 +124,15 @@ def analyze_fsdp(rt: RankTrace, colls: list[Collective], steps, n_steps: int) ->
     _shape(rt, f, colls, steps, n_steps)
     rl = cpu_label_rows(rt, lambda n: n == FSDP1_PREFIX + "rate_limiter")
     f.rate_limiter_ms_per_step = float(rt.dur[rl].sum()) / 1e3 / max(n_steps, 1)
-    f.hook_cpu_ms_per_step = _hook_cpu_ms(rt, version) / max(n_steps, 1)
+    hooks = _hook_intervals(rt, version)
+    f.hook_cpu_ms_per_step = sum(iv.total(h) for h in hooks) / 1e3 / max(n_steps, 1)
+    f.hook_cpu_ms_by_phase = _hook_cpu_by_phase(hooks, steps)
     return f
 
 
-def _hook_cpu_ms(rt: RankTrace, version: int) -> float:
-    """CPU time spent inside FSDP hook ranges, counting nested ranges once per thread."""
-    from . import intervals as iv
-
+def _hook_intervals(rt: RankTrace, version: int) -> list[iv.Intervals]:
+    """Per thread, the CPU time inside FSDP hook ranges (nested ranges merged), the collectives
+    issued inside them left out."""
     prefix = FSDP2_PREFIX if version == 2 else FSDP1_PREFIX
     # forward() of FSDP1 wraps the whole module: it is not hook overhead
     rows = np.flatnonzero(
@@ -139,13 +141,37 @@ def _hook_cpu_ms(rt: RankTrace, version: int) -> float:
     )
     # collectives issued inside hooks (synchronous on gloo) are communication, not overhead
     c10d = np.flatnonzero(rt.mask_cat("cpu_op") & rt.mask_names(lambda n: n.startswith("c10d::")))
-    total = 0.0
+    out = []
     for t in np.unique(rt.thread[rows]):
         r = rows[rt.thread[rows] == t]
         c = c10d[rt.thread[c10d] == t]
         hooks = iv.merge(rt.ts[r], rt.ts[r] + rt.dur[r])
-        total += iv.total(iv.subtract(hooks, iv.merge(rt.ts[c], rt.ts[c] + rt.dur[c])))
-    return total / 1e3
+        out.append(iv.subtract(hooks, iv.merge(rt.ts[c], rt.ts[c] + rt.dur[c])))
+    return out
+
+
+def _hook_cpu_by_phase(hooks: list[iv.Intervals], steps) -> dict[str, float]:
+    """Mean per step of the hook time inside each phase's CPU windows (each micro-batch's, where a
+    step has several); ``other`` is the rest of the step. Adds up to the hook time inside steps."""
+    if not steps:
+        return {}
+    out = {p: 0.0 for p in ("forward", "backward", "optimizer", "other")}
+    for st in steps:
+        wins: dict[str, list[tuple[float, float]]] = {}
+        for mb in st.microbatches or [st.phases]:
+            for name, w in mb.items():
+                if name != "optimizer":
+                    wins.setdefault(name, []).append(w)
+        if "optimizer" in st.phases:
+            wins["optimizer"] = [st.phases["optimizer"]]
+        in_step = sum(iv.total(iv.window(h, st.start, st.end)) for h in hooks)
+        known = 0.0
+        for name, ws in wins.items():
+            v = sum(iv.total(iv.window(h, a, b)) for h in hooks for a, b in ws)
+            out[name if name in out else "other"] += v
+            known += v
+        out["other"] += in_step - known
+    return {p: v / 1e3 / len(steps) for p, v in out.items()}
 
 
 def _other_parallelism(rt: RankTrace, colls: list[Collective]) -> str | None:

@@ -27,11 +27,22 @@ LABELS = {
     "exposed_other_comm": "other exposed comm",
     "memcpy": "exposed memcpy/memset",
     "host_bound_idle": "host-bound idle (gaps inside the GPU window)",
-    "other_idle": "other idle (step time outside the GPU window)",
-    "cpu_forward": "forward (CPU)",
-    "cpu_backward": "backward (CPU)",
-    "cpu_optimizer": "optimizer (CPU)",
+    "other_idle": "idle outside the GPU window",
+    "cpu_fsdp_hooks": "FSDP hook CPU time",
+    "cpu_forward": "forward outside FSDP hooks (CPU)",
+    "cpu_backward": "backward outside FSDP hooks (CPU)",
+    "cpu_optimizer": "optimizer step outside FSDP hooks (CPU)",
     "cpu_other": "rest of the step (CPU)",
+}
+# the plain name of a part in a phase ("FSDP hook CPU time in backward")
+_SHORT = {
+    "compute": "GPU compute",
+    "memcpy": "exposed memcpy/memset",
+    "host_bound_idle": "host-bound idle",
+    "cpu_forward": "CPU time in forward outside FSDP hooks",
+    "cpu_backward": "CPU time in backward outside FSDP hooks",
+    "cpu_optimizer": "CPU time in the optimizer step",
+    "cpu_other": "CPU time in the rest of the step",
 }
 
 # What to look at when a part of the step itself is the largest cause (no finding explains it).
@@ -48,11 +59,52 @@ HINTS = {
     "host_bound_idle": "The GPU waits for the host inside the step: launch, Python or FSDP hook "
     "overhead (torch.compile, fewer units, larger batches).",
     "other_idle": "Time without GPU work at the step's edges: data loading, CPU-side optimizer, synchronisation.",
-    "cpu_forward": "The forward pass takes longer on the CPU.",
-    "cpu_backward": "The backward pass takes longer on the CPU.",
+    "cpu_fsdp_hooks": "FSDP's hooks (unsharding, resharding, gradient reduction bookkeeping) cost CPU time per unit "
+    "and per call: fewer or larger units, or torch.compile, make them cheaper.",
+    "cpu_forward": "The forward pass outside FSDP's hooks takes longer on the CPU (the model's own ops).",
+    "cpu_backward": "The backward pass outside FSDP's hooks takes longer on the CPU (the model's own ops).",
     "cpu_optimizer": "The optimizer step takes longer on the CPU.",
     "cpu_other": "Time in the step outside forward, backward and optimizer (data loading, logging).",
 }
+
+
+def part_name(parts: list[str], c: Comparison | None = None) -> str:
+    """The measured parts a cause carries in plain words: "FSDP hook CPU time in backward". With
+    the comparison, a part's phases that did not move are left out of the name."""
+    moved = {f"{x.name}@{x.phase}" for x in c.components if abs(x.delta_ms) >= 0.005} if c is not None else None
+    by: dict[str, list[str]] = {}
+    for p in parts:
+        comp, _, phase = p.partition("@")
+        if moved is None or p in moved:
+            by.setdefault(comp, []).append(phase)
+    out = []
+    for comp, phases in by.items():
+        name = _SHORT.get(comp, LABELS.get(comp, comp.replace("_", " ")))
+        named = [p for p in phases if p not in ("all", "")]
+        every = {x.phase for x in c.components if x.name == comp and abs(x.delta_ms) >= 0.005} if c else set()
+        if named and len(named) == len(phases) and (set(named) != every or len(named) == 1):
+            name += " in " + " and ".join(named)
+        out.append(name)
+    return ", ".join(out) if out else "nothing measurable"
+
+
+def _pieces(k: Cause, c: Comparison) -> list[tuple[str, float]]:
+    """A cause's measured parts by component, each named with the phases it covers, and its delta;
+    largest first."""
+    cells = {f"{x.name}@{x.phase}": x.delta_ms for x in c.components}
+    by: dict[str, list[str]] = {}
+    for p in k.parts:
+        by.setdefault(p.partition("@")[0], []).append(p)
+    out = [(part_name(ps, c), sum(cells.get(p, 0.0) for p in ps)) for ps in by.values()]
+    return sorted((x for x in out if abs(x[1]) >= 0.005), key=lambda x: -abs(x[1]))
+
+
+def cause_name(k: Cause, c: Comparison | None = None) -> str:
+    """What a cause is, in plain words: the measured part, and for a finding the finding."""
+    if k.kind == "finding" and not k.measurable:
+        return f"{k.slug} ({_verb(k)}, explains nothing measurable)"
+    name = part_name(k.parts, c)
+    return name if k.kind == "component" else f"{name} ({k.slug} {_verb(k)})"
 
 
 def cause_summary(k: Cause) -> str:
@@ -60,6 +112,19 @@ def cause_summary(k: Cause) -> str:
     if k.kind == "finding":
         return k.summary
     return f"{LABELS.get(k.slug, k.slug)} {'+' if k.delta_ms >= 0 else '−'}{abs(k.delta_ms):.2f} ms per step"
+
+
+def primary_text(c: Comparison) -> str:
+    """The primary cause in a few words with its sign: "FSDP hook CPU time −25.86 ms"."""
+    p = c.primary
+    if p is None:
+        return "none (no significant change)"
+    name = ", ".join(n for n, _ in _pieces(p, c)) or part_name(p.parts, c)
+    return f"{name} {dms(p.delta_ms)}" + (f" ({p.slug} {_verb(p)})" if p.kind == "finding" else "")
+
+
+def _verb(k: Cause) -> str:
+    return "appeared" if k.status == "appeared" else "went away"
 
 
 def cause_hint(k: Cause) -> str:
@@ -86,6 +151,7 @@ def to_dict(c: Comparison) -> dict[str, Any]:
         "step_time_delta_pct": c.step_time_delta_pct,
         "components_sum_delta_ms": c.components_sum_ms,
         "primary_cause": c.primary_cause,
+        "primary_cause_text": primary_text(c),
         "primary_fix": prim.fix if prim else {},
         "compute_split_ms": dict(c.compute_split),
         "waterfall_ms": {k: {"before_ms": b, "after_ms": a, "delta_ms": a - b} for k, (b, a) in c.waterfall.items()},
@@ -93,6 +159,8 @@ def to_dict(c: Comparison) -> dict[str, Any]:
             {
                 "slug": k.slug,
                 "kind": k.kind,
+                "label": cause_name(k, c),
+                "measurable": k.measurable,
                 "delta_ms": k.delta_ms,
                 "share_pct": (100.0 * k.delta_ms / c.step_time_delta_ms) if c.step_time_delta_ms else None,
                 "summary": cause_summary(k),
@@ -155,11 +223,26 @@ def dpct(v: float | None) -> str:
 
 
 def _share(c: Comparison, v: float) -> str:
+    """``v``'s share of the change; a part that moved more than the whole change (others moved the
+    other way) reads ">100%", not a share it cannot have."""
     d = c.step_time_delta_ms
     if abs(d) <= 1e-9:
         return "–"
     x = 100 * v / d
+    if x > 100.05:
+        return ">100%"
     return f"{'−' if x < -0.05 else ''}{abs(x):.1f}%"
+
+
+_OVER_NOTE = (
+    ">100%: that part alone moved the step more than the whole change; the parts with a negative share moved it "
+    "the other way"
+)
+
+
+def _over(c: Comparison, v: float) -> bool:
+    d = c.step_time_delta_ms
+    return abs(d) > 1e-9 and v / d > 1.0005
 
 
 def headline(c: Comparison) -> str:
@@ -173,27 +256,71 @@ def primary_sentence(c: Comparison) -> str:
     p = c.primary
     if p is None:
         return (
-            f"No significant change: the step time moved by less than 1% ({dms(c.step_time_delta_ms)}) and no finding "
-            "appeared or disappeared; how its parts moved is shown below."
+            f"No significant change: the step time moved by less than 1% ({dms(c.step_time_delta_ms)}) and no measured "
+            "part that a finding explains moved it; how its parts moved is shown below."
         )
-    share = _share(c, p.delta_ms)
+    d = c.step_time_delta_ms
+    pieces = _pieces(p, c)
+    if len(pieces) > 1:  # a finding's parts, each with its delta
+        s = "Primary cause: " + ", ".join(f"{n} {dms(v)}" for n, v in pieces) + f" ({dms(p.delta_ms)} per step in all)"
+    else:
+        s = f"Primary cause: {part_name(p.parts, c)} {dms(p.delta_ms)} per step"
+    offsets_named: list[Cause] = []
+    if _over(c, p.delta_ms):
+        from ..analysis.compare import offsets
+
+        against = offsets(c.causes, p, d)
+        offsets_named = against[:3]
+        named = ", ".join(f"{cause_name(k, c)} {dms(k.delta_ms)}" for k in against[:3])
+        s += (
+            f", more than the whole {dms(d)} change: other parts moved the other way by {dms(d - p.delta_ms)} in all"
+            + (f" ({named}{', …' if len(against) > 3 else ''})" if named else "")
+            + "."
+        )
+    else:
+        s += f", {_share(c, p.delta_ms)} of the {dms(d)} change."
     if p.kind == "finding":
-        verb = "appeared" if p.status == "appeared" else "went away"
-        s = f"Primary cause: `{p.slug}` ({p.severity}, {verb}) — {p.summary}"
-        if abs(c.step_time_delta_ms) > 1e-9:
-            s += f" It accounts for {dms(p.delta_ms)} of the {dms(c.step_time_delta_ms)} change ({share})."
+        s += f" Explained by `{p.slug}` ({p.severity}, {_verb(p)}): {p.summary}"
+        if p.note:
+            s += f" ({p.note})"
         if p.est_saving_ms:
             s += f" The rule estimates {ms(p.est_saving_ms)} per step for it."
-        if c.basis == "cpu":
-            s += (
-                " (CPU-only traces: the primary cause is the configuration finding that changed, because a CPU "
-                "step time does not show how much communication the GPU would hide.)"
-            )
-        return s
-    return (
-        f"Primary cause: `{p.slug}` — {LABELS.get(p.slug, p.slug)} changed by {dms(p.delta_ms)} per step ({share} of the change); "
-        "no finding that appeared or went away explains it. " + cause_hint(p)
-    )
+    else:
+        s += " No finding that appeared or went away explains it. " + cause_hint(p)
+    seen = _context(c, [p, *offsets_named])
+    if seen:
+        s += f" What changed with it: {seen}."
+    nothing = [k for k in c.causes if k.kind == "finding" and not k.measurable]
+    if len(nothing) == 1:
+        s += f" A finding that {_verb(nothing[0])} explains nothing measurable: `{nothing[0].slug}`."
+    elif nothing:
+        s += " Findings that appeared or went away but explain nothing measurable: "
+        s += ", ".join(f"`{k.slug}` ({_verb(k)})" for k in nothing) + "."
+    return s.rstrip()
+
+
+# the rows of "what changed" that go with a part of the step (shown beside it when it moves)
+_CHANGED_WITH = {
+    "compute": ("compute_dtype", "activation_checkpointing"),
+    "exposed_all_gather": ("unit_count", "backward_prefetch", "mixed_precision"),
+    "exposed_reduce_scatter": ("unit_count", "backward_prefetch", "mixed_precision"),
+    "other_idle": ("optimizer_cpu_ms",),
+    "memcpy": ("copies.pageable", "copies.h2d", "copies.d2h"),
+    "host_bound_idle": ("copies.pageable",),
+    "cpu_fsdp_hooks": ("unit_count", "backward_prefetch"),
+    "cpu_forward": ("unit_count", "mixed_precision"),
+    "cpu_backward": ("unit_count", "mixed_precision"),
+}
+
+
+def _context(c: Comparison, causes: list[Cause]) -> str:
+    """The structure rows that changed and go with these parts: "optimizer step CPU time 525.26 ms →
+    332.96 ms"."""
+    rows = {s.key: s for s in c.structure if s.changed}
+    comps = [x.partition("@")[0] for cause in causes for x in cause.parts]
+    keys = [k for comp in dict.fromkeys(comps) for k in _CHANGED_WITH.get(comp, ())]
+    out = [f"{rows[k].label} {rows[k].before} → {rows[k].after}" for k in dict.fromkeys(keys) if k in rows]
+    return "; ".join(out)
 
 
 def causes_table(c: Comparison, compact: bool = False) -> Table:
@@ -201,24 +328,29 @@ def causes_table(c: Comparison, compact: bool = False) -> Table:
     for k in c.causes:
         if k.kind == "component" and abs(k.delta_ms) < 0.005 and k.slug != c.primary_cause:
             continue
-        if compact:
-            what = f"finding {k.status}" if k.kind == "finding" else LABELS.get(k.slug, k.slug)
-            if k.kind == "finding" and not k.corroborated:
+        if k.kind == "finding" and not k.measurable:
+            what = f"{_verb(k)}, explains nothing measurable"
+            if not k.corroborated:
                 what += " (threshold crossed, configuration unchanged)"
-            elif k.kind == "finding" and k.note.startswith("its parts"):
-                what += (
-                    " (" + k.note.replace("its parts of the step time are already counted under", "counted under") + ")"
-                )
+            elif k.note and not compact:
+                what += f" ({k.note})"
+            rows.append([str(len(rows) + 1), k.slug, "–", "–", what])
+            continue
+        if compact:
+            what = f"{k.slug} {_verb(k)}" if k.kind == "finding" else "no finding explains it"
         else:
-            what = cause_summary(k) if k.kind == "component" else f"{k.status}: {k.summary}"
+            what = f"{k.slug} {_verb(k)}: {k.summary}" if k.kind == "finding" else "no finding explains it"
             if k.note:
                 what += f" ({k.note})"
-        rows.append([str(len(rows) + 1), k.slug, dms(k.delta_ms), _share(c, k.delta_ms), what])
+        name = part_name(k.parts, c)
+        rows.append([str(len(rows) + 1), name, dms(k.delta_ms), _share(c, k.delta_ms), what])
+    over = any(_over(c, k.delta_ms) for k in c.causes)
     return Table(
         "Causes, largest first",
-        ["#", "cause", "Δ per step", "share of Δ", "what"],
+        ["#", "measured part", "Δ per step", "share of Δ", "explained by"],
         rows,
-        "findings take the parts of the step they explain; the rest stays with the parts. The causes add up to the total change.",
+        "findings take the parts of the step they explain; the rest stays with the parts. The causes add up to the "
+        "total change" + ("; " + _OVER_NOTE if over else "") + ".",
     )
 
 
@@ -236,10 +368,11 @@ def parts_table(c: Comparison) -> Table:
         ]
     )
     rows.append(["sum of the parts", "", "", dms(c.components_sum_ms, 3), ""])
+    note = _OVER_NOTE if any(_over(c, a - b) for b, a in c.component_totals().values()) else ""
     title = "Where the step time went (mean per step)" + (
         " — GPU split" if c.basis == "gpu" else " — CPU phases, no GPU timeline"
     )
-    return Table(title, ["part", "before", "after", "Δ", "share of Δ"], rows)
+    return Table(title, ["part", "before", "after", "Δ", "share of Δ"], rows, note)
 
 
 def phase_table(c: Comparison) -> Table | None:
@@ -392,7 +525,8 @@ def waterfall_table(c: Comparison) -> Table | None:
         ["part", "before", "after", "Δ", "share of Δ step"],
         rows,
         "the parts add up to each run's step time; at-peak parts are the model FLOPs at the dense BF16 peak "
-        "(MFU), the rest the time lost below it",
+        "(MFU), the rest the time lost below it"
+        + ("; " + _OVER_NOTE if any(_over(c, a - b) for b, a in c.waterfall.values()) else ""),
     )
 
 
@@ -473,7 +607,7 @@ def render_terminal(c: Comparison, console: Console) -> None:
         "Step time",
         Text(f"{ms(c.step_before_ms)} → {ms(c.step_after_ms)}  ({dms(d)}, {dpct(c.step_time_delta_pct)})", style=style),
     )
-    head.add_row("Primary cause", Text(c.primary_cause or "none (no significant change)", style="bold"))
+    head.add_row("Primary cause", Text(primary_text(c), style="bold"))
     console.print(Panel(head, title="fsdpdoctor compare", title_align="left"))
     console.print(Text(primary_sentence(c)))
     p = c.primary

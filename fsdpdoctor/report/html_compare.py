@@ -136,7 +136,9 @@ def render_comparison(comparison: Any, title: str = "fsdpdoctor compare") -> str
     if total is not None:
         rel = f" ({100 * total / before:+.1f}%)" if before else ""
         pairs.append(("Change", f"{total:+.2f} ms{rel}"))
-    if isinstance(d.get("primary_cause"), str):
+    if isinstance(d.get("primary_cause_text"), str):
+        pairs.append(("Primary cause", d["primary_cause_text"]))
+    elif isinstance(d.get("primary_cause"), str):
         pairs.append(("Primary cause", d["primary_cause"]))
     if pairs:
         page.add(_headline_html(pairs))
@@ -174,8 +176,10 @@ def render_comparison(comparison: Any, title: str = "fsdpdoctor compare") -> str
     if isinstance(causes, list) and causes and all(isinstance(c, dict) for c in causes):
         rows = [
             [
-                str(c.get("slug", "")),
-                f"{c['delta_ms']:+.3f} ms" if _number(c.get("delta_ms")) is not None else "–",
+                str(c.get("label") or labels.get(str(c.get("slug", "")), c.get("slug", ""))),
+                f"{c['delta_ms']:+.3f} ms"
+                if c.get("measurable", True) and _number(c.get("delta_ms")) is not None
+                else "–",
                 str(c.get("summary", "")),
             ]
             for c in causes
