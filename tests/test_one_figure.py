@@ -260,3 +260,14 @@ def test_headlines_page_is_current():
     """docs/headlines.md is what benchmarks/headlines.py prints today."""
     proc = subprocess.run([sys.executable, str(REPO / "benchmarks" / "headlines.py"), "--check"], capture_output=True)
     assert proc.returncode == 0, proc.stdout.decode()[-2000:]
+
+
+def test_no_dash_overlap_where_no_collective_kernel_ran(analyzed):
+    """gpu/ddp on one GPU: the trace holds DDP's collectives but no NCCL kernel (raw JSON), so
+    there is no overlap to give; the markdown headline said "– of communication hidden behind
+    compute"."""
+    names = [e["name"] for e in _events(REC / "gpu/ddp/rank0.json.gz") if e.get("cat") == "kernel"]
+    assert not any("nccl" in n.lower() for n in names)
+    text = analyzed(REC / "gpu/ddp").to_markdown()
+    assert "– of communication" not in text
+    assert "no collective kernel in the GPU window" in text

@@ -328,8 +328,11 @@ def headline(f: RunFacts) -> list[tuple[str, str]]:
         lines.append(("Shape", shape))
     if no_collectives(f):
         lines.append(("Comm", no_collectives(f)))
-    elif f.gpu_present:
+    elif f.gpu_present and f.overlap.pct is not None:
         lines.append(("Overlap", f"{pct(f.overlap.pct)} of communication hidden behind compute (mean over ranks)"))
+        lines.append(("Exposed comm", f"{ms(f.exposed_comm.mean_ms_per_step)} per step"))
+    elif f.gpu_present:  # collectives issued, none of their kernels in the GPU window: no overlap to give
+        lines.append(("Overlap", "no collective kernel in the GPU window"))
         lines.append(("Exposed comm", f"{ms(f.exposed_comm.mean_ms_per_step)} per step"))
     if f.compute is not None and f.compute.mfu_pct is not None:
         lines.append(("MFU", mfu_text(f)))
