@@ -157,7 +157,21 @@ def run_rules(facts: RunFacts, config: dict[str, Any] | None = None) -> list[Fin
         cap = rule.max_severity
         if cap in SEVERITIES and SEVERITIES.index(f.severity) < SEVERITIES.index(cap):
             f.severity = cap  # a trade-off finding (its rule's MAX_SEVERITY) is never graded above it
+        if facts.sampled and f.est_saving_ms is not None:
+            sampled_down(f, facts)
     return rank(findings, frozenset(r.slug for r in rules if r.crash))
+
+
+def sampled_down(f: Finding, facts: RunFacts) -> None:
+    """A time finding on sampled traces: its figures rest on the events the sampling dropped (idle
+    time where launches are missing, overlap without all the kernels): graded info, said so."""
+    f.severity = "info"
+    f.confidence = min(f.confidence, 0.3)
+    f.evidence.append(
+        f"the traces are sampled: they hold {facts.ops_recorded_pct:.1f}% of the CPU ops the profiler numbered "
+        "between their first and last, so this figure rests on missing events (graded info; profile the "
+        "whole window to confirm it)"
+    )
 
 
 def rank(findings: list[Finding], crash: set[str] | frozenset[str] = frozenset({"oom"})) -> list[Finding]:

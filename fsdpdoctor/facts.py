@@ -37,6 +37,7 @@ from .facts_efficiency import EfficiencyFacts, GemmShape, HookCost, SyncSite  # 
 #: ``mfu_bf16_pct``: read back into the new fields). StepFacts.step_ms is the slower side's
 #: interval (the steady rate of the CPU or of the completions; was the completions').
 SCHEMA_VERSION = 5
+SAMPLED_OPS_PCT = 50.0  # whole traces hold 80-100% of their op numbers (real recordings); sampled ones ~1%
 OLDEST_SCHEMA_VERSION = 1  # the oldest saved report / baseline this version still reads
 
 
@@ -67,7 +68,9 @@ class StepFacts:
     other_steps_ms: float = 0.0
     gpu_start_us: float | None = None  # start of the first GPU activity launched in this step
     cpu_span_ms: float = 0.0  # the CPU ProfilerStep span
-    gpu_busy_ms: float = 0.0  # |union of this step's own GPU work| (compute, comm, memcpy/memset)
+    gpu_busy_ms: float = (
+        0.0  # |union of this step's own GPU work| (compute, comm, memcpy/memset), less an earlier step's
+    )
     end_us: float | None = None  # the step's completion (see step_ms)
     exposed_by_phase: dict[str, float] = field(default_factory=dict)
     exposed_by_kind: dict[str, float] = field(default_factory=dict)
@@ -189,7 +192,9 @@ class FsdpFacts:
     activation_checkpointing: bool | None = None  # forward ops recomputed inside backward; None: unknown
     activation_checkpointing_evidence: str = ""
     recompute_cpu_ms_per_step: float = 0.0  # CPU time of recomputed forward ops inside backward
-    recompute_gpu_ms_per_step: float = 0.0  # |union| of the kernels those ops launched (part of compute)
+    # the re-run forward's GPU time: the efficiency waterfall's recompute part where the rank has one
+    # (every kernel launched in the re-run forward), else |union| of the kernels the forward-only ops launched
+    recompute_gpu_ms_per_step: float = 0.0
     compiled: bool | None = None  # torch.compile regions in the trace; None: no CPU ops to tell
     optimizer_kernels: str | None = (
         None  # how the optimizer step runs on the GPU: fused / foreach / per-parameter (EfficiencyFacts.optimizer)
@@ -307,6 +312,9 @@ class RankFacts:
     # event in the trace): counted in no step
     backlog_ops: int = 0
     backlog_ms: float = 0.0
+    # % of the profiler's op numbers (External id) between the first and last CPU op the trace
+    # holds: near 100 in a whole trace; far below it in a sampled or trimmed one (None: too few ops)
+    ops_recorded_pct: float | None = None
     compute: ComputeFacts | None = None  # FLOPs, engines and MFU (traces with recorded shapes)
     efficiency: EfficiencyFacts | None = None  # the step split into parts that add up to it (GPU traces)
 
@@ -359,6 +367,7 @@ class RankSummary:
     step_times_ms: list[float] = field(default_factory=list)  # each step's StepFacts.step_ms, in order
     gpu_behind_ms: float = 0.0  # how long the last step's GPU work ends after its CPU span (ranks.wall_clock)
     waterfall_ms: dict[str, float] = field(default_factory=dict)  # its EfficiencyFacts.parts_ms (GPU traces)
+    ops_recorded_pct: float | None = None  # RankFacts.ops_recorded_pct
 
     def stand_in(self) -> RankFacts:
         """A RankFacts with this rank's mean step as its only step (none without steps) and its
@@ -585,11 +594,19 @@ class RunFacts:
     pipelines: list[str] = field(default_factory=list)  # RankFacts.pipelines of any rank
     # inputs that look like different runs, analysed together with --allow-mixed-runs: what differs
     mixed_runs: list[str] = field(default_factory=list)
+    # the lowest RankFacts.ops_recorded_pct over ranks: below SAMPLED_OPS_PCT the traces are sampled
+    # or trimmed (events dropped inside the window), and timing figures rest on missing events
+    ops_recorded_pct: float | None = None
     hang: HangFacts | None = None  # what the Flight Recorder dumps say (fsdpdoctor.facts_hang), when given
     # one line per rank (every rank, whatever the detail); which ranks' RankFacts are written:
     # "all" (every rank), "auto" (those with detail reasons, or all in small runs), "none"
     rank_summaries: list[RankSummary] = field(default_factory=list)
     rank_detail: str = "all"
+
+    @property
+    def sampled(self) -> bool:
+        """The traces hold a sample of the events the profiler recorded (see ``ops_recorded_pct``)."""
+        return self.ops_recorded_pct is not None and self.ops_recorded_pct < SAMPLED_OPS_PCT
 
     @property
     def step_clock_ms(self) -> float:

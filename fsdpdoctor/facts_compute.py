@@ -56,6 +56,15 @@ class ComputeFacts:
     ops_without_shapes: int = 0
 
     @property
+    def gemm_mix(self) -> dict[str, float]:
+        """engine → % of the GEMM kernels' time (attention left out): what "of GEMM time" means;
+        ``dtype_mix`` when the attention kernels' engines are not known apart."""
+        gemm = {e: v - self.attention_engine_ms_per_step.get(e, 0.0) for e, v in self.engine_ms_per_step.items()}
+        gemm = {e: v for e, v in gemm.items() if v > 1e-9}
+        total = sum(gemm.values())
+        return {e: 100.0 * v / total for e, v in gemm.items()} if total else dict(self.dtype_mix)
+
+    @property
     def fp32_share_pct(self) -> float:
         """% of GEMM + attention kernel time on fp32 engines (CUDA cores, or fp32 of no known
         engine): what the tensor-core fix can move."""

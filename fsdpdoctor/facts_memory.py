@@ -149,6 +149,8 @@ class MemoryFacts:
     peak_active_bytes: int | None = None
     peak_active_event_index: int | None = None
     peak_active_time_us: float | None = None
+    reserved_at_active_peak_bytes: int | None = None  # reserved at the active peak's moment (not the allocated peak's)
+    peak_active_phase: str | None = None
     categories_at_active_peak: dict[str, int] = field(default_factory=dict)
     pre_existing_bytes: int = 0
     pre_existing_attributed: dict[str, int] = field(default_factory=dict)

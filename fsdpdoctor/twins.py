@@ -49,7 +49,7 @@ TWINS: tuple[Twin, ...] = (
         "activation-recompute",
         "gpu/fsdp2-ac -> gpu/fsdp2",
         "NVIDIA H100 80GB HBM3",
-        13.840,
+        14.314,
         14.116,
     ),
     Twin(

@@ -395,9 +395,8 @@ def test_unit_fqn_from_every_fsdp2_label_form(label, fqn):
 
 def test_generated_checkpointing_recompute_time(generated):
     """Activation checkpointing on a generated GPU timeline: the recompute is found, and its GPU
-    time is the union of the kernels the recomputed linear / norm / attention ops launched
-    (element-wise ops recomputed between them are not told apart from backward formulas, so
-    the figure is a lower bound of the whole recompute)."""
+    time is the whole re-run forward's (the waterfall's recompute part, the figure FSD019 and the
+    headline quote), more than the kernels of the forward-only ops alone."""
     cfg, rep, truth = generated("ac-fsdp2")
     assert cfg.activation_checkpointing
     for rf in rep.facts.rank_facts:
@@ -406,5 +405,6 @@ def test_generated_checkpointing_recompute_time(generated):
         steps = truth["ranks"][str(rf.rank)]["steps"]
         want = sum(s["recompute_forward_only_ops_ms"] for s in steps) / len(steps)
         whole = sum(s["recompute_ms"] for s in steps) / len(steps)
-        assert fs.recompute_gpu_ms_per_step == pytest.approx(want, abs=1e-3)
-        assert 0 < fs.recompute_gpu_ms_per_step <= whole
+        assert want < fs.recompute_gpu_ms_per_step
+        assert fs.recompute_gpu_ms_per_step == pytest.approx(whole, rel=0.05)
+        assert fs.recompute_gpu_ms_per_step == pytest.approx(rf.efficiency.parts_ms["recompute"], rel=1e-9)

@@ -100,6 +100,7 @@ def summarize_rank(r: RankFacts) -> RankSummary:
         step_times_ms=ms,
         gpu_behind_ms=wall_clock(r)[1] if r.steps else 0.0,
         waterfall_ms=dict(r.efficiency.parts_ms) if r.efficiency is not None else {},
+        ops_recorded_pct=r.ops_recorded_pct,
     )
 
 

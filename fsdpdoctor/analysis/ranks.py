@@ -660,6 +660,8 @@ def fold(
         versions = {r.fsdp.version for r in ranks}
         if len(versions) > 1:
             rf.notes.append(f"ranks disagree on the FSDP version: {sorted(map(str, versions))}")
+    kept = [s.ops_recorded_pct for s in sums if s.ops_recorded_pct is not None]
+    rf.ops_recorded_pct = min(kept) if kept else None
     sources = Counter(r.rank_source for r in ranks)
     rf.notes.append("rank ids from " + ", ".join(f"{src} ({n})" for src, n in sources.items()))
     if ranks and rf.world_size and len(ranks) < rf.world_size:

@@ -93,10 +93,20 @@ def mfu_text(f: RunFacts) -> str:
     out += f" ({c.achieved_tflops:.1f} TFLOP/s; {c.model_flops_per_step / 1e9:,.0f} GFLOP per step"
     if c.recompute_flops_per_step:
         out += f", HFU {pct(c.hfu_pct)} with the recompute"
-    top = max(c.dtype_mix, key=c.dtype_mix.get) if c.dtype_mix else None
+    mix = c.gemm_mix
+    top = max(mix, key=mix.get) if mix else None
     if top:
-        out += f"; {pct(c.dtype_mix[top])} of GEMM time {vendor_words(c.peak_label, ENGINE_TEXT.get(top, top))}"
+        out += f"; {pct(mix[top])} of GEMM time {vendor_words(c.peak_label, ENGINE_TEXT.get(top, top))}"
+        attn = c.attention_engine_ms_per_step
+        a_top = max(attn, key=attn.get) if attn else None
+        if a_top and _engine_kind(a_top) != _engine_kind(top):  # attention on another engine: say so
+            out += f", attention {vendor_words(c.peak_label, ENGINE_TEXT.get(a_top, a_top))}"
     return out + ")"
+
+
+def _engine_kind(engine: str) -> str:
+    """fp32 on CUDA cores and fp32 of no known engine read alike in the headline."""
+    return "fp32" if engine.startswith("fp32") else engine
 
 
 def vendor_words(peak_label: str | None, text: str) -> str:
@@ -133,6 +143,8 @@ def ticket_headline(f: RunFacts) -> list[tuple[str, str]]:
         return hang_headline(f) + memory_headline(f) or [("Run", "no traces")]
     full = dict(headline(f))
     items = [("Run", full["Run"] + " · " + full["FSDP"])]
+    if "Trace" in full:
+        items.append(("Trace", full["Trace"]))
     if f.step_clock_ms:
         items.append(("Step", f"{ms(f.step_clock_ms)} ({plural(f.steps.count, 'step')} per rank) · {limit_text(f)}"))
     if f.compute is not None and f.compute.mfu_pct is not None:
@@ -236,12 +248,13 @@ def memory_headline(f: RunFacts) -> list[tuple[str, str]]:
         peak += f" · {m.source} {Path(m.path).name}" + (", found beside the traces" if m.discovered else "")
     lines = [("Memory", peak)]
     if m.peak_active_bytes and m.peak_active_bytes != m.peak_allocated_bytes:
-        lines.append(
-            (
-                "Active peak",
-                f"{mib(m.peak_active_bytes)} (memory_viz: freed blocks still in use on another stream count)",
-            )
-        )
+        # another moment than the allocated peak: its own reserved figure (active never exceeds it)
+        active = mib(m.peak_active_bytes)
+        if m.reserved_at_active_peak_bytes is not None:
+            active += f", {mib(m.reserved_at_active_peak_bytes)} reserved at that moment"
+        if m.peak_active_phase and m.peak_active_phase != "unknown":
+            active += f" (during {m.peak_active_phase})"
+        lines.append(("Active peak", active + "; memory_viz's peak: freed blocks still in use on another stream count"))
     if m.history_missing:
         lines.append(("", "snapshot has no allocation history: categories from segments only"))
     ac = m.activation_checkpointing
@@ -295,6 +308,8 @@ def headline(f: RunFacts) -> list[tuple[str, str]]:
         ("Steps", steps_text(f)),
         ("FSDP", fsdp_txt),
     ]
+    if f.sampled:
+        lines.insert(1, ("Trace", sampled_text(f)))
     if f.inputs_excluded:
         lines.insert(
             1,
@@ -313,14 +328,26 @@ def headline(f: RunFacts) -> list[tuple[str, str]]:
         lines.append(("Shape", shape))
     if no_collectives(f):
         lines.append(("Comm", no_collectives(f)))
-    elif f.gpu_present:
+    elif f.gpu_present and f.overlap.pct is not None:
         lines.append(("Overlap", f"{pct(f.overlap.pct)} of communication hidden behind compute (mean over ranks)"))
+        lines.append(("Exposed comm", f"{ms(f.exposed_comm.mean_ms_per_step)} per step"))
+    elif f.gpu_present:  # collectives issued, none of their kernels in the GPU window: no overlap to give
+        lines.append(("Overlap", "no collective kernel in the GPU window"))
         lines.append(("Exposed comm", f"{ms(f.exposed_comm.mean_ms_per_step)} per step"))
     if f.compute is not None and f.compute.mfu_pct is not None:
         lines.append(("MFU", mfu_text(f)))
     if waterfall_line(f):
         lines.append(("Where the step goes", waterfall_line(f)))
     return hang_headline(f) + lines + memory_headline(f)
+
+
+def sampled_text(f: RunFacts) -> str:
+    """What a sampled trace's headline says: how much of it is there, and what that does to the figures."""
+    return (
+        f"sampled or trimmed: it holds {pct(f.ops_recorded_pct)} of the CPU ops the profiler numbered between its "
+        "first and last; the dropped ops' kernels and launches are missing, so GPU idle, overlap and the "
+        "findings' savings are not what the run did"
+    )
 
 
 def steps_text(f: RunFacts) -> str:

@@ -120,6 +120,8 @@ def _analyze_device(snap: Snapshot, device: int) -> MemoryFacts:
         peak_active_bytes=int(active[pa + 1]),
         peak_active_event_index=pa,
         peak_active_time_us=(float(times[max(pa, 0)]) if times is not None else None),
+        reserved_at_active_peak_bytes=None if r.pseudo else (int(r.reserved[pa]) if pa >= 0 else r.reserved_seed),
+        peak_active_phase=PHASE_NAMES[int(phase[max(pa, 0)])],
         categories_at_active_peak=_categories(live_active, r, labels),
         pre_existing_bytes=pre_bytes,
         pre_existing_attributed=labels.attributed,
