@@ -221,3 +221,26 @@ def test_kernel_names(name, cls, engine):
     assert kernel_class(name) == cls
     if cls is not None:
         assert engine_in_name(name) == engine
+
+
+@pytest.mark.parametrize(
+    "name, comm",
+    [
+        (
+            "void (anonymous namespace)::multimem_all_reduce_kernel<c10::BFloat16, 16>(c10::BFloat16*, unsigned long)",
+            True,
+        ),
+        ("void vllm::cross_device_reduce_1stage<__nv_bfloat16, 8>(vllm::RankData*, vllm::RankSignals, int)", True),
+        ("void vllm::cross_device_reduce_2stage<float, 8>(vllm::RankData*, vllm::RankSignals, int)", True),
+        ("ncclDevKernel_AllGather_RING_LL(ncclDevKernelArgsStorage<4096ul>)", False),  # NCCL: HTA's own rule
+        ("void vllm::fused_add_rms_norm_kernel<c10::BFloat16, 8>(c10::BFloat16*, long)", False),
+    ],
+)
+def test_collective_kernels_outside_nccl(name, comm):
+    """All-reduce kernels outside NCCL (symmetric memory's NVLS, vLLM's custom all-reduce): names
+    HTA's rule (``^nccl``) counts as compute."""
+    from fsdpdoctor.analysis.comms import EXTRA_COMM_NAME_RX, kind_from_kernel_name
+
+    assert (EXTRA_COMM_NAME_RX.match(name) is not None) == comm
+    if comm:
+        assert kind_from_kernel_name(name) == "all_reduce"
