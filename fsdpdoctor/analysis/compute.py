@@ -17,8 +17,14 @@ checkpointing's recompute: hardware FLOPs (HFU) count it, model FLOPs (MFU) do n
 
 Each such kernel is put on an engine from its name (cuBLAS / CUTLASS / xmma / nvjet on NVIDIA,
 rocBLAS / hipBLASLt / Tensile on AMD) and, where the name does not say, the op's input dtype:
-``fp32-simt`` (fp32 FMA on CUDA cores), ``tf32``, ``bf16``, ``fp16``, ``fp8`` (tensor cores),
-``fp32`` (fp32 inputs, engine unknown).
+``fp32-simt`` (fp32 FMA on CUDA cores), ``tf32``, ``bf16``, ``fp16``, ``fp8``, ``fp4-fp8`` (an
+e2m1 MXFP4 / NVFP4 operand times an FP8 one), ``fp4`` (tensor cores), ``fp32`` (fp32 inputs,
+engine unknown).
+
+GEMM and attention kernels that no counted op launched (a trace without shapes; custom ops such as
+vLLM's fused MoE and FP8 attention) are found by their names (:func:`kernel_class`) and, where the
+name states their engine (:func:`engine_in_name`), add their time to the engine's, without FLOPs
+(:func:`add_named_kernels`).
 """
 
 from __future__ import annotations

@@ -631,8 +631,8 @@ def fold(
     elif rf.compute is not None and rf.compute.named_ms_per_step >= 0.005 and rf.compute.mfu_pct is not None:
         rf.notes.append(
             f"MFU counts the FLOPs of the ops with recorded shapes: {rf.compute.named_ms_per_step:.2f} ms per step of "
-            "GEMM and attention kernels that other ops launched (found by kernel name: fused MoE, FP8 attention …) "
-            "have no FLOPs, so the MFU leaves their work out"
+            "GEMM and attention kernels launched by ops without shapes (custom ops such as a fused MoE, found by "
+            "kernel name) have no FLOPs, so the MFU leaves their work out"
         )
     if rf.compute is not None and rf.compute.source == "shapes" and rf.compute.peak_tflops is None:
         rf.notes.append(
