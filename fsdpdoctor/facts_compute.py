@@ -20,7 +20,11 @@ class ComputeFacts:
     compute dtype (``dtype_peak_tflops``), for information: an fp32 run near its fp32 peak still
     leaves the tensor cores idle.
     ``dtype_mix``: engine → % of GEMM + attention kernel time (engines: fp32-simt, fp32, tf32,
-    bf16, fp16, fp8). ``source`` is "shapes", or "" when no counted op had recorded shapes."""
+    bf16, fp16, fp8; fp4-fp8: an FP4 (e2m1, MXFP4 / NVFP4) operand times an FP8 one, at the FP8
+    rate; fp4: both FP4). The time by engine also holds the GEMM and attention kernels no op with
+    shapes launched, found by their names (``named_ms_per_step`` of it; no FLOPs). ``source`` is
+    "shapes" (FLOPs from recorded shapes), "names" (no shapes: kernel time by engine from the
+    kernels' names only, no FLOPs, no MFU), or "" (neither)."""
 
     source: str = ""
     device: str | None = None
@@ -38,6 +42,7 @@ class ComputeFacts:
     engine_ms_per_step: dict[str, float] = field(default_factory=dict)  # Σ kernel time by engine
     attention_engine_ms_per_step: dict[str, float] = field(default_factory=dict)  # the attention kernels' part of it
     engine_tflops: dict[str, float] = field(default_factory=dict)  # achieved by the kernels of each engine
+    named_ms_per_step: float = 0.0  # Σ time of the GEMM / attention kernels found by name only (no FLOPs)
     dtype_mix: dict[str, float] = field(default_factory=dict)
     compute_dtype: str | None = None  # the engine with the most GEMM + attention time
     tensor_cores: bool = False  # the device has matrix units much faster than fp32

@@ -38,6 +38,9 @@ FAMILY_LABEL = {
 }
 
 #: kernel families of ``other_kernels`` (see analysis.efficiency.family)
+#: optimizers PyTorch has a fused implementation of (``fused=True``): the ones a fused step can
+#: replace (``Optimizer.step#<Name>.step``); Shampoo, EMA and other optimizers have none
+FUSED_OPTIMIZERS = frozenset({"Adam", "AdamW", "SGD", "Adagrad"})
 FAMILIES = (
     "elementwise",
     "norm",

@@ -19,18 +19,37 @@ How it shows in a trace
     cover (``RunFacts.compute.attention_engine_ms_per_step``). The finding then says so and asks for
     bf16 alone.
 
+    A trace without shapes (no ``Input Dims``) has no FLOPs, but the kernels' names say the
+    engine: ``volta_sgemm_*`` / ``ampere_sgemm_*`` / ``*simt*`` / ``*ffma*`` are fp32 on CUDA
+    cores, ``*s1688gemm*`` / ``*tf32*`` TF32, ``*h884*`` / ``*hmma*`` / ``*fp16*`` FP16 and
+    ``*bf16*`` BF16 tensor cores (``RunFacts.compute.source`` is then "names").
+
 Fix
     FSDP2 ``MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)``;
     FSDP1 ``MixedPrecision(param_dtype=torch.bfloat16, reduce_dtype=torch.float32, ...)``; DDP or
     plain models ``torch.autocast("cuda", dtype=torch.bfloat16)``; where bf16 is not wanted, TF32
     (``torch.backends.cuda.matmul.allow_tf32 = True`` or
-    ``torch.set_float32_matmul_precision("high")``).
+    ``torch.set_float32_matmul_precision("high")``). On a GPU without bf16 (V100: FP16 tensor
+    cores, no TF32 either) fp16 with loss scaling: ``torch.autocast("cuda", dtype=torch.float16)``
+    with ``torch.amp.GradScaler``, or ``param_dtype=torch.float16`` with FSDP's
+    ``ShardedGradScaler``; the TF32 lines are left out where the GPU has no TF32 (before Ampere).
 
 Known problems
     The replay moves fp32 GEMM / attention kernels to tensor cores at half the BF16 peak; it does
     not see CPU-side effects of the change. On the H200 TF32 → bf16 twin it predicts nothing where
     the bf16 run was 9.8 ms faster (its CPU span 7.9 ms shorter); on the two fp32 → bf16 twins the
     real saving was 1.08× and 1.28× the prediction (docs/savings.md).
+
+    Without shapes the kernels are found by name only (``fsdpdoctor.analysis.compute.kernel_class``
+    / ``engine_in_name``): a GEMM whose name states no dtype (``nvjet_tst_…``, ``gemmSN_…``) is
+    left out of the engine mix, and a GEMM named after none of the known libraries is not seen at
+    all. The replay then scales the CUDA-core kernels' time by the ratio of the device's fp32 peak
+    to its dense BF16 (FP16) peak (V100: 15.7 / 125), not by FLOPs: the evidence gives the GPU time
+    this frees ("from kernel time at the engines' peak ratio; no shapes in the trace"), and the
+    saving's range is its own kind (``matmul-wrong-engine/names``, no real twin: ±50%, wider than
+    the fp32 → bf16 twins' 1.03–1.33×). Where the replay is off, the saving is that GPU time. On a
+    CPU-bound step (hta-df-index-v100) the replay gains nothing until the CPU keeps up, and the
+    finding is information only.
 """
 
 from fsdpdoctor.fmt import ms, pct
@@ -60,7 +79,71 @@ AUTOCAST = """with torch.autocast("cuda", dtype=torch.bfloat16):   # matmuls and
 loss.backward()
 """
 FIX_AUTOCAST = AUTOCAST + "\n" + TF32
+# a GPU with fp16 tensor cores but no bf16 (V100, T4): fp16 needs loss scaling; no TF32 either
+AUTOCAST_FP16 = """scaler = torch.amp.GradScaler("cuda")   # fp16 needs loss scaling (this GPU has no bf16)
+with torch.autocast("cuda", dtype=torch.float16):   # matmuls on fp16 tensor cores
+    loss = model(batch).loss
+scaler.scale(loss).backward()
+scaler.step(optimizer)
+scaler.update()
+"""
+FSDP2_FP16 = """from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
+
+mp = MixedPrecisionPolicy(param_dtype=torch.float16, reduce_dtype=torch.float32)   # no bf16 on this GPU
+for block in model.layers:
+    fully_shard(block, mp_policy=mp)
+fully_shard(model, mp_policy=mp)
+scaler = ShardedGradScaler()   # fp16 needs loss scaling: scaler.scale(loss).backward(); scaler.step(opt); scaler.update()
+"""
+FSDP1_FP16 = """from torch.distributed.fsdp import FullyShardedDataParallel as FSDP, MixedPrecision
+from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
+
+model = FSDP(model, auto_wrap_policy=policy,   # no bf16 on this GPU: fp16 with loss scaling
+             mixed_precision=MixedPrecision(param_dtype=torch.float16, reduce_dtype=torch.float32))
+scaler = ShardedGradScaler()   # scaler.scale(loss).backward(); scaler.step(opt); scaler.update()
+"""
+INFERENCE_FP16 = """with torch.autocast("cuda", dtype=torch.float16):   # matmuls on fp16 tensor cores (no bf16 on this GPU)
+    out = model(batch)
+"""
 FP32 = ("fp32-simt", "fp32")
+
+
+def _engines(device: str | None) -> tuple[dict[str, float], bool, bool]:
+    """The device's dense peaks by dtype, whether it has bf16 and whether it has TF32 (an unknown
+    device: assumed to have both, as the GPUs people train on today do)."""
+    from fsdpdoctor.analysis.peaks import device_peaks
+
+    p = device_peaks(device)
+    if p is None:
+        return {}, True, True
+    return p[1], "bf16" in p[1], "tf32" in p[1]
+
+
+def _fixes(facts, bf16: bool, tf32: bool) -> dict[str, str]:
+    """The fix for the run's setup and the device's engines: bf16 (and TF32 where it has it), or
+    fp16 with loss scaling where it has no bf16."""
+    if not bf16:
+        return fix_for(
+            facts,
+            fsdp2=FSDP2_FP16,
+            fsdp1=FSDP1_FP16,
+            ddp=AUTOCAST_FP16,
+            training=AUTOCAST_FP16,
+            inference=INFERENCE_FP16,
+        )
+    if not tf32:
+        return fix_for(
+            facts,
+            fsdp2=MIXED_PRECISION_FSDP2,
+            fsdp1=MIXED_PRECISION_FSDP1,
+            ddp=AUTOCAST,
+            training=AUTOCAST,
+            inference=AUTOCAST,
+        )
+    return fix_for(
+        facts, fsdp2=FIX_FSDP2, fsdp1=FIX_FSDP1, ddp=FIX_AUTOCAST, training=FIX_AUTOCAST, inference=FIX_AUTOCAST
+    )
 
 
 def check(facts, cfg):
@@ -98,8 +181,40 @@ def check(facts, cfg):
             f"MFU {c.mfu_pct:.1f}% of the BF16 dense peak ({c.model_flops_per_step / 1e9:,.0f} GFLOP per "
             f"{ms(c.step_ms)} step)"
         )
+    peaks, bf16, tf32 = _engines(c.device)
+    by_name = c.source == "names"
+    saving_kind = ""
     saving = replayed_saving(facts, REPLAY_FIX)
-    if saving is not None:
+    if by_name:
+        # no shapes, no FLOPs: the CUDA-core time at the ratio of the two engines' dense peaks
+        tc, f32 = peaks.get("bf16") or peaks.get("fp16"), peaks.get("fp32")
+        ratio = f32 / tc if tc and f32 else 0.2
+        saving_kind = f"{SLUG}/names"
+        evidence[0] = (
+            f"{pct(fp32)} of GEMM + attention kernel time runs in fp32 on CUDA cores: {ms(fp32_ms)} per step "
+            "(kernels found by name: sgemm / simt / ffma; the trace has no shapes)"
+        )
+        basis = (
+            f"{f32:g} TFLOP/s fp32 on CUDA cores vs {tc:g} {'BF16' if bf16 else 'FP16'} on tensor cores"
+            if tc and f32
+            else "an assumed 5x"
+        )
+        gpu_cut = fp32_ms * (1.0 - ratio)
+        evidence.append(
+            f"at the engines' peak ratio ({basis}) those kernels would take {ms(fp32_ms * ratio)} instead of "
+            f"{ms(fp32_ms)}: {ms(gpu_cut)} less GPU time per step (from kernel time at the engines' peak ratio; "
+            "no shapes in the trace, so a wider range than from FLOPs)"
+        )
+        if saving is not None:
+            evidence.append(replay_evidence(facts, REPLAY_FIX, f"those kernels' time × {ratio:.2f}"))
+            if saving < 0.5 * gpu_cut and facts.timeline.bound == "cpu":
+                evidence.append(
+                    f"the step is CPU-bound: the {ms(gpu_cut)} of GPU time shortens the step only once the CPU "
+                    "keeps up with the GPU"
+                )
+        else:
+            saving = gpu_cut
+    elif saving is not None:
         from fsdpdoctor.analysis.whatif.fixes import TENSOR_CORE_SHARE
 
         evidence.append(
@@ -132,19 +247,27 @@ def check(facts, cfg):
                 ),
                 confidence=0.85,
                 est_saving_ms=saving,
+                saving_kind=saving_kind,
             )
         ]
+    if not bf16:
+        advice = "use fp16 mixed precision (autocast with a GradScaler; this GPU has no bf16 and no TF32)."
+        cause = "no MixedPrecisionPolicy / MixedPrecision / autocast: the model runs in fp32"
+    else:
+        advice = "use bf16 mixed precision" + (" (or at least TF32)." if tf32 else ".")
+        cause = "no MixedPrecisionPolicy / MixedPrecision / autocast" + (
+            ", and TF32 off (PyTorch's default for matmuls)" if tf32 else ""
+        )
     return [
         finding(
             __name__,
             f"Matmuls run in fp32 on CUDA cores ({pct(fp32)} of GEMM + attention time) while the {c.peak_label} tensor cores "
-            "sit idle: use bf16 mixed precision (or at least TF32).",
+            f"sit idle: {advice}",
             evidence=evidence,
-            cause="no MixedPrecisionPolicy / MixedPrecision / autocast, and TF32 off (PyTorch's default for matmuls)",
-            fix=fix_for(
-                facts, fsdp2=FIX_FSDP2, fsdp1=FIX_FSDP1, ddp=FIX_AUTOCAST, training=FIX_AUTOCAST, inference=FIX_AUTOCAST
-            ),
-            confidence=0.85,
+            cause=cause,
+            fix=_fixes(facts, bf16, tf32),
+            confidence=0.75 if by_name else 0.85,
             est_saving_ms=saving,
+            saving_kind=saving_kind,
         )
     ]

@@ -31,6 +31,7 @@ Known problems
     lever applies, the saving counts it alone and states the fusion's bound beside it.
 """
 
+from fsdpdoctor.facts_efficiency import FUSED_OPTIMIZERS
 from fsdpdoctor.fmt import ms
 from fsdpdoctor.facts_efficiency import FAMILY_LABEL
 
@@ -80,7 +81,9 @@ def check(facts, cfg):
     fam = e.other_kernels_ms
     fusable = sum(fam.get(k, 0.0) for k in FUSABLE) if facts.fsdp.compiled is not True else 0.0
     opt_ms = sum(fam.get(k, 0.0) for k in OPTIMIZER)
-    optimizer = e.optimizer in ("per-parameter", "foreach") and opt_ms > 0
+    names = {r.optimizer for r in facts.rank_facts if r.optimizer}
+    # only an optimizer PyTorch can fuse (not Shampoo …)
+    optimizer = e.optimizer in ("per-parameter", "foreach") and opt_ms > 0 and names <= FUSED_OPTIMIZERS
     replayed = replayed_saving(facts, REPLAY_FIX) if optimizer else None
     if optimizer:
         saving, kind = (replayed if replayed is not None else opt_ms * (1 - 1 / 3)), "optimizer"

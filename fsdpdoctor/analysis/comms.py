@@ -19,6 +19,26 @@ from .labels import enclosing
 
 # Same rule as Holistic Trace Analysis (hta/common/types.py), so overlap figures agree.
 COMM_NAME_RX = re.compile(r"(^nccl.*)|(^hip)|(^hccl)|(.*ncclKernel.*)")
+#: collective kernels outside NCCL that HTA's rule counts as compute: PyTorch symmetric memory's
+#: NVLS all-reduce (``multimem_all_reduce_kernel``, ``symm_mem::multimem_all_reduce_``) and its
+#: one-/two-shot variants, vLLM's custom all-reduce (``cross_device_reduce_1stage`` / ``2stage``)
+#: and TensorRT-LLM's (``allreduce_fusion_kernel…``, ``oneShotAllReduceKernel`` …)
+EXTRA_COMM_NAME_RX = re.compile(
+    r".*(?:multimem_all_reduce|multimem_all_gather|multimem_reduce_scatter|one_shot_all_reduce|two_shot_all_reduce"
+    r"|cross_device_reduce_[12]stage|allreduce_fusion_kernel|[Oo]neShotAllReduce|[Tt]woShotAllReduce)"
+)
+#: the CPU ops that launch them (each kernel's External id names its op): collectives issued
+#: without ``record_param_comms``
+EXTRA_ISSUE_OPS = (
+    "symm_mem::multimem_all_reduce_",
+    "symm_mem::multimem_one_shot_all_reduce",
+    "symm_mem::multimem_one_shot_all_reduce_out",
+    "symm_mem::multimem_all_gather_out",
+    "symm_mem::one_shot_all_reduce",
+    "symm_mem::one_shot_all_reduce_out",
+    "symm_mem::two_shot_all_reduce_",
+    "symm_mem::two_shot_all_reduce_out",
+)
 MEMORY_NAME_RX = re.compile(r"(^(hip)?Memcpy)|(^(hip)?Memset)|(^dma)")
 NOT_COMPUTE_RX = re.compile(
     r"(^nccl)|(.*Memcpy)|(.*Memset)|(.*dma)|(^.*Sync)|(^Stream Wait Event)|(cuda.*LaunchKernel)"
@@ -59,6 +79,11 @@ _KERNEL_KIND = [
     ("AllGather", "all_gather"),
     ("ReduceScatter", "reduce_scatter"),
     ("AllReduce", "all_reduce"),
+    ("all_reduce", "all_reduce"),  # symmetric memory (multimem_all_reduce_kernel …)
+    ("cross_device_reduce", "all_reduce"),  # vLLM custom all-reduce
+    ("allreduce", "all_reduce"),
+    ("all_gather", "all_gather"),
+    ("reduce_scatter", "reduce_scatter"),
     ("AllToAll", "all_to_all"),
     ("SendRecv", "send_recv"),
     ("Send", "send_recv"),
@@ -194,9 +219,16 @@ class Collective:
         return self.bytes / (d * 1e-6) / 1e9 * bus_factor(self.kind, self.group_size)
 
 
-def comm_kernel_mask(rt: RankTrace) -> np.ndarray:
+def comm_kernel_mask(rt: RankTrace, hta: bool = False) -> np.ndarray:
+    """Collective kernels: by name (NCCL/RCCL/HCCL, and the all-reduce kernels outside NCCL of
+    :data:`EXTRA_COMM_NAME_RX` unless ``hta``: Holistic Trace Analysis's rule counts them as
+    compute) or by their collective args."""
     kern = rt.mask_cat("kernel")
-    by_name = rt.mask_names(lambda n: COMM_NAME_RX.match(n) is not None)
+    by_name = rt.mask_names(
+        (lambda n: COMM_NAME_RX.match(n) is not None)
+        if hta
+        else (lambda n: COMM_NAME_RX.match(n) is not None or EXTRA_COMM_NAME_RX.match(n) is not None)
+    )
     by_args = np.zeros(len(rt), dtype=bool)
     rows_with_coll = [i for i, a in rt.args.items() if a.collective is not None]
     if rows_with_coll:
@@ -246,7 +278,7 @@ def _is_backend_annotation(name: str) -> bool:
 
 
 def is_c10d_collective(name: str) -> bool:
-    return name.startswith("c10d::") and kind_from_collective_name(name) is not None
+    return (name.startswith("c10d::") and kind_from_collective_name(name) is not None) or name in EXTRA_ISSUE_OPS
 
 
 def issue_rows(rt: RankTrace) -> np.ndarray:
@@ -282,6 +314,8 @@ def args_from_shapes(name: str, a: Args | None, kind: str, group_size: int | Non
     )
     if dtype is None and types and types[0] == "TensorList":
         dtype = None
+    if dtype is not None and name in EXTRA_ISSUE_OPS:
+        dtype = dtype.removeprefix("c10::")  # as record_param_comms names it: BFloat16
     op = name.removeprefix("c10d::").rstrip("_")
     if kind in ("all_gather", "reduce_scatter") and op in (
         "_allgather_base",
@@ -347,6 +381,8 @@ def find_collectives(rt: RankTrace, chains: dict[int, list[int]], group_size: in
         if kind is None and own.startswith("c10d::"):
             kind = kind_from_collective_name(own)
             name = own
+        if kind is None and own in EXTRA_ISSUE_OPS:
+            kind, name = kind_from_kernel_name(own), own
         if kind is None:
             for ln in [*reversed(label_names), child_ann.get(r, "")]:
                 if _is_backend_annotation(ln):
@@ -496,6 +532,8 @@ def assign_roles(colls: list[Collective], pg_config: list[dict], world_size: int
                 role = "tensor_parallel"
             elif ddp and not fsdp_run and c.kind == "all_reduce":
                 role = "data_parallel"  # DDP's reducer all-reduces buckets from autograd hooks, under no label
+            elif c.name in EXTRA_ISSUE_OPS:
+                role = "tensor_parallel"  # symmetric-memory all-reduce: a tensor-parallel layer's (vLLM, async TP)
             else:
                 role = "other"
         c.role = role

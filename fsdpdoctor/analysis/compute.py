@@ -17,8 +17,14 @@ checkpointing's recompute: hardware FLOPs (HFU) count it, model FLOPs (MFU) do n
 
 Each such kernel is put on an engine from its name (cuBLAS / CUTLASS / xmma / nvjet on NVIDIA,
 rocBLAS / hipBLASLt / Tensile on AMD) and, where the name does not say, the op's input dtype:
-``fp32-simt`` (fp32 FMA on CUDA cores), ``tf32``, ``bf16``, ``fp16``, ``fp8`` (tensor cores),
-``fp32`` (fp32 inputs, engine unknown).
+``fp32-simt`` (fp32 FMA on CUDA cores), ``tf32``, ``bf16``, ``fp16``, ``fp8``, ``fp4-fp8`` (an
+e2m1 MXFP4 / NVFP4 operand times an FP8 one), ``fp4`` (tensor cores), ``fp32`` (fp32 inputs,
+engine unknown).
+
+GEMM and attention kernels that no counted op launched (a trace without shapes; custom ops such as
+vLLM's fused MoE and FP8 attention) are found by their names (:func:`kernel_class`) and, where the
+name states their engine (:func:`engine_in_name`), add their time to the engine's, without FLOPs
+(:func:`add_named_kernels`).
 """
 
 from __future__ import annotations
@@ -35,9 +41,9 @@ from ..ingest.events import ATTN_BWD_OPS, ATTN_FWD_OPS, CONV_OPS, FLOP_OPS
 from ..ingest.kineto import RankTrace
 from . import intervals as iv
 from .columns import Columns
-from .comms import launch_rows
+from .comms import comm_kernel_mask, launch_rows
 from .labels import enclosing
-from .peaks import device_peaks, has_tensor_cores
+from .peaks import ENGINE_PEAK_DTYPE, device_peaks, has_tensor_cores
 from .steps import PHASES, StepWindow, locate
 
 #: a forward op found under one of these inside backward is checkpointing's recompute
@@ -53,8 +59,8 @@ FORWARD_COMPOSITES = frozenset(
     }
 )
 
-ENGINES = ("fp32-simt", "fp32", "tf32", "bf16", "fp16", "fp8")
-TENSOR_CORE = frozenset({"tf32", "bf16", "fp16", "fp8"})
+ENGINES = ("fp32-simt", "fp32", "tf32", "bf16", "fp16", "fp8", "fp4-fp8", "fp4")
+TENSOR_CORE = frozenset({"tf32", "bf16", "fp16", "fp8", "fp4-fp8", "fp4"})
 _DTYPE = {
     "float": "fp32",
     "c10::BFloat16": "bf16",
@@ -65,6 +71,31 @@ _DTYPE = {
     "c10::Float8_e5m2fnuz": "fp8",
     "double": "fp64",
 }
+
+#: kernel names of matmuls and attention, for kernels no counted op launched (traces without
+#: recorded shapes; custom ops such as vLLM's fused MoE): cuBLAS / cuBLASLt (``*gemm*``,
+#: ``nvjet*``), CUTLASS, xmma, Tensile (``Cijk_``), TensorRT-LLM's generated GEMMs (``bmm_*``);
+#: FBGEMM's embedding kernels (``fbgemm_gpu::``) are not GEMMs
+MATMUL_NAME_RX = re.compile(r"^(?!.*fbgemm)(?:.*(?:gemm|nvjet|Cijk_|cutlass.*Kernel2|xmma|cublas)|bmm_)", re.I)
+#: attention kernels: FlashAttention (``flash::flash_fwd_kernel``, ``FlashAttnFwdSm90``), cuDNN /
+#: CUTLASS / TensorRT-LLM fmha, FlashInfer's prefill / decode, Triton ``attn_fwd``; not the
+#: KV-cache writes named after them (``reshape_and_cache_flash_kernel``) nor FlashInfer's other
+#: kernels (``flashinfer::`` quantization)
+ATTENTION_NAME_RX = re.compile(
+    r"^(?!.*(?:cache_flash|_cache_kernel))"
+    r"(?:.*(?:fmha|flash_?(?:fwd|bwd|attn)|flashattn|flash::|attention|sdpa|attn_fwd|attn_bwd|(?:Prefill|Decode)With))",
+    re.I,
+)
+
+
+@functools.lru_cache(maxsize=4096)
+def kernel_class(name: str) -> str | None:
+    """ "attention" or "gemm" when a kernel's name says it is one, else None."""
+    if ATTENTION_NAME_RX.match(name):
+        return "attention"
+    if MATMUL_NAME_RX.match(name):
+        return "gemm"
+    return None
 
 
 @functools.lru_cache(maxsize=4096)  # a trace repeats a few hundred kernel names many thousand times
@@ -78,20 +109,68 @@ def kernel_engine(name: str, op_dtype: str | None) -> str:
     return e
 
 
-def _engine_from_name(name: str, op_dtype: str | None) -> str:
+#: TensorRT-LLM's generated GEMMs: ``bmm_<out>_<A><B>_<accumulator>_…`` and
+#: ``Gemm…Kernel_<out>_<A and B>_<accumulator>_…`` (the output dtype first: ``bmm_Bfloat16_
+#: MxE2m1MxE4m3_Fp32`` multiplies MXFP4 by MXFP8 and writes bf16)
+_TRTLLM_GEN = re.compile(r"^(?:bmm|Bmm|Gemm\w*Kernel)_((?:Mx)?[A-Z][a-z0-9]+)_((?:(?:Mx)?[A-Z][a-z0-9]+)+?)_Fp32_")
+_TRTLLM_DTYPE = {"e4m3": "fp8", "e5m2": "fp8", "e2m1": "fp4", "bfloat16": "bf16", "fp16": "fp16", "fp32": "fp32"}
+
+
+def _trtllm_gen_engine(name: str) -> str | None:
+    m = _TRTLLM_GEN.match(name)
+    if m is None:
+        return None
+    ins = {_TRTLLM_DTYPE.get(t.lower().removeprefix("mx")) for t in re.findall(r"(?:Mx)?[A-Z][a-z0-9]+", m.group(2))}
+    if None in ins or not ins:
+        return None
+    if ins == {"fp4"}:
+        return "fp4"
+    if ins == {"fp4", "fp8"}:
+        return "fp4-fp8"  # Blackwell's mixed-operand MMA (FP4 × FP8) runs at the FP8 rate
+    if "fp8" in ins:
+        return "fp8"
+    for d in ("bf16", "fp16"):  # 16-bit activations (FP4 weights widened in the kernel: W4A16)
+        if d in ins:
+            return d
+    return None
+
+
+def engine_in_name(name: str) -> str | None:
+    """The engine a GEMM / attention kernel's name states, None where it does not say."""
+    gen = _trtllm_gen_engine(name)
+    if gen is not None:
+        return gen
     n = name.lower()
+    if "e2m1" in n:  # FP4 operands (MXFP4 / NVFP4)
+        return "fp4-fp8" if ("e4m3" in n or "e5m2" in n) else "fp4"
     if any(k in n for k in ("e4m3", "e5m2", "fp8", "f8f6f4", "_f8_")):
         return "fp8"
     if "simt" in n or "ffma" in n or ("sgemm" in n and "tensorop" not in n) or ("fmha_cutlass" in n and "f32" in n):
         return "fp32-simt"
     if "bf16" in n or "bfloat16" in n or "_bbs_" in n or "_bb_" in n:
         return "bf16"
-    if "fp16" in n or "h1688" in n or "h16816" in n or "_hhs_" in n or "half" in n or re.search(r"(?<!b)f16", n):
+    if (
+        "fp16" in n
+        or "h1688" in n
+        or "h16816" in n
+        or "h884" in n  # Volta's fp16 HMMA (volta_h884gemm_…)
+        or "hmma" in n
+        or "_hhs_" in n
+        or "half" in n
+        or re.search(r"(?<!b)f16", n)
+    ):
         return "fp16"
     if (
         "tf32" in n or "xf32" in n or "s1688" in n or "s16816" in n
     ):  # fp32 inputs on tensor cores (CUTLASS "s" = single)
         return "tf32"
+    return None
+
+
+def _engine_from_name(name: str, op_dtype: str | None) -> str:
+    e = engine_in_name(name)
+    if e is not None:
+        return e
     if op_dtype in ("bf16", "fp16", "fp8"):
         return op_dtype
     return "fp32" if op_dtype == "fp32" else (op_dtype or "fp32")
@@ -259,8 +338,60 @@ def analyze_compute(
     rt: RankTrace, steps: list[StepWindow], device_name: str | None, n_steps: int
 ) -> tuple[ComputeFacts, KernelFlops]:
     """FLOPs, kernel time by engine and achieved throughput of one rank (step time filled in by
-    :func:`finish`, which needs the run's step clock)."""
-    cf = ComputeFacts(device=device_name)
+    :func:`finish`, which needs the run's step clock); GEMM and attention kernels that no op with
+    recorded shapes launched are added to the time by engine from their names
+    (:func:`add_named_kernels`)."""
+    cf, kf = _from_shapes(rt, steps, ComputeFacts(device=device_name), n_steps)
+    add_named_kernels(rt, steps, cf, kf, n_steps)
+    return cf, kf
+
+
+def add_named_kernels(rt: RankTrace, steps: list[StepWindow], cf: ComputeFacts, kf: KernelFlops, n_steps: int) -> None:
+    """Kernels that are GEMMs or attention by their names (:func:`kernel_class`) and state their
+    engine (:func:`engine_in_name`) but that no counted op launched (no shapes in the trace, or a
+    custom op: vLLM's fused MoE, FP8 paged attention): their time per step goes to
+    ``engine_ms_per_step`` (and ``named_ms_per_step``), without FLOPs. A step's kernels are those
+    its CPU span launched; with no launch in the trace, none. Sets ``source`` to "names" where
+    there were no shapes."""
+    kern = np.flatnonzero(rt.mask_cat("kernel"))
+    if kern.size == 0 or not steps:
+        return
+    kern = kern[~comm_kernel_mask(rt)[kern] & ~np.isin(kern, kf.rows)]
+    ids = rt.name[kern].astype(np.int64)
+    uniq, inv = np.unique(ids, return_inverse=True)
+    cls = [kernel_class(rt.names[int(i)]) for i in uniq.tolist()]
+    eng = [engine_in_name(rt.names[int(i)]) if c else None for c, i in zip(cls, uniq.tolist())]
+    keep_u = np.array([e is not None for e in eng], dtype=bool)
+    if not keep_u.any():
+        return
+    sel = keep_u[inv.reshape(-1)]
+    kern, inv = kern[sel], inv.reshape(-1)[sel]
+    lr = launch_rows(rt, kern)
+    found = lr >= 0
+    step_idx, _ = locate(steps, rt.ts[np.where(found, lr, kern)].astype(np.float64))
+    mine = found & (step_idx >= 0)
+    if not mine.any():
+        return
+    kern, inv = kern[mine], inv[mine]
+    n = max(n_steps, 1)
+    dur = rt.dur[kern].astype(np.float64)
+    for u in np.unique(inv).tolist():
+        m = inv == u
+        e, t = eng[u], float(dur[m].sum()) / 1e3 / n
+        cf.engine_ms_per_step[e] = cf.engine_ms_per_step.get(e, 0.0) + t
+        cf.named_ms_per_step += t
+        if cls[u] == "attention":
+            cf.attention_engine_ms_per_step[e] = cf.attention_engine_ms_per_step.get(e, 0.0) + t
+    if not cf.source:
+        cf.source = "names"
+        cf.tensor_cores = has_tensor_cores(cf.device)
+    _engines_and_peak(cf)
+
+
+def _from_shapes(
+    rt: RankTrace, steps: list[StepWindow], cf: ComputeFacts, n_steps: int
+) -> tuple[ComputeFacts, KernelFlops]:
+    """:func:`analyze_compute` over the ops with recorded shapes."""
     cpu = rt.mask_cat("cpu_op")
     counted = np.flatnonzero(cpu & rt.mask_names(lambda n: n in FLOP_OPS))
     empty = KernelFlops(np.zeros(0, np.int64), np.zeros(0), [], np.zeros(0, bool), np.zeros(0, bool))
@@ -348,16 +479,14 @@ def analyze_compute(
             cf.attention_engine_ms_per_step[e] = float(kdur[m & attn_k].sum()) / 1e3 / n
     cf.engine_ms_per_step = by_engine
     cf.engine_tflops = {e: by_engine_flops[e] / (by_engine[e] * 1e9) for e in by_engine if by_engine[e] > 0}
-    cf.tensor_cores = has_tensor_cores(device_name)
+    cf.tensor_cores = has_tensor_cores(cf.device)
     _engines_and_peak(cf)
     cf.source = "shapes"
     return cf, KernelFlops(kern, kflops, engines, attn_k, recompute[owner], counted[owner])
 
 
 def _peak_dtype(engine: str | None) -> str | None:
-    return {"fp32-simt": "fp32", "fp32": "fp32", "tf32": "tf32", "bf16": "bf16", "fp16": "fp16", "fp8": "fp8"}.get(
-        engine or ""
-    )
+    return ENGINE_PEAK_DTYPE.get(engine or "")
 
 
 def finish(cf: ComputeFacts, step_ms: float | None, peak_override: float | None = None) -> ComputeFacts:
@@ -391,19 +520,21 @@ _MEAN_ATTRS = (
 )
 _RATE_ATTRS = ("gemm_tflops", "attention_tflops")
 _DICT_ATTRS = ("flops_by_phase", "engine_ms_per_step", "attention_engine_ms_per_step", "engine_tflops")
+_NAMED_DICT_ATTRS = ("engine_ms_per_step", "attention_engine_ms_per_step")
 
 
 class ComputeFold:
     """:func:`fold` as ranks arrive: each rank's compute figures go into columns (the rank's
     ComputeFacts need not be kept), read back in rank order."""
 
-    __slots__ = ("cols", "first")
+    __slots__ = ("cols", "first", "first_named")
 
     def __init__(self) -> None:
         self.cols = Columns()
         self.first: tuple[int, str | None, bool] | None = (
             None  # (rank, device, tensor cores) of the lowest rank with shapes
         )
+        self.first_named: tuple[int, str | None, bool] | None = None  # … of the lowest rank with names only
 
     def add(self, rank: int, c: ComputeFacts | None) -> None:
         if c is None:
@@ -411,6 +542,7 @@ class ComputeFold:
         row: dict = {"without": float(c.ops_without_shapes)}
         if c.source == "shapes":
             row["shapes"], row["with"] = 1.0, float(c.ops_with_shapes)
+            row["named_ms_per_step"] = c.named_ms_per_step
             for attr in (*_MEAN_ATTRS, *_RATE_ATTRS):
                 v = getattr(c, attr)
                 if v is not None:
@@ -420,13 +552,20 @@ class ComputeFold:
                     row[(attr, k)] = v
             if self.first is None or rank < self.first[0]:
                 self.first = (rank, c.device, c.tensor_cores)
+        elif c.source == "names":  # used only where no rank has shapes
+            row["names"], row["names/named_ms_per_step"] = 1.0, c.named_ms_per_step
+            for attr in _NAMED_DICT_ATTRS:
+                for k, v in getattr(c, attr).items():
+                    row[("names/" + attr, k)] = v
+            if self.first_named is None or rank < self.first_named[0]:
+                self.first_named = (rank, c.device, c.tensor_cores)
         self.cols.add(rank, row)
 
     def result(self, step_ms: float | None, peak_override: float | None = None) -> ComputeFacts | None:
         """The run's compute facts: per-device means over the ranks that have them, on the run's
-        step clock."""
+        step clock (the ranks with shapes; where none has, the ranks with GEMM kernels known by name)."""
         if self.first is None:
-            return None
+            return self._named(step_ms, peak_override)
         cols = self.cols
         out = ComputeFacts(device=self.first[1], source="shapes")
 
@@ -437,6 +576,7 @@ class ComputeFold:
         for attr in _MEAN_ATTRS:
             setattr(out, attr, mean(attr) or 0.0)
         out.gemm_tflops, out.attention_tflops = mean("gemm_tflops"), mean("attention_tflops")
+        out.named_ms_per_step = mean("named_ms_per_step") or 0.0
         out.ops_with_shapes = int(sum(cols.values("with")))
         out.ops_without_shapes = int(sum(cols.values("without")))
         for attr in _DICT_ATTRS:
@@ -444,6 +584,19 @@ class ComputeFold:
                 out, attr, {k: float(np.mean(cols.filled((attr, k), 0.0, among="shapes"))) for k in cols.keys(attr)}
             )
         out.tensor_cores = self.first[2]
+        _engines_and_peak(out)
+        return finish(out, step_ms, peak_override)
+
+    def _named(self, step_ms: float | None, peak_override: float | None) -> ComputeFacts | None:
+        if self.first_named is None:
+            return None
+        cols = self.cols
+        out = ComputeFacts(device=self.first_named[1], source="names", tensor_cores=self.first_named[2])
+        out.named_ms_per_step = float(np.mean(cols.values("names/named_ms_per_step")))
+        out.ops_without_shapes = int(sum(cols.values("without")))
+        for attr in _NAMED_DICT_ATTRS:
+            key = "names/" + attr
+            setattr(out, attr, {k: float(np.mean(cols.filled((key, k), 0.0, among="names"))) for k in cols.keys(key)})
         _engines_and_peak(out)
         return finish(out, step_ms, peak_override)
 

@@ -6,7 +6,9 @@ Per rank, over the step's own GPU work (what its CPU span launched, as the timel
   device's dense BF16 peak (``ComputeFacts.peak_tflops``), so that their sum over the step is the
   MFU; **below peak**: those kernels' time (the union of their intervals) less that. Attention
   time is counted where no matmul runs. Without recorded shapes, matmul and attention kernels are
-  found by their names and their time is all "below peak" (the split is unknown; a note says so).
+  found by their names and their time is all "below peak" (the split is unknown; a note says so);
+  with shapes, so are the ones no counted op launched (custom ops: vLLM's fused MoE GEMMs, FP8
+  paged attention), whose FLOPs are unknown.
 * **recompute**: kernels of activation checkpointing's re-run forward, every re-run op (the
   region of a backward node from its first forward-only op, ``aten::linear`` / ``layer_norm`` /
   SDPA …, through its last, and the forward activations that follow it), where no model matmul
@@ -25,8 +27,6 @@ add up to the step's busy time and all parts to the step (per rank, means over i
 
 from __future__ import annotations
 
-import re
-
 import numpy as np
 
 from ..facts import ComputeFacts, StepFacts
@@ -34,16 +34,13 @@ from ..facts_efficiency import FAMILIES, EfficiencyFacts, GemmShape, HookCost, S
 from ..ingest.events import GEMM_OPS
 from ..ingest.kineto import RankTrace
 from . import intervals as iv
-from .compute import KernelFlops, _dims, _op_dtype, launching_ops
+from .compute import KernelFlops, _dims, _op_dtype, kernel_class, launching_ops
 from .efficiency_idle import idle_and_hooks
 from .fsdp import BACKWARD_NODE_PREFIX, FORWARD_ONLY_OPS
 from .labels import enclosing
 from .steps import PHASES, StepWindow
 from .timeline import GpuSteps
 
-#: kernel names of matmuls and attention, for traces without recorded shapes
-MATMUL_NAME_RX = re.compile(r"gemm|nvjet|Cijk_|cutlass.*(?:gemm|Kernel2)|xmma|cublas", re.I)
-ATTENTION_NAME_RX = re.compile(r"fmha|flash|attention|sdpa", re.I)
 #: forward activations that follow a block's last forward-only op in a re-run forward
 FORWARD_TAIL_OPS = frozenset(
     {
@@ -194,14 +191,17 @@ def analyze_efficiency(
     ok = (pos < rows.size) & (rows[np.minimum(pos, rows.size - 1)] == kf.rows) if kf.rows.size else np.zeros(0, bool)
     pos, kfi = pos[ok], np.flatnonzero(ok)
     eff.flops_known = bool(kfi.size) and compute is not None and bool(compute.source)
+    # by name, tested once per distinct name: every matmul / attention kernel without shapes, and
+    # (with shapes) those no counted op launched (custom ops: vLLM's fused MoE, FP8 attention)
+    by_name = np.ones(rows.size, dtype=bool)
     if eff.flops_known:
         flops[pos] = kf.flops[kfi]
         is_attn[pos] = kf.attention[kfi]
         is_mm[pos] = ~kf.attention[kfi]
         rec[pos] = kf.recompute[kfi]
-    else:  # by name, tested once per distinct name
-        is_attn = rt.mask_names(lambda x: ATTENTION_NAME_RX.search(x) is not None)[rows]
-        is_mm = ~is_attn & rt.mask_names(lambda x: MATMUL_NAME_RX.search(x) is not None)[rows]
+        by_name[pos] = False
+    is_attn |= by_name & rt.mask_names(lambda x: kernel_class(x) == "attention")[rows]
+    is_mm |= by_name & rt.mask_names(lambda x: kernel_class(x) == "gemm")[rows]
     regions = recompute_regions(rt) if checkpointing is not False else (np.zeros(0, np.int64), np.zeros(0), np.zeros(0))
     lr = g.launch_row if g.launch_row is not None else np.full(rows.size, -1, dtype=np.int64)
     has_l = lr >= 0

@@ -22,6 +22,17 @@ import re
 
 # compute dtypes of a GEMM / attention kernel, as :mod:`.compute` names them
 DTYPES = ("fp8", "bf16", "fp16", "tf32", "fp32")
+#: the dtype whose peak each engine of :mod:`.compute` is measured against: FP4 × FP8
+#: (Blackwell's mixed-operand MMA, ``kind::f8f6f4``) runs at the FP8 rate; FP4 × FP4 has no peak here
+ENGINE_PEAK_DTYPE = {
+    "fp32-simt": "fp32",
+    "fp32": "fp32",
+    "tf32": "tf32",
+    "bf16": "bf16",
+    "fp16": "fp16",
+    "fp8": "fp8",
+    "fp4-fp8": "fp8",
+}
 
 # (pattern on the device name, label, {dtype: dense TFLOP/s}); first match wins (specific first)
 PEAKS: tuple[tuple[str, str, dict[str, float]], ...] = (

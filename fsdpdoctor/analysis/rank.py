@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 
 from ..facts import CollectiveFacts, CollectiveStats, RankFacts
+from ..facts_efficiency import FUSED_OPTIMIZERS
 from ..ingest.kineto import RankTrace, load_trace
 from .compute import analyze_compute, finish
 from .efficiency import analyze_efficiency
@@ -106,7 +107,7 @@ def _read_rank(rt: RankTrace, order_index: int) -> tuple[RankFacts, WhatIfPlan |
     compute, kflops = analyze_compute(rt, info.steps, device_name, n_steps)
     if compute.source:
         finish(compute, sum(s.step_ms for s in steps) / len(steps) if steps else None)
-    elif gpu_present:
+    if compute.source != "shapes" and gpu_present:
         notes.append(
             "no matmul or attention op with recorded shapes in this trace: FLOPs and MFU not computed "
             "(profile with record_shapes=True)"
@@ -124,7 +125,8 @@ def _read_rank(rt: RankTrace, order_index: int) -> tuple[RankFacts, WhatIfPlan |
         # forward, each GPU instant once, on the step clock), read by FSD019 and the headline alike
         fsdp.recompute_gpu_ms_per_step = efficiency.parts_ms.get("recompute", 0.0)
     opt = next((n.split("#", 1)[1].split(".")[0] for n in rt.names if n.startswith("Optimizer.step#")), None)
-    if efficiency is not None and efficiency.optimizer_ms >= OPTIMIZER_LEVER_PCT / 100 * efficiency.step_ms:
+    fusable = opt is None or opt in FUSED_OPTIMIZERS  # Shampoo … has no fused step to replay
+    if efficiency is not None and fusable and efficiency.optimizer_ms >= OPTIMIZER_LEVER_PCT / 100 * efficiency.step_ms:
         fsdp.optimizer_kernels = efficiency.optimizer  # a fused step could pay: replay it (the rule's threshold)
     plan = plan_whatif(rt, info.steps, colls, fsdp, kflops=kflops, compute=compute) if gpu_present else None
     facts = RankFacts(

@@ -624,12 +624,18 @@ def fold(
     rf.efficiency = arrived.efficiency.result(
         rf.step_clock_ms, rf.compute.peak_tflops if rf.compute is not None else None
     )
-    if rf.compute is None and rf.gpu_present:
+    if (rf.compute is None or rf.compute.source != "shapes") and rf.gpu_present:
         rf.notes.append(
             "FLOPs and MFU not computed: no matmul or attention op with recorded shapes "
             "(profile with record_shapes=True)"
         )
-    elif rf.compute is not None and rf.compute.peak_tflops is None:
+    elif rf.compute is not None and rf.compute.named_ms_per_step >= 0.005 and rf.compute.mfu_pct is not None:
+        rf.notes.append(
+            f"MFU counts the FLOPs of the ops with recorded shapes: {rf.compute.named_ms_per_step:.2f} ms per step of "
+            "GEMM and attention kernels launched by ops without shapes (custom ops such as a fused MoE, found by "
+            "kernel name) have no FLOPs, so the MFU leaves their work out"
+        )
+    if rf.compute is not None and rf.compute.source == "shapes" and rf.compute.peak_tflops is None:
         rf.notes.append(
             f"MFU not computed: no peak known for device {rf.compute.device!r} and dtype "
             f"{rf.compute.compute_dtype} (give one with --peak-tflops)"

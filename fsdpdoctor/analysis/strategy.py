@@ -278,7 +278,7 @@ def inputs_from_facts(facts: RunFacts, gpus_per_node: int | None = None) -> Plan
             c
             for r in facts.rank_facts[:1]
             for c in r.collectives
-            if c.kind == "all_reduce" and c.step == 0 and c.in_nelems
+            if c.kind == "all_reduce" and c.step == 0 and c.in_nelems and c.role != "tensor_parallel"
         ]
         params = float(sum(c.in_nelems for c in ar))  # DDP: the gradient buckets cover the parameters
     if params < MIN_PARAMS:  # nothing, or too little to be a model's parameters: cannot estimate

@@ -81,7 +81,8 @@ def hta_overlap(rt: RankTrace, steps: list[StepWindow] | None = None) -> tuple[f
 
     Events: every GPU event with a stream (kernels, memcpy, memset; GPU annotations dropped);
     comm by HTA's name pattern (or collective args); compute = everything not matching HTA's
-    non-compute pattern. Window: HTA drops the last ProfilerStep (its GPU work is often cut off
+    non-compute pattern (so all-reduce kernels outside NCCL, ``multimem_all_reduce_kernel``, count
+    as compute here, unlike in the step timeline). Window: HTA drops the last ProfilerStep (its GPU work is often cut off
     when the profiler stops) by keeping only GPU events launched before that step starts. We do
     the same when there are at least two steps, and use the whole trace otherwise.
     Returns (pct or None when there is no comm, comm ms, compute ms) over that window.
@@ -94,7 +95,7 @@ def hta_overlap(rt: RankTrace, steps: list[StepWindow] | None = None) -> tuple[f
         last_start = max(st.start for st in steps)
         lt, lr = launch_times(rt, rows, with_found=True)
         rows = rows[(lr >= 0) & (lt < last_start)]
-    comm_m = comm_kernel_mask(rt)[rows] | rt.mask_names(lambda n: COMM_NAME_RX.match(n) is not None)[rows]
+    comm_m = comm_kernel_mask(rt, hta=True)[rows] | rt.mask_names(lambda n: COMM_NAME_RX.match(n) is not None)[rows]
     comp_m = ~rt.mask_names(lambda n: NOT_COMPUTE_RX.match(n) is not None)[rows] & ~comm_m
     s, e = rt.ts[rows], rt.ts[rows] + rt.dur[rows]
     comm = iv.merge(s[comm_m], e[comm_m])

@@ -62,9 +62,10 @@ FLOP_OPS = GEMM_OPS | ATTN_FWD_OPS | ATTN_BWD_OPS | CONV_OPS
 
 
 def keeps_shapes(name: str) -> bool:
-    """Whether an op's recorded shapes are kept: c10d collectives (their sizes on gloo) and the
-    ops whose FLOPs are counted."""
-    return name.startswith("c10d::") or name == "record_param_comms" or name in FLOP_OPS
+    """Whether an op's recorded shapes are kept: c10d and symmetric-memory collectives (their
+    sizes: gloo and ``symm_mem::`` ops carry no ``record_param_comms``) and the ops whose FLOPs
+    are counted."""
+    return name.startswith(("c10d::", "symm_mem::")) or name == "record_param_comms" or name in FLOP_OPS
 
 
 #: Top-level keys of a trace document that the analysis reads besides ``traceEvents`` (both

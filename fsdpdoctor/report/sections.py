@@ -93,20 +93,44 @@ def mfu_text(f: RunFacts) -> str:
     out += f" ({c.achieved_tflops:.1f} TFLOP/s; {c.model_flops_per_step / 1e9:,.0f} GFLOP per step"
     if c.recompute_flops_per_step:
         out += f", HFU {pct(c.hfu_pct)} with the recompute"
-    mix = c.gemm_mix
-    top = max(mix, key=mix.get) if mix else None
-    if top:
-        out += f"; {pct(mix[top])} of GEMM time {vendor_words(c.peak_label, ENGINE_TEXT.get(top, top))}"
-        attn = c.attention_engine_ms_per_step
-        a_top = max(attn, key=attn.get) if attn else None
-        if a_top and _engine_kind(a_top) != _engine_kind(top):  # attention on another engine: say so
-            out += f", attention {vendor_words(c.peak_label, ENGINE_TEXT.get(a_top, a_top))}"
+    mix = engine_mix_text(c)
+    if mix:
+        out += "; " + mix
     return out + ")"
+
+
+MIX_MIN_PCT = 1.0  # engines with less of the GEMM time are left out of the headline's mix
 
 
 def _engine_kind(engine: str) -> str:
     """fp32 on CUDA cores and fp32 of no known engine read alike in the headline."""
     return "fp32" if engine.startswith("fp32") else engine
+
+
+def engine_mix_text(c) -> str:
+    """ "100.0% of GEMM time on BF16 tensor cores" where one engine runs (nearly) all of it; else
+    each engine's share: "86.9% of GEMM time on FP4 × FP8, 13.1% BF16 tensor cores". The shares
+    are of the GEMMs' time; attention, where it runs on another engine, is named after them."""
+    mix = c.gemm_mix
+    if not mix:
+        return ""
+    shown = sorted(((v, e) for e, v in mix.items() if v >= MIX_MIN_PCT), reverse=True)
+    top = max(mix, key=mix.get)
+    if len(shown) <= 1:
+        text = f"{pct(mix[top])} of GEMM time {ENGINE_TEXT.get(top, top)}"
+    elif all(e in ENGINE_SHORT for _, e in shown):  # all on tensor cores
+        parts = [f"{pct(v)} {ENGINE_SHORT[e]}" for v, e in shown]
+        head, rest = parts[0].split(" ", 1)
+        text = f"{head} of GEMM time on {rest}" + "".join(", " + p for p in parts[1:]) + " tensor cores"
+    else:
+        parts = [f"{pct(v)} {ENGINE_TEXT.get(e, e)}" for v, e in shown]
+        head, rest = parts[0].split(" ", 1)
+        text = f"{head} of GEMM time {rest}" + "".join(", " + p for p in parts[1:])
+    attn = c.attention_engine_ms_per_step
+    a_top = max(attn, key=attn.get) if attn else None
+    if a_top and _engine_kind(a_top) != _engine_kind(top):  # attention on another engine: say so
+        text += f", attention {ENGINE_TEXT.get(a_top, a_top)}"
+    return vendor_words(c.peak_label, text)
 
 
 def vendor_words(peak_label: str | None, text: str) -> str:
@@ -124,7 +148,11 @@ ENGINE_LABEL = {
     "bf16": "BF16 tensor cores",
     "fp16": "FP16 tensor cores",
     "fp8": "FP8 tensor cores",
+    "fp4-fp8": "FP4 × FP8 tensor cores",
+    "fp4": "FP4 tensor cores",
 }
+#: tensor-core engines by their operands, for a mix ("12.1% BF16, 80.4% FP4 × FP8 tensor cores")
+ENGINE_SHORT = {"tf32": "TF32", "bf16": "BF16", "fp16": "FP16", "fp8": "FP8", "fp4-fp8": "FP4 × FP8", "fp4": "FP4"}
 ENGINE_TEXT = {
     "fp32-simt": "in fp32 on CUDA cores",
     "fp32": "in fp32",
@@ -132,6 +160,8 @@ ENGINE_TEXT = {
     "bf16": "on BF16 tensor cores",
     "fp16": "on FP16 tensor cores",
     "fp8": "on FP8 tensor cores",
+    "fp4-fp8": "on FP4 × FP8 tensor cores",
+    "fp4": "on FP4 tensor cores",
 }
 
 
@@ -711,14 +741,13 @@ def compute_table(f: RunFacts) -> Table | None:
     c = f.compute
     if c is None or not c.engine_ms_per_step:
         return None
-    from ..analysis.peaks import device_peaks
+    from ..analysis.peaks import ENGINE_PEAK_DTYPE, device_peaks
 
     peaks = (device_peaks(c.device) or ("", {}))[1]
-    dtype = {"fp32-simt": "fp32", "fp32": "fp32"}
     rows = []
     for e, t in sorted(c.engine_ms_per_step.items(), key=lambda kv: -kv[1]):
         rate = c.engine_tflops.get(e)
-        peak = peaks.get(dtype.get(e, e))
+        peak = peaks.get(ENGINE_PEAK_DTYPE.get(e, e))
         rows.append(
             [
                 vendor_words(c.peak_label, ENGINE_LABEL.get(e, e)),
@@ -734,6 +763,13 @@ def compute_table(f: RunFacts) -> Table | None:
         f"{c.recompute_flops_per_step / 1e9:,.1f} recomputed); by phase: "
         + ", ".join(f"{k} {v / 1e9:,.1f}" for k, v in c.flops_by_phase.items())
     )
+    if c.source == "names":
+        note = "no recorded shapes: kernels and their engines found by the kernels' names, no FLOPs"
+    elif c.named_ms_per_step >= 0.005:
+        note += (
+            f"; {ms(c.named_ms_per_step)} of the kernel time is of kernels found by name that no op with "
+            "recorded shapes launched (no FLOPs)"
+        )
     return Table(
         "GEMM and attention kernels by engine (per step)",
         ["engine", "time", "share", "TFLOP/s", "peak", "of peak"],

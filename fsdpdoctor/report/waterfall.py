@@ -65,7 +65,7 @@ def _contributors(e: EfficiencyFacts, part: str) -> str:
     if part == "matmul_below_peak" and e.gemm_shapes:
         g = e.gemm_shapes[0]
         return f"furthest below: {g.op} {g.shape} at {g.tflops or 0:,.0f} TFLOP/s"
-    if part in ("matmul_at_peak", "attention_at_peak") and e.peak_tflops:
+    if part in ("matmul_at_peak", "attention_at_peak") and e.peak_tflops and e.flops_known:
         return f"the FLOPs at the {e.peak_tflops:,.0f} TFLOP/s dense BF16 peak"
     return ""
 

@@ -412,21 +412,37 @@ def fix_tensor_cores(g: Graph, kf, cf: ComputeFacts) -> Fix | None:
     """bf16 mixed precision for a run whose matmuls run in fp32 on a GPU with tensor cores: every
     fp32 GEMM / attention kernel takes its FLOPs at TENSOR_CORE_SHARE of the device's dense BF16
     peak (never longer than measured), and the forward / backward fp32 elementwise kernels move
-    half the bytes (× 0.5, bf16 activations). The optimizer keeps fp32."""
-    if not cf.tensor_cores or not cf.peak_tflops or g.rows is None or kf.rows.size == 0:
+    half the bytes (× 0.5, bf16 activations). The optimizer keeps fp32. Without shapes (``cf.source``
+    "names"), the CUDA-core GEMM / attention kernels found by name take their time × the ratio of
+    the device's fp32 peak to its dense BF16 (FP16) one."""
+    if not cf.tensor_cores or not cf.peak_tflops or g.rows is None:
         return None
-    rate = TENSOR_CORE_SHARE * cf.peak_tflops * 1e6  # FLOPs per µs
-    pos = {int(r): i for i, r in enumerate(g.rows.tolist())}
     fx = Fix("tensor_cores")
-    dur = g.end - g.start
     gemm_ops = set()
-    for r, fl, eng in zip(kf.rows.tolist(), kf.flops.tolist(), kf.engine):
-        i = pos.get(int(r))
-        if i is None:
-            continue
-        gemm_ops.add(i)
-        if eng in ("fp32-simt", "fp32") and dur[i] > 0 and fl > 0:
-            fx.scale[i] = min(1.0, fl / rate / dur[i])
+    if kf.rows.size == 0:  # no shapes: the CUDA-core kernels by name, at the engines' peak ratio
+        if cf.source != "names":
+            return None
+        from ..compute import engine_in_name, kernel_class
+        from ..peaks import device_peaks
+
+        f32 = (device_peaks(cf.device) or ("", {}))[1].get("fp32")
+        if not f32:
+            return None
+        simt = _name_mask(g, lambda n: kernel_class(n) is not None and engine_in_name(n) == "fp32-simt")
+        gemm_ops = set(np.flatnonzero(g.is_compute & _name_mask(g, lambda n: kernel_class(n) is not None)).tolist())
+        for i in np.flatnonzero(g.is_compute & simt).tolist():
+            fx.scale[i] = min(1.0, f32 / cf.peak_tflops)
+    else:
+        rate = TENSOR_CORE_SHARE * cf.peak_tflops * 1e6  # FLOPs per µs
+        pos = {int(r): i for i, r in enumerate(g.rows.tolist())}
+        dur = g.end - g.start
+        for r, fl, eng in zip(kf.rows.tolist(), kf.flops.tolist(), kf.engine):
+            i = pos.get(int(r))
+            if i is None:
+                continue
+            gemm_ops.add(i)
+            if eng in ("fp32-simt", "fp32") and dur[i] > 0 and fl > 0:
+                fx.scale[i] = min(1.0, fl / rate / dur[i])
     if not fx.scale:
         return None
     fp32 = _name_mask(g, lambda n: any(t in n for t in _FP32) and not any(t in n for t in _LOW))
