@@ -243,7 +243,12 @@ def _idle_ops(rt: RankTrace, lo: float, hi: float, inside: dict, total_us: float
     if not idle or total_us <= 0:
         return []
     listed = {c for c, us in idle.items() if us >= IDLE_OP_MIN_SHARE * total_us}
-    wrappers = {p for (c, p), us in inside.get("parent", {}).items() if c in listed and us >= WRAPPER_SHARE * idle[p]}
+    # an aten op inside (view, empty, copy_) does not make its caller a wrapper: the caller says more
+    wrappers = {
+        p
+        for (c, p), us in inside.get("parent", {}).items()
+        if c in listed and us >= WRAPPER_SHARE * idle[p] and not rt.names[c].startswith("aten::")
+    }
     specific = listed - wrappers
     out = []
     for code in sorted(specific, key=lambda c: -idle[c])[:TOP_IDLE_OPS]:
