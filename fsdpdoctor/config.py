@@ -106,7 +106,7 @@ THRESHOLDS: dict[str, tuple[float, str]] = {
     ),
     "sync_blocked_min_pct": (
         10.0,
-        "sync-in-step: one call site blocking the CPU on the GPU this % of the step (a blocking copy, .item(), a synchronization)",
+        "sync-in-step: one call site blocking the CPU on the GPU this % of the step while the GPU, too, runs nothing this % (a blocking copy, .item(), a synchronization)",
     ),
     "fusion_min_pct": (
         15.0,

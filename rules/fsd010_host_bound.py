@@ -191,8 +191,8 @@ def _causes(facts, host_idle: float) -> tuple[list[str], list[str]]:
         )
         parts.append(FIX_BUCKETS)
     opt = [o for o in ops if o.name.startswith("Optimizer.step#")]
-    if idle.get("optimizer_cpu", 0.0) >= floor or opt:
-        held = idle.get("optimizer_cpu", 0.0)
+    held = max(idle.get("optimizer_cpu", 0.0), sum(o.gpu_idle_ms_per_step for o in opt))
+    if held >= floor:
         lines.append(
             f"the optimizer step's CPU side holds {ms(held)} of GPU idle per step"
             + (f" ({', '.join(o.name.removeprefix('Optimizer.step#') for o in opt[:3])})" if opt else "")

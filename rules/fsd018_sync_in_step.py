@@ -13,7 +13,8 @@ How it shows in a trace
     A blocking call that begins while the GPU is busy and returns when it has run dry, and a GPU
     idle gap from there to the next kernel (``efficiency.idle_ms["sync_drain"]``, by call site in
     ``efficiency.syncs``, with the Python line where the trace has stacks). Or one call site that
-    keeps the CPU blocked a material share of the step (``sync_blocked_min_pct``): a small copy
+    keeps the CPU blocked a material share of the step while the GPU itself runs nothing for
+    that share too (``sync_blocked_min_pct``, both): a small copy
     to pageable memory (``aten::to`` → ``cudaMemcpyAsync``, ``Memcpy DtoH (Device -> Pageable)``)
     that waits for everything queued before it on the GPU. The finding names the call's user
     annotation, op, tensor (shape, dtype, bytes) and what the CPU waited for: the GPU work that
@@ -104,7 +105,11 @@ def check(facts, cfg):
     if e is None or not facts.gpu_present or not step or facts.fsdp.cpu_offload.detected:
         return []  # CPU offload's blocking copies drain the queue: cpu-offload-stall's
     idle, drained = e.parts_ms["gpu_idle"], e.idle_ms.get("sync_drain", 0.0)
-    blocking = [s for s in e.syncs if 100 * s.cpu_ms_per_step / step >= cfg["sync_blocked_min_pct"]]
+    # a call that blocks the CPU while the GPU itself runs nothing for long: both sides wait, the
+    # GPU's stall shows in the CPU's profile as the call's time (a step-end synchronization of a
+    # GPU-bound step waits on a busy GPU: nothing hidden there)
+    least = cfg["sync_blocked_min_pct"] * step / 100
+    blocking = [s for s in e.syncs if s.cpu_ms_per_step >= least and s.waited_idle_ms_per_step >= least]
     drains = 100 * idle / step >= cfg["waterfall_min_part_pct"] and 100 * drained / step >= max(
         cfg["sync_drain_min_pct"], cfg["severity_warning_pct"]
     )

@@ -592,7 +592,12 @@ class EfficiencyFold:
             syncs.append(SyncSite(site=k, line=line, annotation=ann, op=op, tensor=tensor, copy=copy, **figs))
         out.syncs = sorted(syncs, key=lambda s: (-s.gpu_idle_ms_per_step, -s.cpu_ms_per_step, s.site))
         out.idle_ops = sorted(
-            (IdleOp(k, self._mean(("idle_op", k)), self._mean(("idle_op_cpu", k))) for k in cols.keys("idle_op")),
+            # the idle over every rank (a rank that does not list a range held little of it), the
+            # CPU time over the ranks that list it (a range's own time is no less on the others)
+            (
+                IdleOp(k, self._mean(("idle_op", k)), float(np.mean(cols.values(("idle_op_cpu", k)))))
+                for k in cols.keys("idle_op")
+            ),
             key=lambda o: (-o.gpu_idle_ms_per_step, o.name),
         )[:TOP_IDLE_OPS]
         out.optimizer = max(self.styles, key=lambda s: (self.styles[s], s)) if self.styles else None
