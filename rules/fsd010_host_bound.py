@@ -9,20 +9,21 @@ How it shows in a trace
     Gaps between kernels inside the step's GPU window with neither compute nor communication
     running, while the CPU is not blocked waiting for the GPU (idle inside a synchronization is
     both sides waiting on something else, and a GPU that runs behind the CPU is not waiting for
-    it); many short kernels; long CPU ranges (FSDP hooks, data loader) between launches.
-
-Evidence and fix come from what the trace shows the CPU doing while the GPU idles (the CPU
-    ranges the launching thread was inside, from the efficiency waterfall's idle attribution),
-    each fix offered only where its cause shows: data-loader workers only where data loading
-    holds GPU idle, ``torch.compile`` only where no compiled region runs, FSDP hook advice only
-    under FSDP, ``broadcast_buffers=False`` only for DDP with its buffer broadcast visible, DDP's
-    buckets only for a loop of per-parameter all-reduces, the optimizer's CPU step where it holds
-    GPU idle.
+    it); many short kernels; long CPU ranges (FSDP hooks, data loader) between launches. The
+    finding names the CPU ranges the launching thread was inside while the GPU idled (the most
+    specific ones holding a material share of that idle), and offers each fix only where its
+    cause shows: DataLoader workers where data loading holds GPU idle, ``torch.compile`` only
+    where no compiled region runs, FSDP hook advice only under FSDP, ``broadcast_buffers=False``
+    only for DDP with its buffer broadcast visible, DDP's buckets only for a loop of
+    per-parameter all-reduces, the optimizer's CPU step where it holds GPU idle.
 
 Fix
     Give the GPU bigger pieces of work: a larger per-GPU batch (where the memory snapshot shows
     headroom, the finding says how much larger fits), ``torch.compile`` or CUDA graphs
-    to cut launch overhead, fewer FSDP units, DataLoader workers with ``pin_memory``. For an
+    to cut launch overhead (not where compiled regions already run), fewer FSDP units, DataLoader
+    workers with ``pin_memory``, ``DistributedDataParallel(broadcast_buffers=False)`` where DDP's
+    buffer broadcast holds the idle, DDP's gradient buckets instead of one all-reduce per
+    parameter, a fused optimizer (or, for Shampoo, preconditioning less often). For an
     inference run (no backward pass, no optimizer step): CUDA graphs
     (``torch.compile(mode="reduce-overhead")``; in vLLM, leave ``enforce_eager`` off) and larger
     batches; training advice (data loaders, FSDP units) does not apply.
@@ -207,9 +208,8 @@ def _causes(facts, host_idle: float) -> tuple[list[str], list[str]]:
     if is_fsdp(facts) and idle.get("fsdp_hooks", 0.0) >= floor:
         parts.append(FIX_HOOKS)
     if e.compiled_ms > 0:
-        lines.append(
-            f"torch.compile already runs: {ms(e.compiled_ms)} of CPU per step in compiled regions (not offered again)"
-        )
+        again = "CUDA graphs for them are what is offered" if facts.workload == "inference" else "not offered again"
+        lines.append(f"torch.compile already runs: {ms(e.compiled_ms)} of CPU per step in compiled regions ({again})")
     elif idle.get("python", 0.0) + idle.get("launch", 0.0) >= floor:
         parts.append(FIX_COMPILE)
     return lines, parts

@@ -49,6 +49,9 @@ def test_blocking_copy_is_named_with_its_site_tensor_and_wait(shared_traces):
     # what it waited for adds up to the time it blocked
     assert site.waited_busy_ms_per_step + site.waited_idle_ms_per_step == pytest.approx(truth_ms, rel=1e-3)
     assert site.waited_busy_ms_per_step > 10 and site.waited_idle_ms_per_step > 10
+    # the drained idle is split over the same sites the blocking calls are named by
+    e = r.facts.efficiency
+    assert sum(s.gpu_idle_ms_per_step for s in e.syncs) == pytest.approx(e.idle_ms["sync_drain"], rel=1e-6)
 
     f = next(x for x in r.findings if x.slug == "sync-in-step")
     assert "## sparse_data_dist ##" in f.summary and "aten::to" in f.summary and "int64[88]" in f.summary

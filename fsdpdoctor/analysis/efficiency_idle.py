@@ -319,7 +319,8 @@ def _sites(rt: RankTrace, rows: np.ndarray) -> dict[int, str]:
 def _site_info(rt: RankTrace, rows: np.ndarray) -> dict[int, tuple[str, str | None, int]]:
     """(site, innermost user annotation, outermost aten op row or -1) for each synchronization
     row. The site: the innermost user range › the outermost aten op around the call (``aten::item``,
-    ``aten::to``), else the innermost FSDP / user range, then the call."""
+    ``aten::to``) with its first input where shapes were recorded, else the innermost FSDP / user
+    range, then the call."""
     if rows.size == 0:
         return {}
     threads = np.unique(rt.thread[rows])
@@ -337,6 +338,9 @@ def _site_info(rt: RankTrace, rows: np.ndarray) -> dict[int, tuple[str, str | No
         other = [x for x in names if not x.startswith(("aten::", "ProfilerStep#"))]
         ann = [x for c, x in zip(chain, names) if rt.cat[c] == ann_cat and not x.startswith("ProfilerStep#")]
         where = rt.row_name(aten[0]) if aten else (other[-1] if other else "")
+        tensor = _tensor(rt, aten[0]) if aten else None
+        if tensor:  # one site per tensor: a 704-byte read-back is not a 48-byte one
+            where = f"{where}({tensor})"
         call = rt.row_name(r)
         site = f"{where} → {call}" if where else call
         a = ann[-1] if ann else None
@@ -439,10 +443,6 @@ def _sync_costs(
     nbytes: dict[str, list[float]] = {}
     for r in rows.tolist():
         site, ann, op = info[r]
-        tensor = _tensor(rt, op)
-        if tensor and op >= 0:  # one site per tensor: a 704-byte read-back is not a 48-byte one
-            name = rt.row_name(op)
-            site = site.replace(f"{name} →", f"{name}({tensor}) →", 1)
         s = out.get(site)
         if s is None:
             s = out[site] = SyncSite(
@@ -452,7 +452,7 @@ def _sync_costs(
                 gpu_idle_ms_per_step=idle.get(site, 0.0) / 1e3 / n,
                 annotation=ann,
                 op=rt.row_name(op) if op >= 0 else None,
-                tensor=tensor,
+                tensor=_tensor(rt, op),
             )
         s.calls_per_step += 1.0 / n
         s.cpu_ms_per_step += float(rt.dur[r]) / 1e3 / n
