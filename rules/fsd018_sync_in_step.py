@@ -24,9 +24,9 @@ How it shows in a trace
 Fix
     For a small tensor copied to the CPU inside the step: ``non_blocking=True`` into pinned memory
     (and wait on an event only where the value is needed), or keep it on the GPU, or move the
-    ``.to("cpu")`` out of the step. Keep values on the GPU inside the step (accumulate the loss as a tensor, log every N steps),
-    avoid data-dependent Python on GPU values (``if x.any():``), and find the calls with
-    ``torch.cuda.set_sync_debug_mode("warn")``.
+    ``.to("cpu")`` out of the step. Keep values on the GPU inside the step (accumulate the loss
+    as a tensor, log every N steps), avoid data-dependent Python on GPU values
+    (``if x.any():``), and find the calls with ``torch.cuda.set_sync_debug_mode("warn")``.
 
 Saving
     A blocked CPU wait is the time the CPU waited for the GPU's queue to drain: removing the
@@ -36,9 +36,11 @@ Saving
     synchronizations drain the GPU into.
 
 Known problems
-    The saving is the idle the synchronizations drain the GPU into (or the replay's); where the value is needed
-    every step (gradient clipping by a norm read on the CPU), moving the read is the fix, not
-    removing it. The profiler's own synchronization at the end of its window drains nothing and
+    The saving is the idle the synchronizations drain the GPU into (or the replay's); where the
+    value is needed every step (gradient clipping by a norm read on the CPU), moving the read is
+    the fix, not removing it. The replay frees the blocking copies and keeps every GPU wait it
+    cannot explain as measured: where such a wait was itself caused by the synchronization (on
+    another rank), the saving is low. The profiler's own synchronization at the end of its window drains nothing and
     is not counted.
 """
 
@@ -136,7 +138,7 @@ def check(facts, cfg):
         )
     if not any(s.line for s in blocking + sites):
         evidence.append("the trace has no Python stacks (profile with with_stack=True) to name the calling lines")
-    saving = drained if drains else 0.0
+    saving = drained
     copies = [s for s in blocking if s.copy and "Pageable" in s.copy]
     w = facts.whatif
     if copies and w is not None and "pin" in w.saving_ms and w.error_pct <= REPLAY_MAX_ERROR_PCT:

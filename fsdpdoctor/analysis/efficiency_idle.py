@@ -423,6 +423,32 @@ def _hook_costs(rt: RankTrace, hooks: np.ndarray, wait: dict, n: int) -> list[Ho
     return sorted(out.values(), key=lambda c: (-c.gpu_wait_ms_per_step, -c.cpu_ms_per_step, c.unit, c.hook))
 
 
+def _while_blocked(
+    rt: RankTrace, rows: np.ndarray, busy: iv.Intervals | None, comm: iv.Intervals | None
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """For each call of ``rows``: the GPU's busy time inside it, the collectives' time inside it,
+    and its longest GPU idle gap (µs), for every call at once."""
+    zero = np.zeros(rows.size)
+    if busy is None or rows.size == 0:
+        return zero, zero, zero
+    ts, te = rt.ts[rows].astype(np.float64), (rt.ts[rows] + rt.dur[rows]).astype(np.float64)
+    work = iv.measure_below(busy, te) - iv.measure_below(busy, ts) if busy[0].size else zero
+    in_comm = iv.measure_below(comm, te) - iv.measure_below(comm, ts) if comm is not None and comm[0].size else zero
+    # the idle gaps (busy's complement) each call overlaps: the longest, clipped to the call
+    gs = np.concatenate(([-np.inf], busy[1]))
+    ge = np.concatenate((busy[0], [np.inf]))
+    lo = np.searchsorted(ge, ts, side="right")
+    hi = np.searchsorted(gs, te, side="left")
+    counts = np.maximum(hi - lo, 0)
+    longest = np.zeros(rows.size)
+    if counts.sum():
+        ci = np.repeat(np.arange(rows.size), counts)
+        gi = np.repeat(lo, counts) + np.arange(counts.sum()) - np.repeat(np.cumsum(counts) - counts, counts)
+        length = np.maximum(np.minimum(ge[gi], te[ci]) - np.maximum(gs[gi], ts[ci]), 0.0)
+        np.maximum.at(longest, ci, length)
+    return work, in_comm, longest
+
+
 def _sync_costs(
     rt: RankTrace,
     lo: float,
@@ -439,9 +465,10 @@ def _sync_costs(
     rows = np.union1d(_sync_rows(rt, lo, hi), np.array(drains, dtype=np.int64))
     info = _site_info(rt, rows)
     copies = _copies(rt, rows)
+    work, in_comm, longest = _while_blocked(rt, rows, busy, comm)
     out: dict[str, SyncSite] = {}
     nbytes: dict[str, list[float]] = {}
-    for r in rows.tolist():
+    for i, r in enumerate(rows.tolist()):
         site, ann, op = info[r]
         s = out.get(site)
         if s is None:
@@ -460,16 +487,10 @@ def _sync_costs(
             s.copy = s.copy or copies[r][0]
             nbytes.setdefault(site, []).append(copies[r][1])
         if busy is not None:
-            a, b = float(rt.ts[r]), float(rt.ts[r] + rt.dur[r])
-            win = (np.array([a]), np.array([b]))
-            work = iv.intersect_len(win, busy)
-            s.waited_busy_ms_per_step += work / 1e3 / n
-            s.waited_idle_ms_per_step += max(b - a - work, 0.0) / 1e3 / n
-            if comm is not None:
-                s.waited_comm_ms_per_step += iv.intersect_len(win, comm) / 1e3 / n
-            gaps = iv.subtract(win, busy)
-            if gaps[0].size:
-                s.longest_idle_ms = max(s.longest_idle_ms, float(np.max(gaps[1] - gaps[0])) / 1e3)
+            s.waited_busy_ms_per_step += float(work[i]) / 1e3 / n
+            s.waited_idle_ms_per_step += max(float(rt.dur[r]) - float(work[i]), 0.0) / 1e3 / n
+            s.waited_comm_ms_per_step += float(in_comm[i]) / 1e3 / n
+            s.longest_idle_ms = max(s.longest_idle_ms, float(longest[i]) / 1e3)
     for site, b in nbytes.items():
         out[site].bytes_per_call = float(np.mean(b))
     return sorted(out.values(), key=lambda s: (-s.gpu_idle_ms_per_step, -s.cpu_ms_per_step, s.site))
