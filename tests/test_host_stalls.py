@@ -22,6 +22,21 @@ def _inside(e: dict, spans: list[dict]) -> bool:
     return any(s["tid"] == e["tid"] and s["ts"] <= e["ts"] and e["ts"] + e["dur"] <= s["ts"] + s["dur"] for s in spans)
 
 
+def _union_in(window: tuple[float, float], acts: list[dict]) -> tuple[float, float]:
+    """(µs of ``window`` covered by ``acts``, its longest uncovered gap)."""
+    a, b = window
+    pieces = sorted(
+        (max(e["ts"], a), min(e["ts"] + e["dur"], b)) for e in acts if e["ts"] < b and e["ts"] + e["dur"] > a
+    )
+    covered, end, longest = 0.0, a, 0.0
+    for s, t in pieces:
+        longest = max(longest, s - end)
+        if t > end:
+            covered += t - max(s, end)
+            end = t
+    return covered, max(longest, b - end)
+
+
 def test_blocking_copy_is_named_with_its_site_tensor_and_wait(shared_traces):
     d = shared_traces / "hta-sendrecv-a100-16ranks"
     ev = _events(d / "rank-0.json.gz")
@@ -48,6 +63,14 @@ def test_blocking_copy_is_named_with_its_site_tensor_and_wait(shared_traces):
     assert site.cpu_ms_per_step == pytest.approx(truth_ms, rel=1e-6)
     # what it waited for adds up to the time it blocked
     assert site.waited_busy_ms_per_step + site.waited_idle_ms_per_step == pytest.approx(truth_ms, rel=1e-3)
+    # what the GPU did meanwhile, from the raw activities (every stream; NCCL kernels the communication)
+    gpu = [e for e in ev if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")]
+    nccl = [e for e in gpu if e["name"].startswith("nccl")]
+    busy = [_union_in((c["ts"], c["ts"] + c["dur"]), gpu) for c in calls]
+    comm = [_union_in((c["ts"], c["ts"] + c["dur"]), nccl)[0] for c in calls]
+    assert site.waited_busy_ms_per_step == pytest.approx(sum(b for b, _ in busy) / len(steps) / 1e3, rel=1e-6)
+    assert site.waited_comm_ms_per_step == pytest.approx(sum(comm) / len(steps) / 1e3, rel=1e-6)
+    assert site.longest_idle_ms == pytest.approx(max(g for _, g in busy) / 1e3, rel=1e-6)
     assert site.waited_busy_ms_per_step > 10 and site.waited_idle_ms_per_step > 10
     # the drained idle is split over the same sites the blocking calls are named by
     e = r.facts.efficiency
@@ -61,6 +84,9 @@ def test_blocking_copy_is_named_with_its_site_tensor_and_wait(shared_traces):
     assert "non_blocking=True" in f.fix["any"] and "pin_memory=True" in f.fix["any"]
     # honest: the saving is far below the blocked time (the GPU's queued work still runs)
     assert f.est_saving_ms is not None and f.est_saving_ms < 0.25 * truth_ms
+    # the overlap finding says its communication ran while the CPU could launch nothing
+    overlap = next(x for x in r.findings if x.slug == "low-overlap")
+    assert any("ran while the CPU was blocked in ## sparse_data_dist ##" in x for x in overlap.evidence)
 
 
 def _host_bound(path: Path):
