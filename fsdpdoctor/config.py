@@ -104,6 +104,10 @@ THRESHOLDS: dict[str, tuple[float, str]] = {
         1.0,
         "sync-in-step: GPU idle after synchronizations that drained the launch queue, as % of the step",
     ),
+    "sync_blocked_min_pct": (
+        10.0,
+        "sync-in-step: one call site blocking the CPU on the GPU this % of the step while the GPU, too, runs nothing this % (a blocking copy, .item(), a synchronization)",
+    ),
     "fusion_min_pct": (
         15.0,
         "non-matmul-kernels: elementwise, norm, softmax and cast kernels this % of the step before torch.compile's fusion is named a lever (where the optimizer's is not)",

@@ -101,13 +101,38 @@ class HookCost:
 
 @dataclass(slots=True)
 class SyncSite:
-    """A synchronization inside the step (a sync call, ``.item()``, a blocking copy)."""
+    """A synchronization inside the step (a sync call, ``.item()``, a blocking copy): every
+    explicit synchronization, every copy call that blocked the CPU (BLOCKED_COPY_US or more) and
+    every call that drained the launch queue, by call site."""
 
-    site: str  # "aten::item → cudaStreamSynchronize"
+    site: str  # "## sparse_data_dist ## › aten::to → cudaMemcpyAsync" (the innermost user range › the op → the call)
     calls_per_step: float
     cpu_ms_per_step: float  # the CPU blocked in it
     gpu_idle_ms_per_step: float  # the GPU idle gaps it drained the queue into (share of gpu_idle)
     line: str | None = None  # the Python frame that called it, where the trace has stacks
+    annotation: str | None = None  # the innermost user annotation around the call ("## sparse_data_dist ##")
+    op: str | None = None  # the outermost aten op around it ("aten::to")
+    tensor: str | None = None  # the op's first input, where shapes were recorded ("int64[88]")
+    copy: str | None = None  # the copy's kind ("DtoH (Device -> Pageable)"), for a copy call
+    bytes_per_call: float = 0.0  # the copy's bytes (mean per call)
+    # what the CPU waited for while it blocked (per step): the GPU work that ran (its union), the
+    # part of it that was communication, and the time the GPU ran nothing (its queued work held
+    # back by a dependency: another stream, an event, a peer); they sum to cpu_ms_per_step
+    waited_busy_ms_per_step: float = 0.0
+    waited_comm_ms_per_step: float = 0.0
+    waited_idle_ms_per_step: float = 0.0
+    longest_idle_ms: float = 0.0  # the longest GPU idle gap inside one blocking call
+
+
+@dataclass(slots=True)
+class IdleOp:
+    """A CPU range (op or user annotation) the launching thread was inside while the GPU had
+    nothing to run and waited for that thread's next launch: the most specific ranges that hold
+    a material share of that idle (a range most of whose idle an inner one holds is left out)."""
+
+    name: str  # "Optimizer.step#Shampoo.step", "aten::unflatten_dense_tensors", "## forward ##"
+    gpu_idle_ms_per_step: float  # GPU idle while the thread was inside it (at any depth)
+    cpu_ms_per_step: float  # its outermost calls' CPU time
 
 
 @dataclass(slots=True)
@@ -151,6 +176,10 @@ class EfficiencyFacts:
     idle_ms: dict[str, float] = field(default_factory=dict)  # cause → ms (:data:`IDLE_CAUSES`)
     hooks: list[HookCost] = field(default_factory=list)  # by GPU wait, then CPU time
     syncs: list[SyncSite] = field(default_factory=list)
+    # what the launching thread was inside while the GPU had nothing to run (the CPU side of
+    # ``idle_ms``'s launch / python / optimizer / data-loading causes), by CPU range
+    idle_ops: list[IdleOp] = field(default_factory=list)
+    compiled_ms: float = 0.0  # CPU time per step in compiled regions (``CompiledFunction``, ``Torch-Compiled Region``)
     kernels_per_step: float = 0.0  # GPU activities (kernels, copies, memsets) the step launched
     launch_bound_kernels_per_step: float = 0.0  # … that ran shorter than their own launch call
     ranks: int = 1  # ranks folded into these figures

@@ -226,6 +226,14 @@ def check(facts, cfg):
     evidence += [f"{k.replace('_', '-')} in {p}: {ms(v)} exposed per step" for p, k, v in top]
     if is_ddp(facts) and not is_fsdp(facts):
         evidence += ddp_fix(facts)[1]
+    e = facts.efficiency
+    blocked = max(e.syncs, key=lambda s: s.waited_comm_ms_per_step) if e is not None and e.syncs else None
+    if blocked is not None and blocked.waited_comm_ms_per_step >= 0.5 * exposed > 0:
+        evidence.append(
+            f"{ms(blocked.waited_comm_ms_per_step)} of communication per step ran while the CPU was blocked in "
+            f"{blocked.site} ({ms(blocked.cpu_ms_per_step)} a step): the CPU could launch nothing for it to overlap "
+            "(see sync-in-step)"
+        )
     comm = facts.timeline.comm_ms
     # raising overlap to the threshold hides that share of the communication, never more than is exposed
     saving = min(comm * (cfg["min_overlap_pct"] - ov) / 100, exposed) if comm else None

@@ -30,12 +30,12 @@ from __future__ import annotations
 import numpy as np
 
 from ..facts import ComputeFacts, StepFacts
-from ..facts_efficiency import FAMILIES, EfficiencyFacts, GemmShape, HookCost, SyncSite, empty_parts
+from ..facts_efficiency import FAMILIES, EfficiencyFacts, GemmShape, HookCost, IdleOp, SyncSite, empty_parts
 from ..ingest.events import GEMM_OPS
 from ..ingest.kineto import RankTrace
 from . import intervals as iv
 from .compute import KernelFlops, _dims, _op_dtype, kernel_class, launching_ops
-from .efficiency_idle import idle_and_hooks
+from .efficiency_idle import TOP_IDLE_OPS, idle_and_hooks
 from .fsdp import BACKWARD_NODE_PREFIX, FORWARD_ONLY_OPS
 from .labels import enclosing
 from .steps import PHASES, StepWindow
@@ -472,6 +472,18 @@ _SCALARS = (
     "kernels_per_step",
     "launch_bound_kernels_per_step",
     "optimizer_kernels_per_step",
+    "compiled_ms",
+)
+#: a sync site's figures folded as means over ranks
+_SYNC_FIELDS = (
+    "calls_per_step",
+    "cpu_ms_per_step",
+    "gpu_idle_ms_per_step",
+    "bytes_per_call",
+    "waited_busy_ms_per_step",
+    "waited_comm_ms_per_step",
+    "waited_idle_ms_per_step",
+    "longest_idle_ms",
 )
 _FOLDED_PARTS = ("recompute", "other_kernels", "exposed_comm", "exposed_copies")
 
@@ -514,12 +526,10 @@ class EfficiencyFold:
                 x.gflop_per_step,
             )
         for s in e.syncs:
-            self.info.setdefault(s.site, s.line)
-            row[("sync_calls", s.site)], row[("sync_cpu", s.site)], row[("sync_idle", s.site)] = (
-                s.calls_per_step,
-                s.cpu_ms_per_step,
-                s.gpu_idle_ms_per_step,
-            )
+            self.info.setdefault(s.site, (s.line, s.annotation, s.op, s.tensor, s.copy))
+            row.update({("sync_" + f, s.site): getattr(s, f) for f in _SYNC_FIELDS})
+        for o in e.idle_ops:
+            row[("idle_op", o.name)], row[("idle_op_cpu", o.name)] = o.gpu_idle_ms_per_step, o.cpu_ms_per_step
         if e.optimizer:
             self.styles[e.optimizer] = self.styles.get(e.optimizer, 0) + 1
         self.cols.add(rank, row)
@@ -575,19 +585,21 @@ class EfficiencyFold:
                 )
             )
         out.gemm_shapes = sorted(shapes, key=lambda x: -x.below_peak_ms)[:TOP_GEMM_SHAPES]
-        out.syncs = sorted(
+        syncs = []
+        for k in cols.keys("sync_calls_per_step"):
+            line, ann, op, tensor, copy = self.info.get(k, (None,) * 5)
+            figs = {f: self._mean(("sync_" + f, k)) for f in _SYNC_FIELDS}
+            syncs.append(SyncSite(site=k, line=line, annotation=ann, op=op, tensor=tensor, copy=copy, **figs))
+        out.syncs = sorted(syncs, key=lambda s: (-s.gpu_idle_ms_per_step, -s.cpu_ms_per_step, s.site))
+        out.idle_ops = sorted(
+            # the idle over every rank (a rank that does not list a range held little of it), the
+            # CPU time over the ranks that list it (a range's own time is no less on the others)
             (
-                SyncSite(
-                    site=k,
-                    calls_per_step=self._mean(("sync_calls", k)),
-                    cpu_ms_per_step=self._mean(("sync_cpu", k)),
-                    gpu_idle_ms_per_step=self._mean(("sync_idle", k)),
-                    line=self.info.get(k),
-                )
-                for k in cols.keys("sync_calls")
+                IdleOp(k, self._mean(("idle_op", k)), float(np.mean(cols.values(("idle_op_cpu", k)))))
+                for k in cols.keys("idle_op")
             ),
-            key=lambda s: (-s.gpu_idle_ms_per_step, -s.cpu_ms_per_step, s.site),
-        )
+            key=lambda o: (-o.gpu_idle_ms_per_step, o.name),
+        )[:TOP_IDLE_OPS]
         out.optimizer = max(self.styles, key=lambda s: (self.styles[s], s)) if self.styles else None
         if not out.flops_known:
             out.notes.append(

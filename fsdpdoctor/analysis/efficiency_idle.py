@@ -25,9 +25,10 @@ from __future__ import annotations
 import functools
 import re
 
+import msgspec
 import numpy as np
 
-from ..facts_efficiency import EfficiencyFacts, HookCost, SyncSite
+from ..facts_efficiency import EfficiencyFacts, HookCost, IdleOp, SyncSite
 from ..ingest.kineto import RankTrace
 from . import intervals as iv
 from .comms import LAUNCH_CATS, SYNC_NAMES
@@ -115,6 +116,7 @@ def idle_and_hooks(
     hook_wait: dict[tuple[str, str], float] = {}
     sync_idle: dict[str, float] = {}
     drains: list[int] = []
+    inside: dict = {}  # GPU idle by the CPU ranges the launching thread was inside (_inside)
     if g0.size:
         # the activity each gap waits for: the first to start at or after the gap's end
         act = np.flatnonzero(classified)
@@ -140,10 +142,14 @@ def idle_and_hooks(
         tail = rest & ~queued & (lrow < 0)
         thread = np.where(lrow >= 0, rt.thread[np.maximum(lrow, 0)], _main_thread(rt, steps)).astype(np.int64)
         cut = np.where(waiting, np.minimum(lt, g1), g1)
-        _by_cpu_state(rt, thread, g0, cut, waiting | tail, hooks, causes, hook_wait)
+        _by_cpu_state(rt, thread, g0, cut, waiting | tail, hooks, causes, hook_wait, inside)
     eff.idle_ms = {c: v / 1e3 / n for c, v in causes.items() if v > 0}
     eff.hooks = _hook_costs(rt, hooks[(rt.ts[hooks] >= c0) & (rt.ts[hooks] < c1)], hook_wait, n)
-    eff.syncs = _sync_costs(rt, c0, c1, sync_idle, drains, n)
+    comm = iv.merge(rt.ts[g.rows[g.comm]], (rt.ts + rt.dur)[g.rows[g.comm]])
+    eff.syncs = _sync_costs(rt, c0, c1, sync_idle, drains, n, busy, comm)
+    host = sum(v for k, v in causes.items() if k not in ("sync_drain", "gpu_dependency"))
+    eff.idle_ops = _idle_ops(rt, c0, c1, inside, host, n)
+    eff.compiled_ms = _compiled_ms(rt, c0, c1, n)
 
 
 def _main_thread(rt: RankTrace, steps: list[StepWindow]) -> int:
@@ -157,17 +163,21 @@ def _hook_rows(rt: RankTrace, lo: float, hi: float) -> np.ndarray:
     return _outermost(rt, rows)
 
 
-def _by_cpu_state(rt, thread, g0, g1, sel, hooks, causes, hook_wait) -> None:
-    """Attribute the gap pieces [g0, g1] selected by ``sel`` by what their thread was inside."""
+def _by_cpu_state(rt, thread, g0, g1, sel, hooks, causes, hook_wait, inside=None) -> None:
+    """Attribute the gap pieces [g0, g1] selected by ``sel`` by what their thread was inside
+    (and, into ``inside``, by every CPU range around them: :func:`_inside`)."""
     idx = np.flatnonzero(sel & (g1 > g0))
     if idx.size == 0:
         return
-    dl = _cpu_rows(rt, lambda x: "DataLoader" in x)
+    dl = _cpu_rows(rt, is_data_loading)
+    ranges = _cpu_rows(rt, lambda x: not x.startswith("ProfilerStep#")) if inside is not None else None
     opt = _cpu_rows(rt, lambda x: x.startswith("Optimizer.step#"))
     launches = np.flatnonzero(rt.mask_cat(*LAUNCH_CATS) & rt.mask_names(lambda x: x in LAUNCH_CALLS))
     for th in np.unique(thread[idx]).tolist():
         mine = idx[thread[idx] == th]
         target = iv.merge(g0[mine], g1[mine])
+        if ranges is not None:
+            _inside(rt, target, ranges[rt.thread[ranges] == th], inside)
         h = hooks[rt.thread[hooks] == th]
         if h.size:
             labels = np.empty(h.size, dtype=object)
@@ -185,6 +195,78 @@ def _by_cpu_state(rt, thread, g0, g1, sel, hooks, causes, hook_wait) -> None:
                 causes[cause] = causes.get(cause, 0.0) + iv.intersect_len(target, cover)
                 target = iv.subtract(target, cover)
         causes["python"] = causes.get("python", 0.0) + iv.total(target)
+
+
+def is_data_loading(name: str) -> bool:
+    """A data-loading range: the DataLoader's own (``enumerate(DataLoader)#_MultiProcessingDataLoaderIter.__next__``)
+    or a user annotation that says so (``## data_load ##``)."""
+    n = name.lower()
+    return "dataloader" in n or "data_load" in n or "dataload" in n
+
+
+def _inside(rt: RankTrace, target: iv.Intervals, rows: np.ndarray, out: dict) -> None:
+    """Add to ``out["idle"]`` (name code → µs) the measure of ``target`` inside each of ``rows``
+    (ranges on one thread, which nest; a name nested in itself counted once), and to
+    ``out["parent"]`` (name code, enclosing name code) → µs of the former inside the latter."""
+    t0, t1 = target
+    if t0.size == 0 or rows.size == 0:
+        return
+    s, e = rt.ts[rows].astype(np.float64), (rt.ts[rows] + rt.dur[rows]).astype(np.float64)
+    got = iv.measure_below(target, e) - iv.measure_below(target, s)
+    keep = got > 0
+    rows, s, e, got = rows[keep], s[keep], e[keep], got[keep]
+    order = np.lexsort((-e, s))
+    rows, s, e, got = rows[order], s[order], e[order], got[order]
+    codes = rt.name[rows].tolist()
+    idle, parent = out.setdefault("idle", {}), out.setdefault("parent", {})
+    stack: list[tuple[float, int]] = []  # (end, name code) of the open ranges
+    for c, a, b, us in zip(codes, s.tolist(), e.tolist(), got.tolist()):
+        while stack and stack[-1][0] <= a:
+            stack.pop()
+        if stack and stack[-1][1] != c:
+            parent[(c, stack[-1][1])] = parent.get((c, stack[-1][1]), 0.0) + us
+        if all(pc != c for _, pc in stack):
+            idle[c] = idle.get(c, 0.0) + us
+        stack.append((b, c))
+
+
+TOP_IDLE_OPS = 12
+IDLE_OP_MIN_SHARE = 0.02  # a range holding less of the idle it is attributed from is not listed
+WRAPPER_SHARE = 0.6  # a range one of whose listed inner ranges holds this share of its idle is a wrapper
+
+
+def _idle_ops(rt: RankTrace, lo: float, hi: float, inside: dict, total_us: float, n: int) -> list[IdleOp]:
+    """The CPU ranges the GPU's idle was spent in (:func:`_inside`): the most specific ones, the
+    most first (a range is left out where a range inside it holds most of its idle), with each
+    name's CPU time in the steps (its outermost calls)."""
+    idle: dict[int, float] = inside.get("idle", {})
+    if not idle or total_us <= 0:
+        return []
+    listed = {c for c, us in idle.items() if us >= IDLE_OP_MIN_SHARE * total_us}
+    # an aten op inside (view, empty, copy_) does not make its caller a wrapper: the caller says more
+    wrappers = {
+        p
+        for (c, p), us in inside.get("parent", {}).items()
+        if c in listed and us >= WRAPPER_SHARE * idle[p] and not rt.names[c].startswith("aten::")
+    }
+    specific = listed - wrappers
+    out = []
+    for code in sorted(specific, key=lambda c: -idle[c])[:TOP_IDLE_OPS]:
+        rows = np.flatnonzero(rt.mask_cat("cpu_op", "user_annotation") & (rt.name == code))
+        rows = _outermost(rt, rows[(rt.ts[rows] >= lo) & (rt.ts[rows] < hi)])
+        out.append(IdleOp(rt.names[code], idle[code] / 1e3 / n, float(rt.dur[rows].sum()) / 1e3 / n))
+    return out
+
+
+COMPILED = ("CompiledFunction", "CompiledFunctionBackward", "Torch-Compiled Region")
+
+
+def _compiled_ms(rt: RankTrace, lo: float, hi: float, n: int) -> float:
+    """CPU time per step in compiled regions (torch.compile's ``CompiledFunction`` /
+    ``Torch-Compiled Region`` ranges, outermost)."""
+    rows = _cpu_rows(rt, lambda x: x in COMPILED or x.startswith("Torch-Compiled Region"))
+    rows = _outermost(rt, rows[(rt.ts[rows] >= lo) & (rt.ts[rows] < hi)])
+    return float(rt.dur[rows].sum()) / 1e3 / n
 
 
 #: calls that wait for the GPU whatever they are given (``SYNC_NAMES`` also holds the copies,
@@ -230,8 +312,15 @@ def _drain_syncs(rt: RankTrace, gaps, lo: float, hi: float) -> tuple[dict[int, s
 
 
 def _sites(rt: RankTrace, rows: np.ndarray) -> dict[int, str]:
-    """A call site for each synchronization row: the outermost aten op around it (``aten::item``,
-    ``aten::to``), else the innermost FSDP / user range, then the call."""
+    """A call site for each synchronization row (:func:`_site_info`'s site)."""
+    return {r: v[0] for r, v in _site_info(rt, rows).items()}
+
+
+def _site_info(rt: RankTrace, rows: np.ndarray) -> dict[int, tuple[str, str | None, int]]:
+    """(site, innermost user annotation, outermost aten op row or -1) for each synchronization
+    row. The site: the innermost user range › the outermost aten op around the call (``aten::item``,
+    ``aten::to``) with its first input where shapes were recorded, else the innermost FSDP / user
+    range, then the call."""
     if rows.size == 0:
         return {}
     threads = np.unique(rt.thread[rows])
@@ -240,14 +329,62 @@ def _sites(rt: RankTrace, rows: np.ndarray) -> dict[int, str]:
     t = np.sort(rt.ts[rows].astype(np.float64))
     cand = cand[np.searchsorted(t, rt.ts[cand], "left") < np.searchsorted(t, rt.ts[cand] + rt.dur[cand], "right")]
     chains = enclosing(rt, cand, rows)
+    ann_cat = rt.cat_code("user_annotation")
     out = {}
     for r in rows.tolist():
-        names = [rt.row_name(c) for c in chains.get(r, [])]
-        aten = [x for x in names if x.startswith("aten::")]
+        chain = chains.get(r, [])
+        names = [rt.row_name(c) for c in chain]
+        aten = [c for c, x in zip(chain, names) if x.startswith("aten::")]
         other = [x for x in names if not x.startswith(("aten::", "ProfilerStep#"))]
-        where = aten[0] if aten else (other[-1] if other else "")
+        ann = [x for c, x in zip(chain, names) if rt.cat[c] == ann_cat and not x.startswith("ProfilerStep#")]
+        where = rt.row_name(aten[0]) if aten else (other[-1] if other else "")
+        tensor = _tensor(rt, aten[0]) if aten else None
+        if tensor:  # one site per tensor: a 704-byte read-back is not a 48-byte one
+            where = f"{where}({tensor})"
         call = rt.row_name(r)
-        out[r] = f"{where} → {call}" if where else call
+        site = f"{where} → {call}" if where else call
+        a = ann[-1] if ann else None
+        if a is not None and aten:
+            site = f"{a} › {site}"
+        out[r] = (site, a, aten[0] if aten else -1)
+    return out
+
+
+_TYPES = {"long": "int64", "int": "int32", "float": "float32", "double": "float64", "bool": "bool"}
+_TYPES.update({"c10::BFloat16": "bfloat16", "c10::Half": "float16", "unsigned char": "uint8", "signed char": "int8"})
+
+
+def _tensor(rt: RankTrace, op: int) -> str | None:
+    """The op's first input as ``dtype[d0, d1]`` where its shapes were recorded."""
+    a = rt.args.get(op) if op >= 0 else None
+    if a is None or a.input_dims is None:
+        return None
+    try:
+        dims = msgspec.json.decode(a.input_dims)
+        types = msgspec.json.decode(a.input_type) if a.input_type is not None else []
+    except msgspec.DecodeError:
+        return None
+    if not dims or not isinstance(dims[0], list) or not dims[0] or not all(isinstance(d, int) for d in dims[0]):
+        return None
+    t = types[0] if types and isinstance(types[0], str) and types[0] else "?"
+    return f"{_TYPES.get(t, t)}[{', '.join(str(d) for d in dims[0])}]"
+
+
+def _copies(rt: RankTrace, rows: np.ndarray) -> dict[int, tuple[str, float]]:
+    """For the copy calls among ``rows``: (the copy's kind "DtoH (Device -> Pageable)", bytes)
+    of the GPU copy with the call's correlation id."""
+    out: dict[int, tuple[str, float]] = {}
+    calls = rows[rt.correlation[rows] >= 0]
+    if calls.size == 0:
+        return out
+    gpu = np.flatnonzero(rt.mask_cat("gpu_memcpy") & np.isin(rt.correlation, rt.correlation[calls]))
+    by_corr = {int(c): int(g) for c, g in zip(rt.correlation[gpu].tolist(), gpu.tolist())}
+    for r in calls.tolist():
+        g = by_corr.get(int(rt.correlation[r]))
+        if g is not None:
+            a = rt.args.get(g)
+            nb = a.nbytes if a is not None and isinstance(a.nbytes, int) else 0
+            out[r] = (rt.row_name(g).removeprefix("Memcpy "), float(nb))
     return out
 
 
@@ -286,23 +423,74 @@ def _hook_costs(rt: RankTrace, hooks: np.ndarray, wait: dict, n: int) -> list[Ho
     return sorted(out.values(), key=lambda c: (-c.gpu_wait_ms_per_step, -c.cpu_ms_per_step, c.unit, c.hook))
 
 
+def _while_blocked(
+    rt: RankTrace, rows: np.ndarray, busy: iv.Intervals | None, comm: iv.Intervals | None
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """For each call of ``rows``: the GPU's busy time inside it, the collectives' time inside it,
+    and its longest GPU idle gap (µs), for every call at once."""
+    zero = np.zeros(rows.size)
+    if busy is None or rows.size == 0:
+        return zero, zero, zero
+    ts, te = rt.ts[rows].astype(np.float64), (rt.ts[rows] + rt.dur[rows]).astype(np.float64)
+    work = iv.measure_below(busy, te) - iv.measure_below(busy, ts) if busy[0].size else zero
+    in_comm = iv.measure_below(comm, te) - iv.measure_below(comm, ts) if comm is not None and comm[0].size else zero
+    # the idle gaps (busy's complement) each call overlaps: the longest, clipped to the call
+    gs = np.concatenate(([-np.inf], busy[1]))
+    ge = np.concatenate((busy[0], [np.inf]))
+    lo = np.searchsorted(ge, ts, side="right")
+    hi = np.searchsorted(gs, te, side="left")
+    counts = np.maximum(hi - lo, 0)
+    longest = np.zeros(rows.size)
+    if counts.sum():
+        ci = np.repeat(np.arange(rows.size), counts)
+        gi = np.repeat(lo, counts) + np.arange(counts.sum()) - np.repeat(np.cumsum(counts) - counts, counts)
+        length = np.maximum(np.minimum(ge[gi], te[ci]) - np.maximum(gs[gi], ts[ci]), 0.0)
+        np.maximum.at(longest, ci, length)
+    return work, in_comm, longest
+
+
 def _sync_costs(
-    rt: RankTrace, lo: float, hi: float, idle: dict[str, float], drains: list[int], n: int
+    rt: RankTrace,
+    lo: float,
+    hi: float,
+    idle: dict[str, float],
+    drains: list[int],
+    n: int,
+    busy: iv.Intervals | None = None,
+    comm: iv.Intervals | None = None,
 ) -> list[SyncSite]:
-    """The explicit synchronizations and the calls that drained the queue (``drains``), by site."""
-    rows = np.union1d(_sync_rows(rt, lo, hi, explicit=True), np.array(drains, dtype=np.int64))
-    sites = _sites(rt, rows)
+    """The explicit synchronizations, the copies that blocked and the calls that drained the
+    queue (``drains``), by site, with what the GPU did while each blocked (``busy``: all GPU
+    activity, ``comm``: the collectives')."""
+    rows = np.union1d(_sync_rows(rt, lo, hi), np.array(drains, dtype=np.int64))
+    info = _site_info(rt, rows)
+    copies = _copies(rt, rows)
+    work, in_comm, longest = _while_blocked(rt, rows, busy, comm)
     out: dict[str, SyncSite] = {}
-    for r in rows.tolist():
-        s = out.setdefault(
-            sites[r],
-            SyncSite(
-                site=sites[r],
+    nbytes: dict[str, list[float]] = {}
+    for i, r in enumerate(rows.tolist()):
+        site, ann, op = info[r]
+        s = out.get(site)
+        if s is None:
+            s = out[site] = SyncSite(
+                site=site,
                 calls_per_step=0.0,
                 cpu_ms_per_step=0.0,
-                gpu_idle_ms_per_step=idle.get(sites[r], 0.0) / 1e3 / n,
-            ),
-        )
+                gpu_idle_ms_per_step=idle.get(site, 0.0) / 1e3 / n,
+                annotation=ann,
+                op=rt.row_name(op) if op >= 0 else None,
+                tensor=_tensor(rt, op),
+            )
         s.calls_per_step += 1.0 / n
         s.cpu_ms_per_step += float(rt.dur[r]) / 1e3 / n
+        if r in copies:
+            s.copy = s.copy or copies[r][0]
+            nbytes.setdefault(site, []).append(copies[r][1])
+        if busy is not None:
+            s.waited_busy_ms_per_step += float(work[i]) / 1e3 / n
+            s.waited_idle_ms_per_step += max(float(rt.dur[r]) - float(work[i]), 0.0) / 1e3 / n
+            s.waited_comm_ms_per_step += float(in_comm[i]) / 1e3 / n
+            s.longest_idle_ms = max(s.longest_idle_ms, float(longest[i]) / 1e3)
+    for site, b in nbytes.items():
+        out[site].bytes_per_call = float(np.mean(b))
     return sorted(out.values(), key=lambda s: (-s.gpu_idle_ms_per_step, -s.cpu_ms_per_step, s.site))

@@ -59,13 +59,20 @@ ATTN_FWD_OPS = frozenset(
 ATTN_BWD_OPS = frozenset(n + "_backward" for n in ATTN_FWD_OPS)
 CONV_OPS = frozenset({"aten::convolution", "aten::convolution_backward"})
 FLOP_OPS = GEMM_OPS | ATTN_FWD_OPS | ATTN_BWD_OPS | CONV_OPS
+#: the ops around a synchronization whose first input a sync-in-step finding names (``.to("cpu")``, ``.item()``)
+SYNC_OPS = frozenset({"aten::to", "aten::item", "aten::_local_scalar_dense", "aten::cpu"})
 
 
 def keeps_shapes(name: str) -> bool:
     """Whether an op's recorded shapes are kept: c10d and symmetric-memory collectives (their
-    sizes: gloo and ``symm_mem::`` ops carry no ``record_param_comms``) and the ops whose FLOPs
-    are counted."""
-    return name.startswith(("c10d::", "symm_mem::")) or name == "record_param_comms" or name in FLOP_OPS
+    sizes: gloo and ``symm_mem::`` ops carry no ``record_param_comms``), the ops whose FLOPs are
+    counted, and the ops whose read-backs synchronize (:data:`SYNC_OPS`)."""
+    return (
+        name.startswith(("c10d::", "symm_mem::"))
+        or name == "record_param_comms"
+        or name in FLOP_OPS
+        or name in SYNC_OPS
+    )
 
 
 #: Top-level keys of a trace document that the analysis reads besides ``traceEvents`` (both

@@ -488,7 +488,9 @@ def fix_compute_scale(g: Graph, f: float) -> Fix:
 #: is faster, so the saving is on the low side there
 PINNED_GBPS = 25.0
 PINNED_MEASURE_MIN_BYTES = 1 << 20  # pinned copies this large or larger measure the link
-PIN_MIN_SHARE = 0.005  # pageable copy time per step below this share of the CPU step: no pin replay
+PIN_MIN_SHARE = (
+    0.005  # pageable copy time (or CPU time blocked in them) per step below this share of the CPU step: no pin replay
+)
 
 
 def pinned_gbps(g: Graph, direction: str) -> tuple[float, str]:
@@ -515,8 +517,12 @@ def fix_pin(g: Graph) -> Fix | None:
         return None
     steps = max(len(g.steps), 1)
     span = (g.steps[-1].end - g.steps[0].start) / steps if g.steps else 0.0
-    if float((g.end - g.start)[page].sum()) / steps < PIN_MIN_SHARE * span:
-        return None  # a few small copies (a batch's ids): not worth a replay; the rule estimates them
+    copies = set(np.flatnonzero(page).tolist())
+    blocked = sum(te - ts for ts, te, a, gap, row in g.syncs if a in copies and row not in g.device_syncs)
+    if max(float((g.end - g.start)[page].sum()), blocked) / steps < PIN_MIN_SHARE * span:
+        # a few small copies (a batch's ids) that neither take nor block for long: not worth a
+        # replay; the rule estimates them. A small copy that waits long for the GPU's queue is replayed
+        return None
     fx = Fix("pin")
     dur = g.end - g.start
     notes = []
@@ -529,7 +535,6 @@ def fix_pin(g: Graph) -> Fix | None:
             if dur[i] > 0 and g.nbytes[i] > 0:
                 fx.scale[i] = min(g.nbytes[i] / (gbps * 1e3) / dur[i], 1.0)
         notes.append(f"{int(sel.sum())} pageable {direction} copies at {gbps:.1f} GB/s ({src})")
-    copies = set(np.flatnonzero(page).tolist())
     for ts, te, a, gap, row in g.syncs:
         if a in copies and row not in g.device_syncs:
             fx.free_syncs.add(row)
