@@ -28,7 +28,7 @@ else:  # pragma: no cover
 
 RULES_DIR = Path(__file__).resolve().parents[1] / "rules"
 CASE_DIR = RULES_DIR / "cases"
-SECTIONS = ("What it detects", "Why it", "How it shows in a trace", "Fix")
+SECTIONS = ("What it detects", "Why it", "How it shows in a trace", "Fix", "Known problems")
 
 
 def test_every_rule_honours_the_contract():
