@@ -254,3 +254,27 @@ def test_compare_splits_the_change_by_the_parts_first(analyzed):
     deltas = {k: a - b for k, (b, a) in c.waterfall.items()}
     assert min(deltas, key=deltas.get) == "recompute"
     assert deltas["matmul_at_peak"] == pytest.approx(0.0, abs=1e-6)  # the same model FLOPs
+
+
+def test_every_launch_call_in_the_public_traces_is_a_launch_to_the_idle_and_the_replay(shared_traces):
+    """The runtime calls whose correlation id names a kernel (raw JSON: ``cuda_runtime`` /
+    ``cuda_driver`` events linked to a ``kernel``) are launches to both the GPU-idle attribution
+    and the what-if replay. The MI300 trace launches with ``hipExtModuleLaunchKernel`` (1,167
+    calls), which the idle attribution did not know, and ``hipExtLaunchKernel``, which the replay
+    did not."""
+    from fsdpdoctor.analysis.efficiency_idle import LAUNCH_CALLS
+    from fsdpdoctor.analysis.whatif.graph import LAUNCH_NAMES
+
+    names: set[str] = set()
+    for path in [*shared_traces.glob("tracelens-mi300-ddp/*.json.gz"), *shared_traces.glob("hta-df-index-v100/*.gz")]:
+        events = _events(path)
+        kernels = {(e.get("args") or {}).get("correlation") for e in events if e.get("cat") == "kernel"}
+        names |= {
+            e["name"]
+            for e in events
+            if e.get("cat") in ("cuda_runtime", "cuda_driver")
+            and (e.get("args") or {}).get("correlation") in kernels
+            and "Launch" in e["name"]
+        }
+    assert {"hipExtModuleLaunchKernel", "hipExtLaunchKernel", "hipLaunchKernel"} <= names
+    assert names <= set(LAUNCH_CALLS) and names <= set(LAUNCH_NAMES)

@@ -142,18 +142,6 @@ def _in_regions(regions, thread: np.ndarray, t: np.ndarray) -> np.ndarray:
     return out
 
 
-def _merge_sorted(s: np.ndarray, e: np.ndarray) -> iv.Intervals:
-    """:func:`fsdpdoctor.analysis.intervals.merge` of intervals already sorted by start."""
-    if s.size == 0:
-        return iv.EMPTY
-    run_max = np.maximum.accumulate(e)
-    new = np.empty(s.size, dtype=bool)
-    new[0] = True
-    new[1:] = s[1:] > run_max[:-1]
-    idx = np.flatnonzero(new)
-    return s[idx], np.maximum.reduceat(e, idx)
-
-
 def _stepped(s: np.ndarray, e: np.ndarray, step: np.ndarray, t0: float, span: float) -> tuple[np.ndarray, np.ndarray]:
     """Intervals moved apart by step (step k by k × (span + 1) µs), so that one merge of all of
     them is the union of each step's own, side by side: its length is the sum over steps."""
@@ -217,7 +205,7 @@ def analyze_efficiency(
 
     def union(sel: np.ndarray) -> iv.Intervals:
         m = sel[order]
-        return _merge_sorted(so[m], eo[m])
+        return iv.merge_sorted(so[m], eo[m])
 
     u_m, u_ma, u_mar, u_c = union(m_sel), union(m_sel | a_sel), union(m_sel | a_sel | r_sel), union(comp)
     eff.matmul_ms = iv.total(u_m) / 1e3 / n

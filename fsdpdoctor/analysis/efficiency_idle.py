@@ -29,6 +29,7 @@ import msgspec
 import numpy as np
 
 from ..facts_efficiency import EfficiencyFacts, HookCost, IdleOp, SyncSite
+from ..ingest.events import KERNEL_LAUNCHES
 from ..ingest.kineto import RankTrace
 from . import intervals as iv
 from .comms import LAUNCH_CATS, SYNC_NAMES
@@ -36,18 +37,7 @@ from .labels import enclosing
 from .steps import StepWindow
 from .timeline import GpuSteps
 
-LAUNCH_CALLS = (
-    "cudaLaunchKernel",
-    "cudaLaunchKernelExC",
-    "cuLaunchKernel",
-    "cuLaunchKernelEx",
-    "cudaGraphLaunch",
-    "hipLaunchKernel",
-    "hipExtLaunchKernel",
-    "hipModuleLaunchKernel",
-    "cudaMemcpyAsync",
-    "cudaMemsetAsync",
-)
+LAUNCH_CALLS = (*KERNEL_LAUNCHES, "cudaMemcpyAsync", "cudaMemsetAsync", "hipMemcpyAsync", "hipMemsetAsync")
 _FSDP2 = re.compile(r"^FSDP::(?P<hook>[A-Za-z_]+)(?: \((?P<fqn>[^)]*)\))?(?: for (?P<target>\S+))?")
 _FSDP1 = "FullyShardedDataParallel."
 

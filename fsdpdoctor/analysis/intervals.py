@@ -26,8 +26,13 @@ def merge(starts: np.ndarray, ends: np.ndarray) -> Intervals:
     if starts.size == 0:
         return EMPTY
     order = np.argsort(starts, kind="stable")
-    s = starts[order]
-    e = ends[order]
+    return merge_sorted(starts[order], ends[order])
+
+
+def merge_sorted(s: np.ndarray, e: np.ndarray) -> Intervals:
+    """:func:`merge` of float64 intervals already sorted by start."""
+    if s.size == 0:
+        return EMPTY
     run_max = np.maximum.accumulate(e)
     new = np.empty(s.size, dtype=bool)
     new[0] = True

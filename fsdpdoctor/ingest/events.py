@@ -43,6 +43,19 @@ ARG_FIELDS: tuple[tuple[str, Any, str], ...] = (
     ("concrete_inputs", msgspec.Raw, "Concrete Inputs"),  # scalar / list arguments (convolution strides)
 )
 #: the undecoded (Raw) shape fields: copied out of the file's buffer for the few rows kept
+#: the runtime calls that launch GPU kernels (CUDA runtime and driver, HIP; graphs launch many)
+KERNEL_LAUNCHES = (
+    "cudaLaunchKernel",
+    "cudaLaunchKernelExC",
+    "cuLaunchKernel",
+    "cuLaunchKernelEx",
+    "cudaGraphLaunch",
+    "hipLaunchKernel",
+    "hipExtLaunchKernel",
+    "hipExtModuleLaunchKernel",
+    "hipModuleLaunchKernel",
+    "hipGraphLaunch",
+)
 RAW_FIELDS = ("input_dims", "input_type", "concrete_inputs")
 #: CPU ops whose recorded shapes (``Input Dims`` / ``Input type``) are kept besides the c10d
 #: collectives': the matmul and attention operators whose FLOPs fsdpdoctor.analysis.compute counts

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from ...ingest.events import KERNEL_LAUNCHES
 from ...ingest.kineto import RankTrace
 from ..comms import SYNC_NAMES, Collective, comm_kernel_mask, launch_rows
 from ..steps import PHASES, StepWindow, locate
@@ -19,17 +20,7 @@ MIN_SYNC_US = 2.0  # shortest blocking call
 WAIT_NAMES = ("cudaStreamWaitEvent", "hipStreamWaitEvent")
 # kernel launches: one that takes this long waited for room in the launch queue (the GPU runs
 # behind and the queue is full) and is replayed as a blocking call on the GPU work that freed it
-LAUNCH_NAMES = (
-    "cudaLaunchKernel",
-    "cudaLaunchKernelExC",
-    "cuLaunchKernel",
-    "cuLaunchKernelEx",
-    "cudaGraphLaunch",
-    "hipLaunchKernel",
-    "hipExtModuleLaunchKernel",
-    "hipModuleLaunchKernel",
-    "hipGraphLaunch",
-)
+LAUNCH_NAMES = KERNEL_LAUNCHES
 LAUNCH_BLOCKED_US = 50.0
 RATE_LIMITER = "FullyShardedDataParallel.rate_limiter"
 
