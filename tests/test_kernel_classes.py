@@ -90,8 +90,16 @@ def test_vllm_headline_says_which_dtypes_run(vllm):
     facts, kernels = vllm
     text = mfu_text(facts)
     assert "100.0% of GEMM time" not in text
-    bf16 = facts.compute.dtype_mix["bf16"]
-    assert f"FP4 × FP8, {bf16:.1f}% BF16" in text and "FP8 tensor cores" in text, text
+    # the shares are of GEMM time (raw JSON: the MX bmm kernels and the bf16 nvjet GEMMs); the FP8
+    # attention is named after them
+    mx = sum(k["dur"] for k in kernels if MX_GEMM.match(k["name"]))
+    bf = sum(k["dur"] for k in kernels if k["name"].startswith("nvjet"))
+    m = re.search(
+        r"([\d.]+)% of GEMM time on FP4 × FP8, ([\d.]+)% BF16 tensor cores, attention on FP8 tensor cores", text
+    )
+    assert m, text
+    assert float(m.group(1)) == pytest.approx(100 * mx / (mx + bf), abs=0.2)
+    assert float(m.group(2)) == pytest.approx(100 * bf / (mx + bf), abs=0.2)
     assert any("MFU counts the FLOPs of the ops with recorded shapes" in n for n in facts.notes)
 
 

@@ -161,7 +161,9 @@ def test_auto_report_grows_by_the_summary_only(runs):
     per_rank = (
         none_b - len(json.dumps({k: v for k, v in d.items() if k not in ("rank_summaries", "rank_facts")}, indent=2))
     ) / WORLD
-    assert per_rank < 3000  # bytes of one summary line (its RankFacts is several times that)
+    # bytes of one summary line (its RankFacts is several times that); 3,127 since its mean step
+    # carries the step-clock split (StepFacts.clock_parts_ms) and the op-number coverage
+    assert per_rank < 3500
     assert auto_b < all_b / 2
 
 
