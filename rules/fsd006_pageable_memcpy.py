@@ -73,7 +73,8 @@ def check(facts, cfg):
     evidence = [
         off.evidence
         if in_hooks
-        else f"{off.pageable_count} host copies from/to pageable memory, none inside FSDP hooks"
+        else f"{off.pageable_count} host copies from/to pageable memory"
+        + (", none inside FSDP hooks" if is_fsdp(facts) else "")
     ]
     if facts.gpu_present:
         evidence.append(f"pageable copy time {ms(per_step)} per step = {of_step(facts, per_step)}")

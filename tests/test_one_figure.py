@@ -288,3 +288,24 @@ def test_no_dash_overlap_where_no_collective_kernel_ran(analyzed):
     text = analyzed(REC / "gpu/ddp").to_markdown()
     assert "– of communication" not in text
     assert "no collective kernel in the GPU window" in text
+
+
+def test_no_fsdp_hooks_named_on_a_run_without_fsdp(shared_traces):
+    """The HTA DDP rank has no FSDP hook in the raw trace (no ``FSDP::`` or
+    ``FullyShardedDataParallel`` names): its ticket names no FSDP hook, neither in the GPU-idle
+    causes ("Python and ops outside FSDP hooks") nor in the pageable-copy evidence ("none inside
+    FSDP hooks")."""
+    path = shared_traces / "hta-ddp-v100-2022" / "test-rank-1.json.gz"
+    assert not any(e.get("name", "").startswith(("FSDP::", "FullyShardedDataParallel")) for e in _events(path))
+    rep = fsdpdoctor.analyze(path)
+    proc = subprocess.run(
+        [sys.executable, "-m", "fsdpdoctor", "analyze", str(path), "--details"],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "COLUMNS": "200"},
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    lines = [ln for ln in proc.stdout.splitlines() if "FSDP hook" in ln and "no fsdp hook" not in ln.lower()]
+    assert lines == [], lines
+    f = next(x for x in rep.findings if x.slug == "pageable-memcpy")
+    assert not any("FSDP hooks" in ev for ev in f.evidence), f.evidence

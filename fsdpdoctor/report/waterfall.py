@@ -55,13 +55,20 @@ def waterfall_line(f: RunFacts) -> str | None:
     return f"{ms(e.step_ms)} = " + " + ".join(items)
 
 
+def cause_label(key: str, e: EfficiencyFacts) -> str:
+    """The GPU-idle cause in words; "outside FSDP hooks" only where the trace has FSDP hooks."""
+    if key == "python" and not e.hooks:
+        return "Python and ops"
+    return CAUSE_LABEL.get(key, key)
+
+
 def _contributors(e: EfficiencyFacts, part: str) -> str:
     if part == "other_kernels":
         top = sorted(e.other_kernels_ms.items(), key=lambda kv: -kv[1])[:3]
         return ", ".join(f"{FAMILY_LABEL.get(k, k)} {ms(v)}" for k, v in top if v >= 0.005)
     if part == "gpu_idle":
         top = sorted(e.idle_ms.items(), key=lambda kv: -kv[1])[:3]
-        return ", ".join(f"{CAUSE_LABEL.get(k, k)} {ms(v)}" for k, v in top if v >= 0.005)
+        return ", ".join(f"{cause_label(k, e)} {ms(v)}" for k, v in top if v >= 0.005)
     if part == "matmul_below_peak" and e.gemm_shapes:
         g = e.gemm_shapes[0]
         return f"furthest below: {g.op} {g.shape} at {g.tflops or 0:,.0f} TFLOP/s"
@@ -113,8 +120,7 @@ def waterfall_tables(f: RunFacts) -> list[Table]:
     if e.idle_ms:
         tot = e.parts_ms["gpu_idle"] or 1.0
         rows = [
-            [CAUSE_LABEL.get(k, k), ms(v), pct(100 * v / tot)]
-            for k, v in sorted(e.idle_ms.items(), key=lambda kv: -kv[1])
+            [cause_label(k, e), ms(v), pct(100 * v / tot)] for k, v in sorted(e.idle_ms.items(), key=lambda kv: -kv[1])
         ]
         rows += [
             [f"  {s.site}", ms(s.gpu_idle_ms_per_step), pct(100 * s.gpu_idle_ms_per_step / tot)]
