@@ -193,6 +193,9 @@ class MemoryPressureFacts:
     peak_reserved_bytes: int | None = None
     used_pct: float | None = None  # peak reserved / capacity
     headroom_bytes: int | None = None  # capacity − peak reserved
+    # how many times the micro-batch could grow before the peak reaches the threshold (activations
+    # growing in proportion); None where it cannot be told or under pressure already
+    batch_headroom: float | None = None
 
     @property
     def under_pressure(self) -> bool:

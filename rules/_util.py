@@ -6,7 +6,7 @@ import sys
 from types import ModuleType
 from typing import Any
 
-from fsdpdoctor.analysis.compare import EXPOSED
+from fsdpdoctor.facts import EXPOSED
 from fsdpdoctor.engine import Finding
 from fsdpdoctor.facts import CollectiveFacts, RunFacts
 from fsdpdoctor.fmt import ms, pct

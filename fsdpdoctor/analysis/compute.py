@@ -39,6 +39,7 @@ import numpy as np
 from ..facts import ComputeFacts
 from ..ingest.events import ATTN_BWD_OPS, ATTN_FWD_OPS, CONV_OPS, FLOP_OPS
 from ..ingest.kineto import RankTrace
+from ..ingest.shapes import decode_list, engine
 from . import intervals as iv
 from .columns import Columns
 from .comms import comm_kernel_mask, launch_rows
@@ -61,17 +62,6 @@ FORWARD_COMPOSITES = frozenset(
 
 ENGINES = ("fp32-simt", "fp32", "tf32", "bf16", "fp16", "fp8", "fp4-fp8", "fp4")
 TENSOR_CORE = frozenset({"tf32", "bf16", "fp16", "fp8", "fp4-fp8", "fp4"})
-_DTYPE = {
-    "float": "fp32",
-    "c10::BFloat16": "bf16",
-    "c10::Half": "fp16",
-    "c10::Float8_e4m3fn": "fp8",
-    "c10::Float8_e5m2": "fp8",
-    "c10::Float8_e4m3fnuz": "fp8",
-    "c10::Float8_e5m2fnuz": "fp8",
-    "double": "fp64",
-}
-
 #: kernel names of matmuls and attention, for kernels no counted op launched (traces without
 #: recorded shapes; custom ops such as vLLM's fused MoE): cuBLAS / cuBLASLt (``*gemm*``,
 #: ``nvjet*``), CUTLASS, xmma, Tensile (``Cijk_``), TensorRT-LLM's generated GEMMs (``bmm_*``);
@@ -176,14 +166,6 @@ def _engine_from_name(name: str, op_dtype: str | None) -> str:
     return "fp32" if op_dtype == "fp32" else (op_dtype or "fp32")
 
 
-def _dims(raw) -> list:
-    try:
-        d = msgspec.json.decode(raw) if raw is not None else None
-    except msgspec.DecodeError:
-        return []
-    return d if isinstance(d, list) else []
-
-
 def _prod(xs) -> int:
     out = 1
     for x in xs:
@@ -285,9 +267,9 @@ def op_flops(name: str, dims: list, concrete: list | None = None) -> float | Non
 
 
 def _op_dtype(raw) -> str | None:
-    for x in _dims(raw):
+    for x in decode_list(raw):
         if isinstance(x, str) and x:
-            return _DTYPE.get(x, x)
+            return engine(x) or x
     return None
 
 
@@ -404,7 +386,7 @@ def _from_shapes(
     for i, (r, n) in enumerate(zip(counted.tolist(), names)):
         a = rt.args.get(r)
         f = (
-            op_flops(n, _dims(a.input_dims), _dims(a.concrete_inputs))
+            op_flops(n, decode_list(a.input_dims), decode_list(a.concrete_inputs))
             if a is not None and a.input_dims is not None
             else None
         )
@@ -621,6 +603,7 @@ def _engines_and_peak(cf: ComputeFacts) -> None:
     peaks = device_peaks(cf.device)
     if peaks is not None:
         cf.peak_label = peaks[0]
+        cf.device_peaks_tflops = dict(peaks[1])
         pd = _peak_dtype(cf.compute_dtype)
         cf.dtype_peak = pd if pd in peaks[1] else None
         cf.dtype_peak_tflops = peaks[1].get(pd) if pd else None

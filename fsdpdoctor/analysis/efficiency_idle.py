@@ -25,9 +25,9 @@ from __future__ import annotations
 import functools
 import re
 
-import msgspec
 import numpy as np
 
+from ..ingest.shapes import canonical, decode_list
 from ..facts_efficiency import EfficiencyFacts, HookCost, IdleOp, SyncSite
 from ..ingest.events import KERNEL_LAUNCHES
 from ..ingest.kineto import RankTrace
@@ -340,24 +340,16 @@ def _site_info(rt: RankTrace, rows: np.ndarray) -> dict[int, tuple[str, str | No
     return out
 
 
-_TYPES = {"long": "int64", "int": "int32", "float": "float32", "double": "float64", "bool": "bool"}
-_TYPES.update({"c10::BFloat16": "bfloat16", "c10::Half": "float16", "unsigned char": "uint8", "signed char": "int8"})
-
-
 def _tensor(rt: RankTrace, op: int) -> str | None:
     """The op's first input as ``dtype[d0, d1]`` where its shapes were recorded."""
     a = rt.args.get(op) if op >= 0 else None
     if a is None or a.input_dims is None:
         return None
-    try:
-        dims = msgspec.json.decode(a.input_dims)
-        types = msgspec.json.decode(a.input_type) if a.input_type is not None else []
-    except msgspec.DecodeError:
-        return None
+    dims, types = decode_list(a.input_dims), decode_list(a.input_type)
     if not dims or not isinstance(dims[0], list) or not dims[0] or not all(isinstance(d, int) for d in dims[0]):
         return None
     t = types[0] if types and isinstance(types[0], str) and types[0] else "?"
-    return f"{_TYPES.get(t, t)}[{', '.join(str(d) for d in dims[0])}]"
+    return f"{canonical(t) or t}[{', '.join(str(d) for d in dims[0])}]"
 
 
 def _copies(rt: RankTrace, rows: np.ndarray) -> dict[int, tuple[str, float]]:
