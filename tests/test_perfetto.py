@@ -146,6 +146,43 @@ def test_each_finding_is_a_slice_with_its_code_summary_and_saving(dlrm):
         assert drawn[f["code"]] == ({rank} if isinstance(rank, int) else set(range(8))), f["code"]
     straggler = next(f for f in js["findings"] if f["code"] == "FSD009")
     assert drawn["FSD009"] == {straggler["where"]["rank"]} == {7}
+    # the sync finding is drawn over the idle its call site drained, as much as the report says
+    sync = next(f for f in js["findings"] if f["code"] == "FSD018")
+    for rf in js["rank_facts"]:
+        pid = next(p for p, n in procs.items() if n == f"rank {rf['rank']}")
+        ms = sum(e["dur"] for e in mine if e["pid"] == pid and e["args"].get("code") == "FSD018") / 1e3
+        want = next(x for x in rf["efficiency"]["syncs"] if x["site"] == sync["where"]["site"])
+        assert ms / len(rf["steps"]) == pytest.approx(want["gpu_idle_ms_per_step"], rel=0.01, abs=US)
+
+
+def test_h200_steps_and_the_hook_finding(tmp_path):
+    """A real H200 GPT-2 FSDP2 recording (fixtures/recorded, 3 steps): the parts of every step
+    add up to the report's, and the hook finding is drawn over the GPU idle that hook caused, as
+    much of it as the report's hook table says."""
+    run = Path(__file__).resolve().parents[1] / "fixtures" / "recorded" / "gpu-h200" / "gpt2-bf16-b96"
+    rep = fsdpdoctor.analyze(run, spans=True)
+    write(rep, tmp_path / "h200.json.gz")
+    js = json.loads(rep.to_json())
+    procs, threads, mine = _tracks(_read(tmp_path / "h200.json.gz"))
+    (rf,) = js["rank_facts"]
+    n = len(rf["steps"])
+    assert n == 3
+    parts = collections.defaultdict(float)
+    steps = [e for e in mine if threads[(e["pid"], e["tid"])] == "fsdpdoctor waterfall" and "part" not in e["args"]]
+    for e in mine:
+        if "part" in e.get("args", {}):
+            parts[e["args"]["part"]] += e["dur"] / 1e3
+    assert len(steps) == n
+    for st, e in zip(rf["steps"], sorted(steps, key=lambda e: e["ts"])):
+        assert e["dur"] / 1e3 == pytest.approx(st["step_ms"], abs=US)
+    for part, ms in rf["efficiency"]["parts_ms"].items():
+        assert parts[part] / n == pytest.approx(ms, rel=0.01, abs=US), part
+    hook = next(f for f in js["findings"] if f["code"] == "FSD016")
+    unit, name = hook["where"]["unit"], hook["where"]["hook"]
+    drawn = [e for e in mine if e["args"].get("code") == "FSD016"]
+    assert drawn and all(e["args"]["over"] == f"GPU idle at {unit} {name}" for e in drawn)
+    want = next(h for h in rf["efficiency"]["hooks"] if (h["unit"], h["hook"]) == (unit, name))
+    assert sum(e["dur"] for e in drawn) / 1e3 / n == pytest.approx(want["gpu_wait_ms_per_step"], rel=0.01)
 
 
 def test_slices_nest_on_each_thread(dlrm):

@@ -102,8 +102,8 @@ def write(report, output: Path, rank_detail: str | None = None) -> dict[str, Any
     summaries = {s.rank: s for s in facts.rank_summaries}
     ranks = sorted(set(summaries) | set(detail))
     windows = {rk: _step_windows(detail.get(rk), summaries.get(rk)) for rk in ranks}
-    findings = _finding_places(report.findings, facts, windows, [r.rank for r in merged])
     spans = report.spans or {}
+    findings = _finding_places(report.findings, facts, windows, [r.rank for r in merged], spans)
     other = {
         "fsdpdoctor": {
             "ranks": len(ranks),
@@ -219,8 +219,11 @@ def _rank_track(rank: int, windows, rf, summary, spans, findings) -> list[dict]:
     parts = dict(eff.parts_ms) if eff is not None else dict(summary.waterfall_ms) if summary is not None else {}
     total = sum(parts.values())
     tid = TID_BASE
+    clock = {s.number: s.clock_parts_ms for s in rf.steps} if rf is not None else {}
     for num, a, b in windows:
         args = {"step_ms": round((b - a) / 1e3, 6)}
+        if clock.get(num):
+            args["step_clock_ms"] = {k: round(v, 6) for k, v in clock[num].items()}
         if total <= 0:
             args["waterfall"] = "none: no GPU work measured on this rank"
         ev.append(_x(pid, tid, f"step {num}", a, b, args))
@@ -283,8 +286,12 @@ def _rank_track(rank: int, windows, rf, summary, spans, findings) -> list[dict]:
     return ev
 
 
-def _finding_places(findings, facts, windows, merged: list[int]) -> dict[int, list]:
-    """rank → [(finding, [(start, end, what the slice covers)])]: where each finding is drawn."""
+def _finding_places(findings, facts, windows, merged: list[int], spans: dict) -> dict[int, list]:
+    """rank → [(finding, [(start, end, what the slice covers)])]: where each finding is drawn.
+
+    Over what its ``where`` names: the GPU idle a hook (``unit`` and ``hook``) or a sync
+    ``site`` caused (each idle piece attributed to it, on the ranks merged); a ``rank``'s steps;
+    a ``unit``'s collectives; else every step of the ranks merged."""
     out: dict[int, list] = {}
     detail = {r.rank: r for r in facts.rank_facts}
 
@@ -295,16 +302,17 @@ def _finding_places(findings, facts, windows, merged: list[int]) -> dict[int, li
     fallback = merged or ([min(windows)] if windows else [])
     for f in findings:
         where = f.where or {}
-        places: dict[int, list] = {}
-        rank = where.get("rank")
-        unit = where.get("unit")
-        if isinstance(rank, int) and not isinstance(rank, bool) and rank in windows:
-            places[rank] = steps_of(rank)
-        elif isinstance(unit, str):
+        rank, unit, hook, site = (where.get(k) for k in ("rank", "unit", "hook", "site"))
+        cited = f"{unit or '(root)'} {hook}" if isinstance(unit, str) and isinstance(hook, str) else site
+        places = {}
+        if isinstance(cited, str):
             for rk in merged:
-                got = _unit_ranges(detail.get(rk), unit)
-                if got:
-                    places[rk] = got
+                idle = spans[rk].idle if rk in spans else []
+                places[rk] = [(s.start_us, s.end_us, f"GPU idle at {cited}") for s in idle if s.detail == cited]
+        if not any(places.values()) and isinstance(rank, int) and not isinstance(rank, bool) and rank in windows:
+            places = {rank: steps_of(rank)}
+        if not any(places.values()) and isinstance(unit, str):
+            places = {rk: _unit_ranges(detail.get(rk), unit) for rk in merged}
         if not any(places.values()):
             places = {rk: steps_of(rk) for rk in fallback}
         for rk, pl in places.items():
