@@ -80,7 +80,8 @@ from .facts import AUTO_FULL_RANKS, RANK_DETAIL
     type=click.Choice(RANK_DETAIL),
     default="auto",
     show_default=True,
-    help="JSON report and baseline: which ranks' per-step and per-collective detail to write. auto: every rank in "
+    help="JSON report and baseline: which ranks' per-step and per-collective detail to write (perfetto: which ranks' "
+    "events to merge). auto: every rank in "
     f"runs of up to {AUTO_FULL_RANKS} ranks, else the ranks that matter (slowest, fastest, straggler, lowest overlap, worst "
     "replay, first); all: every rank (and every rank's collectives); none: none. Every rank has a summary line.",
 )

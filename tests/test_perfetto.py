@@ -309,3 +309,9 @@ def test_cli_refuses_bad_outputs(tmp_path, shared_traces):
     one = next((shared_traces / DLRM).glob("*.json.gz"))
     code, err = cli_in_process(["analyze", str(one), "--format", "perfetto", "-o", str(one.parent / "x.json.gz")])
     assert code == 2 and "inside the input folder" in err
+
+
+def test_flight_recorder_dumps_alone_have_nothing_to_draw(hang_recording, tmp_path):
+    dumps = hang_recording("leave-early") / "dumps"
+    code, err = cli_in_process(["analyze", str(dumps), "--format", "perfetto", "-o", str(tmp_path / "x.json.gz")])
+    assert code == 2 and "no profiler trace among the inputs" in err and "Traceback" not in err

@@ -102,6 +102,8 @@ def write(report, output: Path, rank_detail: str | None = None) -> dict[str, Any
     summaries = {s.rank: s for s in facts.rank_summaries}
     ranks = sorted(set(summaries) | set(detail))
     windows = {rk: _step_windows(detail.get(rk), summaries.get(rk)) for rk in ranks}
+    if not ranks:
+        raise InputError(output, "no profiler trace among the inputs: nothing to draw")
     spans = report.spans or {}
     findings = _finding_places(report.findings, facts, windows, [r.rank for r in merged], spans)
     other = {
@@ -110,6 +112,7 @@ def write(report, output: Path, rank_detail: str | None = None) -> dict[str, Any
             "ranks_merged": [r.rank for r in merged],
             "rank_detail": rank_detail or report.rank_detail,
             "inputs": [r.path for r in merged],
+            "notes": [f"rank {rk}: {n}" for rk, sp in sorted(spans.items()) for n in sp.notes],
         }
     }
     n_events = 0
