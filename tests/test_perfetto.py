@@ -72,6 +72,20 @@ def test_one_process_per_rank_with_its_events_unchanged(dlrm):
             by_rank[_rank_of(procs, e["pid"])][(e.get("ph"), e.get("cat"))] += 1
     for rf in js["rank_facts"]:  # every event of the input file, in its rank's process
         assert by_rank[rf["rank"]] == _raw_counts(Path(rf["path"]))
+    # … with its name, times and args as they were
+    r0 = next(rf for rf in js["rank_facts"] if rf["rank"] == 0)
+    with gzip.open(r0["path"], "rt") as fh:
+        raw = [e for e in json.load(fh)["traceEvents"] if e.get("ph") == "X"]
+    pid0 = next(p for p, n in procs.items() if n == "rank 0")
+    got = [
+        e for e in doc["traceEvents"] if e.get("pid") == pid0 and e.get("ph") == "X" and e.get("cat") != "fsdpdoctor"
+    ]
+    key = lambda e: (e["ts"], e["dur"], e["name"], json.dumps(e.get("args"), sort_keys=True))  # noqa: E731
+    assert sorted(map(key, got)) == sorted(map(key, raw))
+    # valid Chrome trace events: integer processes and threads, no negative duration
+    for e in doc["traceEvents"]:
+        assert isinstance(e["pid"], int) and (e["ph"] == "M" or isinstance(e["tid"], int))
+        assert e.get("dur", 0) >= 0
     # flows stay within one rank: each flow id starts once and ends once over the merged file
     starts = collections.Counter(e["id"] for e in doc["traceEvents"] if e.get("ph") == "s")
     assert starts and max(starts.values()) == 1
@@ -259,6 +273,24 @@ def test_ranks_merged_follow_the_rank_detail(tmp_path):
     assert wf(_read(tmp_path / "cut.json.gz")) == wf(doc)
     steps = sum(1 for e in mine if e["name"].startswith("step ") and "part" not in e.get("args", {}))
     assert steps == 18 * 3
+    # against the generator's truth (computed from its own integer-ns events): each merged rank's
+    # exposed communication per step, and every rank's waterfall parts
+    from fixtures.scenarios.generator import read_truth
+
+    truth = read_truth(d)
+    exposed, parts = collections.defaultdict(float), collections.defaultdict(float)
+    for e in mine:
+        r, a = _rank_of(procs, e["pid"]), e.get("args", {})
+        if threads[(e["pid"], e["tid"])] == "fsdpdoctor exposed comm":
+            exposed[(r, a["step"])] += e["dur"] / 1e3
+        elif "part" in a:
+            parts[(r, a["part"])] += e["dur"] / 1e3 / 3
+    for r in chosen:
+        for k, st in enumerate(truth["ranks"][str(r)]["steps"]):
+            assert exposed[(r, k)] == pytest.approx(st["exposed_comm_ms"], rel=0.01, abs=US), (r, k)
+    for r in range(18):
+        for part, ms in truth["waterfall"]["ranks"][str(r)]["parts_ms"].items():
+            assert parts[(r, part)] == pytest.approx(ms, rel=0.01, abs=US), (r, part)
 
 
 def test_cpu_fsdp_recording(recorded_run, tmp_path):
