@@ -199,6 +199,38 @@ def test_h200_steps_and_the_hook_finding(tmp_path):
     assert sum(e["dur"] for e in drawn) / 1e3 / n == pytest.approx(want["gpu_wait_ms_per_step"], rel=0.01)
 
 
+def test_a_unit_finding_covers_its_collectives(tmp_path):
+    """A finding that names an FSDP unit (too-coarse: everything in the root unit, generated with
+    the real schema) is drawn per step from the unit's first collective kernel to its last: every
+    NCCL kernel of the rank's file lies in one of those slices, and each starts and ends on one."""
+    from fixtures.scenarios.generator import PRESETS, generate
+
+    cfg = dataclasses.replace(
+        PRESETS["too-coarse"], world_size=2, num_layers=2, hidden_size=256, seq_len=256, vocab_size=512
+    )
+    d = generate(cfg, tmp_path / "run")
+    rep = fsdpdoctor.analyze(d, spans=True)
+    assert next(f for f in rep.findings if f.code == "FSD002").where == {"unit": ""}
+    write(rep, tmp_path / "coarse.json.gz")
+    procs, _, mine = _tracks(_read(tmp_path / "coarse.json.gz"))
+    pid0 = next(p for p, n in procs.items() if n == "rank 0")
+    slices = sorted(
+        (e["ts"], e["ts"] + e["dur"]) for e in mine if e["pid"] == pid0 and e["args"].get("code") == "FSD002"
+    )
+    assert len(slices) == 3  # one per step
+    with gzip.open(d / "rank0.json.gz", "rt") as fh:
+        nccl = [
+            (e["ts"], e["ts"] + e["dur"])
+            for e in json.load(fh)["traceEvents"]
+            if e.get("ph") == "X" and e.get("cat") == "kernel" and e["name"].startswith("ncclDevKernel")
+        ]
+    assert nccl
+    for a, b in nccl:
+        assert any(lo - 1e-3 <= a and b <= hi + 1e-3 for lo, hi in slices)
+    for lo, hi in slices:
+        assert min(abs(lo - a) for a, _ in nccl) < 1e-3 and min(abs(hi - b) for _, b in nccl) < 1e-3
+
+
 def test_slices_nest_on_each_thread(dlrm):
     """chrome://tracing draws complete events of one thread as a stack: they must nest."""
     doc, _, _, _ = dlrm

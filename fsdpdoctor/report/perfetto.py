@@ -330,12 +330,16 @@ def _unit_ranges(rf, unit: str) -> list:
         return []
     by_step: dict[int, list[float]] = {}
     for c in rf.collectives:
-        if c.gpu_start_us is None or c.step < 0 or (c.unit or "") != unit and not (unit == "(root)" and c.unit == ""):
+        if c.gpu_start_us is None or c.step < 0 or c.unit is None or c.unit != ("" if unit == "(root)" else unit):
             continue
         lo_hi = by_step.setdefault(c.step, [c.gpu_start_us, c.gpu_start_us + (c.gpu_dur_us or 0.0)])
         lo_hi[0] = min(lo_hi[0], c.gpu_start_us)
         lo_hi[1] = max(lo_hi[1], c.gpu_start_us + (c.gpu_dur_us or 0.0))
-    return [(a, b, f"unit {unit}'s collectives in step index {k}") for k, (a, b) in sorted(by_step.items()) if b > a]
+    return [
+        (a, b, f"unit {unit or '(root)'}'s collectives in step index {k}")
+        for k, (a, b) in sorted(by_step.items())
+        if b > a
+    ]
 
 
 # -- the raw events ------------------------------------------------------------------------
