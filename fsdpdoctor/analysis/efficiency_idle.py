@@ -207,8 +207,8 @@ def _by_cpu_state(rt, thread, g0, g1, sel, hooks, causes, hook_wait, inside=None
 
 def _hook_spans(rt: RankTrace, target: iv.Intervals, h: np.ndarray, labels: np.ndarray, spans: list) -> None:
     """The pieces of ``target`` inside each hook range of ``h`` (outermost ranges of one thread,
-    so disjoint), each as ``fsdp_hooks`` with its ``unit hook``; the order of :func:`iv.attribute`
-    (the first range to start covers an instant)."""
+    so disjoint: what :func:`iv.attribute` gives each label, as intervals), each as ``fsdp_hooks``
+    with its ``unit hook``."""
     order = np.argsort(rt.ts[h], kind="stable")
     cursor = -np.inf
     for i in order.tolist():
