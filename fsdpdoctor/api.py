@@ -35,6 +35,9 @@ class Report:
     findings: list[Finding] = field(default_factory=list)
     timeline: Any = None  # StepTimeline of one step of one rank (analyze(..., timeline_step=...)), or None
     rank_detail: str = "auto"  # which ranks' RankFacts to_json writes (fsdpdoctor.facts.RANK_DETAIL)
+    # rank → its exposed-comm and GPU-idle intervals (analysis.spans.RankSpans), for the ranks
+    # ``rank_detail`` writes in full (analyze(..., spans=True): the Perfetto drawing), or None
+    spans: dict[int, Any] | None = None
 
     # -- machine contract ------------------------------------------------------------------
     def to_dict(self, rank_detail: str | None = None) -> dict[str, Any]:
@@ -150,6 +153,7 @@ def analyze(
     allow_mixed_runs: bool = False,
     rank_detail: str = "auto",
     iteration: int | None = None,
+    spans: bool = False,
 ) -> Report:
     """Analyse traces (files, directories or globs) and return the :class:`Report`.
 
@@ -162,7 +166,9 @@ def analyze(
     peak becomes ``facts.memory``.
     ``timeline_step=(rank, step_index)`` also extracts that step's GPU timeline into
     ``Report.timeline`` (see :mod:`fsdpdoctor.analysis.timeline_extract`; ``None`` in either place
-    means rank 0 / the median-length step).
+    means rank 0 / the median-length step). ``spans=True`` also reads again the exposed-comm and
+    GPU-idle intervals of the ranks ``rank_detail`` writes in full into ``Report.spans`` (see
+    :mod:`fsdpdoctor.analysis.spans`), for :mod:`fsdpdoctor.report.perfetto`.
 
     Paths may be URLs (``s3://``, ``gs://``, ``az://``, ``http(s)://``, ``memory://``,
     ``file://``; see :mod:`fsdpdoctor.ingest.remote`). ``scheduler`` sends the per-rank analysis to
@@ -273,6 +279,10 @@ def analyze(
         from .analysis.timeline_extract import extract_for_facts
 
         report.timeline = extract_for_facts(facts, *timeline_step)
+    if spans:
+        from .analysis.spans import spans_for_facts
+
+        report.spans = spans_for_facts(facts, facts.ranks_to_write(rank_detail)[0])
     return report
 
 
