@@ -373,8 +373,7 @@ def attach_memory(
     ``found``: the snapshots were found beside the traces, not named with ``--memory``: the
     notes say which were read, and one that cannot be read is a note, not an error."""
     from .analysis.memory import analyze_memory
-
-    import re
+    from .ingest.layouts import snapshot_rank
 
     best = None
     read = []
@@ -387,8 +386,7 @@ def attach_memory(
             facts.notes.append(f"memory snapshot {Path(f).name} beside the traces not read: {exc.problem}")
             continue
         read.append(Path(f).name)
-        m = re.search(r"rank[_-]?(\d+)", Path(str(f)).name)
-        mf.rank = int(m.group(1)) if m else None
+        mf.rank = snapshot_rank(f)
         mf.discovered = found
         facts.memory_per_input[str(f)] = mf.peak_allocated_bytes
         if best is None or mf.peak_allocated_bytes > best.peak_allocated_bytes:
