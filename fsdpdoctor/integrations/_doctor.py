@@ -279,9 +279,11 @@ class Doctor:
 
 class _Watchdog(threading.Thread):
     """Ends a hung process early: when no optimizer step finishes within ``timeout_s``, this rank
-    dumps its Flight Recorder buffer; rank 0 waits a little for the others' dumps, prints the hang
-    diagnosis from them, and every rank exits with status 3 instead of waiting for the
-    collective's own timeout."""
+    dumps its Flight Recorder buffer; rank 0 waits up to ``grace_s`` for the others' dumps, prints
+    the hang diagnosis from them and marks them read; every rank exits with status 3 (the others
+    once rank 0 has read the dumps, or after a bounded wait) instead of waiting for the
+    collective's own timeout. The ranks must share the output folder (one host, or a shared
+    file system)."""
 
     EXIT_STATUS = 3
 
@@ -326,7 +328,12 @@ class _Watchdog(threading.Thread):
             file=sys.stderr,
             flush=True,
         )
-        if rank == 0:
+        done = out / "comm_traces" / ".fsdpdoctor-analysed"  # rank 0 has read the dumps: the others may go
+        if rank != 0:
+            deadline = time.monotonic() + 3 * self.grace_s + 60
+            while time.monotonic() < deadline and not done.exists():
+                time.sleep(0.2)
+        else:
             from ..capture import flight_recorder_filename
 
             deadline = time.monotonic() + self.grace_s
@@ -344,6 +351,7 @@ class _Watchdog(threading.Thread):
             except Exception as exc:  # the exit below matters more than the diagnosis
                 d.printer(f"fsdpdoctor: the Flight Recorder dumps in {out} could not be analysed: {exc}")
             d.printer(f"fsdpdoctor: stopping the hung job (stop_on='hang'); see fsdpdoctor analyze {out}")
+            done.touch()
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(self.EXIT_STATUS)
