@@ -200,6 +200,12 @@ class Doctor:
             self._watchdog = _Watchdog(self, self.hang_timeout_s)
             self._watchdog.start()
 
+    def beat(self) -> None:
+        """Progress other than a training step (an evaluation batch, a checkpoint saved): the hang
+        watchdog's clock starts again."""
+        if self._watchdog is not None:
+            self._watchdog.beat()
+
     def step(self) -> bool:
         """One optimizer step done; True when it closed the window (then :attr:`report`,
         :attr:`scalars` and :attr:`stop_reason` are set)."""

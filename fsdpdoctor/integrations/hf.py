@@ -71,5 +71,15 @@ class FsdpDoctorCallback(TrainerCallback):
             control.should_training_stop = True
         return control
 
+    # progress outside training steps: the hang watchdog's clock starts again
+    def on_prediction_step(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self.doctor.beat()
+
+    def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self.doctor.beat()
+
+    def on_evaluate(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self.doctor.beat()
+
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         self.doctor.end()

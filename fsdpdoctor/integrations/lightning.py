@@ -69,6 +69,13 @@ class FsdpDoctorCallback(Callback):
         if self.doctor.stop_reason is not None:
             trainer.should_stop = True
 
+    # progress outside training steps: the hang watchdog's clock starts again
+    def on_validation_batch_end(self, trainer: Any, pl_module: Any, *args: Any, **kwargs: Any) -> None:
+        self.doctor.beat()
+
+    def on_save_checkpoint(self, trainer: Any, pl_module: Any, checkpoint: Any) -> None:
+        self.doctor.beat()
+
     def on_train_end(self, trainer: Any, pl_module: Any) -> None:
         self.doctor.end()
 
