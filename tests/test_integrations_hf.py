@@ -194,6 +194,8 @@ def test_the_folder_holds_what_analyze_reads(hf_run):
     meta = json.loads((out / "fsdpdoctor_meta.json").read_text())
     assert meta["complete"] is True and meta["world_size"] == WORLD
     assert meta["capture"]["profiled_steps"] == [[WAIT + WARMUP + i for i in range(ACTIVE)]]
+    assert meta["capture"]["flight_recorder"] is True
+    assert meta["flight_recorder_files"] == [f"comm_traces/rank_{r}" for r in range(WORLD)]
 
 
 def _expected_units() -> dict[frozenset[str], int]:

@@ -246,5 +246,31 @@ def test_flight_recorder_dumps_of_a_healthy_window(pl_run, pl_report):
     assert h is not None and h.dumps == WORLD and h.kind == "none"
 
 
+def test_an_oom_closes_the_window_and_says_where(tmp_path):
+    """Lightning's on_exception with an out-of-memory error inside the window: the profiler stops,
+    the sidecar is written (incomplete), and the callback names the folder. One process, CPU: the
+    error is raised here, not by an allocator."""
+    pytest.importorskip("lightning")
+    import torch
+
+    from fsdpdoctor.integrations.lightning import FsdpDoctorCallback
+
+    printed: list[str] = []
+    cb = FsdpDoctorCallback(tmp_path, wait=0, warmup=1, active=2, printer=printed.append, rank=0, world_size=1)
+    cb.doctor.begin(torch.nn.Linear(4, 4), tmp_path / "unused")
+    for _ in range(2):  # the warm-up step and the first active one
+        torch.ones(64, 64) @ torch.ones(64, 64)
+        cb.doctor.step()
+    cb.on_exception(None, None, torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB"))
+    assert cb.doctor.closed and cb.doctor.capture.profiler is None
+    meta = json.loads((tmp_path / "fsdpdoctor_meta.json").read_text())
+    assert meta["complete"] is False
+    assert printed == [
+        f"fsdpdoctor: rank 0 ran out of memory; what the window recorded is in {tmp_path}: fsdpdoctor memory {tmp_path}"
+    ]
+    cb.on_exception(None, None, RuntimeError("later"))  # once closed, nothing more
+    assert len(printed) == 1
+
+
 if __name__ == "__main__":
     _worker(Path(sys.argv[1]))
