@@ -130,6 +130,9 @@ class HangFacts:
     versions: list[str] = field(default_factory=list)
     forms: list[str] = field(default_factory=list)  # "pickle" / "json"
     steps_from_start: bool = True  # steps count from the first collective (no dump's buffer wrapped)
+    # the dump ledger: per rank, ops op_id counted that no entry records (gloo's send/recv)
+    unrecorded_ops: dict[int, int] = field(default_factory=dict)
+    caveat: str | None = None  # the culprits may be victims of ops the dumps do not record
     paths: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
 

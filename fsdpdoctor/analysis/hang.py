@@ -266,8 +266,10 @@ def op_name(ops: list[OpView]) -> str:
 
 
 def _step(v: OpView, from_start: bool) -> str | None:
-    if v.phase not in ("forward", "backward") or v.pass_index <= 0:
+    if v.phase not in ("forward", "backward"):
         return None
+    if v.pass_index <= 0:  # the dumps do not establish it (no FSDP forward collective counts the passes)
+        return f"{v.phase}, step unknown"
     return f"{v.phase} of step {v.pass_index}" if from_start else f"{v.phase} of pass {v.pass_index} of the buffer"
 
 
@@ -363,6 +365,13 @@ def diagnose(views: list[RankView], *, late_s: float = DEFAULT_LATE_S, world_siz
         )
     if not from_start:
         notes.append("a recorder buffer wrapped: steps are counted from the oldest forward pass it holds")
+    if not all(v.steps_known for v in by_rank.values()):
+        notes.append(
+            "step unknown: steps are counted on FSDP's forward all-gathers, and the forward passes of "
+            + ranks_text(sorted(r for r, v in by_rank.items() if not v.steps_known))
+            + " record none (DDP records no collective in forward)"
+        )
+    facts.unrecorded_ops = {r: v.unrecorded_ops for r, v in sorted(by_rank.items()) if v.unrecorded_ops}
     facts.progress = _progress(by_rank)
     gsig = _global_sigs(by_rank)
     lasts = {k: _last(g, by_rank) for k, g in groups.items()}
@@ -381,6 +390,14 @@ def diagnose(views: list[RankView], *, late_s: float = DEFAULT_LATE_S, world_siz
             _fill_rest(facts, groups, lasts, by_rank, from_start)
     if facts.process_group is None and facts.kind != "none":
         facts.kind = "none"
+    if facts.unrecorded_ops and facts.kind in ("missing", "no_dump", "late") and facts.culprits:
+        named = ranks_text(facts.culprit_ranks)
+        facts.caveat = (
+            f"{named} may be a victim of an unrecorded send/recv: the dumps count "
+            f"{sum(facts.unrecorded_ops.values())} ops that no entry records (op_id ahead of collective_seq_id "
+            f"on {ranks_text(sorted(facts.unrecorded_ops))}; {facts.backend or 'this backend'} records no send/recv)"
+        )
+        notes.append(facts.caveat)
     return facts
 
 

@@ -87,6 +87,8 @@ class RankView(msgspec.Struct, gc=False):
     pg_names: dict[str, list[str]]  # pg_id → [name, desc]
     last: OpView | None
     pg_config_names: list[str]
+    steps_known: bool = True  # forward passes counted on FSDP's forward collectives (else: step unknown)
+    unrecorded_ops: int = 0  # ops op_id counted that no entry records (gloo's send/recv)
 
 
 # --------------------------------------------------------------------------- one rank
@@ -266,6 +268,28 @@ def view_from_dump(d: Dump, extra: set[tuple[str, str, int]] | None = None) -> R
             if j >= len(g.seqs) - DETAIL or seq in want:
                 g.detail[seq] = [view(i) for i in idx[j]]
         g.p2p = [view(i) for i in p2p_idx.get(key, [])]
+    # A step number only where the dump establishes it: forward passes are counted on FSDP's
+    # forward all-gathers; a run whose forward passes record no FSDP collective (DDP records none
+    # in forward) never moves the counter, so its steps are unknown, not "step 1".
+    starts = [i for i in range(len(entries)) if passes[i] and (i == 0 or passes[i - 1] != passes[i])]
+    steps_known = bool(starts) and all(
+        any(
+            (infos[entries[j].stack] if 0 <= entries[j].stack < len(infos) else no_info).fsdp_kind == "unshard"
+            for j in range(i, len(entries))
+            if passes[j] == passes[i]
+        )
+        for i in starts
+    )
+    if not steps_known:
+        passes = [0] * len(entries)
+        for v in made.values():
+            v.pass_index = 0
+    # ops the recorder counted (op_id, per group) and did not record (gloo records no send/recv):
+    # op_id runs ahead of collective_seq_id + p2p_seq_id
+    unrecorded: dict[tuple[str, str], int] = {}
+    for e in entries:
+        if e.seq is not None and e.op_id > 0:
+            unrecorded[e.process_group] = max(unrecorded.get(e.process_group, 0), e.op_id - e.seq - e.p2p_seq)
     last_view = view(len(entries) - 1) if entries else None
     used: dict[int, int] = {}
     for v in made.values():
@@ -296,6 +320,8 @@ def view_from_dump(d: Dump, extra: set[tuple[str, str, int]] | None = None) -> R
         names,
         last_view,
         sorted(d.pg_config),
+        steps_known,
+        sum(v for v in unrecorded.values() if v > 0),
     )
 
 

@@ -219,6 +219,8 @@ def hang_headline(f: RunFacts) -> list[tuple[str, str]]:
                 + (f"; … {len(h.culprits) - 6} more" if len(h.culprits) > 6 else ""),
             )
         )
+    if h.caveat:
+        lines.append(("Caveat", h.caveat))
     return lines + [("Dumps", dumps)]
 
 
