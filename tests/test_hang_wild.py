@@ -16,6 +16,7 @@ every key of ``$FSDPDOCTOR_HANG_DIR/leave-early`` rank 0's last entry, only what
 from __future__ import annotations
 
 import copy
+import json
 import io
 import os
 import pickle
@@ -139,3 +140,37 @@ def test_real_fsdp_hangs_keep_their_step():
     """The real FSDP2 gloo recordings still establish the step (truth: record_hang.py AT_STEP)."""
     h = fsdpdoctor.analyze(HANG / "leave-early" / "dumps").facts.hang
     assert "forward of step 3" in h.summary and h.caveat is None and not h.unrecorded_ops
+
+
+# --------------------------------------------------------------------------- real gloo recordings
+
+
+def test_real_ddp_hang_says_step_unknown(hang_recording):
+    """fixtures/record_hang.py ``ddp-leave-early``: DDP on 4 gloo processes, rank 1 leaves before
+    step index 2 (the third step). DDP's only forward collectives are a broadcast in the second
+    step's ``_pre_forward``; the step counter read 'backward of step 1'."""
+    d = hang_recording("ddp-leave-early")
+    truth = json.loads((d / "truth.json").read_text())
+    culprit, at = truth["culprit"], str(truth["at_step"])
+    h = fsdpdoctor.analyze(d / "dumps").facts.hang
+    assert h.kind == "missing" and h.missing_ranks == [culprit]
+    assert h.seq_id == truth["ranks"][str(culprit)]["seq_at_step"][at]["default"] + 1
+    assert "backward, step unknown" in h.summary
+    assert "of step" not in h.summary and all(o.step is None for o in h.ops)
+    assert h.caveat is None and not h.unrecorded_ops  # DDP on gloo records every collective it runs
+
+
+def test_real_sendrecv_victims_are_said_to_be_possible_victims(hang_recording):
+    """``sendrecv-victim``: a ring send/recv before every step (gloo records none of them); at step
+    index 2 rank 0 skips its send. Rank 1 waits in its receive from 0, rank 2 in its receive from
+    1; ranks 0 and 3 enter the step's first all-gather. Ranks 1 and 2 are named (they never entered
+    it) and are victims: the caveat says they may be."""
+    d = hang_recording("sendrecv-victim")
+    truth = json.loads((d / "truth.json").read_text())
+    at = truth["at_step"]
+    h = fsdpdoctor.analyze(d / "dumps").facts.hang
+    assert h.missing_ranks == [1, 2] and truth["culprit"] == 0
+    # op_id counts at each rank's last recorded entry: 2 ring ops per finished step, plus the step
+    # `at`'s ops of the ranks that got through it (rank 0: its receive; rank 3: receive and send)
+    assert h.unrecorded_ops == {0: 2 * at + 1, 1: 2 * at, 2: 2 * at, 3: 2 * at + 2}
+    assert h.caveat.startswith("ranks 1, 2 may be victims of an unrecorded send/recv")

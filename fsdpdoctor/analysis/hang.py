@@ -391,11 +391,13 @@ def diagnose(views: list[RankView], *, late_s: float = DEFAULT_LATE_S, world_siz
     if facts.process_group is None and facts.kind != "none":
         facts.kind = "none"
     if facts.unrecorded_ops and facts.kind in ("missing", "no_dump", "late") and facts.culprits:
-        named = ranks_text(facts.culprit_ranks)
+        named = facts.culprit_ranks
+        ahead = sorted(facts.unrecorded_ops.items())
         facts.caveat = (
-            f"{named} may be a victim of an unrecorded send/recv: the dumps count "
-            f"{sum(facts.unrecorded_ops.values())} ops that no entry records (op_id ahead of collective_seq_id "
-            f"on {ranks_text(sorted(facts.unrecorded_ops))}; {facts.backend or 'this backend'} records no send/recv)"
+            f"{ranks_text(named)} may be {'victims' if len(named) > 1 else 'a victim'} of an unrecorded send/recv: "
+            f"op_id runs ahead of collective_seq_id by {', '.join(str(n) for _, n in ahead)} on "
+            f"{ranks_text([r for r, _ in ahead])} (ops no entry records; {facts.backend or 'this backend'} "
+            "records no send/recv)"
         )
         notes.append(facts.caveat)
     return facts
