@@ -174,3 +174,34 @@ def test_real_sendrecv_victims_are_said_to_be_possible_victims(hang_recording):
     # `at`'s ops of the ranks that got through it (rank 0: its receive; rank 3: receive and send)
     assert h.unrecorded_ops == {0: 2 * at + 1, 1: 2 * at, 2: 2 * at, 3: 2 * at + 2}
     assert h.caveat.startswith("ranks 1, 2 may be victims of an unrecorded send/recv")
+
+
+def test_the_dump_ledger_counts_every_entry_and_state():
+    """Per rank: entries, p2p entries and states as the raw pickles hold them (read here with an
+    unpickler that refuses every global); gloo records no started/completed state."""
+    d = HANG / "leave-early" / "dumps"
+    h = fsdpdoctor.analyze(d).facts.hang
+    for led in h.dump_ledger:
+        raw = _NoGlobals(io.BytesIO((d / f"nccl_trace_rank_{led.rank}").read_bytes())).load()
+        states: dict[str, int] = {}
+        for e in raw["entries"]:
+            states[e["state"]] = states.get(e["state"], 0) + 1
+        assert led.entries == len(raw["entries"]) and led.states == states == {"scheduled": len(raw["entries"])}
+        assert led.p2p_entries == sum(bool(e.get("is_p2p")) for e in raw["entries"])
+        assert led.unread_keys == sorted(
+            set(raw) - {"version", "pg_config", "pg_status", "entries", "comm_lib_version"}
+        )
+    assert [x.rank for x in h.dump_ledger] == [0, 1, 2, 3]
+    assert any("no entry records a started or completed state" in n for n in h.notes)
+
+
+@pytest.mark.parametrize("preset", ["coalesced", "p2p", "missing"])
+def test_nccl_op_ids_ahead_on_coalesced_and_p2p_are_no_caveat(tmp_path, preset):
+    """NCCL's op_id runs ahead of collective_seq_id on a coalesced group's ops and on p2p ops,
+    which NCCL records: no unrecorded ops, no caveat, and FSDP steps still counted."""
+    from fixtures.flight_recorder import gen
+
+    gen.write(gen.PRESETS[preset], tmp_path)
+    h = fsdpdoctor.analyze(tmp_path).facts.hang
+    assert not h.unrecorded_ops and h.caveat is None
+    assert "step unknown" not in h.summary

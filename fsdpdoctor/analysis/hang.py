@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import InputError
-from ..facts_hang import FrProcessGroup, HangCulprit, HangFacts, HangOp, LateRank, RankProgress
+from ..facts_hang import DumpLedger, FrProcessGroup, HangCulprit, HangFacts, HangOp, LateRank, RankProgress
 from ..fmt import rank_list, ranks_text, seconds
 from .hang_stacks import frame_text
 from .hang_views import GroupSeqs, OpView, RankView, view_of, view_task
@@ -372,6 +372,15 @@ def diagnose(views: list[RankView], *, late_s: float = DEFAULT_LATE_S, world_siz
             + " record none (DDP records no collective in forward)"
         )
     facts.unrecorded_ops = {r: v.unrecorded_ops for r, v in sorted(by_rank.items()) if v.unrecorded_ops}
+    facts.dump_ledger = [
+        DumpLedger(r, v.n_entries, v.n_p2p, v.states, v.unrecorded_ops, v.unread_keys, v.steps_known)
+        for r, v in sorted(by_rank.items())
+    ]
+    unread = sorted({k for v in by_rank.values() for k in v.unread_keys})
+    if unread:
+        notes.append("not read from the dumps: " + ", ".join(unread))
+    if by_rank and all(set(v.states) <= {"scheduled"} for v in by_rank.values() if v.states):
+        notes.append("no entry records a started or completed state (gloo tracks none): states not used")
     facts.progress = _progress(by_rank)
     gsig = _global_sigs(by_rank)
     lasts = {k: _last(g, by_rank) for k, g in groups.items()}

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 from array import array
+from collections import Counter
 from typing import Any
 
 import msgspec
@@ -89,6 +90,9 @@ class RankView(msgspec.Struct, gc=False):
     pg_config_names: list[str]
     steps_known: bool = True  # forward passes counted on FSDP's forward collectives (else: step unknown)
     unrecorded_ops: int = 0  # ops op_id counted that no entry records (gloo's send/recv)
+    states: dict[str, int] = {}  # entries per recorded state
+    n_p2p: int = 0
+    unread_keys: list[str] = []
 
 
 # --------------------------------------------------------------------------- one rank
@@ -284,12 +288,13 @@ def view_from_dump(d: Dump, extra: set[tuple[str, str, int]] | None = None) -> R
         passes = [0] * len(entries)
         for v in made.values():
             v.pass_index = 0
-    # ops the recorder counted (op_id, per group) and did not record (gloo records no send/recv):
-    # op_id runs ahead of collective_seq_id + p2p_seq_id
+    # ops the recorder counted (op_id, per group) and did not record: gloo records no send/recv, so
+    # its op_id runs ahead of collective_seq_id. Gloo only: NCCL's op_id legitimately runs ahead
+    # on the ops of a coalesced group (one sequence number, an op_id each) and counts p2p apart.
     unrecorded: dict[tuple[str, str], int] = {}
     for e in entries:
-        if e.seq is not None and e.op_id > 0:
-            unrecorded[e.process_group] = max(unrecorded.get(e.process_group, 0), e.op_id - e.seq - e.p2p_seq)
+        if e.backend == "gloo" and not e.is_p2p and e.op_id > 0 and e.seq is not None:
+            unrecorded[e.process_group] = max(unrecorded.get(e.process_group, 0), e.op_id - e.seq)
     last_view = view(len(entries) - 1) if entries else None
     used: dict[int, int] = {}
     for v in made.values():
@@ -322,6 +327,9 @@ def view_from_dump(d: Dump, extra: set[tuple[str, str, int]] | None = None) -> R
         sorted(d.pg_config),
         steps_known,
         sum(v for v in unrecorded.values() if v > 0),
+        dict(Counter(e.state for e in entries)),
+        sum(1 for e in entries if e.is_p2p),
+        list(d.unread_keys),
     )
 
 
