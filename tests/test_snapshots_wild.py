@@ -157,7 +157,7 @@ def test_without_history_it_is_the_state_at_dump_time_not_a_peak(tmp_path, name)
     out = tmp_path / "r.txt"
     code, err = cli_in_process(["analyze", str(PUBLIC_SNAPSHOTS / SNAPSHOTS[name]), "-o", str(out)])
     assert code == 0, err
-    text = " ".join(out.read_text().split())
+    text = " ".join(out.read_text().replace("│", " ").split())
     assert "state at dump time, no allocation history recorded" in text
     assert "torch.cuda.memory._record_memory_history" in text
     head = text.split("Memory", 1)[1].split("finding")[0]
@@ -191,7 +191,7 @@ def test_several_devices_in_one_process_each_get_their_peak(tmp_path, readings):
     out = tmp_path / "r.txt"
     code, err = cli_in_process(["analyze", str(p), "-o", str(out)])
     assert code == 0, err
-    text = " ".join(out.read_text().split())
+    text = " ".join(out.read_text().replace("│", " ").split())
     assert "cuda:0" in text and "cuda:1" in text and "imbalance" in text
 
 
@@ -279,3 +279,43 @@ def test_adapters_and_quantized_weights_are_named_from_the_stacks(tmp_path, repo
 
     m = json.loads(fsdpdoctor.analyze(p).to_json())["memory"]
     assert m["stack_libraries"] == {"4-bit quantized weights (bitsandbytes)": 16 << 20, "LoRA adapters (peft)": 4 << 20}
+
+
+def test_the_gpu_that_ran_out_is_named_beside_the_others(tmp_path, readings):
+    """DataParallel-like: the project's real OOM recording (fixtures/recorded/gpu/oom) on device 1
+    beside the public Windows snapshot on device 0 (a higher peak, no OOM). The breakdown is the
+    highest peak's (cuda:0), the OOM line names cuda:1, and both devices have their peak."""
+    import gzip
+
+    from conftest import REPO
+
+    oom = _NoGlobals(
+        io.BytesIO(gzip.decompress((REPO / "fixtures/recorded/gpu/oom/rank0.memory.pickle.gz").read_bytes()))
+    ).load()
+    want_oom = _reading(oom)[0]["peak"]  # before it moves to device 1
+    win = _raw(PUBLIC_SNAPSHOTS / SNAPSHOTS["windows"])
+    for seg in oom["segments"]:
+        seg["device"] = 1
+    both = dict(
+        win,
+        segments=win["segments"] + oom["segments"],
+        device_traces=[win["device_traces"][0], oom["device_traces"][0]],
+    )
+    p = tmp_path / "dp.pickle"
+    p.write_bytes(pickle.dumps(both))
+    out = tmp_path / "r.txt"
+    code, err = cli_in_process(["analyze", str(p), "-o", str(out)])
+    assert code == 0, err
+    text = " ".join(out.read_text().replace("│", " ").split())
+    assert "ran out of memory" in text and "on cuda:1" in text
+    assert "the breakdown is cuda:0's" in text
+    import fsdpdoctor
+
+    m = json.loads(fsdpdoctor.analyze(p).to_json())["memory"]
+    assert m["device"] == 0 and m["oom"]["device"] == 1
+    assert [d["oom"] for d in m["devices"]] == [False, True]
+    assert _close(m["devices"][0]["peak_allocated_bytes"], readings["windows"][0]["peak"])
+    assert _close(m["devices"][1]["peak_allocated_bytes"], want_oom), (
+        m["devices"][1]["peak_allocated_bytes"],
+        want_oom,
+    )

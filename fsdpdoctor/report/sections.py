@@ -314,6 +314,8 @@ def memory_headline(f: RunFacts) -> list[tuple[str, str]]:
     if m.oom:
         st = m.oom.statement
         where = f" in `{st.function}` ({st.file}:{st.line})" if st else ""
+        if len(m.devices) > 1 and m.oom.device is not None:  # one process, several GPUs: which one ran out
+            where += f" on cuda:{m.oom.device}"
         lines.append(
             ("OOM", f"the run ran out of memory requesting {mib(m.oom.requested_bytes)}{where} (see the oom finding)")
         )
