@@ -137,7 +137,9 @@ def test_analyze_cli_takes_a_snapshot_a_timeline_and_a_mix(tmp_path):
         assert "cannot tell which rank" not in err
         assert "Memory" in (tmp_path / "r.txt").read_text()
     # a folder of snapshots alone, and a snapshot beside Flight Recorder dumps
-    code, err = cli_in_process(["analyze", str(PUBLIC_SNAPSHOTS / "layoutediting-diffusers-cuda1-2024"), "-o", "-"])
+    code, err = cli_in_process(
+        ["analyze", str(PUBLIC_SNAPSHOTS / "layoutediting-diffusers-cuda1-2024"), "-o", str(tmp_path / "d.txt")]
+    )
     assert code == 0, err
 
 
