@@ -205,7 +205,8 @@ def analyze(
         paths = [paths]
     skipped: list[tuple[str, str]] = []
     dumps: list[Path] = []
-    files = discover(list(paths), cycle=cycle, skipped=skipped, iteration=iteration, dumps=dumps)
+    named_memory: list[Path] = []  # snapshots and memory timelines among the paths, by content
+    files = discover(list(paths), cycle=cycle, skipped=skipped, iteration=iteration, dumps=dumps, memory=named_memory)
     if files:
         load = load_ranks(
             files,
@@ -223,7 +224,7 @@ def analyze(
             )
         facts = fold(load.ranks, load.excluded, load.cross_rank, arrived=load.arrived)
         traced_memory = [r.memory_trace for r in load.ranks if r.memory_trace is not None]
-    else:  # Flight Recorder dumps alone (a hung job)
+    else:  # Flight Recorder dumps or memory inputs alone (a hung job, a snapshot)
         mixed, traced_memory = [], []
         facts = RunFacts(tool=f"fsdpdoctor {__version__}")
     if dumps:
@@ -254,10 +255,16 @@ def analyze(
         else:
             facts.notes.append(problem)
     fetched: dict[str, str] = {}  # snapshots fetched from object storage: local copy → URL
+    explicit = list(memory or []) if memory is None or not isinstance(memory, (str, Path)) else [memory]
+    explicit += [p for p in named_memory if p not in explicit]
     found = [] if memory else _found_snapshots(list(paths), facts, fetched, iteration)
+    seen = {Path(p).resolve() for p in explicit if not isinstance(p, str) or "://" not in p}
+    found = [p for p in found if isinstance(p, str) or Path(p).resolve() not in seen]
     try:
-        if memory or found:
-            attach_memory(facts, memory or found, found=bool(found))
+        if explicit:
+            attach_memory(facts, explicit + found)
+        elif found:
+            attach_memory(facts, found, found=bool(files))
     finally:
         for local in fetched:
             shutil.rmtree(Path(local).parent, ignore_errors=True)

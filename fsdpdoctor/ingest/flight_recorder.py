@@ -150,6 +150,7 @@ class Dump(msgspec.Struct, gc=False):
     pg_status: dict[str, PgStatus] = {}
     entries: list[Entry] = []
     stacks: list[list[Frame]] = []
+    unread_keys: list[str] = []  # top-level keys the analysis does not read (nccl_comm_state, ...)
 
     @property
     def version_tuple(self) -> tuple[int, int]:
@@ -157,6 +158,10 @@ class Dump(msgspec.Struct, gc=False):
 
 
 # --------------------------------------------------------------------------- recognising dumps
+
+
+#: the top-level keys of a dump that are read
+READ_KEYS = frozenset({"version", "pg_config", "pg_status", "entries", "comm_lib_version", "nccl_version"})
 
 
 def sniff(head: bytes) -> str | None:
@@ -331,6 +336,7 @@ def dump_from_object(
         pg_status=_pg_status(obj.get("pg_status")),
         entries=entries,
         stacks=stacks,
+        unread_keys=sorted(str(k) for k in obj if k not in READ_KEYS),
     )
 
 
