@@ -29,6 +29,8 @@ name states their engine (:func:`engine_in_name`), add their time to the engine'
 
 from __future__ import annotations
 
+import math
+
 import functools
 import re
 from dataclasses import dataclass
@@ -252,7 +254,13 @@ def attended_pairs(sq: int, sk: int, causal: bool) -> float:
 
 
 def op_flops(name: str, dims: list, concrete: list | None = None) -> float | None:
-    """FLOPs of one counted op from its input dims (None: the shapes do not fit the op)."""
+    """FLOPs of one counted op from its input dims (None: the shapes do not fit the op, or give
+    no finite, non-negative count: dims no profiler writes, such as 1e308 or negative sizes)."""
+    f = _op_flops(name, dims, concrete)
+    return f if f is None or (0.0 <= f < math.inf) else None
+
+
+def _op_flops(name: str, dims: list, concrete: list | None = None) -> float | None:
     try:
         if name in CONV_OPS:
             return conv_flops(dims, concrete, name.endswith("_backward"))
