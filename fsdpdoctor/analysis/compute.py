@@ -29,6 +29,8 @@ name states their engine (:func:`engine_in_name`), add their time to the engine'
 
 from __future__ import annotations
 
+import math
+
 import functools
 import re
 from dataclasses import dataclass
@@ -234,7 +236,13 @@ def attended_pairs(sq: int, sk: int, causal: bool) -> float:
 
 
 def op_flops(name: str, dims: list, concrete: list | None = None) -> float | None:
-    """FLOPs of one counted op from its input dims (None: the shapes do not fit the op)."""
+    """FLOPs of one counted op from its input dims (None: the shapes do not fit the op, or give
+    no finite, non-negative count: dims no profiler writes, such as 1e308 or negative sizes)."""
+    f = _op_flops(name, dims, concrete)
+    return f if f is None or (0.0 <= f < math.inf) else None
+
+
+def _op_flops(name: str, dims: list, concrete: list | None = None) -> float | None:
     try:
         if name in CONV_OPS:
             return conv_flops(dims, concrete, name.endswith("_backward"))
@@ -383,17 +391,27 @@ def _from_shapes(
     flops = np.zeros(counted.size)
     dtypes: list[str | None] = []
     missing = 0
+    # a step repeats the same shapes: each distinct (op, dims, concrete inputs) is decoded once
+    by_shape: dict[tuple, float | None] = {}
+    by_type: dict[bytes, str | None] = {}
     for i, (r, n) in enumerate(zip(counted.tolist(), names)):
         a = rt.args.get(r)
-        f = (
-            op_flops(n, decode_list(a.input_dims), decode_list(a.concrete_inputs))
-            if a is not None and a.input_dims is not None
-            else None
-        )
+        f = None
+        if a is not None and a.input_dims is not None:
+            ci = a.concrete_inputs
+            key = (n, bytes(a.input_dims), None if ci is None else bytes(ci))
+            if key in by_shape:
+                f = by_shape[key]
+            else:
+                f = by_shape[key] = op_flops(n, decode_list(a.input_dims), decode_list(ci))
         if f is None:
             missing += 1
         flops[i] = f or 0.0
-        dtypes.append(_op_dtype(a.input_type) if a is not None and a.input_type is not None else None)
+        dt = None
+        if a is not None and a.input_type is not None:
+            t = bytes(a.input_type)
+            dt = by_type[t] if t in by_type else by_type.setdefault(t, _op_dtype(a.input_type))
+        dtypes.append(dt)
     cf.ops_with_shapes = int(counted.size - missing)
     cf.ops_without_shapes = int(missing)
     if cf.ops_with_shapes == 0:

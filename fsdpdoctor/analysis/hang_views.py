@@ -21,7 +21,7 @@ from typing import Any
 import msgspec
 
 from ..errors import AnalysisBug, InputError
-from ..ingest.flight_recorder import Dump, Frame, PgStatus, load_dump
+from ..ingest.flight_recorder import MAX_RANKS, Dump, Frame, PgStatus, load_dump
 from .hang_stacks import StackInfo, read_stack
 
 DETAIL = 16  # last sequence numbers per group kept in full in a rank's view
@@ -118,11 +118,12 @@ def _size_free(op: str) -> bool:
 def _group_size(op: str, e: Any) -> int | None:
     o = op.lower()
     n_in, n_out = _numel(e.input_sizes), _numel(e.output_sizes)
+    size = None
     if ("all_gather" in o or "allgather" in o) and n_in and n_out % n_in == 0:
-        return n_out // n_in
-    if "reduce_scatter" in o and n_out and n_in % n_out == 0:
-        return n_in // n_out
-    return None
+        size = n_out // n_in
+    elif "reduce_scatter" in o and n_out and n_in % n_out == 0:
+        size = n_in // n_out
+    return size if size is not None and 0 < size <= MAX_RANKS else None  # sizes no recorder writes: no group size
 
 
 def _peer(profiling_name: str) -> int | None:

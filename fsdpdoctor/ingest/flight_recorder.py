@@ -223,16 +223,26 @@ def _version(v: Any) -> tuple[int, int] | None:
     return (int(m.group(1)), int(m.group(2))) if m else None
 
 
+#: more ranks than any job runs with: a rank id or a group size implied past it is not believed
+#: (the hang diagnosis lists the ranks without a dump, ``range(world)``)
+MAX_RANKS = 1 << 20
+
+
 def _ranks(value: Any) -> list[int] | None:
-    """``pg_config[..]["ranks"]``: the string ``"[0, 1, 2]"`` torch writes (or a list)."""
+    """``pg_config[..]["ranks"]``: the string ``"[0, 1, 2]"`` torch writes (or a list); None
+    when it names a rank id of ``MAX_RANKS`` or more."""
     if isinstance(value, list) and all(type(x) is int for x in value):
-        return list(value) or None
-    if isinstance(value, str):
+        out = list(value)
+    elif isinstance(value, str):
         nums = re.findall(r"-?\d+", value)
         if len(nums) > 1_000_000:
             return None
-        return [int(x) for x in nums] or None
-    return None
+        out = [int(x) for x in nums if len(x) <= 20]
+        if len(out) < len(nums):
+            return None
+    else:
+        return None
+    return out if out and max(out) < MAX_RANKS else None
 
 
 def _int_or_none(v: Any) -> int | None:
