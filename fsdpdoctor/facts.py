@@ -25,6 +25,7 @@ from .facts_compute import ComputeFacts, WhatIfFacts, compute_v4  # noqa: F401
 from .facts_memory import MEMORY_CATEGORIES, AllocatorSettings, MemoryFacts, MemoryPressureFacts  # noqa: F401
 from .facts_hang import HangFacts
 from .facts_efficiency import EfficiencyFacts, GemmShape, HookCost, SyncSite  # noqa: F401
+from .facts_ledger import InputLedger, LedgerRow  # noqa: F401
 
 #: 2: the report is one document (every RunFacts field once, at the top level, plus ``findings``);
 #: 1 wrote the summaries at the top level and all facts again under ``facts``. Both load.
@@ -317,6 +318,8 @@ class RankFacts:
     ops_recorded_pct: float | None = None
     compute: ComputeFacts | None = None  # FLOPs, engines and MFU (traces with recorded shapes)
     efficiency: EfficiencyFacts | None = None  # the step split into parts that add up to it (GPU traces)
+    # what the trace holds and what the analysis read of it; written once, under the run's ``inputs``
+    ledger: InputLedger | None = None
 
     @property
     def step_ms(self) -> list[float]:
@@ -401,6 +404,7 @@ class InputFacts:
     path: str
     rank: int
     rank_source: str
+    ledger: InputLedger | None = None  # every event counted by phase and category, and what was read
 
 
 @dataclass(slots=True)
@@ -660,6 +664,7 @@ class RunFacts:
 
     def to_dict(self, rank_detail: str = "all") -> dict[str, Any]:
         ranks, sums, policy = self.ranks_to_write(rank_detail)
+        ranks = [dataclasses.replace(r, ledger=None) if r.ledger is not None else r for r in ranks]  # under inputs
         d = msgspec.to_builtins(dataclasses.replace(self, rank_facts=ranks, rank_summaries=sums, rank_detail=policy))
         d["fsdp"]["unit_count"] = self.fsdp.unit_count
         return d

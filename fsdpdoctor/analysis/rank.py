@@ -12,6 +12,7 @@ import numpy as np
 from ..facts import CollectiveFacts, CollectiveStats, RankFacts
 from ..facts_efficiency import FUSED_OPTIMIZERS
 from ..ingest.kineto import RankTrace, load_trace
+from ..ingest.ledger import trace_ledger
 from .compute import analyze_compute, finish
 from .efficiency import analyze_efficiency
 from .comms import Collective, assign_roles, find_collectives, issue_rows, parallelism_facts
@@ -94,8 +95,16 @@ def _read_rank(rt: RankTrace, order_index: int) -> tuple[RankFacts, WhatIfPlan |
     gpu_present = bool(rt.mask_cat("kernel").any())
     rank = rt.rank if rt.rank is not None else order_index
     notes = []
-    if not gpu_present:
+    ledger = trace_ledger(rt)
+    if not gpu_present and ledger.device_events:
+        notes.append(
+            f"no CUDA/ROCm kernels in this trace, but {ledger.device_events:,} device events the analysis does not "
+            "read (see the input ledger): GPU timeline metrics are empty"
+        )
+    elif not gpu_present:
         notes.append("no GPU kernels in this trace (CPU-only run or CPU activity only): GPU timeline metrics are empty")
+    if ledger.warning:
+        notes.append(ledger.warning)
     if backlog.ops:
         notes.append(
             f"{backlog.ops} GPU activities ({backlog.gpu_ms:.2f} ms of GPU time) at the start of the window were "
@@ -165,6 +174,7 @@ def _read_rank(rt: RankTrace, order_index: int) -> tuple[RankFacts, WhatIfPlan |
         backlog_ops=backlog.ops,
         backlog_ms=backlog.gpu_ms,
         ops_recorded_pct=ops_recorded_pct(rt),
+        ledger=ledger,
     )
     return facts, plan
 

@@ -536,7 +536,7 @@ def fold(
     rf.rank_facts = [r for r in ranks if r.rank not in lean] if lean else ranks
     if lean:
         rf.rank_detail = "auto"  # the facts hold the ranks that matter, not every rank: none can write them all
-    rf.inputs = [InputFacts(r.path, r.rank, r.rank_source) for r in ranks]
+    rf.inputs = [InputFacts(r.path, r.rank, r.rank_source, r.ledger) for r in ranks]
     rf.ranks = [r.rank for r in ranks]
     ws = [r.world_size for r in ranks if r.world_size]
     rf.world_size = Counter(ws).most_common(1)[0][0] if ws else None

@@ -91,7 +91,14 @@ def keeps_shapes(name: str) -> bool:
 #: Top-level keys of a trace document that the analysis reads besides ``traceEvents`` (both
 #: decoders: the head before the event array and the tail after it). ``baseTimeNanoseconds``
 #: (Kineto, torch 2.1+) is the wall-clock time that event timestamps (µs) count from.
-META_KEYS = ("distributedInfo", "deviceProperties", "schemaVersion", "traceName", "baseTimeNanoseconds")
+META_KEYS = (
+    "distributedInfo",
+    "deviceProperties",
+    "schemaVersion",
+    "traceName",
+    "baseTimeNanoseconds",
+    "computeProperties",  # deviceProperties' name in torch 1.9-era traces (2021)
+)
 
 #: ``[memory]`` instant events (profile_memory=True): allocator totals after each event
 MEMORY_ARG_FIELDS: tuple[tuple[str, Any, str], ...] = (

@@ -173,8 +173,9 @@ def ticket_headline(f: RunFacts) -> list[tuple[str, str]]:
         return hang_headline(f) + memory_headline(f) or [("Run", "no traces")]
     full = dict(headline(f))
     items = [("Run", full["Run"] + " · " + full["FSDP"])]
-    if "Trace" in full:
-        items.append(("Trace", full["Trace"]))
+    for key in ("Not read", "Trace"):
+        if key in full:
+            items.append((key, full[key]))
     if f.step_clock_ms:
         items.append(("Step", f"{ms(f.step_clock_ms)} ({plural(f.steps.count, 'step')} per rank) · {limit_text(f)}"))
     if f.compute is not None and f.compute.mfu_pct is not None:
@@ -333,13 +334,23 @@ def headline(f: RunFacts) -> list[tuple[str, str]]:
         rank_txt = f"{len(ranks)} of {f.ranks_expected} ranks" + (
             f" (world size {ws})" if ws and ws != f.ranks_expected else ""
         )
+    unread = [i.ledger for i in f.inputs if i.ledger is not None and i.ledger.warning]
+    if f.gpu_present:
+        gpu_txt = ""
+    elif any(i.ledger is not None and i.ledger.device_events for i in f.inputs):
+        gpu_txt = " · device work not read (see Not read)"
+    else:
+        gpu_txt = " · no GPU activity"
     lines = [
-        ("Run", rank_txt + (f" · {dev}" if dev else "") + ("" if f.gpu_present else " · no GPU activity")),
+        ("Run", rank_txt + (f" · {dev}" if dev else "") + gpu_txt),
         ("Steps", steps_text(f)),
         ("FSDP", fsdp_txt),
     ]
     if f.sampled:
         lines.insert(1, ("Trace", sampled_text(f)))
+    if unread:  # the input ledger: what looks like GPU work, steps or communication and was not read
+        more = f" (and {len(unread) - 1} more input(s) alike)" if len(unread) > 1 else ""
+        lines.insert(1, ("Not read", unread[0].warning + more))
     if f.inputs_excluded:
         lines.insert(
             1,
