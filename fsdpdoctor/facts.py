@@ -118,6 +118,8 @@ class CollectiveFacts:
         "other"  # process-group role: fsdp_shard / hsdp_replicate / tensor_parallel / expert / data_parallel / other
     )
     microbatch: int = 0  # forward pass of its step (0-based; gradient accumulation)
+    library: str = "unknown"  # NCCL, RCCL, DeepEP, NVSHMEM, gloo … (analysis.comms.LIBRARIES)
+    blocks: int | None = None  # the most thread blocks one of its kernels launched (each holds an SM)
 
 
 @dataclass(slots=True)
@@ -264,6 +266,11 @@ class CollectiveStats:
     # ``cross_rank.transfer_*``)
     transfer_ms_per_step: float | None = None
     pure_busbw_gbps: float | None = None
+    libraries: dict[str, float] = field(default_factory=dict)  # library → collectives per step
+    # collectives without GPU kernels (gloo on CPU): the backend's own spans (``gloo:*``), ms per step
+    cpu_comm_ms_per_step: float | None = None
+    # the most SMs one of its kernels holds (its launch grid's blocks, at most the GPU's SMs; None: not recorded)
+    sms: int | None = None
 
 
 @dataclass(slots=True)

@@ -154,7 +154,7 @@ def _read_rank(rt: RankTrace, order_index: int) -> tuple[RankFacts, WhatIfPlan |
         comm_ms_total=comm_ms,
         compute_ms_total=compute_ms,
         collectives=[_collective_facts(c) for c in colls],
-        collective_stats=collective_stats(colls, n_steps),
+        collective_stats=collective_stats(colls, n_steps, _device_sms(rt)),
         fsdp=fsdp,
         pg_config=pg_config,
         parallelism=parallelism_facts(colls, pg_config, n_steps),
@@ -240,6 +240,16 @@ def _device(rt: RankTrace) -> tuple[str | None, int | None, int | None]:
     return prop.get("name"), int(mem) if isinstance(mem, (int, float)) else None, len(props)
 
 
+def _device_sms(rt: RankTrace) -> int | None:
+    """The SM count of this rank's GPU (deviceProperties ``numSms``; ``multiProcessorCount`` in 2021)."""
+    for p in rt.device_properties:
+        if isinstance(p, dict):
+            v = p.get("numSms", p.get("multiProcessorCount"))
+            if isinstance(v, int) and v > 0:
+                return v
+    return None
+
+
 def _collective_facts(c: Collective) -> CollectiveFacts:
     return CollectiveFacts(
         kind=c.kind,
@@ -260,13 +270,15 @@ def _collective_facts(c: Collective) -> CollectiveFacts:
         busbw_gbps=c.busbw_gbps(),
         in_nelems=c.in_nelems,
         out_nelems=c.out_nelems,
+        library=c.library,
+        blocks=c.blocks,
         fsdp_labels=[x for x in c.labels if x.startswith(("FSDP::", "FullyShardedDataParallel."))],
         role=c.role,
         microbatch=max(c.microbatch, 0),
     )
 
 
-def collective_stats(colls: list[Collective], n_steps: int) -> list[CollectiveStats]:
+def collective_stats(colls: list[Collective], n_steps: int, device_sms: int | None = None) -> list[CollectiveStats]:
     n = max(n_steps, 1)
     out = []
     kinds = sorted({c.kind for c in colls if c.step >= 0})
@@ -286,9 +298,23 @@ def collective_stats(colls: list[Collective], n_steps: int) -> list[CollectiveSt
                 group_size=most_common(c.group_size for c in cs if c.group_size),
                 role=most_common(c.role for c in cs),
                 roles={k: v / n for k, v in sorted(Counter(c.role for c in cs).items())},
+                libraries={k: v / n for k, v in sorted(Counter(c.library for c in cs).items())},
+                sms=_sms(cs, device_sms),
+                cpu_comm_ms_per_step=(
+                    sum(c.cpu_comm_us for c in cs if c.cpu_comm_us is not None) / 1e3 / n
+                    if any(c.cpu_comm_us is not None for c in cs)
+                    else None
+                ),
             )
         )
     return out
+
+
+def _sms(cs: list[Collective], device_sms: int | None) -> int | None:
+    blocks = [c.blocks for c in cs if c.blocks]
+    if not blocks:
+        return None
+    return min(max(blocks), device_sms) if device_sms else max(blocks)
 
 
 def most_common(xs) -> Any:

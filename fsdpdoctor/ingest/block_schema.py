@@ -240,6 +240,12 @@ def extract(evs: list, table: KeyTable, counted: int | None = None) -> Part:
     except AttributeError:  # "args": null
         args = [_EMPTY if a is None else a for a in args]
         ext = _ids(_EXT, args, n)
+    miss = np.flatnonzero(ext == -1)
+    if miss.size:  # 2021-era GPU and runtime events: "external id"
+        for i in miss.tolist():
+            v = args[i].external_id_lc
+            if v is not None:
+                ext[i] = v
     corr = _ids(_CORR, args, n)
     stream = _ids(_STREAM, args, n)
     # rows whose args are kept: collective metadata, byte counts, c10d input shapes
@@ -254,7 +260,9 @@ def extract(evs: list, table: KeyTable, counted: int | None = None) -> Part:
         del rare
         if table.shapes:
             rows = np.flatnonzero(np.isin(key, table.shapes)).tolist()
-            cand.append(np.array([i for i in rows if args[i].input_dims is not None], dtype=np.intp))
+            cand.append(
+                np.array([i for i in rows if args[i].input_dims is not None or args[i].grid is not None], dtype=np.intp)
+            )
         if cand:
             keep = {i: _public_args(args[i]) for i in np.unique(np.concatenate(cand)).tolist()}
     return Part(

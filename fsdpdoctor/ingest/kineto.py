@@ -315,6 +315,8 @@ def _build(path: Path, events: list[Event], meta: dict, mode: str) -> RankTrace:
             continue
         if a.external_id is not None:
             ext[i] = a.external_id
+        elif a.external_id_lc is not None:
+            ext[i] = a.external_id_lc
         if a.correlation is not None:
             corr[i] = a.correlation
         if a.stream is not None:
@@ -323,7 +325,7 @@ def _build(path: Path, events: list[Event], meta: dict, mode: str) -> RankTrace:
             a.collective is not None
             or a.nbytes is not None
             or a.out_nelems is not None
-            or (a.input_dims is not None and keeps_shapes(e.name))
+            or ((a.input_dims is not None or a.grid is not None) and keeps_shapes(e.name))
         ):
             if isinstance(a.nbytes, str):
                 a.nbytes = _to_int(a.nbytes)
