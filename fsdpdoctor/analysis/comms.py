@@ -105,6 +105,7 @@ _KERNEL_KIND = [
     ("reduce_scatter", "reduce_scatter"),
     ("AllToAll", "all_to_all"),
     ("SendRecv", "send_recv"),
+    ("alltoall", "all_to_all"),  # NVSHMEM, oneCCL
     ("Send", "send_recv"),
     ("Recv", "send_recv"),
     ("Broadcast", "broadcast"),
