@@ -40,3 +40,7 @@ class InputLedger:
     device_events: int = 0  # GPU or other accelerator work, read or not (0: the file has none)
     # the headline's line when the unread share of notable events is 1% or more, else None
     warning: str | None = None
+    # the time the read GPU work covers over the whole trace (ms; None without any): the union of
+    # the kernel, copy and set intervals, and of the communication kernels' (analysis.comms)
+    gpu_busy_ms: float | None = None
+    comm_busy_ms: float | None = None

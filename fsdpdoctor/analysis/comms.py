@@ -323,29 +323,38 @@ def library_of(names: list[str], has_kernels: bool, rocm: bool, backend: str | N
     return "unknown"
 
 
+#: gloo reduces-scatters with an all-reduce (``c10d::_reduce_scatter_base_`` → ``gloo:all_reduce``):
+#: kinds whose backend spans are matched as one sequence
+_SPAN_GROUP = {"reduce_scatter": "all_reduce"}
+
+
 def _backend_spans(rt: RankTrace, colls: list[Collective], ann: np.ndarray) -> None:
-    """Give each collective without kernels the next ``gloo:*`` / ``hccl:*`` … annotation of its
-    kind that starts at or after its issuing op (in order: each annotation once)."""
+    """Give each collective without kernels the next backend annotation (``gloo:*``, ``hccl:*`` …,
+    on the backend's worker thread) of its kind that starts at or after its issuing op, in order,
+    each annotation once: its duration is the collective's communication time."""
     todo = [c for c in colls if not c.kernel_rows and c.cpu_row >= 0]
     if not todo or not ann.size:
         return
     by_kind: dict[str, list[int]] = {}
     for a in ann[np.argsort(rt.ts[ann], kind="stable")].tolist():
+        if rt.row_name(a).startswith("nccl:"):  # NCCL's annotation is the CPU's enqueue; its kernels are the work
+            continue
         k = kind_from_collective_name(rt.row_name(a))
         if k is not None:
-            by_kind.setdefault(k, []).append(a)
+            by_kind.setdefault(_SPAN_GROUP.get(k, k), []).append(a)
     pos: dict[str, int] = {}
     for c in sorted(todo, key=lambda c: c.cpu_ts):
-        rows = by_kind.get(c.kind, [])
-        i = pos.get(c.kind, 0)
+        g = _SPAN_GROUP.get(c.kind, c.kind)
+        rows = by_kind.get(g, [])
+        i = pos.get(g, 0)
         while i < len(rows) and rt.ts[rows[i]] < c.cpu_ts:
             i += 1
         if i < len(rows):
             a = rows[i]
-            c.cpu_comm_us = float(rt.ts[a] + rt.dur[a] - c.cpu_ts)
+            c.cpu_comm_us = float(rt.dur[a])
             c.backend_span = rt.row_name(a)
             i += 1
-        pos[c.kind] = i
+        pos[g] = i
 
 
 def kernel_blocks(rt: RankTrace, rows: list[int]) -> int | None:

@@ -15,7 +15,8 @@ from ..ingest.kineto import RankTrace, load_trace
 from ..ingest.ledger import trace_ledger
 from .compute import analyze_compute, finish
 from .efficiency import analyze_efficiency
-from .comms import Collective, assign_roles, find_collectives, issue_rows, parallelism_facts
+from . import intervals as iv
+from .comms import Collective, assign_roles, comm_kernel_mask, find_collectives, issue_rows, parallelism_facts
 from .fsdp import analyze_fsdp
 from .labels import enclosing, label_rows
 from .memory.trace_events import memory_from_events
@@ -96,6 +97,7 @@ def _read_rank(rt: RankTrace, order_index: int) -> tuple[RankFacts, WhatIfPlan |
     rank = rt.rank if rt.rank is not None else order_index
     notes = []
     ledger = trace_ledger(rt)
+    ledger.gpu_busy_ms, ledger.comm_busy_ms = _busy_ms(rt)
     if not gpu_present and ledger.device_events:
         notes.append(
             f"no CUDA/ROCm kernels in this trace, but {ledger.device_events:,} device events the analysis does not "
@@ -238,6 +240,19 @@ def _device(rt: RankTrace) -> tuple[str | None, int | None, int | None]:
     prop = next((p for p in props if p.get("id") == dev), props[0])
     mem = prop.get("totalGlobalMem")
     return prop.get("name"), int(mem) if isinstance(mem, (int, float)) else None, len(props)
+
+
+def _busy_ms(rt: RankTrace) -> tuple[float | None, float | None]:
+    """(GPU busy, communication busy) over the whole trace, ms: the union of the GPU work's intervals."""
+    gpu = rt.mask_cat("kernel", "gpu_memcpy", "gpu_memset")
+    if not gpu.any():
+        return None, None
+    comm = comm_kernel_mask(rt)
+
+    def busy(m):
+        return round(iv.total(iv.merge(rt.ts[m], rt.ts[m] + rt.dur[m])) / 1e3, 4)
+
+    return busy(gpu), busy(comm) if comm.any() else 0.0
 
 
 def _device_sms(rt: RankTrace) -> int | None:
