@@ -22,15 +22,29 @@ REPO = Path(__file__).resolve().parents[1]
 RECORDED = sorted((REPO / "fixtures" / "recorded").rglob("rank*.json.gz"))
 PUBLIC = sorted(PUBLIC_TRACES.glob("*/*.json*")) if PUBLIC_TRACES.is_dir() else []
 REL = 0.02
+PAGE = REPO / "docs" / "inputs.md"
+
+
+def _gen():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("gen_inputs", REPO / "docs" / "gen_inputs.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
 
 
 def _id(p: Path) -> str:
     return f"{p.parent.name}/{p.name[:20]}"
 
 
-def _check(path: Path) -> None:
+def _check(path: Path, kind: str) -> None:
     raw = read(path)
     rf, _plan = _read_rank(load_trace(path), 0)  # analyze_rank without its what-if replay (no figure here)
+    # docs/inputs.md holds this input's row as docs/gen_inputs.py writes it today
+    assert _gen().row(kind, path, raw, rf) in PAGE.read_text().splitlines(), (
+        "docs/inputs.md is stale: run python docs/gen_inputs.py"
+    )
     led = rf.ledger
     assert led.events == raw["events"]
     kernels = sum(r.events for r in led.rows if r.read_as == "kernel")
@@ -57,9 +71,9 @@ def _check(path: Path) -> None:
 @pytest.mark.skipif(not PUBLIC, reason="../shared/traces/public is absent")
 @pytest.mark.parametrize("path", PUBLIC, ids=_id)
 def test_public_trace_conforms_to_the_stdlib_reading(path):
-    _check(path)
+    _check(path, "public")
 
 
 @pytest.mark.parametrize("path", RECORDED, ids=_id)
 def test_recording_conforms_to_the_stdlib_reading(path):
-    _check(path)
+    _check(path, "recorded")

@@ -33,7 +33,6 @@ CURRENT = frozenset(
 LEGACY = {
     "operator": "cpu_op",
     "runtime": "cuda_runtime",
-    "driver": "cuda_driver",
     "memcpy": "gpu_memcpy",
     "memset": "gpu_memset",
     "python": "python_function",
