@@ -73,6 +73,8 @@ def plural(n: int | float, word: str) -> str:
 
 def limit_text(f: RunFacts) -> str:
     """What limits the step (:attr:`TimelineSummary.bound`) with its figures."""
+    if not f.gpu_present and any(i.ledger is not None and i.ledger.device_events for i in f.inputs):
+        return "no GPU timeline (the trace's device work is not read)"
     if not f.gpu_present or not f.timeline.bound:
         return "CPU-only trace (no GPU timeline)"
     return bound_text(f)
