@@ -299,6 +299,9 @@ def test_communication_outside_nccl_is_communication_named_by_library(tmp_path, 
     assert c.gpu_ms_per_step == pytest.approx(sum(d for _n, _a, d in comm) / 1e3, rel=0.02)
     assert c.exposed_ms_per_step == pytest.approx(_exposed(comm) / 1e3, rel=0.02)
     assert c.sms == grid
+    from fsdpdoctor.report.sections import collectives_table
+
+    assert collectives_table(f).rows[0][0] == f"{kind.replace('_', '-')} ({library}, {grid} SMs)"
     # the run's world size, never "single process"
     text = _ticket(rep) + json.dumps([(x.summary, x.evidence) for x in rep.findings])
     assert "single process" not in text

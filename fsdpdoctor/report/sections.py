@@ -611,9 +611,12 @@ def collectives_table(f: RunFacts) -> Table | None:
         return Table("Collectives (per step, mean over ranks)", [], [], why) if why else None
     rows = []
     for c in f.collectives:
+        # communication outside NCCL and gloo is named: DeepEP, NVSHMEM, RCCL, symmetric memory …
+        libs = [lib for lib in c.libraries if lib not in ("NCCL", "gloo", "unknown")]
+        held = f", {c.sms} SMs" if libs and c.sms else ""
         rows.append(
             [
-                c.kind.replace("_", "-"),
+                c.kind.replace("_", "-") + (f" ({', '.join(libs)}{held})" if libs else ""),
                 f"{c.count_per_step:.1f}",
                 mib(c.bytes_per_step),
                 ms(c.gpu_ms_per_step) if f.gpu_present else "–",
