@@ -667,11 +667,11 @@ class RunFacts:
             ranks = []
         kept = {r.rank for r in ranks}
         sums = [dataclasses.replace(s, detail="full" if s.rank in kept else "summary") for s in self.rank_summaries]
+        ranks = [dataclasses.replace(r, ledger=None) if r.ledger is not None else r for r in ranks]  # under inputs
         return ranks, sums, policy
 
     def to_dict(self, rank_detail: str = "all") -> dict[str, Any]:
         ranks, sums, policy = self.ranks_to_write(rank_detail)
-        ranks = [dataclasses.replace(r, ledger=None) if r.ledger is not None else r for r in ranks]  # under inputs
         d = msgspec.to_builtins(dataclasses.replace(self, rank_facts=ranks, rank_summaries=sums, rank_detail=policy))
         d["fsdp"]["unit_count"] = self.fsdp.unit_count
         return d
