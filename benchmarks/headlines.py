@@ -2,7 +2,7 @@
 
 Every public trace in ``../shared/traces/public`` (one analysis per folder; a folder whose files
 are different runs, one per file) and every recording in ``fixtures/recorded`` (the folders that
-hold ``rank*.json.gz``): the headline lines (Run, Trace where sampled, Step, MFU, Where, Comm)
+hold ``rank*.json.gz``): the headline lines (Run, Not read where the ledger warns, Trace where sampled, Step, MFU, Where, Comm)
 and the first finding's one-line summary with its saving, as ``fsdpdoctor analyze`` prints them.
 
     python benchmarks/headlines.py           # prints the page
@@ -31,7 +31,7 @@ from fsdpdoctor.report.sections import saving_text, ticket_headline  # noqa: E40
 PAGE = REPO / "docs" / "headlines.md"
 PUBLIC = REPO.parent / "shared" / "traces" / "public"
 RECORDED = REPO / "fixtures" / "recorded"
-KEEP = ("Run", "Trace", "Step", "MFU", "Where", "Comm")
+KEEP = ("Run", "Not read", "Trace", "Step", "MFU", "Where", "Comm")
 TRACE_SUFFIXES = (".json.gz", ".json")
 PUBLIC_MARK = "<!-- public traces -->"
 

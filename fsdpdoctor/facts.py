@@ -25,6 +25,7 @@ from .facts_compute import ComputeFacts, WhatIfFacts, compute_v4  # noqa: F401
 from .facts_memory import MEMORY_CATEGORIES, AllocatorSettings, MemoryFacts, MemoryPressureFacts  # noqa: F401
 from .facts_hang import HangFacts
 from .facts_efficiency import EfficiencyFacts, GemmShape, HookCost, SyncSite  # noqa: F401
+from .facts_ledger import InputLedger, LedgerRow  # noqa: F401
 
 #: 2: the report is one document (every RunFacts field once, at the top level, plus ``findings``);
 #: 1 wrote the summaries at the top level and all facts again under ``facts``. Both load.
@@ -120,6 +121,8 @@ class CollectiveFacts:
         "other"  # process-group role: fsdp_shard / hsdp_replicate / tensor_parallel / expert / data_parallel / other
     )
     microbatch: int = 0  # forward pass of its step (0-based; gradient accumulation)
+    library: str = "unknown"  # NCCL, RCCL, DeepEP, NVSHMEM, gloo … (analysis.comms.LIBRARIES)
+    blocks: int | None = None  # the most thread blocks one of its kernels launched (each holds an SM)
 
 
 @dataclass(slots=True)
@@ -266,6 +269,11 @@ class CollectiveStats:
     # ``cross_rank.transfer_*``)
     transfer_ms_per_step: float | None = None
     pure_busbw_gbps: float | None = None
+    libraries: dict[str, float] = field(default_factory=dict)  # library → collectives per step
+    # collectives without GPU kernels (gloo on CPU): the backend's own spans (``gloo:*``), ms per step
+    cpu_comm_ms_per_step: float | None = None
+    # the most SMs one of its kernels holds (its launch grid's blocks, at most the GPU's SMs; None: not recorded)
+    sms: int | None = None
 
 
 @dataclass(slots=True)
@@ -320,6 +328,8 @@ class RankFacts:
     ops_recorded_pct: float | None = None
     compute: ComputeFacts | None = None  # FLOPs, engines and MFU (traces with recorded shapes)
     efficiency: EfficiencyFacts | None = None  # the step split into parts that add up to it (GPU traces)
+    # what the trace holds and what the analysis read of it; written once, under the run's ``inputs``
+    ledger: InputLedger | None = None
 
     @property
     def step_ms(self) -> list[float]:
@@ -404,6 +414,7 @@ class InputFacts:
     path: str
     rank: int
     rank_source: str
+    ledger: InputLedger | None = None  # every event counted by phase and category, and what was read
 
 
 @dataclass(slots=True)
@@ -659,6 +670,7 @@ class RunFacts:
             ranks = []
         kept = {r.rank for r in ranks}
         sums = [dataclasses.replace(s, detail="full" if s.rank in kept else "summary") for s in self.rank_summaries]
+        ranks = [dataclasses.replace(r, ledger=None) if r.ledger is not None else r for r in ranks]  # under inputs
         return ranks, sums, policy
 
     def to_dict(self, rank_detail: str = "all") -> dict[str, Any]:

@@ -25,7 +25,26 @@ COMM_NAME_RX = re.compile(r"(^nccl.*)|(^hip)|(^hccl)|(.*ncclKernel.*)")
 #: and TensorRT-LLM's (``allreduce_fusion_kernel…``, ``oneShotAllReduceKernel`` …)
 EXTRA_COMM_NAME_RX = re.compile(
     r".*(?:multimem_all_reduce|multimem_all_gather|multimem_reduce_scatter|one_shot_all_reduce|two_shot_all_reduce"
-    r"|cross_device_reduce_[12]stage|allreduce_fusion_kernel|[Oo]neShotAllReduce|[Tt]woShotAllReduce)"
+    r"|cross_device_reduce_[12]stage|allreduce_fusion_kernel|[Oo]neShotAllReduce|[Tt]woShotAllReduce"
+    # DeepEP's expert-parallel all-to-all (``dpsk::ep::internode::dispatch<…>`` in DeepSeek-V3's
+    # traces, ``deep_ep::intranode::combine<…>`` in the released library; its ``layout::`` kernels
+    # compute locally), NVSHMEM kernels, oneCCL/XCCL's
+    r"|(?:dpsk::ep|deep_ep)::(?!layout::)|nvshmem|xccl|oneccl)"
+)
+_EP_KERNEL_RX = re.compile(r"(?:dpsk::ep|deep_ep)::")
+#: the library a collective comes from, by the names of its kernels, op and annotations (first
+#: match wins; NCCL-named kernels on ROCm are RCCL's, see :func:`library_of`)
+LIBRARIES = (
+    (re.compile(r"dpsk::ep::|deep_ep::|deep_ep\b", re.I), "DeepEP"),
+    (re.compile(r"nvshmem", re.I), "NVSHMEM"),
+    (re.compile(r"multimem_|symm_mem::|one_shot_all_reduce|two_shot_all_reduce"), "torch symmetric memory"),
+    (re.compile(r"cross_device_reduce_[12]stage"), "vLLM custom all-reduce"),
+    (re.compile(r"allreduce_fusion_kernel|[Oo]neShotAllReduce|[Tt]woShotAllReduce"), "TensorRT-LLM custom all-reduce"),
+    (re.compile(r"hccl", re.I), "HCCL"),
+    (re.compile(r"xccl|oneccl|^ccl:", re.I), "oneCCL/XCCL"),
+    (re.compile(r"^gloo:"), "gloo"),
+    (re.compile(r"rccl", re.I), "RCCL"),
+    (re.compile(r"nccl", re.I), "NCCL"),
 )
 #: the CPU ops that launch them (each kernel's External id names its op): collectives issued
 #: without ``record_param_comms``
@@ -86,6 +105,7 @@ _KERNEL_KIND = [
     ("reduce_scatter", "reduce_scatter"),
     ("AllToAll", "all_to_all"),
     ("SendRecv", "send_recv"),
+    ("alltoall", "all_to_all"),  # NVSHMEM, oneCCL
     ("Send", "send_recv"),
     ("Recv", "send_recv"),
     ("Broadcast", "broadcast"),
@@ -98,11 +118,15 @@ def kind_from_collective_name(name: str | None) -> str | None:
     key = name.strip().lower()
     if key in _COLLECTIVE_NAME_KIND:
         return _COLLECTIVE_NAME_KIND[key]
-    key = key.removeprefix("nccl:").removeprefix("gloo:").removeprefix("c10d::").rstrip("_")
+    for prefix in ("nccl:", "gloo:", "hccl:", "xccl:", "c10d::"):
+        key = key.removeprefix(prefix)
+    key = key.rstrip("_")
     return _COLLECTIVE_NAME_KIND.get(key)
 
 
 def kind_from_kernel_name(name: str) -> str | None:
+    if _EP_KERNEL_RX.search(name):  # DeepEP's dispatch / combine / notify: the expert all-to-all
+        return "all_to_all"
     for token, kind in _KERNEL_KIND:
         if token in name:
             return kind
@@ -166,6 +190,12 @@ class Collective:
     group_size_recorded: bool = False  # the trace's Group size arg said it
     exposed_us: float = 0.0
     cpu_dur: float = 0.0  # µs the issuing CPU op took (the whole collective for gloo)
+    library: str = "unknown"  # see LIBRARIES: NCCL, RCCL, DeepEP, NVSHMEM, gloo …
+    # a collective without GPU kernels (gloo on CPU): the backend's own ``gloo:*`` span, on its
+    # worker thread, from the issuing op's start (the c10d op itself only enqueues it); µs
+    cpu_comm_us: float | None = None
+    backend_span: str | None = None  # that annotation's name
+    blocks: int | None = None  # the most thread blocks one of its kernels launched (the SMs it holds)
 
     @property
     def gpu_dur_us(self) -> float | None:
@@ -235,7 +265,75 @@ SHAPE_SIZED_KINDS = ("all_reduce", "broadcast", "all_to_all", "send_recv")
 
 
 def _is_backend_annotation(name: str) -> bool:
-    return name.startswith(("nccl:", "gloo:"))
+    return name.startswith(("nccl:", "gloo:", "hccl:", "xccl:"))
+
+
+def library_of(names: list[str], has_kernels: bool, rocm: bool, backend: str | None) -> str:
+    """The communication library of a collective, from the names of its kernels, op and
+    annotations (:data:`LIBRARIES`); NCCL-named kernels on ROCm are RCCL's. A collective without
+    kernels or a name that says is the process group backend's (``gloo`` on CPU)."""
+    for n in names:
+        for rx, lib in LIBRARIES:
+            if rx.search(n):
+                return "RCCL" if lib == "NCCL" and rocm else lib
+    b = (backend or "").lower()
+    if not has_kernels and "gloo" in b:
+        return "gloo"
+    if has_kernels and ("nccl" in b or not b):
+        return "RCCL" if rocm else "NCCL"
+    return "unknown"
+
+
+#: gloo reduces-scatters with an all-reduce (``c10d::_reduce_scatter_base_`` → ``gloo:all_reduce``):
+#: kinds whose backend spans are matched as one sequence
+_SPAN_GROUP = {"reduce_scatter": "all_reduce"}
+
+
+def _backend_spans(rt: RankTrace, colls: list[Collective], ann: np.ndarray) -> None:
+    """Give each collective without kernels the next backend annotation (``gloo:*``, ``hccl:*`` …,
+    on the backend's worker thread) of its kind that starts at or after its issuing op, in order,
+    each annotation once: its duration is the collective's communication time."""
+    todo = [c for c in colls if not c.kernel_rows and c.cpu_row >= 0]
+    if not todo or not ann.size:
+        return
+    by_kind: dict[str, list[int]] = {}
+    for a in ann[np.argsort(rt.ts[ann], kind="stable")].tolist():
+        if rt.row_name(a).startswith("nccl:"):  # NCCL's annotation is the CPU's enqueue; its kernels are the work
+            continue
+        k = kind_from_collective_name(rt.row_name(a))
+        if k is not None:
+            by_kind.setdefault(_SPAN_GROUP.get(k, k), []).append(a)
+    pos: dict[str, int] = {}
+    for c in sorted(todo, key=lambda c: c.cpu_ts):
+        g = _SPAN_GROUP.get(c.kind, c.kind)
+        rows = by_kind.get(g, [])
+        i = pos.get(g, 0)
+        while i < len(rows) and rt.ts[rows[i]] < c.cpu_ts:
+            i += 1
+        if i < len(rows):
+            a = rows[i]
+            c.cpu_comm_us = float(rt.dur[a])
+            c.backend_span = rt.row_name(a)
+            i += 1
+        pos[g] = i
+
+
+def kernel_blocks(rt: RankTrace, rows: list[int]) -> int | None:
+    """The most thread blocks any of these kernels launched (its ``grid``): a communication
+    kernel's blocks each hold one SM for its whole run (NCCL's channels, DeepEP's ``num_sms``)."""
+    best = None
+    for k in rows:
+        a = rt.args.get(k)
+        if a is None or a.grid is None:
+            continue
+        try:
+            g = msgspec.json.decode(a.grid)
+        except msgspec.DecodeError:
+            continue
+        if isinstance(g, list) and g and all(isinstance(x, int) and x > 0 for x in g):
+            n = int(np.prod(g))
+            best = n if best is None else max(best, n)
+    return best
 
 
 def is_c10d_collective(name: str) -> bool:
@@ -412,6 +510,17 @@ def find_collectives(rt: RankTrace, chains: dict[int, list[int]], group_size: in
         _fill_args(c, a)
         _attach_kernels(rt, c, [k])
         out.append(c)
+    _backend_spans(rt, out, ann)
+    rocm = any(n.startswith("hip") for n in rt.names)
+    backend = rt.distributed_info.get("backend") if isinstance(rt.distributed_info.get("backend"), str) else None
+    for c in out:
+        names = [rt.row_name(k) for k in c.kernel_rows[:1]] + [c.name, *c.labels]
+        if c.cpu_row in child_ann:
+            names.append(child_ann[c.cpu_row])
+        if c.backend_span:
+            names.append(c.backend_span)
+        c.library = library_of(names, bool(c.kernel_rows), rocm, backend)
+        c.blocks = kernel_blocks(rt, c.kernel_rows)
     out.sort(key=lambda c: c.cpu_ts)
     return out
 

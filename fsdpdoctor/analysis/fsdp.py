@@ -182,6 +182,8 @@ def _other_parallelism(rt: RankTrace, colls: list[Collective]) -> str | None:
         return "all-to-all / point-to-point communication (e.g. embedding or pipeline parallelism)"
     if kinds.get("all_reduce"):
         return "all-reduce data parallelism (DDP-like)"
+    if not colls and (rt.world_size or 1) > 1:  # never "single process" against the trace's own world size
+        return f"no collectives recognised in this trace (world size {rt.world_size})"
     if not colls:
         return "no collectives (single process)"
     return None

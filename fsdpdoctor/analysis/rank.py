@@ -12,9 +12,11 @@ import numpy as np
 from ..facts import CollectiveFacts, CollectiveStats, RankFacts
 from ..facts_efficiency import FUSED_OPTIMIZERS
 from ..ingest.kineto import RankTrace, load_trace
+from ..ingest.ledger import trace_ledger
 from .compute import analyze_compute, finish
 from .efficiency import analyze_efficiency
-from .comms import Collective, assign_roles, find_collectives, issue_rows, parallelism_facts
+from . import intervals as iv
+from .comms import Collective, assign_roles, comm_kernel_mask, find_collectives, issue_rows, parallelism_facts
 from .fsdp import analyze_fsdp
 from .labels import enclosing, label_rows
 from .memory.trace_events import memory_from_events
@@ -95,8 +97,17 @@ def _read_rank(rt: RankTrace, order_index: int) -> tuple[RankFacts, WhatIfPlan |
     gpu_present = bool(rt.mask_cat("kernel").any())
     rank = rt.rank if rt.rank is not None else order_index
     notes = []
-    if not gpu_present:
+    ledger = trace_ledger(rt)
+    ledger.gpu_busy_ms, ledger.comm_busy_ms = _busy_ms(rt)
+    if not gpu_present and ledger.device_events:
+        notes.append(
+            f"no CUDA/ROCm kernels in this trace, but {ledger.device_events:,} device events the analysis does not "
+            "read (see the input ledger): GPU timeline metrics are empty"
+        )
+    elif not gpu_present:
         notes.append("no GPU kernels in this trace (CPU-only run or CPU activity only): GPU timeline metrics are empty")
+    if ledger.warning:
+        notes.append(ledger.warning)
     if backlog.ops:
         notes.append(
             f"{backlog.ops} GPU activities ({backlog.gpu_ms:.2f} ms of GPU time) at the start of the window were "
@@ -146,7 +157,7 @@ def _read_rank(rt: RankTrace, order_index: int) -> tuple[RankFacts, WhatIfPlan |
         comm_ms_total=comm_ms,
         compute_ms_total=compute_ms,
         collectives=[_collective_facts(c) for c in colls],
-        collective_stats=collective_stats(colls, n_steps),
+        collective_stats=collective_stats(colls, n_steps, _device_sms(rt)),
         fsdp=fsdp,
         pg_config=pg_config,
         parallelism=parallelism_facts(colls, pg_config, n_steps),
@@ -166,6 +177,7 @@ def _read_rank(rt: RankTrace, order_index: int) -> tuple[RankFacts, WhatIfPlan |
         backlog_ops=backlog.ops,
         backlog_ms=backlog.gpu_ms,
         ops_recorded_pct=ops_recorded_pct(rt),
+        ledger=ledger,
     )
     return facts, plan
 
@@ -231,6 +243,29 @@ def _device(rt: RankTrace) -> tuple[str | None, int | None, int | None]:
     return prop.get("name"), int(mem) if isinstance(mem, (int, float)) else None, len(props)
 
 
+def _busy_ms(rt: RankTrace) -> tuple[float | None, float | None]:
+    """(GPU busy, communication busy) over the whole trace, ms: the union of the GPU work's intervals."""
+    gpu = rt.mask_cat("kernel", "gpu_memcpy", "gpu_memset")
+    if not gpu.any():
+        return None, None
+    comm = comm_kernel_mask(rt)
+
+    def busy(m):
+        return round(iv.total(iv.merge(rt.ts[m], rt.ts[m] + rt.dur[m])) / 1e3, 4)
+
+    return busy(gpu), busy(comm) if comm.any() else 0.0
+
+
+def _device_sms(rt: RankTrace) -> int | None:
+    """The SM count of this rank's GPU (deviceProperties ``numSms``; ``multiProcessorCount`` in 2021)."""
+    for p in rt.device_properties:
+        if isinstance(p, dict):
+            v = p.get("numSms", p.get("multiProcessorCount"))
+            if isinstance(v, int) and v > 0:
+                return v
+    return None
+
+
 def _collective_facts(c: Collective) -> CollectiveFacts:
     return CollectiveFacts(
         kind=c.kind,
@@ -251,13 +286,15 @@ def _collective_facts(c: Collective) -> CollectiveFacts:
         busbw_gbps=c.busbw_gbps(),
         in_nelems=c.in_nelems,
         out_nelems=c.out_nelems,
+        library=c.library,
+        blocks=c.blocks,
         fsdp_labels=[x for x in c.labels if x.startswith(("FSDP::", "FullyShardedDataParallel."))],
         role=c.role,
         microbatch=max(c.microbatch, 0),
     )
 
 
-def collective_stats(colls: list[Collective], n_steps: int) -> list[CollectiveStats]:
+def collective_stats(colls: list[Collective], n_steps: int, device_sms: int | None = None) -> list[CollectiveStats]:
     n = max(n_steps, 1)
     out = []
     kinds = sorted({c.kind for c in colls if c.step >= 0})
@@ -277,9 +314,23 @@ def collective_stats(colls: list[Collective], n_steps: int) -> list[CollectiveSt
                 group_size=most_common(c.group_size for c in cs if c.group_size),
                 role=most_common(c.role for c in cs),
                 roles={k: v / n for k, v in sorted(Counter(c.role for c in cs).items())},
+                libraries={k: v / n for k, v in sorted(Counter(c.library for c in cs).items())},
+                sms=_sms(cs, device_sms),
+                cpu_comm_ms_per_step=(
+                    sum(c.cpu_comm_us for c in cs if c.cpu_comm_us is not None) / 1e3 / n
+                    if any(c.cpu_comm_us is not None for c in cs)
+                    else None
+                ),
             )
         )
     return out
+
+
+def _sms(cs: list[Collective], device_sms: int | None) -> int | None:
+    blocks = [c.blocks for c in cs if c.blocks]
+    if not blocks:
+        return None
+    return min(max(blocks), device_sms) if device_sms else max(blocks)
 
 
 def most_common(xs) -> Any:

@@ -220,6 +220,12 @@ class CollectiveFold:
                 row[("role", k)] = float(self.codes.setdefault(c.role, len(self.codes)))
             for role, v in c.roles.items():
                 row[("roles", (k, role))] = v
+            for lib, v in c.libraries.items():
+                row[("libs", (k, lib))] = v
+            if c.sms:
+                row[("sms", k)] = float(c.sms)
+            if c.cpu_comm_ms_per_step is not None:
+                row[("cpu_comm", k)] = c.cpu_comm_ms_per_step
             self.dtypes.setdefault(k, set()).update(c.dtypes)
         if row:
             self.cols.add(rank, row)
@@ -246,6 +252,13 @@ class CollectiveFold:
                         for kind, role in cols.keys("roles")
                         if kind == k
                     },
+                    libraries={
+                        lib: sum(cols.filled(("libs", (kind, lib)), 0.0, among=("count", k))) / n
+                        for kind, lib in cols.keys("libs")
+                        if kind == k
+                    },
+                    sms=int(max(cols.values(("sms", k)))) if cols.values(("sms", k)) else None,
+                    cpu_comm_ms_per_step=_mean(cols.values(("cpu_comm", k))),
                 )
             )
         return out
@@ -536,7 +549,7 @@ def fold(
     rf.rank_facts = [r for r in ranks if r.rank not in lean] if lean else ranks
     if lean:
         rf.rank_detail = "auto"  # the facts hold the ranks that matter, not every rank: none can write them all
-    rf.inputs = [InputFacts(r.path, r.rank, r.rank_source) for r in ranks]
+    rf.inputs = [InputFacts(r.path, r.rank, r.rank_source, r.ledger) for r in ranks]
     rf.ranks = [r.rank for r in ranks]
     ws = [r.world_size for r in ranks if r.world_size]
     rf.world_size = Counter(ws).most_common(1)[0][0] if ws else None

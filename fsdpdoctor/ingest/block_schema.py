@@ -9,6 +9,7 @@ that columns can be pulled out with C-level attrgetter/np.fromiter instead of Py
 from __future__ import annotations
 
 import os
+from collections import Counter
 from itertools import repeat
 from operator import attrgetter, ne
 from typing import Any, Union
@@ -55,6 +56,7 @@ class _MArgs(msgspec.Struct, gc=False):
 
 
 class _M(msgspec.Struct, gc=False, tag_field="ph", tag="M"):
+    cat: str = ""
     name: str = ""
     pid: IntOrStr = 0
     tid: IntOrStr = 0
@@ -67,15 +69,21 @@ _MemA = K.args_struct("_MemA", K.MEMORY_ARG_FIELDS, gc=False, module=__name__)
 class _I(msgspec.Struct, gc=False, tag_field="ph", tag="i"):
     """Instant events: only ``[memory]`` ones are kept (allocator totals)."""
 
+    cat: str = ""
     name: str = ""
     ts: float = 0.0
     args: _MemA | None = None
 
 
 OTHER_PHASES = "BEICbneSTpFstfPONDVvRc()"
-_Others = tuple(msgspec.defstruct(f"_Ph{ord(c)}", [], tag_field="ph", tag=c, gc=False) for c in OTHER_PHASES)
+# their category alone is decoded: the input ledger (:mod:`.ledger`) counts every event by phase and category
+_Others = tuple(
+    msgspec.defstruct(f"_Ph{ord(c)}", [("cat", str, "")], tag_field="ph", tag=c, gc=False) for c in OTHER_PHASES
+)
+_OTHER_BY_PH = dict(zip(OTHER_PHASES, _Others))
 _Event = Union[(_X, _M, _I, *_Others)]  # type: ignore[valid-type]
 _OTHER = _Others[0]()  # stands for any event that is neither X nor M (lenient path)
+_TAG = {c: c.__struct_config__.tag for c in (_X, _M, _I, *_Others)}.__getitem__  # event class -> its ph
 
 
 class _Doc(msgspec.Struct, gc=False):
@@ -85,6 +93,7 @@ class _Doc(msgspec.Struct, gc=False):
     schemaVersion: Any = None
     traceName: Any = None
     baseTimeNanoseconds: Any = None
+    computeProperties: Any = None
 
 
 _BLOCK = msgspec.json.Decoder(list[_Event])  # type: ignore[valid-type]
@@ -102,6 +111,7 @@ _STREAM = attrgetter("stream")
 _RARE = attrgetter("collective", "nbytes", "out_nelems")
 _NONE3 = (None, None, None)
 _KEY = attrgetter("cat", "name", "pid", "tid")
+_CAT = attrgetter("cat")
 
 
 class _Lenient(Exception):
@@ -191,6 +201,7 @@ class Part(msgspec.Struct, gc=False):
     stream: np.ndarray
     keep: dict  # row in the block -> events.Args
     mem: np.ndarray  # [memory] events, events.MEMORY_COLUMNS
+    other: dict  # (ph, cat) -> count of the events that are not rows (every phase but X; X of dropped categories)
 
     def __len__(self) -> int:
         return len(self.ts)
@@ -201,16 +212,22 @@ def extract(evs: list, table: KeyTable, counted: int | None = None) -> Part:
     thread_names: dict[tuple[Any, Any], str] = {}
     xs = [e for e in evs if e.__class__ is _X]
     mem_rows = []
+    other: dict = {}
     if len(xs) != len(evs):
         for e in [e for e in evs if e.__class__ is _M]:
             if e.name == "thread_name" and e.args is not None and e.args.name:
                 thread_names[(e.pid, e.tid)] = e.args.name
         mem_rows = [r for r in map(K.memory_row, (e for e in evs if e.__class__ is _I)) if r is not None]
+        nx = [e for e in evs if e.__class__ is not _X]
+        other = Counter(zip(map(_TAG, map(type, nx)), map(_CAT, nx)))
     count = len(evs) if counted is None else counted
     key = table.codes(list(map(_KEY, xs)))
     if table.dropped:
         drop = np.isin(key, table.dropped)
         if drop.any():
+            other = Counter(other)
+            for code, k in zip(*np.unique(key[drop], return_counts=True)):
+                other["X", table.values[int(code)][0]] += int(k)
             rows = np.flatnonzero(~drop)
             xs = [xs[i] for i in rows.tolist()]
             key = key[rows]
@@ -223,6 +240,12 @@ def extract(evs: list, table: KeyTable, counted: int | None = None) -> Part:
     except AttributeError:  # "args": null
         args = [_EMPTY if a is None else a for a in args]
         ext = _ids(_EXT, args, n)
+    miss = np.flatnonzero(ext == -1)
+    if miss.size:  # 2021-era GPU and runtime events: "external id"
+        for i in miss.tolist():
+            v = args[i].external_id_lc
+            if v is not None:
+                ext[i] = v
     corr = _ids(_CORR, args, n)
     stream = _ids(_STREAM, args, n)
     # rows whose args are kept: collective metadata, byte counts, c10d input shapes
@@ -237,7 +260,9 @@ def extract(evs: list, table: KeyTable, counted: int | None = None) -> Part:
         del rare
         if table.shapes:
             rows = np.flatnonzero(np.isin(key, table.shapes)).tolist()
-            cand.append(np.array([i for i in rows if args[i].input_dims is not None], dtype=np.intp))
+            cand.append(
+                np.array([i for i in rows if args[i].input_dims is not None or args[i].grid is not None], dtype=np.intp)
+            )
         if cand:
             keep = {i: _public_args(args[i]) for i in np.unique(np.concatenate(cand)).tolist()}
     return Part(
@@ -253,6 +278,7 @@ def extract(evs: list, table: KeyTable, counted: int | None = None) -> Part:
         stream,
         keep,
         K.memory_array(mem_rows),
+        dict(other),
     )
 
 
@@ -291,9 +317,12 @@ class Columns:
         self.rows = 0
         self.event_count = 0
         self.mem: list[np.ndarray] = []
+        self.other: Counter = Counter()  # Part.other, summed
 
     def append(self, part: Part) -> None:
         self.event_count += part.event_count
+        if part.other:
+            self.other.update(part.other)
         self.thread_names.update(part.thread_names)
         if len(part.mem):
             self.mem.append(part.mem)
@@ -362,13 +391,14 @@ def _internal(e: K.Event):
     """A leniently coerced event as the block decoder's own types."""
     if e.ph == "M":
         ma = None if e.args is None else _MArgs(name=e.args.name)
-        return _M(name=e.name, pid=e.pid, tid=e.tid, args=ma)
+        return _M(cat=e.cat, name=e.name, pid=e.pid, tid=e.tid, args=ma)
     if e.ph == "i":
         a = e.args
         mem = None if a is None else _MemA(a.total_allocated, a.total_reserved, a.device_type, a.device_id)
-        return _I(name=e.name, ts=e.ts, args=mem)
+        return _I(cat=e.cat, name=e.name, ts=e.ts, args=mem)
     if e.ph != "X":
-        return _OTHER
+        cls = _OTHER_BY_PH.get(e.ph)
+        return _OTHER if cls is None else cls(cat=e.cat)
     a = e.args
     ia = None
     if a is not None:

@@ -5,6 +5,7 @@ and :mod:`.blocks`, which both import this module)."""
 
 from __future__ import annotations
 
+import re
 from typing import Annotated, Any, Union
 
 import msgspec
@@ -41,6 +42,11 @@ ARG_FIELDS: tuple[tuple[str, Any, str], ...] = (
     ("input_dims", msgspec.Raw, "Input Dims"),
     ("input_type", msgspec.Raw, "Input type"),
     ("concrete_inputs", msgspec.Raw, "Concrete Inputs"),  # scalar / list arguments (convolution strides)
+    # torch 1.8-1.9 traces (2021) spell it in lowercase on GPU and runtime events: read where
+    # ``External id`` is absent
+    ("external_id_lc", I64 | None, "external id"),
+    # a kernel's launch grid (undecoded): kept for communication kernels, whose blocks each hold an SM
+    ("grid", msgspec.Raw, "grid"),
 )
 #: the undecoded (Raw) shape fields: copied out of the file's buffer for the few rows kept
 #: the runtime calls that launch GPU kernels (CUDA runtime and driver, HIP; graphs launch many)
@@ -56,7 +62,14 @@ KERNEL_LAUNCHES = (
     "hipModuleLaunchKernel",
     "hipGraphLaunch",
 )
-RAW_FIELDS = ("input_dims", "input_type", "concrete_inputs")
+RAW_FIELDS = ("input_dims", "input_type", "concrete_inputs", "grid")
+#: kernel names of communication libraries (NCCL/RCCL/HCCL, DeepEP, NVSHMEM, symmetric memory,
+#: custom all-reduces) whose rows keep their args (the launch grid: the SMs a collective holds);
+#: which of them are collectives is fsdpdoctor.analysis.comms's to say
+COMM_KERNEL_HINT = re.compile(
+    r"nccl|rccl|hccl|xccl|dpsk::ep::|deep_ep|nvshmem|multimem_|one_shot_all_reduce|two_shot_all_reduce"
+    r"|cross_device_reduce|allreduce|AllReduce",
+)
 #: CPU ops whose recorded shapes (``Input Dims`` / ``Input type``) are kept besides the c10d
 #: collectives': the matmul and attention operators whose FLOPs fsdpdoctor.analysis.compute counts
 GEMM_OPS = frozenset(
@@ -85,13 +98,21 @@ def keeps_shapes(name: str) -> bool:
         or name == "record_param_comms"
         or name in FLOP_OPS
         or name in SYNC_OPS
+        or COMM_KERNEL_HINT.search(name) is not None
     )
 
 
 #: Top-level keys of a trace document that the analysis reads besides ``traceEvents`` (both
 #: decoders: the head before the event array and the tail after it). ``baseTimeNanoseconds``
 #: (Kineto, torch 2.1+) is the wall-clock time that event timestamps (µs) count from.
-META_KEYS = ("distributedInfo", "deviceProperties", "schemaVersion", "traceName", "baseTimeNanoseconds")
+META_KEYS = (
+    "distributedInfo",
+    "deviceProperties",
+    "schemaVersion",
+    "traceName",
+    "baseTimeNanoseconds",
+    "computeProperties",  # deviceProperties' name in torch 1.9-era traces (2021)
+)
 
 #: ``[memory]`` instant events (profile_memory=True): allocator totals after each event
 MEMORY_ARG_FIELDS: tuple[tuple[str, Any, str], ...] = (

@@ -18,6 +18,7 @@ lenient per-event conversion instead of failing.
 from __future__ import annotations
 
 import re
+from collections import Counter
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,6 +30,7 @@ import numpy as np
 from ..errors import InputError
 
 from ._io import gc_paused, read_input
+from .categories import canonical_categories
 from ._io import short as _short
 
 from .events import (
@@ -55,6 +57,7 @@ class _TraceDoc(msgspec.Struct, gc=False):
     schemaVersion: Any = None
     traceName: Any = None
     baseTimeNanoseconds: Any = None
+    computeProperties: Any = None
 
 
 _typed_decoder = msgspec.json.Decoder(Union[_TraceDoc, list[Event]])
@@ -103,6 +106,12 @@ class RankTrace:
     decode_mode: str = "typed"
     # one row per ``[memory]`` instant event, columns MEMORY_COLUMNS (empty without profile_memory)
     memory_events: np.ndarray = field(default_factory=lambda: memory_array([]))
+    # (ph, category as written) -> count of the events that are not rows: every phase but X, and
+    # X events of DROPPED_CATEGORIES (the input ledger, :mod:`.ledger`, accounts for them)
+    other_events: dict = field(default_factory=dict)
+    # category as written -> the name the analysis reads it under (``Kernel`` -> ``kernel``), for
+    # the categories renamed on reading (:func:`.ledger.canonical_category`)
+    cat_aliases: dict = field(default_factory=dict)
     _masks: dict = field(default_factory=dict, repr=False, compare=False)  # mask_cat cache
 
     @property
@@ -300,6 +309,7 @@ def _factorize(values: list) -> tuple[np.ndarray, list]:
 def _build(path: Path, events: list[Event], meta: dict, mode: str) -> RankTrace:
     n_all = len(events)
     xs = [e for e in events if e.ph == "X" and e.cat not in DROPPED_CATEGORIES]
+    other = Counter((e.ph, e.cat) for e in events if e.ph != "X" or e.cat in DROPPED_CATEGORIES)
     thread_names: dict[tuple[Any, Any], str] = {}
     mem_rows = []
     for e in events:
@@ -325,6 +335,8 @@ def _build(path: Path, events: list[Event], meta: dict, mode: str) -> RankTrace:
             continue
         if a.external_id is not None:
             ext[i] = a.external_id
+        elif a.external_id_lc is not None:
+            ext[i] = a.external_id_lc
         if a.correlation is not None:
             corr[i] = a.correlation
         if a.stream is not None:
@@ -333,7 +345,7 @@ def _build(path: Path, events: list[Event], meta: dict, mode: str) -> RankTrace:
             a.collective is not None
             or a.nbytes is not None
             or a.out_nelems is not None
-            or (a.input_dims is not None and keeps_shapes(e.name))
+            or ((a.input_dims is not None or a.grid is not None) and keeps_shapes(e.name))
         ):
             if isinstance(a.nbytes, str):
                 a.nbytes = _to_int(a.nbytes)
@@ -361,6 +373,7 @@ def _build(path: Path, events: list[Event], meta: dict, mode: str) -> RankTrace:
         thread_names,
         n_all,
         memory_array(mem_rows),
+        dict(other),
     )
 
 
@@ -407,12 +420,14 @@ def _make_trace(
     thread_names: dict[tuple[Any, Any], str],
     event_count: int,
     memory_events: np.ndarray | None = None,
+    other_events: dict | None = None,
 ) -> RankTrace:
     _check_clock(path, "ts", ts, names, name)
     _check_clock(path, "dur", dur, names, name)
     if memory_events is not None and len(memory_events):
         _check_clock(path, "ts", memory_events[:, 0], None, None, "a [memory] event")
     np.maximum(dur, 0.0, out=dur)
+    cat, cats, aliases = canonical_categories(cat, cats)
     dinfo = distributed_info(meta.get("distributedInfo"))
     rank = _to_int(dinfo.get("rank")) if dinfo else None
     source = "distributedInfo"
@@ -423,6 +438,8 @@ def _make_trace(
         source = "order"
     ws = _to_int(dinfo.get("world_size")) if dinfo else None
     devprops = meta.get("deviceProperties")
+    if not (isinstance(devprops, list) and devprops):  # torch 1.9-era traces: computeProperties
+        devprops = meta.get("computeProperties") if isinstance(meta.get("computeProperties"), list) else devprops
     trace_name = meta.get("traceName")
     base = _to_int(meta.get("baseTimeNanoseconds"))
     return RankTrace(
@@ -450,6 +467,8 @@ def _make_trace(
         event_count=event_count,
         decode_mode=mode,
         memory_events=memory_array([]) if memory_events is None else memory_events,
+        other_events=other_events or {},
+        cat_aliases=aliases,
     )
 
 
@@ -537,6 +556,7 @@ def _trace_from_columns(path: Path, meta: dict, mode: str, cols) -> RankTrace:
         cols.thread_names,
         cols.event_count,
         cols.memory_events(),
+        dict(cols.other),
     )
 
 

@@ -73,6 +73,8 @@ def plural(n: int | float, word: str) -> str:
 
 def limit_text(f: RunFacts) -> str:
     """What limits the step (:attr:`TimelineSummary.bound`) with its figures."""
+    if not f.gpu_present and any(i.ledger is not None and i.ledger.device_events for i in f.inputs):
+        return "no GPU timeline (the trace's device work is not read)"
     if not f.gpu_present or not f.timeline.bound:
         return "CPU-only trace (no GPU timeline)"
     return bound_text(f)
@@ -173,8 +175,9 @@ def ticket_headline(f: RunFacts) -> list[tuple[str, str]]:
         return hang_headline(f) + memory_headline(f) or [("Run", "no traces")]
     full = dict(headline(f))
     items = [("Run", full["Run"] + " · " + full["FSDP"])]
-    if "Trace" in full:
-        items.append(("Trace", full["Trace"]))
+    for key in ("Not read", "Trace"):
+        if key in full:
+            items.append((key, full[key]))
     if f.step_clock_ms:
         items.append(("Step", f"{ms(f.step_clock_ms)} ({plural(f.steps.count, 'step')} per rank) · {limit_text(f)}"))
     if f.compute is not None and f.compute.mfu_pct is not None:
@@ -375,13 +378,23 @@ def headline(f: RunFacts) -> list[tuple[str, str]]:
         rank_txt = f"{len(ranks)} of {f.ranks_expected} ranks" + (
             f" (world size {ws})" if ws and ws != f.ranks_expected else ""
         )
+    unread = [i.ledger for i in f.inputs if i.ledger is not None and i.ledger.warning]
+    if f.gpu_present:
+        gpu_txt = ""
+    elif any(i.ledger is not None and i.ledger.device_events for i in f.inputs):
+        gpu_txt = " · device work not read (see Not read)"
+    else:
+        gpu_txt = " · no GPU activity"
     lines = [
-        ("Run", rank_txt + (f" · {dev}" if dev else "") + ("" if f.gpu_present else " · no GPU activity")),
+        ("Run", rank_txt + (f" · {dev}" if dev else "") + gpu_txt),
         ("Steps", steps_text(f)),
         ("FSDP", fsdp_txt),
     ]
     if f.sampled:
         lines.insert(1, ("Trace", sampled_text(f)))
+    if unread:  # the input ledger: what looks like GPU work, steps or communication and was not read
+        more = f" (and {len(unread) - 1} more input(s) alike)" if len(unread) > 1 else ""
+        lines.insert(1, ("Not read", unread[0].warning + more))
     if f.inputs_excluded:
         lines.insert(
             1,
@@ -664,9 +677,12 @@ def collectives_table(f: RunFacts) -> Table | None:
         return Table("Collectives (per step, mean over ranks)", [], [], why) if why else None
     rows = []
     for c in f.collectives:
+        # communication outside NCCL and gloo is named: DeepEP, NVSHMEM, RCCL, symmetric memory …
+        libs = [lib for lib in c.libraries if lib not in ("NCCL", "gloo", "unknown")]
+        held = f", {c.sms} SMs" if libs and c.sms else ""
         rows.append(
             [
-                c.kind.replace("_", "-"),
+                c.kind.replace("_", "-") + (f" ({', '.join(libs)}{held})" if libs else ""),
                 f"{c.count_per_step:.1f}",
                 mib(c.bytes_per_step),
                 ms(c.gpu_ms_per_step) if f.gpu_present else "–",
