@@ -108,6 +108,10 @@ THRESHOLDS: dict[str, tuple[float, str]] = {
         10.0,
         "sync-in-step: one call site blocking the CPU on the GPU this % of the step while the GPU, too, runs nothing this % (a blocking copy, .item(), a synchronization)",
     ),
+    "loader_min_pct": (
+        5.0,
+        "dataloader-bound: GPU idle inside the DataLoader's next() this % of the step",
+    ),
     "fusion_min_pct": (
         15.0,
         "non-matmul-kernels: elementwise, norm, softmax and cast kernels this % of the step before torch.compile's fusion is named a lever (where the optimizer's is not)",

@@ -24,8 +24,8 @@ import msgspec
 from .facts_compute import ComputeFacts, WhatIfFacts, compute_v4  # noqa: F401
 from .facts_memory import MEMORY_CATEGORIES, AllocatorSettings, MemoryFacts, MemoryPressureFacts  # noqa: F401
 from .facts_hang import HangFacts
-from .facts_efficiency import EfficiencyFacts, GemmShape, HookCost, SyncSite  # noqa: F401
 from .facts_ledger import InputLedger, LedgerRow  # noqa: F401
+from .facts_efficiency import EfficiencyFacts, GemmShape, HookCost, LoaderFacts, SyncSite  # noqa: F401
 
 #: 2: the report is one document (every RunFacts field once, at the top level, plus ``findings``);
 #: 1 wrote the summaries at the top level and all facts again under ``facts``. Both load.
@@ -248,6 +248,12 @@ class ParallelismFacts:
     dp_size: int | None = None  # data-parallel (DDP) group
     roles: dict[str, float] = field(default_factory=dict)  # role → collectives per step
     evidence: str = ""
+    # what kind of run the trace is (analysis.runkind): "fsdp2", "fsdp1", "ddp", "dataparallel",
+    # "tensor parallel (Megatron)", "tensor parallel", "pipeline parallel", "moe expert parallel",
+    # "all-to-all model parallel (TorchRec)", "data parallel (all-reduce)", "single-gpu training",
+    # "single-process training", "inference"; None: no steps to tell; and what it was decided from
+    run_kind: str | None = None
+    run_kind_evidence: str = ""
 
 
 @dataclass(slots=True)
@@ -330,6 +336,7 @@ class RankFacts:
     efficiency: EfficiencyFacts | None = None  # the step split into parts that add up to it (GPU traces)
     # what the trace holds and what the analysis read of it; written once, under the run's ``inputs``
     ledger: InputLedger | None = None
+    loader: LoaderFacts | None = None  # the DataLoader's next() inside the steps (None: no loader range)
 
     @property
     def step_ms(self) -> list[float]:
@@ -616,6 +623,7 @@ class RunFacts:
     # "all" (every rank), "auto" (those with detail reasons, or all in small runs), "none"
     rank_summaries: list[RankSummary] = field(default_factory=list)
     rank_detail: str = "all"
+    loader: LoaderFacts | None = None  # the DataLoader inside the steps, mean over the ranks that show one
 
     @property
     def sampled(self) -> bool:

@@ -193,3 +193,18 @@ class EfficiencyFacts:
     def mfu_pct(self) -> float | None:
         at = self.parts_ms.get("matmul_at_peak", 0.0) + self.parts_ms.get("attention_at_peak", 0.0)
         return 100.0 * at / self.step_ms if self.flops_known and self.step_ms > 0 else None
+
+
+@dataclass(slots=True)
+class LoaderFacts:
+    """The DataLoader's ``next()`` inside the steps (``enumerate(DataLoader)#_…Iter.__next__``
+    ranges, :mod:`fsdpdoctor.analysis.loader`): means per step over the steps (and ranks)."""
+
+    iterator: str = ""  # "_SingleProcessDataLoaderIter" (num_workers=0) / "_MultiProcessingDataLoaderIter"
+    calls_per_step: float = 0.0
+    ms_per_step: float = 0.0  # CPU time inside the loader's ranges
+    # the part of it in which the GPU ran nothing at all (no kernel, memcpy or memset); None: no GPU
+    gpu_idle_ms_per_step: float | None = None
+    longest_ms: float = 0.0  # the longest single call
+    steps: int = 0  # the steps it is a mean over (the fewest of any rank)
+    ranks: int = 1  # ranks with loader ranges (run level)

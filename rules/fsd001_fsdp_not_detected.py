@@ -7,8 +7,9 @@ Why it matters
     sharding library, or an FSDP run profiled without CPU activity.
 
 How it shows in a trace
-    Collectives and kernels are there, FSDP labels are not. The finding says what was found
-    (DDP labels, all-reduce or all-to-all traffic) and the timeline is still reported.
+    Collectives and kernels are there, FSDP labels are not. The finding names the kind
+    of run it is instead (DDP, DataParallel, tensor or pipeline parallel, MoE, single-GPU training,
+    inference) with what that rests on; the rules that hold for any run still run.
 
 Fix
     Nothing to fix if this is not an FSDP run. For an FSDP run, profile with CPU activity
@@ -16,10 +17,13 @@ Fix
     ``fsdpdoctor.capture``.
 
 Known problems
-    What was found is named by the first of: DDP labels, all-to-all or point-to-point traffic,
-    all-reduces. The public 8-rank DLRM trace (TorchRec: 5 all-to-alls and 3 all-reduces per step)
-    and the public sampled 128-rank trace are both reported as DDP; their all-to-alls show only in
-    the collectives line. It fires on every trace without FSDP labels, a single-process inference
+    The run's kind (``parallelism.run_kind``, :mod:`fsdpdoctor.analysis.runkind`) is named from the
+    trace alone: FSDP labels, Megatron's tensor-parallel functions, all-reduces inside forward
+    (tensor parallel), DDP labels (with TorchRec's all-to-all annotations: the public DLRM and
+    sampled 128-rank traces), GPU kernels on several devices in one process (DataParallel),
+    all-to-alls (MoE by the routing names), send/recv only (pipeline), else single-GPU training or
+    inference. A framework that wraps none of these in a named range (a hand-written all-reduce of
+    gradients in forward) can be named wrong; the evidence says what the kind rests on. It fires on every trace without FSDP labels, a single-process inference
     run included (the H100 inference recording: "no collectives (single process)"): it is
     information about the input, not a problem of the run.
 """
@@ -47,9 +51,14 @@ def check(facts, cfg):
         ", ".join(f"{c.kind.replace('_', '-')} ×{c.count_per_step:g}/step" for c in facts.collectives)
         or "no collectives"
     )
-    found = facts.fsdp.other_parallelism or "no recognised data-parallel wrapper"
+    kind = facts.parallelism.run_kind
+    found = (
+        f"a {kind} run ({facts.parallelism.run_kind_evidence})"
+        if kind
+        else facts.fsdp.other_parallelism or "no recognised data-parallel wrapper"
+    )
     evidence = [
-        f"found: {found}",
+        f"run kind: {kind} ({facts.parallelism.run_kind_evidence})" if kind else f"found: {found}",
         f"collectives: {kinds}",
         f"{len(facts.ranks)} rank(s), {facts.steps.count} step(s) each",
     ]
@@ -58,7 +67,8 @@ def check(facts, cfg):
     return [
         finding(
             __name__,
-            f"No FSDP hook labels in the traces; found {found}. FSDP-specific rules were skipped.",
+            f"No FSDP hook labels in the traces: {found}. FSDP-specific rules were skipped; the findings "
+            "above hold for this kind of run.",
             evidence=evidence,
             cause="the run does not use FSDP, or the profiler recorded no CPU activity",
             fix={

@@ -53,6 +53,7 @@ SUPERSEDED_BY = (
     "cpu-offload-stall",
     "exposed-reduce-scatter",
     "straggler-rank",
+    "tensor-parallel-on-critical-path",  # Megatron-style TP: its all-reduces are exposed by design
 )
 
 FIX_FSDP2 = """from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard

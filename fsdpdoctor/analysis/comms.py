@@ -326,11 +326,8 @@ def kernel_blocks(rt: RankTrace, rows: list[int]) -> int | None:
         a = rt.args.get(k)
         if a is None or a.grid is None:
             continue
-        try:
-            g = msgspec.json.decode(a.grid)
-        except msgspec.DecodeError:
-            continue
-        if isinstance(g, list) and g and all(isinstance(x, int) and x > 0 for x in g):
+        g = decode_list(a.grid)
+        if g and all(isinstance(x, int) and x > 0 for x in g):
             n = int(np.prod(g))
             best = n if best is None else max(best, n)
     return best

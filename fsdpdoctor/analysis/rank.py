@@ -19,7 +19,9 @@ from . import intervals as iv
 from .comms import Collective, assign_roles, comm_kernel_mask, find_collectives, issue_rows, parallelism_facts
 from .fsdp import analyze_fsdp
 from .labels import enclosing, label_rows
+from .loader import analyze_loader
 from .memory.trace_events import memory_from_events
+from .runkind import run_kind
 from .steps import find_steps
 from .timeline import gpu_steps, hta_overlap, step_timeline_backlog
 from .whatif import WhatIfPlan, plan_whatif, run_whatif
@@ -141,6 +143,13 @@ def _read_rank(rt: RankTrace, order_index: int) -> tuple[RankFacts, WhatIfPlan |
     if efficiency is not None and fusable and efficiency.optimizer_ms >= OPTIMIZER_LEVER_PCT / 100 * efficiency.step_ms:
         fsdp.optimizer_kernels = efficiency.optimizer  # a fused step could pay: replay it (the rule's threshold)
     plan = plan_whatif(rt, info.steps, colls, fsdp, kflops=kflops, compute=compute) if gpu_present else None
+    parallelism = parallelism_facts(colls, pg_config, n_steps)
+    parallelism.run_kind, parallelism.run_kind_evidence = run_kind(
+        rt, colls, fsdp.version, workload(info.steps), n_steps
+    )
+    if fsdp.version is None and (parallelism.run_kind or "").startswith("tensor parallel"):
+        # all-reduces inside forward are tensor parallelism, not DDP-like data parallelism
+        fsdp.other_parallelism = f"{parallelism.run_kind}: {parallelism.run_kind_evidence}"
     facts = RankFacts(
         rank=int(rank),
         rank_source=rt.rank_source if rt.rank is not None else "order",
@@ -160,7 +169,7 @@ def _read_rank(rt: RankTrace, order_index: int) -> tuple[RankFacts, WhatIfPlan |
         collective_stats=collective_stats(colls, n_steps, _device_sms(rt)),
         fsdp=fsdp,
         pg_config=pg_config,
-        parallelism=parallelism_facts(colls, pg_config, n_steps),
+        parallelism=parallelism,
         notes=notes,
         optimizer=opt,
         gpus_per_node=gpus,
@@ -178,6 +187,7 @@ def _read_rank(rt: RankTrace, order_index: int) -> tuple[RankFacts, WhatIfPlan |
         backlog_ms=backlog.gpu_ms,
         ops_recorded_pct=ops_recorded_pct(rt),
         ledger=ledger,
+        loader=analyze_loader(rt, info.steps, gpu_present),
     )
     return facts, plan
 

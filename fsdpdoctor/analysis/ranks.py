@@ -39,6 +39,7 @@ from .rank_summary import cpu_span, exposed_by_phase_kind, finish, summarize_ran
 from .columns import Columns
 from .compute import ComputeFold
 from .efficiency import EfficiencyFold
+from .loader import fold_loader
 from .whatif import WhatIfFold
 from .steps import PHASES
 
@@ -679,6 +680,7 @@ def fold(
         versions = {r.fsdp.version for r in ranks}
         if len(versions) > 1:
             rf.notes.append(f"ranks disagree on the FSDP version: {sorted(map(str, versions))}")
+    rf.loader = fold_loader([r.loader for r in ranks if r.loader is not None])
     kept = [s.ops_recorded_pct for s in sums if s.ops_recorded_pct is not None]
     rf.ops_recorded_pct = min(kept) if kept else None
     sources = Counter(r.rank_source for r in ranks)

@@ -356,7 +356,9 @@ def headline(f: RunFacts) -> list[tuple[str, str]]:
     ranks = f.ranks
     rank_txt = f"{len(ranks)} rank{'s' if len(ranks) != 1 else ''}" + (f" of {ws}" if ws else "")
     dev = next((r.device_name for r in f.rank_facts if r.device_name), None)
-    if fs.version is None:
+    if fs.version is None and f.parallelism.run_kind:
+        fsdp_txt = f"{f.parallelism.run_kind} (no FSDP)"
+    elif fs.version is None:
         fsdp_txt = "not detected (" + fs.version_evidence + ")"
     else:
         fsdp_txt = (
