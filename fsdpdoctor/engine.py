@@ -301,6 +301,9 @@ def set_range(f: Finding, facts: RunFacts, fix: str | None, clock: str = "gpu") 
         max(high, est) if not r.withdrawn else high,
     ]
     f.saving_range_basis = r.basis
+    if not r.withdrawn and est >= 0.005:
+        lo_, hi_ = f.saving_range_ms
+        f.evidence.append(f"saving {ms(est)} per step, range {lo_:.2f}–{ms(hi_)}: {r.basis}")
     if r.withdrawn:
         f.evidence.append(
             f"the model prices this fix at {ms(est)} per step, but {r.basis}: no saving is promised, measure it"

@@ -138,7 +138,7 @@ def test_fidelity_is_not_printed_as_a_saving_error(analyzed):
     text = rep.to_markdown()
     assert "±" not in text.split("matmul-wrong-engine", 1)[1].split("\n", 3)[1]
     lo, hi = f.saving_range_ms
-    assert f"{lo:.2f}–{hi:.2f} ms/step" in text
+    assert f"saves ~{f.est_saving_ms:.2f} ms/step ({lo:.2f}–{hi:.2f} ms)" in text
 
 
 def test_sensitivity_replays_drop_what_the_trace_does_not_show():

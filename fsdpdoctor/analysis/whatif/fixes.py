@@ -517,6 +517,35 @@ def fix_compute_scale(g: Graph, f: float) -> Fix:
     return Fix(f"compute×{f}", scale={int(i): f for i in np.flatnonzero(g.is_compute)})
 
 
+#: how much faster each side is made to read the step's sensitivity to it ("CPU-bound" /
+#: "GPU-bound" come from which speed-up shortens the step more)
+SIDE_FACTOR = 0.75
+
+
+def fix_cpu_scale(g: Graph, f: float = SIDE_FACTOR) -> Fix | None:
+    """The CPU × ``f``: every piece of CPU time between the thread's launches, blocking calls and
+    step marks is cut to ``f`` of its length (the blocking calls themselves wait for the GPU and
+    stay): what the step would be on a faster host."""
+    if not g.steps:
+        return None
+    lo, hi = g.steps[0].start, g.steps[-1].end
+    keys = g.key[~g.backlog]
+    sy = np.array([(ts, te) for ts, te, *_ in g.syncs], dtype=np.float64).reshape(-1, 2)
+    blocked = iv.merge(sy[:, 0], sy[:, 1])
+    marks = np.array([x for st in g.steps for x in (st.start, st.end)], dtype=np.float64)
+    pts = np.unique(np.concatenate((keys, blocked[0], blocked[1], marks)))
+    pts = pts[(pts >= lo) & (pts <= hi)]
+    if pts.size < 2:
+        return None
+    p, q = pts[:-1], pts[1:]
+    mid = (p + q) / 2
+    j = np.searchsorted(blocked[0], mid, side="right") - 1
+    held = (j >= 0) & (mid < blocked[1][np.maximum(j, 0)]) if blocked[0].size else np.zeros(mid.size, dtype=bool)
+    ok = (q > p) & ~held
+    cuts = list(zip((p[ok]).tolist(), (p[ok] + (1.0 - f) * (q[ok] - p[ok])).tolist()))
+    return Fix(f"cpu×{f}", cpu_cuts=cuts) if cuts else None
+
+
 #: host<->device bandwidth assumed for a pinned copy when the trace has no pinned copy of its own
 #: to measure it on (GB/s): a PCIe 4.0 x16 link's practical rate; a PCIe 5.0 or NVLink-C2C host
 #: is faster, so the saving is on the low side there

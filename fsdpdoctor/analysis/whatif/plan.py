@@ -15,9 +15,11 @@ from ..steps import StepWindow
 from .fixes import (
     ASSUMPTIONS,
     FIXES,
+    SIDE_FACTOR,
     STRAGGLER_FACTORS,
     TENSOR_CORE_MIN_SHARE,
     fix_compute_scale,
+    fix_cpu_scale,
     fix_tensor_cores,
     latency_share,
 )
@@ -110,6 +112,8 @@ def plan_whatif(
                 fx = fix_tensor_cores(g, kflops, compute, **kw) if name == "tensor_cores" else FIXES[name](g, **kw)
                 variants.append((name, what, end, fx))
     fixes += [(f"compute×{f}", fix_compute_scale(g, f)) for f in STRAGGLER_FACTORS]
+    # the step's sensitivity to each side (the GPU's: compute×SIDE_FACTOR, one of the straggler's)
+    fixes.append((f"cpu×{SIDE_FACTOR}", fix_cpu_scale(g, SIDE_FACTOR)))
     return WhatIfPlan(g, len(steps), latency_share(colls), fixes, variants)
 
 
@@ -196,7 +200,7 @@ def _sensitivity(plan: WhatIfPlan, out: WhatIfFacts) -> None:
         (name, fx)
         for name, fx in plan.fixes
         if fx is not None
-        and not name.startswith("compute×")
+        and not name.startswith(("compute×", "cpu×"))
         and out.saving_ms.get(name, 0.0) >= SENSITIVITY_MIN_PCT / 100 * out.measured_step_ms
     ]
     if not todo:
