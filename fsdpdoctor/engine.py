@@ -203,26 +203,28 @@ def rank(findings: list[Finding], crash: set[str] | frozenset[str] = frozenset({
         return (f.slug not in crash, sev.get(f.severity, 9), kind, amount, f.code)
 
     out = sorted(findings, key=key)
-    # overlapping ranges of the same severity: a finding validated on real twins before one that is not
-    twinned = lambda f: "real twin" in f.saving_range_basis and not f.saving_range_basis.startswith("not validated")  # noqa: E731
-    changed = True
-    while changed:
-        changed = False
+    # overlapping ranges of the same severity: one validated on real twins goes before one that
+    # is not; on the same footing the low ends keep their order
+    twinned = lambda f: not f.saving_range_basis.startswith("not validated") and "real twin" in f.saving_range_basis  # noqa: E731
+
+    def before(a: Finding, b: Finding) -> bool:
+        """True where ``b`` should go before its neighbour ``a``."""
+        if a.est_saving_ms is None or b.est_saving_ms is None or a.severity != b.severity:
+            return False
+        if (a.slug in crash) != (b.slug in crash) or not a.saving_range_ms or not b.saving_range_ms:
+            return False
+        if b.saving_range_ms[1] < a.saving_range_ms[0]:
+            return False  # no overlap: the low end decides
+        return twinned(b) and not twinned(a)
+
+    for _ in range(len(out) ** 2):
+        swapped = False
         for i in range(len(out) - 1):
-            a, b = out[i], out[i + 1]
-            if (
-                a.est_saving_ms is not None
-                and b.est_saving_ms is not None
-                and a.severity == b.severity
-                and (a.slug in crash) == (b.slug in crash)
-                and a.saving_range_ms
-                and b.saving_range_ms
-                and twinned(b)
-                and not twinned(a)
-                and b.saving_range_ms[1] >= a.saving_range_ms[0]
-            ):
-                out[i], out[i + 1] = b, a
-                changed = True
+            if before(out[i], out[i + 1]):
+                out[i], out[i + 1] = out[i + 1], out[i]
+                swapped = True
+        if not swapped:
+            break
     return out
 
 

@@ -217,3 +217,33 @@ def test_dlrm_first_finding_is_not_the_pageable_copy(shared_traces):
     assert rep.findings[0].slug != "pageable-memcpy"
     f = next((x for x in rep.findings if x.slug == "pageable-memcpy"), None)
     assert f is None or f.severity != "critical"
+
+
+def test_ranking_by_what_a_user_will_get():
+    """Findings rank by the low end of their range; where ranges overlap, the one resting on real
+    twins goes first; a finding whose part of the step is under 1% is never critical."""
+    from fsdpdoctor.engine import Finding, grade, rank
+
+    def f(code, est, lo, hi, basis):
+        return Finding(
+            code.lower(), code, "warning", code, est_saving_ms=est, saving_range_ms=[lo, hi], saving_range_basis=basis
+        )
+
+    a = f("FSD900", 10.0, 4.0, 10.0, "not validated on a real run")
+    b = f("FSD901", 8.0, 6.0, 9.0, "not validated on a real run")
+    assert [x.code for x in rank([a, b])] == ["FSD901", "FSD900"]  # the larger low end first
+    c = f("FSD902", 7.0, 5.0, 8.0, "1 real twin on Hopper (x -> y): measured 1.10x the prediction, out of sample")
+    assert [x.code for x in rank([a, b, c])][0] == "FSD902"  # overlaps FSD901's range, twinned
+    d = f("FSD903", 3.0, 2.0, 3.0, "1 real twin on Hopper")
+    assert [x.code for x in rank([b, d])] == ["FSD901", "FSD903"]  # no overlap: the low end decides
+
+    class Facts:
+        step_clock_ms = 100.0
+
+    cfg = {"severity_critical_pct": 2.0, "severity_warning_pct": 1.0}
+    g = Finding("x", "FSD904", "warning", "x", est_saving_ms=0.9, saving_ceiling_ms=0.9)
+    grade(g, Facts(), {"severity_critical_pct": 0.5, "severity_warning_pct": 0.1})
+    assert g.severity == "warning"  # 0.9% of the step: never critical
+    h = Finding("x", "FSD905", "warning", "x", est_saving_ms=3.0, saving_ceiling_ms=5.0)
+    grade(h, Facts(), cfg)
+    assert h.severity == "critical"
