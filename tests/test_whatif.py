@@ -155,10 +155,16 @@ def test_gpu_bound_twins(name, run):
     rep, truth = run(cfg, name + "-gpu-bound")
     _, twin_truth = run(dataclasses.replace(cfg, **knobs), name + "-gpu-bound-twin")
     f = rep.facts
-    # the regime is what it claims: a backlog at the window's start, the GPU the bottleneck
     ranks = truth["ranks"]
-    assert all(v["backlog_ops"] > 0 for v in (ranks.values() if isinstance(ranks, dict) else ranks))
-    assert f.timeline.bound == "gpu" and f.timeline.backlog_ops > 0
+    if name.startswith("cpu-offload"):
+        # the CPU AdamW step waits for the offloaded gradients every step: no backlog can build
+        # (the generator's truth), the problem run is CPU-bound whatever the sync; its twin is not
+        assert all(v["backlog_ops"] == 0 for v in (ranks.values() if isinstance(ranks, dict) else ranks))
+        assert f.timeline.bound == "cpu"
+    else:
+        # the regime is what it claims: a backlog at the window's start, the GPU the bottleneck
+        assert all(v["backlog_ops"] > 0 for v in (ranks.values() if isinstance(ranks, dict) else ranks))
+        assert f.timeline.bound == "gpu" and f.timeline.backlog_ops > 0
     want = _truth_step_ms(truth)
     for rf in f.rank_facts:
         assert rf.steps and sum(s.step_ms for s in rf.steps) / len(rf.steps) == pytest.approx(want[rf.rank], rel=0.01)
