@@ -24,7 +24,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO), str(REPO / "tests")]
 
 import fsdpdoctor  # noqa: E402
-from fsdpdoctor.savings import NO_TWIN, NOISE  # noqa: E402
+from fsdpdoctor.savings import device_class, run_family  # noqa: E402
 from test_step_clock import raw_clock  # noqa: E402
 
 REC = REPO / "fixtures" / "recorded"
@@ -82,21 +82,16 @@ def predictions() -> list[dict]:
                 "fixed": fixed,
                 "why": why,
                 "device": rep.facts.rank_facts[0].device_name or "",
+                "family": run_family(rep.facts),
                 "predicted": f.model_saving_ms if f is not None and f.model_saving_ms is not None else 0.0,
                 "basis": f.saving_basis if f is not None else "no finding",
+                # the finding's own range: its run's twin is never part of it (leave-one-out)
+                "range": f.saving_range_ms if f is not None else None,
+                "range_basis": f.saving_range_basis if f is not None else "",
                 "measured": measured_ms(problem, fixed),
             }
         )
     return out
-
-
-def _range(rows: list[dict], kind: str, est: float, skip: dict | None = None) -> tuple[float, float] | None:
-    """The range :mod:`fsdpdoctor.savings` gives an estimate ``est`` of ``kind`` from ``rows``'
-    twins (``skip`` left out: the out-of-sample check)."""
-    rs = [r["measured"] / r["predicted"] for r in rows if r["kind"] == kind and r["predicted"] > 0 and r is not skip]
-    if not rs:
-        return est * (1 - NO_TWIN), est * (1 + NO_TWIN)
-    return est * (min(rs) - NOISE), est * (max(rs) + NOISE)
 
 
 def gpu_table(rows: list[dict]) -> str:
@@ -108,37 +103,34 @@ def gpu_table(rows: list[dict]) -> str:
         "predicted (ms)",
         "measured (ms)",
         "measured / predicted",
-        "range (ms)",
+        "range out of sample (ms)",
         "holds",
-        "range without this twin",
-        "holds",
+        "what the range rests on",
     ]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
         p, m = r["predicted"], r["measured"]
-        if p > 0:
-            lo, hi = _range(rows, r["kind"], p)
-            lo2, hi2 = _range(rows, r["kind"], p, skip=r)
-            cells = [
-                f"{m / p:.2f}",
-                f"{lo:.1f} – {hi:.1f}",
-                "yes" if lo <= m <= hi else "**no**",
-                f"{lo2:.1f} – {hi2:.1f}",
-                "yes" if lo2 <= m <= hi2 else "**no**",
-            ]
+        rng = r["range"]
+        if p > 0 and rng and "the fix made the step slower" in r["range_basis"]:
+            cells = [f"{m / p:.2f}", "– (estimate withdrawn)", "yes: no saving promised"]
+        elif p > 0 and rng:
+            lo, hi = rng
+            cells = [f"{m / p:.2f}", f"{lo:.1f} – {hi:.1f}", "yes" if lo <= m <= hi else "**no**"]
         else:
-            cells = ["–", "– (no saving predicted)", "**no**" if m > 0.05 * abs(p or 1) else "yes", "–", "–"]
+            cells = ["–", "– (no saving predicted)", "**no**" if m > 0.05 * abs(p or 1) else "yes"]
+        rests = r["range_basis"].split(";")[0] if r["range_basis"] else "–"
         lines.append(
             "| "
             + " | ".join(
                 [
                     f"{r['problem']} → {r['fixed']}",
-                    r["device"].replace("NVIDIA ", ""),
+                    f"{r['device'].replace('NVIDIA ', '')} ({device_class(r['device'])})",
                     r["slug"] + (f" ({r['kind'].split('/')[1]})" if "/" in r["kind"] else ""),
                     r["basis"],
                     f"{p:.1f}",
                     f"{m:+.1f}",
                     *cells,
+                    rests,
                 ]
             )
             + " |"
@@ -161,7 +153,7 @@ def twins_module(rows: list[dict]) -> str:
     for r in rows:
         body.append(
             f"    Twin({r['kind']!r}, {r['problem'] + ' -> ' + r['fixed']!r}, {r['device']!r}, "
-            f"{r['predicted']:.3f}, {r['measured']:.3f},{' ' + repr(r['why']) if r['why'] else ''}),"
+            f"{r['predicted']:.3f}, {r['measured']:.3f}, {r['why']!r}, {r['family']!r}),"
         )
     body.append(")")
     return head + "\n".join(body) + "\n"
@@ -169,35 +161,38 @@ def twins_module(rows: list[dict]) -> str:
 
 PROSE = """# Saving ranges: predictions against real twins
 
-Every time saving a finding prints is a prediction: the [what-if replay](metrics.md) of the fix,
-or the rule's own estimate. How far a prediction can be trusted is measured, not assumed: on
-*real twins*, the same run recorded with and without the fix (`fixtures/recorded/`). The
-unchanged replay's agreement with the trace it was built from is *fidelity*
-(`replay_fidelity_pct`), not the error of a saving: a graph built from a trace reproduces that
-trace almost by construction.
+Every time saving a finding prints is a prediction: the [what-if replay](metrics.md) of a fix a
+user can apply (the one the finding's fix code shows), or the rule's own estimate. It is one
+point estimate, inside its range (`saving_range_ms` in the JSON report), and never above the
+part of the step the fix acts on (the finding's `saving_ceiling_ms`, "at most").
 
-**The range.** For a saving `s` of a rule with real twins, the JSON report's
-`saving_range_ms` is `[s × (min r − 5%), s × (max r + 5%)]`, `r` = measured / predicted over the
-rule's twins, the 5% for run-to-run variation of the twins themselves; where the saving is the
-replay's it is widened by the replay's sensitivity to what the trace does not show
-(`whatif.sensitivity_ms`: the saving replayed again without the waits kept as measured and the
-inferred cross-stream edges). A rule with no real twin yet gets `s × [0.5, 1.5]` and says so. A
-rule whose twin went the other way (the fix made the real run slower) promises no saving: its
-estimate is withdrawn (`est_saving_ms` null, `model_saving_ms` kept) and the finding says what
-the twin showed. The terminal prints "saves 31.3–41.8 ms/step (what-if replay; 2 real twins)".
+**The range** combines two things, each stated in `saving_range_basis`:
 
-The ranges below are in-sample: each pair is one of the twins its range is made from. The
-"without this twin" column is the out-of-sample check, the range the rule's *other* twins alone
-would give; with two twins per rule it shows how much one more recording moves the range. Each
-rule's range rests on two real pairs or fewer today; recording more twins (TF32 ↔ bf16 ↔ fp32,
-prefetch on/off, reshard on/off on a GPU) is how they narrow.
+* *what this run leaves uncertain*: the replay of the same fix with each of its stated
+  assumptions at the ends of its span (`whatif.assumption_ms`, `whatif.assumptions`): the fp32
+  matmuls' rate on tensor cores (35–70% of the BF16 peak), bf16 elementwise kernels (0.4–0.75 of
+  their fp32 time), the hook CPU two blocks per unit keep (50–75%), an assumed pinned link's
+  bandwidth (12.5–50 GB/s), a fused AdamW step's traffic (25–50%); and the replay without the
+  waits the trace does not explain (`whatif.sensitivity_ms`). A rule's own estimate (no replay)
+  has no assumption span;
+* *the error measured out of sample on real twins*: the same run recorded with and without the
+  fix, on the same device class (Hopper: H100 / H200; Volta; CDNA3 …) and model family only. The
+  range's ends move by the twins' worst under- and over-prediction. A twin is never part of the
+  range of its own run (leave-one-out): the ranges below are the findings' own, on the twin's
+  problem run, so each is checked against a pair it was not made from.
+
+Without such a twin the basis says "not validated on a real run" and names the twins of another
+device class or model family it did not use. A same-class twin whose fix made the step slower
+withdraws the estimate (`est_saving_ms` null, `model_saving_ms` kept). The unchanged replay's
+agreement with the trace it was built from is *fidelity* (`replay_fidelity_pct`), not the error
+of a saving. Each rule rests on two real pairs or fewer today; a "no" below is an honest miss of
+the out-of-sample check, and recording more twins is how the ranges narrow.
 
 ## GPU twins (H100, H200)
 
 Step times read from the raw traces by `tests/test_step_clock.py::raw_clock` (the slower of the
 CPU step rate and the GPU completion interval). `tests/test_savings.py` checks that
-`fsdpdoctor/twins.py` still equals these predictions and measurements, and that each finding's
-range holds its twin's measured difference.
+`fsdpdoctor/twins.py` still equals these predictions and measurements.
 
 """
 
@@ -223,6 +218,9 @@ def main() -> None:
         print(cpu)
         return
     (REPO / "fsdpdoctor" / "twins.py").write_text(twins_module(rows))
+    import subprocess
+
+    subprocess.run([sys.executable, "-m", "ruff", "format", "-q", str(REPO / "fsdpdoctor" / "twins.py")], check=False)
     stamp = f"\nRegenerated by `python benchmarks/savings_table.py --write` on {datetime.date.today().isoformat()}.\n"
     (REPO / "docs" / "savings.md").write_text(PROSE + gpu + CPU_PROSE + cpu + stamp)
     print("wrote fsdpdoctor/twins.py and docs/savings.md")

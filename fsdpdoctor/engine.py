@@ -72,6 +72,9 @@ class Finding:
     # the kind of saving whose twins give the range: the rule's slug, or "slug/context" where the
     # fix behaves differently (a rule sets it; default the slug)
     saving_kind: str = ""
+    # the part of the step the fix acts on (ms per step): no saving exceeds it ("at most X ms");
+    # a rule sets it where it knows the part, else the clock its fix shortens bounds it
+    saving_ceiling_ms: float | None = None
 
 
 def load_rules() -> tuple[RuleMeta, ...]:
@@ -179,24 +182,50 @@ def rank(findings: list[Finding], crash: set[str] | frozenset[str] = frozenset({
 
     1. What made the run crash (a rule with ``CRASH = True``, the OOM) comes first.
     2. Then by severity: a finding without a saving never outranks a critical one.
-    3. Within a severity, findings with a time saving by milliseconds saved per step (largest
-       first), then memory findings by bytes freed (largest first), then the rest by code.
-
-    Severity of a finding with a time saving comes from its share of the step (:func:`grade`),
-    so ordering by severity first keeps time findings in the order of their savings.
+    3. Within a severity, findings with a time saving by what a user will get: the lower end of
+       the saving's range (largest first); where two findings' ranges overlap, the one whose
+       range rests on real twins goes first; then memory findings by bytes freed (largest
+       first), then the rest by code.
     """
     sev = {s: i for i, s in enumerate(SEVERITIES)}
 
+    def low(f: Finding) -> float:
+        r = f.saving_range_ms
+        return r[0] if r is not None else (f.est_saving_ms or 0.0)
+
     def key(f: Finding) -> tuple:
         if f.est_saving_ms is not None:
-            kind, amount = 0, -f.est_saving_ms
+            kind, amount = 0, -low(f)
         elif f.est_saving_bytes:
             kind, amount = 1, -float(f.est_saving_bytes)
         else:
             kind, amount = 2, 0.0
         return (f.slug not in crash, sev.get(f.severity, 9), kind, amount, f.code)
 
-    return sorted(findings, key=key)
+    out = sorted(findings, key=key)
+    # overlapping ranges of the same severity: one validated on real twins goes before one that
+    # is not; on the same footing the low ends keep their order
+    twinned = lambda f: not f.saving_range_basis.startswith("not validated") and "real twin" in f.saving_range_basis  # noqa: E731
+
+    def before(a: Finding, b: Finding) -> bool:
+        """True where ``b`` should go before its neighbour ``a``."""
+        if a.est_saving_ms is None or b.est_saving_ms is None or a.severity != b.severity:
+            return False
+        if (a.slug in crash) != (b.slug in crash) or not a.saving_range_ms or not b.saving_range_ms:
+            return False
+        if b.saving_range_ms[1] < a.saving_range_ms[0]:
+            return False  # no overlap: the low end decides
+        return twinned(b) and not twinned(a)
+
+    for _ in range(len(out) ** 2):
+        swapped = False
+        for i in range(len(out) - 1):
+            if before(out[i], out[i + 1]):
+                out[i], out[i + 1] = out[i + 1], out[i]
+                swapped = True
+        if not swapped:
+            break
+    return out
 
 
 def saving_bound(facts: RunFacts, clock: str = "gpu") -> tuple[float, str]:
@@ -234,25 +263,52 @@ def mark_basis(f: Finding, facts: RunFacts, fix: str | None) -> None:
 
 
 def set_range(f: Finding, facts: RunFacts, fix: str | None, clock: str = "gpu") -> None:
-    """``f.saving_range_ms`` from the real twins of its kind (:mod:`fsdpdoctor.savings`), widened
-    by the replay's sensitivity where the saving is the replay's; a twin that went the other way
-    withdraws the point estimate (no saving is promised, the finding is info)."""
-    from .savings import saving_range
+    """``f.saving_range_ms`` (:mod:`fsdpdoctor.savings`): the span of the replay over the fix's
+    stated assumptions and the waits the trace does not explain, where the saving is the replay's,
+    widened by the out-of-sample error of real twins of the same device class and model family;
+    capped at the part of the step the fix acts on. It always holds ``est_saving_ms``. A
+    same-class twin that went the other way withdraws the point estimate (no saving is promised,
+    the finding is info)."""
+    from .savings import run_family, saving_range
 
     if f.est_saving_ms is None:
         return
-    f.model_saving_ms = f.est_saving_ms
-    sens = 0.0
-    if f.saving_basis == "replay" and facts.whatif is not None and fix is not None:
-        sens = facts.whatif.sensitivity_ms.get(fix, 0.0)
-    r = saving_range(f.saving_kind or f.slug, f.est_saving_ms, sens)
+    est = f.est_saving_ms
+    f.model_saving_ms = est
+    lo = hi = est
+    said = []
+    w = facts.whatif
+    if f.saving_basis == "replay" and w is not None and fix is not None and w.saving_ms.get(fix):
+        # the replay's span, as a share of its own saving (a rule's estimate may be a part of it)
+        k = est / w.saving_ms[fix]
+        a = w.assumption_ms.get(fix)
+        if a:
+            lo, hi = min(lo, a[0] * k), max(hi, a[1] * k)
+            said.append(w.assumptions.get(fix, "the fix's assumptions varied"))
+        sens = w.sensitivity_ms.get(fix, 0.0) * k
+        if sens >= 0.005:
+            lo, hi = lo - sens, hi + sens
+            said.append(f"± {sens:.2f} ms without the waits the trace does not explain")
+    elif f.saving_basis != "replay":
+        said.append("a rule's estimate from measured figures: no assumption replayed")
+    device = next((r.device_name for r in facts.rank_facts if r.device_name), None)
+    r = saving_range(
+        f.saving_kind or f.slug, est, lo, hi, device=device, family=run_family(facts), assumptions="; ".join(said)
+    )
     bound, _ = saving_bound(facts, clock)
-    f.saving_range_ms = [max(r.low_ms, -(facts.step_clock_ms or 0.0)), min(r.high_ms, bound) if bound else r.high_ms]
+    ceiling = min(x for x in (bound, f.saving_ceiling_ms) if x is not None) if (bound or f.saving_ceiling_ms) else None
+    high = min(r.high_ms, ceiling) if ceiling else r.high_ms
+    f.saving_range_ms = [
+        min(max(r.low_ms, -(facts.step_clock_ms or 0.0)), est),
+        max(high, est) if not r.withdrawn else high,
+    ]
     f.saving_range_basis = r.basis
+    if not r.withdrawn and est >= 0.005:
+        lo_, hi_ = f.saving_range_ms
+        f.evidence.append(f"saving {ms(est)} per step, range {lo_:.2f}–{ms(hi_)}: {r.basis}")
     if r.withdrawn:
         f.evidence.append(
-            f"the model prices this fix at {ms(f.est_saving_ms)} per step, but {r.basis}: "
-            "no saving is promised, measure it"
+            f"the model prices this fix at {ms(est)} per step, but {r.basis}: no saving is promised, measure it"
         )
         f.summary = f.summary.rstrip() + (" No saving is promised: on a real twin the fix made the step slower.")
         f.est_saving_ms = None
@@ -260,11 +316,14 @@ def set_range(f: Finding, facts: RunFacts, fix: str | None, clock: str = "gpu") 
 
 
 def bound_saving(f: Finding, facts: RunFacts, clock: str = "gpu") -> None:
-    """Cap ``f.est_saving_ms`` at what a fix on ``clock`` can save, saying so in the evidence."""
+    """Cap ``f.est_saving_ms`` at what a fix on ``clock`` can save and at the part of the step
+    the fix acts on (``f.saving_ceiling_ms``), saying so in the evidence."""
     if f.est_saving_ms is None:
         return
     f.est_saving_ms = max(f.est_saving_ms, 0.0)
     bound, what = saving_bound(facts, clock)
+    if f.saving_ceiling_ms is not None and (not bound or f.saving_ceiling_ms < bound):
+        bound, what = f.saving_ceiling_ms, f"{ms(f.saving_ceiling_ms)} the fix acts on"
     if bound and f.est_saving_ms > bound:
         f.evidence.append(f"estimated {ms(f.est_saving_ms)} per step, capped at the {what}: no fix saves more")
         f.est_saving_ms = bound
@@ -300,6 +359,10 @@ def _capacity(p) -> str:
     return "budget (--memory-budget)" if p.capacity_source == "budget" else "GPU"
 
 
+#: a finding whose part of the step (its ceiling) is under this share is never critical
+PART_MIN_CRITICAL_PCT = 1.0
+
+
 def grade(f: Finding, facts: RunFacts, cfg: dict[str, Any]) -> None:
     """Severity from the saving's share of the step (findings with an estimated saving)."""
     step = facts.step_clock_ms
@@ -307,7 +370,8 @@ def grade(f: Finding, facts: RunFacts, cfg: dict[str, Any]) -> None:
         return
     share = 100.0 * f.est_saving_ms / step
     f.saving_pct_of_step = share
-    if share >= cfg["severity_critical_pct"]:
+    part = f.saving_ceiling_ms if f.saving_ceiling_ms is not None else f.est_saving_ms
+    if share >= cfg["severity_critical_pct"] and 100.0 * part / step >= PART_MIN_CRITICAL_PCT:
         f.severity = "critical"
     elif share >= cfg["severity_warning_pct"]:
         f.severity = "warning"
@@ -340,7 +404,9 @@ def _drop_explained(findings: list[Finding], superseded_by: dict[str, set[str]])
         if specific:
             if any(g.est_saving_ms is None for g in specific) or f.est_saving_ms is None:
                 continue
-            if sum(g.est_saving_ms for g in specific) >= 0.5 * f.est_saving_ms:
+            # what the specific findings' fixes act on (their ceiling, where a rule states it:
+            # FSD016's half the hooks explains all the GPU's wait at the hooks)
+            if sum(max(g.saving_ceiling_ms or 0.0, g.est_saving_ms) for g in specific) >= 0.5 * f.est_saving_ms:
                 continue
         out.append(f)
     return out

@@ -234,6 +234,7 @@ class FsdpFacts:
             "mixed_precision": is_fsdp and self.mixed_precision is False,
             "wrap": is_fsdp,
             "hooks_off": is_fsdp,
+            "hooks_half": is_fsdp,
             "fused_optimizer": self.optimizer_kernels in ("per-parameter", "foreach"),
         }.get(fix, True)
 

@@ -118,6 +118,10 @@ class WhatIfFacts:
     saving_ms: dict[str, float] = field(default_factory=dict)
     exposed_rs_ms: dict[str, float] = field(default_factory=dict)
     sensitivity_ms: dict[str, float] = field(default_factory=dict)
+    # fix → [lowest, highest] saving over the fix's stated assumptions replayed at the ends of
+    # their span (fsdpdoctor.analysis.whatif.fixes.ASSUMPTIONS), and what was varied, stated
+    assumption_ms: dict[str, list[float]] = field(default_factory=dict)
+    assumptions: dict[str, str] = field(default_factory=dict)
     evidence: dict[str, str] = field(default_factory=dict)  # fix → what the transformation changed
     per_rank_error_pct: dict[str, float] = field(default_factory=dict)  # run summary only
     # fixed-cost share of the median all-gather / reduce-scatter (fit duration = a + bytes/bw);

@@ -20,22 +20,15 @@ class Twin:
     predicted_ms: float
     measured_ms: float
     why: str = ""  # what the twin showed that the model does not see
+    family: str = "transformer"  # the model family (fsdpdoctor.savings.run_family)
 
 
 TWINS: tuple[Twin, ...] = (
     Twin(
-        "matmul-wrong-engine",
-        "gpu/fsdp2 -> gpu/fsdp2-bf16",
-        "NVIDIA H100 80GB HBM3",
-        35.116,
-        37.896,
+        "matmul-wrong-engine", "gpu/fsdp2 -> gpu/fsdp2-bf16", "NVIDIA H100 80GB HBM3", 35.116, 37.896, "", "transformer"
     ),
     Twin(
-        "matmul-wrong-engine",
-        "gpu-h200/fsdp2 -> gpu-h200/fsdp2-bf16",
-        "NVIDIA H200",
-        35.952,
-        46.022,
+        "matmul-wrong-engine", "gpu-h200/fsdp2 -> gpu-h200/fsdp2-bf16", "NVIDIA H200", 35.952, 46.022, "", "transformer"
     ),
     Twin(
         "matmul-wrong-engine/tf32",
@@ -44,13 +37,10 @@ TWINS: tuple[Twin, ...] = (
         0.000,
         9.760,
         "the bf16 twin's CPU span is 7.9 ms shorter; the replay moves only the fp32 attention kernels",
+        "transformer",
     ),
     Twin(
-        "activation-recompute",
-        "gpu/fsdp2-ac -> gpu/fsdp2",
-        "NVIDIA H100 80GB HBM3",
-        14.314,
-        14.116,
+        "activation-recompute", "gpu/fsdp2-ac -> gpu/fsdp2", "NVIDIA H100 80GB HBM3", 14.314, 14.116, "", "transformer"
     ),
     Twin(
         "activation-recompute",
@@ -58,6 +48,8 @@ TWINS: tuple[Twin, ...] = (
         "NVIDIA H200",
         9.839,
         10.902,
+        "",
+        "transformer",
     ),
     Twin(
         "cpu-offload-stall",
@@ -65,6 +57,8 @@ TWINS: tuple[Twin, ...] = (
         "NVIDIA H100 80GB HBM3",
         530.623,
         539.988,
+        "",
+        "transformer",
     ),
     Twin(
         "cpu-offload-stall",
@@ -72,13 +66,16 @@ TWINS: tuple[Twin, ...] = (
         "NVIDIA H100 80GB HBM3",
         457.360,
         521.205,
+        "",
+        "transformer",
     ),
     Twin(
         "pageable-memcpy/cpu-offload",
         "gpu/fsdp2-offload-pageable -> gpu/fsdp2-offload",
         "NVIDIA H100 80GB HBM3",
-        131.060,
+        83.557,
         -18.783,
         "the pinned twin's CPU AdamW step ran 525 vs 333 ms per step (pinned host memory), which the replay does not see",
+        "transformer",
     ),
 )

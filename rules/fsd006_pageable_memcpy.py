@@ -12,8 +12,11 @@ How it shows in a trace
 
 Saving
     The what-if replay with every pageable copy at the pinned rate (the trace's own pinned copies
-    of 1 MiB or more, else 25 GB/s) and its CPU call no longer blocking: the copies' effect on the
-    step through the critical path, nothing where the step is bound elsewhere. Under CPU offload
+    of 1 MiB or more, else 25 GB/s, varied 12.5-50 GB/s for the range) and the CPU call of each
+    copy nothing waits on no longer blocking: a device-to-host copy is a read-back the CPU needs,
+    and a copy the thread synchronizes on before its next launch (``cudaStreamSynchronize`` right
+    after it, as on the public DLRM trace) is needed at once; both keep blocking. The copies'
+    effect on the step through the critical path, nothing where the step is bound elsewhere. Under CPU offload
     the one real twin (H100, FSDP2 ``CPUOffloadPolicy``) went the other way: the pinned run was
     slower, its CPU AdamW step running ~1.6× longer on pinned host memory, which the replay does
     not see; there the finding promises no saving.

@@ -144,6 +144,9 @@ def check(facts, cfg):
             fix=fix,
             confidence=0.6,
             est_saving_ms=saving,
+            # the part of the step the fix acts on: the GPU's idle time the CPU causes (never more
+            # than the step less the GPU's busy time)
+            saving_ceiling_ms=host_idle,
         )
     ]
 

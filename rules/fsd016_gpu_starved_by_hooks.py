@@ -19,10 +19,15 @@ Fix
     larger units (two blocks per ``fully_shard`` halves the hooks), a larger micro-batch where
     memory allows (more GPU work per hook), CUDA graphs where shapes are static.
 
+Saving
+    The what-if replay of the fix a user can apply: two blocks per unit, half the hooks (each
+    hook's CPU time between its launches cut to half; 50-75% kept as the span of the assumption
+    that a merged unit's hooks cost what one unit's did). The ceiling ("at most") is the replay
+    with every hook's CPU time removed: the part of the step the hooks hold.
+
 Known problems
-    The saving is the what-if replay with the hooks' CPU time removed (cut where it is spent,
-    before what each hook launches): what a fix recovers is part of it, and the range says how
-    far it is trusted. The replay matches a wait on another stream to the work that finished last
+    torch.compile's and a larger micro-batch's effect on the hooks is not replayed (no twin has
+    measured it). The replay matches a wait on another stream to the work that finished last
     before the waiter started; where a hook's delay let later work finish first (heavy
     post-backward hooks), it underestimates (0.7× the generator's twin in that case).
 """
@@ -36,7 +41,8 @@ SLUG = "gpu-starved-by-hooks"
 TITLE = "The GPU waits for FSDP's hooks on the CPU"
 SEVERITY = "warning"
 THRESHOLDS = ("waterfall_min_part_pct", "hook_idle_min_pct", "severity_warning_pct")
-REPLAY_FIX = "hooks_off"
+REPLAY_FIX = "hooks_half"  # two blocks per unit: half the hooks
+CEILING_FIX = "hooks_off"  # every hook's CPU gone: the part of the step the hooks hold
 
 # compare: the parts of the step time this finding explains when it appears or goes away
 EXPLAINS = {
@@ -80,8 +86,11 @@ def check(facts, cfg):
     if 100 * idle / step < cfg["waterfall_min_part_pct"] or 100 * waited / step < cfg["hook_idle_min_pct"]:
         return []
     saving = replayed_saving(facts, REPLAY_FIX)
+    ceiling = replayed_saving(facts, CEILING_FIX)
+    if ceiling is None:
+        ceiling = waited  # no trustworthy replay: the GPU's wait at the hooks
     if saving is None:
-        saving = waited  # no trustworthy replay: the GPU's wait at the hooks
+        saving = 0.5 * waited  # no trustworthy replay: half the GPU's wait at the hooks (half the hooks)
     if 100 * saving / step < cfg["severity_warning_pct"]:  # the fix must pay
         return []
     evidence = [
@@ -101,8 +110,8 @@ def check(facts, cfg):
     w = facts.whatif
     if w is not None and REPLAY_FIX in w.saving_ms and replayed_saving(facts, REPLAY_FIX) is not None:
         evidence.append(
-            replay_evidence(facts, REPLAY_FIX, "without the hooks' CPU time")
-            + "; torch.compile, fewer units or a larger batch recover part of it"
+            replay_evidence(facts, REPLAY_FIX, "two blocks per unit (half the hooks)")
+            + f"; at most {ms(ceiling)} per step with no hook CPU at all (the part of the step the hooks hold)"
         )
     fix = fix_for(facts, fsdp2=FIX_FSDP2, fsdp1=FIX_FSDP1)
     grow = facts.memory_pressure.batch_headroom if facts.memory_pressure is not None else None
@@ -131,6 +140,7 @@ def check(facts, cfg):
             fix=fix,
             confidence=0.7,
             est_saving_ms=saving,
+            saving_ceiling_ms=max(ceiling, saving),
             where=where,
         )
     ]

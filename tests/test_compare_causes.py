@@ -241,23 +241,23 @@ def test_bf16_mp_on_cpu_is_slower_in_the_model_not_in_a_finding():
     assert hooks[1] - hooks[0] == pytest.approx(parts["cpu_fsdp_hooks"], abs=0.5)
 
 
-def test_no_backward_prefetch_names_the_backward_hook_time_and_what_offsets_it():
-    """per-block → no-backward-prefetch: +2 ms in all. The finding that appeared explains the hook
-    time that grew in backward (+5 ms), more than the whole change: the parts that shrank are named."""
+def test_no_backward_prefetch_is_within_the_runs_spread():
+    """per-block → no-backward-prefetch: +2 ms in all while each run's own two steps differ by 5.6
+    and 16.3 ms (issue #42): within noise, said so with the spread, no primary cause named. The
+    finding that appeared is still listed, and its cause, the hook time that grew in backward
+    (+5 ms), still heads the causes."""
     rb, ra = _cpu_run("per-block"), _cpu_run("no-backward-prefetch")
     want = ra["hooks_backward"] - rb["hooks_backward"]
     assert want > 2
     c = _cmp("per-block", "no-backward-prefetch")
-    p = c.primary
-    assert p.slug == "missing-backward-prefetch" and p.status == "appeared"
-    assert p.parts == ["cpu_fsdp_hooks@backward"]
-    assert p.delta_ms == pytest.approx(want, abs=0.5)
-    assert p.delta_ms > c.step_time_delta_ms > 0  # more than the whole change: shown with what offsets it
-    md, _ = _check_wording(c)
-    s = _primary_sentence(md)
-    assert s.startswith(f"Primary cause: FSDP hook CPU time in backward {_signed(p.delta_ms)}")
-    assert "more than the whole" in s and "moved the other way by −" in s
-    assert "Explained by `missing-backward-prefetch` (warning, appeared)" in s
+    assert c.primary is None and not c.significant
+    assert abs(c.step_time_delta_ms) < c.noise_ms
+    assert any(fc.slug == "missing-backward-prefetch" and fc.status == "appeared" for fc in c.findings)
+    k = next(x for x in c.causes if x.slug == "missing-backward-prefetch")
+    assert k.parts == ["cpu_fsdp_hooks@backward"]
+    assert k.delta_ms == pytest.approx(want, abs=0.5)
+    md, _ = _texts(c)
+    assert "Within noise: the step time moved +2.08 ms" in md
 
 
 # ------------------------------------------------------------------------------------------

@@ -56,14 +56,15 @@ def test_truth_at_peak_is_the_models_flops(scenario_case):
 
 @pytest.fixture(scope="module")
 def twins(tmp_path_factory):
-    """regime → (the run, its twin without the hooks' Python, its twin with AdamW(fused=True))."""
+    """regime → (the run, its twin with half the hooks' Python per unit (two blocks per unit: half
+    the hooks), its twin with AdamW(fused=True))."""
     out = {}
     for name in REGIMES:
         base = gen.PRESETS[name]
         runs = []
         for tag, cfg in (
             ("base", base),
-            ("hooks", dataclasses.replace(base, hook_overhead_us=0.0)),
+            ("hooks", dataclasses.replace(base, hook_overhead_us=base.hook_overhead_us / 2)),
             ("fused", dataclasses.replace(base, optimizer_kernels="fused")),
         ):
             runs.append(fsdpdoctor.analyze(gen.generate(cfg, tmp_path_factory.mktemp(f"{name}-{tag}"))))
@@ -78,8 +79,8 @@ def _saving(rep, slug: str, kind: str | None = None) -> float:
 
 @pytest.mark.parametrize("regime", REGIMES)
 def test_hook_rule_saving_is_its_twins_difference(regime, twins):
-    """FSD016's saving (the replay without the hooks' CPU) within 15% of what removing the hooks'
-    Python really saves; the twin has no such finding."""
+    """FSD016's saving (the replay of two blocks per unit: half the hooks) within 15% of what
+    halving the hooks' Python really saves."""
     base, no_hooks, _ = twins[regime]
     measured = base.facts.step_clock_ms - no_hooks.facts.step_clock_ms
     predicted = _saving(base, "gpu-starved-by-hooks")
@@ -88,7 +89,6 @@ def test_hook_rule_saving_is_its_twins_difference(regime, twins):
         assert predicted == pytest.approx(measured, rel=0.15), (regime, predicted, measured)
     else:
         assert _close(predicted, measured, step, 0.15), (regime, predicted, measured)
-    assert "gpu-starved-by-hooks" not in {x.slug for x in no_hooks.findings}
 
 
 @pytest.mark.parametrize("regime", REGIMES)

@@ -52,6 +52,8 @@ one does), is the primary cause.
 
 from __future__ import annotations
 
+import math
+
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -155,6 +157,12 @@ class Comparison:
     compute_split: dict[str, float] = field(default_factory=dict)
     # the step as the waterfall's parts, before and after (:mod:`.compare_waterfall`); GPU runs
     waterfall: dict[str, tuple[float, float]] = field(default_factory=dict)
+    # the runs' own step-to-step noise on the difference (:func:`step_noise`): None with fewer
+    # than MIN_STEPS steps in either run; ``spread`` says what it rests on; ``significant``:
+    # the step time moved by more than the noise (or, without it, by 1% or with a finding)
+    noise_ms: float | None = None
+    spread: str = ""
+    significant: bool = True
 
     # -- headline numbers ------------------------------------------------------------------
     @property
@@ -254,6 +262,38 @@ def _rank_cells(r: RankFacts, basis: str, hooks: bool = False) -> dict[tuple[str
         else:
             add(("exposed_other_comm", "other"), rest)
     return cells
+
+
+MIN_STEPS = 2  # steps per run, at least, to measure its step-to-step spread (a variance needs two)
+
+
+def step_samples(f: RunFacts, basis: str) -> list[float]:
+    """The run's step times, one a step (the mean over its ranks of each step's time)."""
+    ranks = [r for r in _ranks_for(f, basis) if r.steps]
+    if not ranks:
+        return []
+    n = min(len(r.steps) for r in ranks)
+    return [sum(r.steps[i].step_ms for r in ranks) / len(ranks) for i in range(n)]
+
+
+def step_noise(before: RunFacts, after: RunFacts, basis: str) -> tuple[float | None, str]:
+    """(the noise on the difference of the two runs' mean steps, what it rests on): two standard
+    errors of the difference of the means (each run's own step-to-step variance over its steps),
+    None where either run has fewer than MIN_STEPS steps."""
+    xb, xa = step_samples(before, basis), step_samples(after, basis)
+    if len(xb) < MIN_STEPS or len(xa) < MIN_STEPS:
+        return None, f"too few steps to measure the runs' spread ({len(xb)} and {len(xa)}; {MIN_STEPS} needed)"
+
+    def var(x: list[float]) -> float:
+        m = sum(x) / len(x)
+        return sum((v - m) ** 2 for v in x) / (len(x) - 1)
+
+    noise = 2 * math.sqrt(var(xb) / len(xb) + var(xa) / len(xa))
+    spread = (
+        f"steps {min(xb):.2f}–{max(xb):.2f} ms before ({len(xb)} steps), {min(xa):.2f}–{max(xa):.2f} ms after "
+        f"({len(xa)}): ±{noise:.2f} ms on the difference (two standard errors)"
+    )
+    return noise, spread
 
 
 def _ranks_for(f: RunFacts, basis: str) -> list[RankFacts]:
@@ -421,7 +461,12 @@ def compare(
     delta = sa - sb
     causes = rank_causes(cells, fchanges, basis, delta, structure)
     any_finding_change = any(fc.status != "persisting" for fc in fchanges)
-    prim = primary(causes, delta, any_finding_change or (sb and abs(delta) / sb >= 0.01) or (not sb and abs(delta) > 0))
+    noise, spread = step_noise(before, after, basis)
+    if noise is not None:  # measured: the change stands out of the runs' own step-to-step spread
+        significant = abs(delta) > noise
+    else:  # too few steps to measure the spread
+        significant = bool(any_finding_change or (sb and abs(delta) / sb >= 0.01) or (not sb and abs(delta) > 0))
+    prim = primary(causes, delta, significant)
     split = compute_split(before, after) if basis == "gpu" else {}
     parts, why = (
         waterfall_split(
@@ -452,4 +497,7 @@ def compare(
         alignment=_alignment(before, after),
         notes=notes,
         fsdp_versions=(before.fsdp.version, after.fsdp.version),
+        noise_ms=noise,
+        spread=spread,
+        significant=significant,
     )

@@ -634,6 +634,14 @@ def fold(
     rf.pipelines = sorted({p for r in ranks for p in r.pipelines})
     rf.collectives = arrived.collectives.result()
     rf.whatif = arrived.whatif.result()
+    if rf.timeline is not None:
+        rf.timeline.bound = bound_from_replay(rf.whatif, rf.timeline.bound)
+        w = rf.whatif
+        if w is not None and "cpu×0.75" in w.saving_ms and "compute×0.75" in w.saving_ms:
+            rf.notes.append(
+                f"{rf.timeline.bound}-bound from the replay: the step shortens {w.saving_ms['cpu×0.75']:.2f} ms with "
+                f"a 25% faster CPU, {w.saving_ms['compute×0.75']:.2f} ms with 25% faster GPU kernels"
+            )
     rf.compute = arrived.compute.result(rf.step_clock_ms)
     rf.efficiency = arrived.efficiency.result(
         rf.step_clock_ms, rf.compute.peak_tflops if rf.compute is not None else None
@@ -704,6 +712,25 @@ def bound_side(gpu_busy_share: float, cpu_span_share: float) -> str:
     if gpu_busy_share >= GPU_BOUND_BUSY:
         return "gpu"
     return "cpu" if cpu_span_share >= CPU_BOUND_SPAN else "mixed"
+
+
+def bound_from_replay(w, fallback: str) -> str:
+    """ "gpu", "cpu" or "mixed" from the replay's sensitivity: how much the step shortens with the
+    GPU's compute kernels × 0.75 and with the CPU's own time × 0.75 (the same speed-up for each
+    side). The side whose speed-up shortens the step more binds it; "mixed" where the other
+    side's shortening is at least half of it. ``fallback`` (the measured busy / span shares)
+    where there is no trustworthy replay or neither speed-up moves the step by 0.5%."""
+    from ..config import REPLAY_MAX_ERROR_PCT
+    from .whatif.fixes import SIDE_FACTOR
+
+    if w is None or w.error_pct > REPLAY_MAX_ERROR_PCT or not w.replayed_step_ms:
+        return fallback
+    gpu, cpu = w.saving_ms.get(f"compute×{SIDE_FACTOR}"), w.saving_ms.get(f"cpu×{SIDE_FACTOR}")
+    if gpu is None or cpu is None or max(gpu, cpu) < 0.005 * w.replayed_step_ms:
+        return fallback
+    if min(gpu, cpu) >= 0.5 * max(gpu, cpu):
+        return "mixed"
+    return "gpu" if gpu > cpu else "cpu"
 
 
 def partial_run_line(rf: RunFacts) -> str:

@@ -117,6 +117,8 @@ def cause_summary(k: Cause) -> str:
 def primary_text(c: Comparison) -> str:
     """The primary cause in a few words with its sign: "FSDP hook CPU time −25.86 ms"."""
     p = c.primary
+    if p is None and c.noise_ms is not None and not c.significant:
+        return f"none (within noise: ±{c.noise_ms:.2f} ms)"
     if p is None:
         return "none (no significant change)"
     name = ", ".join(n for n, _ in _pieces(p, c)) or part_name(p.parts, c)
@@ -254,6 +256,11 @@ def headline(c: Comparison) -> str:
 
 def primary_sentence(c: Comparison) -> str:
     p = c.primary
+    if p is None and c.noise_ms is not None and not c.significant:
+        return (
+            f"Within noise: the step time moved {dms(c.step_time_delta_ms)}, inside the runs' own step-to-step "
+            f"spread ({c.spread}); no primary cause is named. How its parts moved is shown below."
+        )
     if p is None:
         return (
             f"No significant change: the step time moved by less than 1% ({dms(c.step_time_delta_ms)}) and no measured "

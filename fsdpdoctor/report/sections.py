@@ -35,24 +35,29 @@ def saving_text(fd: "Finding", f: RunFacts) -> str:
     measured steps), or bytes freed at the memory peak; "" when the finding has no estimate."""
     if fd.est_saving_ms is not None:
         rng = fd.saving_range_ms
-        if fd.est_saving_ms < 0.005:
+        est = fd.est_saving_ms
+        if est < 0.005:
             out = "saves < 0.01 ms/step"
-        elif rng is not None and rng[1] - rng[0] >= 0.01:
-            out = f"saves {_num(rng[0])}–{ms(rng[1])}/step"
         else:
-            out = f"saves ~{ms(fd.est_saving_ms)}/step"
+            out = f"saves ~{ms(est)}/step"
+            if rng is not None and rng[1] - rng[0] >= 0.01:
+                out += f" ({_num(rng[0])}–{ms(rng[1])})"
         if fd.saving_basis == "replay":
             src = "what-if replay"
         elif fd.saving_basis == "heuristic-replay-off":
             src = f"estimate: the replay misses the measured steps by {fd.replay_fidelity_pct or 0.0:.1f}%"
         else:
             src = "estimate"
-        if rng is not None and fd.saving_range_basis and fd.est_saving_ms >= 0.005:
+        if rng is not None and fd.saving_range_basis and est >= 0.005:
+            b = fd.saving_range_basis
             src += "; " + (
-                "no real twin yet"
-                if fd.saving_range_basis.startswith("no real twin")
-                else fd.saving_range_basis.split(":")[0].replace("real twin", "real twin").strip()
+                "not validated on a real run"
+                if b.startswith("not validated")
+                else b.split(" (")[0].split(":")[0].strip()
             )
+        ceiling = fd.saving_ceiling_ms
+        if ceiling is not None and est >= 0.005 and ceiling - (rng[1] if rng else est) >= 0.01:
+            src += f"; at most {ms(ceiling)}"
         out += f" ({src})"
         if fd.saving_pct_of_step is not None:
             out += f", {pct(fd.saving_pct_of_step)} of the step"

@@ -116,10 +116,11 @@ _FP32 = ("float", "f32", "Float")
 _LOW = ("bf16", "BFloat16", "bfloat16", "half", "Half", "fp16", "f16")
 
 
-def fix_mixed_precision(g: Graph) -> Fix | None:
+def fix_mixed_precision(g: Graph, compute: float = 0.5) -> Fix | None:
     """bf16 mixed precision: fp32 all-gathers and reduce-scatters move half the bytes, and fp32
     forward/backward compute kernels run in bf16 (half the bytes for memory-bound kernels, twice
-    TF32's tensor-core rate for GEMMs): duration × 0.5. The optimizer keeps fp32."""
+    TF32's tensor-core rate for GEMMs): duration × ``compute`` (0.5 assumed; ASSUMPTIONS varies
+    it). The optimizer keeps fp32."""
     fx = Fix("mixed_precision")
     for i in np.flatnonzero(g.coll >= 0):
         c = g.colls[int(g.coll[i])]
@@ -130,7 +131,7 @@ def fix_mixed_precision(g: Graph) -> Fix | None:
     fp32 = _name_mask(g, lambda n: any(t in n for t in _FP32) and not any(t in n for t in _LOW))
     fwd_bwd = (g.phase == "forward") | (g.phase == "backward")
     for i in np.flatnonzero(g.is_compute & fwd_bwd & fp32).tolist():
-        fx.scale[i] = 0.5
+        fx.scale[i] = compute
     return fx
 
 
@@ -346,7 +347,7 @@ def _hook_own(g: Graph) -> tuple[np.ndarray, np.ndarray]:
 CUT_EPS_US = 1e-3
 
 
-def fix_hooks_off(g: Graph) -> Fix | None:
+def _hook_cuts(g: Graph) -> tuple[list[tuple[float, float]], set[int]] | None:
     """FSDP hooks free on the CPU: the CPU time of the outermost FSDP hook ranges is cut where it
     is spent — every gap between the launches and blocking calls inside a hook, so that what the
     hook launches goes out at its start — except the blocking calls themselves, which wait for the
@@ -390,7 +391,38 @@ def fix_hooks_off(g: Graph) -> Fix | None:
     # a cut takes effect at its end, after what the CPU launched at that instant: end it just before
     cuts = list(zip((p[ok] - CUT_EPS_US).tolist(), (q[ok] - CUT_EPS_US).tolist()))
     dropped = set(order[inside].tolist())
-    return Fix("hooks_off", cpu_cuts=cuts, drop_inferred=dropped) if cuts else None
+    return (cuts, dropped) if cuts else None
+
+
+def fix_hooks_off(g: Graph) -> Fix | None:
+    """Every FSDP hook's CPU time removed (:func:`_hook_cuts`): no fix a user can apply does this;
+    it is the ceiling of what fewer hooks can save (the part of the step the hooks hold)."""
+    cut = _hook_cuts(g)
+    return Fix("hooks_off", cpu_cuts=cut[0], drop_inferred=cut[1]) if cut else None
+
+
+#: the share of the hooks' CPU time that two blocks per unit keep: half the units, each merged
+#: unit's hooks costing what one unit's did (FSDP2's hooks cost ~a millisecond of Python per call
+#: whatever the unit's size); ASSUMPTIONS varies it up to 0.75 (part of the cost grows with the
+#: unit's parameters)
+HOOKS_KEPT = 0.5
+
+
+def fix_hooks_half(g: Graph, kept: float = HOOKS_KEPT) -> Fix | None:
+    """Two blocks per ``fully_shard`` unit: half the hooks. Each piece of hook CPU time
+    :func:`_hook_cuts` would remove is cut to ``kept`` of its length (from its start), so what
+    each hook launches goes out earlier by that much; what the hooks launched loses its inferred
+    cross-stream edge, as for :func:`fix_hooks_off`."""
+    cut = _hook_cuts(g)
+    if not cut:
+        return None
+    cuts = [(a, a + (1.0 - kept) * (b - a)) for a, b in cut[0] if b > a]
+    fx = Fix("hooks_half", cpu_cuts=cuts, drop_inferred=cut[1])
+    fx.note = (
+        f"two blocks per unit: each hook's CPU time between its launches cut to {100 * kept:.0f}% "
+        "(half the hooks, a merged unit's costing what one unit's did)"
+    )
+    return fx
 
 
 def _hook_us_per_unit(hooks: np.ndarray, own: np.ndarray, step: StepWindow, phase: str, units: int) -> float:
@@ -407,7 +439,9 @@ from ...facts_compute import TENSOR_CORE_SHARE  # noqa: E402  (the assumption, s
 TENSOR_CORE_MIN_SHARE = 5.0  # % of GEMM + attention time on fp32 engines for the replay to try it
 
 
-def fix_tensor_cores(g: Graph, kf, cf: ComputeFacts) -> Fix | None:
+def fix_tensor_cores(
+    g: Graph, kf, cf: ComputeFacts, share: float = TENSOR_CORE_SHARE, elementwise: float = 0.5
+) -> Fix | None:
     """bf16 mixed precision for a run whose matmuls run in fp32 on a GPU with tensor cores: every
     fp32 GEMM / attention kernel takes its FLOPs at TENSOR_CORE_SHARE of the device's dense BF16
     peak (never longer than measured), and the forward / backward fp32 elementwise kernels move
@@ -432,7 +466,7 @@ def fix_tensor_cores(g: Graph, kf, cf: ComputeFacts) -> Fix | None:
         for i in np.flatnonzero(g.is_compute & simt).tolist():
             fx.scale[i] = min(1.0, f32 / cf.peak_tflops)
     else:
-        rate = TENSOR_CORE_SHARE * cf.peak_tflops * 1e6  # FLOPs per µs
+        rate = share * cf.peak_tflops * 1e6  # FLOPs per µs
         pos = {int(r): i for i, r in enumerate(g.rows.tolist())}
         dur = g.end - g.start
         for r, fl, eng in zip(kf.rows.tolist(), kf.flops.tolist(), kf.engine):
@@ -448,7 +482,7 @@ def fix_tensor_cores(g: Graph, kf, cf: ComputeFacts) -> Fix | None:
     fwd_bwd = (g.phase == "forward") | (g.phase == "backward")
     for i in np.flatnonzero(g.is_compute & fwd_bwd & fp32).tolist():
         if i not in gemm_ops:
-            fx.scale[i] = 0.5
+            fx.scale[i] = elementwise
     return fx
 
 
@@ -482,6 +516,35 @@ def fix_compute_scale(g: Graph, f: float) -> Fix:
     return Fix(f"compute×{f}", scale={int(i): f for i in np.flatnonzero(g.is_compute)})
 
 
+#: how much faster each side is made to read the step's sensitivity to it ("CPU-bound" /
+#: "GPU-bound" come from which speed-up shortens the step more)
+SIDE_FACTOR = 0.75
+
+
+def fix_cpu_scale(g: Graph, f: float = SIDE_FACTOR) -> Fix | None:
+    """The CPU × ``f``: every piece of CPU time between the thread's launches, blocking calls and
+    step marks is cut to ``f`` of its length (the blocking calls themselves wait for the GPU and
+    stay): what the step would be on a faster host."""
+    if not g.steps:
+        return None
+    lo, hi = g.steps[0].start, g.steps[-1].end
+    keys = g.key[~g.backlog]
+    sy = np.array([(ts, te) for ts, te, *_ in g.syncs], dtype=np.float64).reshape(-1, 2)
+    blocked = iv.merge(sy[:, 0], sy[:, 1])
+    marks = np.array([x for st in g.steps for x in (st.start, st.end)], dtype=np.float64)
+    pts = np.unique(np.concatenate((keys, blocked[0], blocked[1], marks)))
+    pts = pts[(pts >= lo) & (pts <= hi)]
+    if pts.size < 2:
+        return None
+    p, q = pts[:-1], pts[1:]
+    mid = (p + q) / 2
+    j = np.searchsorted(blocked[0], mid, side="right") - 1
+    held = (j >= 0) & (mid < blocked[1][np.maximum(j, 0)]) if blocked[0].size else np.zeros(mid.size, dtype=bool)
+    ok = (q > p) & ~held
+    cuts = list(zip((p[ok]).tolist(), (p[ok] + (1.0 - f) * (q[ok] - p[ok])).tolist()))
+    return Fix(f"cpu×{f}", cpu_cuts=cuts) if cuts else None
+
+
 #: host<->device bandwidth assumed for a pinned copy when the trace has no pinned copy of its own
 #: to measure it on (GB/s): a PCIe 4.0 x16 link's practical rate; a PCIe 5.0 or NVLink-C2C host
 #: is faster, so the saving is on the low side there
@@ -492,9 +555,9 @@ PIN_MIN_SHARE = (
 )
 
 
-def pinned_gbps(g: Graph, direction: str) -> tuple[float, str]:
+def pinned_gbps(g: Graph, direction: str, assumed: float = PINNED_GBPS) -> tuple[float, str]:
     """(GB/s a pinned copy in ``direction`` ("HtoD" / "DtoH") runs at, where that comes from):
-    the median of the trace's own pinned copies of at least 1 MiB that way, else PINNED_GBPS."""
+    the median of the trace's own pinned copies of at least 1 MiB that way, else ``assumed``."""
     if g.nbytes is not None:
         own = _name_mask(g, lambda n: n.startswith(f"Memcpy {direction}") and "Pinned" in n)
         own &= g.nbytes >= PINNED_MEASURE_MIN_BYTES
@@ -502,15 +565,41 @@ def pinned_gbps(g: Graph, direction: str) -> tuple[float, str]:
         ok = own & (dur > 0)
         if ok.any():
             return float(np.median(g.nbytes[ok] / dur[ok] / 1e3)), f"the trace's own pinned {direction} copies"
-    return PINNED_GBPS, f"{PINNED_GBPS:g} GB/s assumed (no pinned {direction} copy of 1 MiB or more in the trace)"
+    return assumed, f"{assumed:g} GB/s assumed (no pinned {direction} copy of 1 MiB or more in the trace)"
 
 
-def fix_pin(g: Graph) -> Fix | None:
+def waited_copies(g: Graph, copies: set[int]) -> set[int]:
+    """The copies of ``copies`` something waits on, which pinning cannot make non-blocking: every
+    device-to-host copy (a read-back: the CPU reads what it copied), and every copy whose call is
+    followed by a synchronization (``cuda*Synchronize``, an event wait) before the thread's next
+    GPU launch (the data, or the queue behind it, is needed at once). A trace cannot tell torch's
+    own synchronization of a blocking ``.to()`` from one the program needs: both are kept."""
+    if not copies:
+        return set()
+    out = {i for i in copies if g.names[i].startswith("Memcpy DtoH")}
+    launches = np.sort(g.key[~g.backlog]) if g.key.size else g.key
+    calls = sorted(g.syncs, key=lambda s: s[0])
+    own = {}  # copy -> its own call's end
+    for ts, te, a, gap, row in calls:
+        if a in copies and a not in own and ts <= g.key[a] + 0.5:
+            own[a] = te
+    starts = np.array([c[0] for c in calls], dtype=np.float64)
+    for i, te in own.items():
+        if i in out:
+            continue
+        nxt = launches[np.searchsorted(launches, te, side="right")] if launches.size else np.inf
+        nxt = nxt if np.searchsorted(launches, te, side="right") < launches.size else np.inf
+        lo, hi = np.searchsorted(starts, te, side="left"), np.searchsorted(starts, nxt, side="left")
+        if any(not (calls[j][2] in copies and calls[j][0] <= g.key[calls[j][2]] + 0.5) for j in range(lo, hi)):
+            out.add(i)
+    return out
+
+
+def fix_pin(g: Graph, assumed_gbps: float = PINNED_GBPS) -> Fix | None:
     """Pinned host memory: every copy from or to pageable memory runs at the pinned rate
-    (:func:`pinned_gbps`; never slower than measured) and no longer blocks the CPU (a pinned copy
-    with ``non_blocking=True`` is asynchronous). Whatever reads the copied data still waits for
-    it where the trace shows that wait (a later synchronization); an implicit wait the trace does
-    not show is not modelled."""
+    (:func:`pinned_gbps`; never slower than measured); a copy nothing waits on no longer blocks
+    the CPU (a pinned copy with ``non_blocking=True`` is asynchronous), while a read-back or a copy
+    the thread synchronizes on right after (:func:`waited_copies`) still blocks until it is done."""
     page = _name_mask(g, lambda n: n.startswith(("Memcpy HtoD", "Memcpy DtoH")) and "Pageable" in n)
     if not page.any() or g.nbytes is None:
         return None
@@ -529,15 +618,22 @@ def fix_pin(g: Graph) -> Fix | None:
         sel = page & _name_mask(g, lambda n, d=direction: n.startswith(f"Memcpy {d}"))
         if not sel.any():
             continue
-        gbps, src = pinned_gbps(g, direction)
+        gbps, src = pinned_gbps(g, direction, assumed_gbps)
         for i in np.flatnonzero(sel).tolist():
             if dur[i] > 0 and g.nbytes[i] > 0:
                 fx.scale[i] = min(g.nbytes[i] / (gbps * 1e3) / dur[i], 1.0)
         notes.append(f"{int(sel.sum())} pageable {direction} copies at {gbps:.1f} GB/s ({src})")
+    waited = waited_copies(g, copies)
     for ts, te, a, gap, row in g.syncs:
-        if a in copies and row not in g.device_syncs:
+        # the copy's own call (a later synchronization that waited for it waits as measured)
+        if a in copies and a not in waited and row not in g.device_syncs and ts <= g.key[a] + 0.5:
             fx.free_syncs.add(row)
-    fx.note = "; ".join(notes) + f"; {len(fx.free_syncs)} blocking copy calls no longer block"
+    kept = (
+        f"; {len(waited)} copies kept blocking (read-backs, or synchronized on before the next launch)"
+        if waited
+        else ""
+    )
+    fx.note = "; ".join(notes) + f"; {len(fx.free_syncs)} blocking copy calls no longer block" + kept
     return fx if fx.scale or fx.free_syncs else None
 
 
@@ -548,7 +644,7 @@ FUSED_TRAFFIC = 1 / 3
 KERNEL_FLOOR_US = 2.0
 
 
-def fix_fused_optimizer(g: Graph) -> Fix | None:
+def fix_fused_optimizer(g: Graph, traffic: float = FUSED_TRAFFIC) -> Fix | None:
     """``AdamW(fused=True)`` for an optimizer step that runs per-parameter or foreach kernels: in
     each ``Optimizer.step`` range, the CPU does one op's work per tensor (group) instead of one per
     op — its CPU time × the share of the most frequent kernel's count it keeps (one kernel per
@@ -573,14 +669,14 @@ def fix_fused_optimizer(g: Graph) -> Fix | None:
         fx.cpu_cuts.append((a + keep, b))
         for i in m.tolist():
             fx.move[i] = a + (g.key[i] - a) * keep / (b - a)
-            fx.scale[i] = max(dur[i] - KERNEL_FLOOR_US, 0.0) * FUSED_TRAFFIC / dur[i] if dur[i] > 0 else 1.0
+            fx.scale[i] = max(dur[i] - KERNEL_FLOOR_US, 0.0) * traffic / dur[i] if dur[i] > 0 else 1.0
         notes.append((m.size, units, b - a, keep))
     if not notes:
         return None
     k, u, cpu, keep = (sum(x[i] for x in notes) / len(notes) for i in range(4))
     fx.note = (
         f"{k:.0f} optimizer kernels a step ({u:.0f} of its rarest), {cpu / 1e3:.2f} ms of CPU: fused, the step keeps "
-        f"{keep / 1e3:.2f} ms of CPU and {100 * FUSED_TRAFFIC:.0f}% of the kernels' time above {KERNEL_FLOOR_US:g} µs each"
+        f"{keep / 1e3:.2f} ms of CPU and {100 * traffic:.0f}% of the kernels' time above {KERNEL_FLOOR_US:g} µs each"
     )
     return fx
 
@@ -593,5 +689,50 @@ FIXES = {
     "mixed_precision": fix_mixed_precision,
     "wrap": fix_wrap,
     "hooks_off": fix_hooks_off,
+    "hooks_half": fix_hooks_half,
     "fused_optimizer": fix_fused_optimizer,
+}
+
+#: each fix's stated assumptions: (what is assumed, the keyword arguments of its transformation
+#: at the end of the span that saves least, at the end that saves most). The replay runs the fix
+#: at both ends of each; the saving's range is their span (fsdpdoctor.savings). A fix whose
+#: transformation reads everything from the trace (prefetch, offload off, the rate limiter off,
+#: the wrap split) has none: its span is the replay without the waits the trace does not explain.
+ASSUMPTIONS: dict[str, list[tuple[str, dict, dict]]] = {
+    "tensor_cores": [
+        (
+            "the fp32 matmuls' rate on tensor cores: 35-70% of the dense BF16 peak (50% assumed)",
+            {"share": 0.35},
+            {"share": 0.7},
+        ),
+        (
+            "fp32 elementwise kernels in bf16: 0.75-0.4 of their time (0.5 assumed)",
+            {"elementwise": 0.75},
+            {"elementwise": 0.4},
+        ),
+    ],
+    "mixed_precision": [
+        ("fp32 compute kernels in bf16: 0.7-0.35 of their time (0.5 assumed)", {"compute": 0.7}, {"compute": 0.35}),
+    ],
+    "hooks_half": [
+        (
+            "the hook CPU two blocks per unit keep: 75-50% (50% assumed: a merged unit's hooks cost one unit's)",
+            {"kept": 0.75},
+            {"kept": 0.5},
+        ),
+    ],
+    "pin": [
+        (
+            "an assumed pinned link's bandwidth: 12.5-50 GB/s (25 GB/s assumed; a measured one is kept)",
+            {"assumed_gbps": 12.5},
+            {"assumed_gbps": 50.0},
+        ),
+    ],
+    "fused_optimizer": [
+        (
+            "a fused AdamW step's memory traffic: 50-25% of the per-op kernels' (33% assumed)",
+            {"traffic": 0.5},
+            {"traffic": 0.25},
+        ),
+    ],
 }

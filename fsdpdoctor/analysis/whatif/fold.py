@@ -18,11 +18,12 @@ class WhatIfFold:
     WhatIfFacts need not be kept), read back in rank order; kept whole only the replay of the
     rank with the most compute (the straggler fix interpolates its replays)."""
 
-    __slots__ = ("cols", "evidence", "slow")
+    __slots__ = ("cols", "evidence", "said", "slow")
 
     def __init__(self) -> None:
         self.cols = Columns()
         self.evidence: dict[str, tuple[int, str]] = {}  # fix → (rank, text) of the lowest rank that has one
+        self.said: dict[str, tuple[int, str]] = {}  # fix → (rank, assumptions stated) of the lowest rank
         self.slow: tuple[tuple[float, int], int, float, WhatIfFacts] | None = None
 
     def add(self, rank: int, w: WhatIfFacts | None, compute_ms_total: float) -> None:
@@ -46,6 +47,10 @@ class WhatIfFold:
             row[("rs", name)] = v
         for name, v in w.sensitivity_ms.items():
             row[("sens", name)] = v
+        for name, (lo, hi) in w.assumption_ms.items():
+            row[("alo", name)], row[("ahi", name)] = lo, hi
+            if name in w.assumptions and (name not in self.said or rank < self.said[name][0]):
+                self.said[name] = (rank, w.assumptions[name])
         if compute_ms_total > 0:
             row["compute_ms"] = compute_ms_total
             key = (compute_ms_total, -rank)
@@ -80,6 +85,11 @@ class WhatIfFold:
             out.exposed_rs_ms[name] = float(np.mean(cols.values(("rs", name))))
         for name in cols.keys("sens"):
             out.sensitivity_ms[name] = max(cols.values(("sens", name)))
+        # the run's saving is the maximum over ranks: so are the ends of its span
+        for name in cols.keys("alo"):
+            out.assumption_ms[name] = [max(cols.values(("alo", name))), max(cols.values(("ahi", name)))]
+            if name in self.said:
+                out.assumptions[name] = self.said[name][1]
         return out
 
     def _straggler(self, out: WhatIfFacts) -> None:

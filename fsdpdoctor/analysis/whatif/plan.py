@@ -12,7 +12,17 @@ from .. import intervals as iv
 from ..comms import Collective
 from ..layers import repeated_blocks
 from ..steps import StepWindow
-from .fixes import FIXES, STRAGGLER_FACTORS, TENSOR_CORE_MIN_SHARE, fix_compute_scale, fix_tensor_cores, latency_share
+from .fixes import (
+    ASSUMPTIONS,
+    FIXES,
+    SIDE_FACTOR,
+    STRAGGLER_FACTORS,
+    TENSOR_CORE_MIN_SHARE,
+    fix_compute_scale,
+    fix_cpu_scale,
+    fix_tensor_cores,
+    latency_share,
+)
 from .graph import Fix, Graph, build_graph
 from .loop import _slower, measured_clocks_ms, replay
 
@@ -67,6 +77,8 @@ class WhatIfPlan:
     n_steps: int
     latency_share: float | None
     fixes: list[tuple[str, Fix | tuple[Graph, Fix] | None]]
+    # (fix, what is assumed, "low" / "high", the fix at that end of the assumption's span)
+    variants: list[tuple[str, str, str, Fix | None]] | None = None
 
 
 def plan_whatif(
@@ -90,8 +102,19 @@ def plan_whatif(
     ]
     if kflops is not None and compute is not None and compute.fp32_share_pct >= TENSOR_CORE_MIN_SHARE:
         fixes.append(("tensor_cores", fix_tensor_cores(g, kflops, compute)))
+    variants = []
+    built = {name for name, fx in fixes if fx is not None}
+    for name, specs in ASSUMPTIONS.items():
+        if name not in built:
+            continue
+        for what, low, high in specs:
+            for end, kw in (("low", low), ("high", high)):
+                fx = fix_tensor_cores(g, kflops, compute, **kw) if name == "tensor_cores" else FIXES[name](g, **kw)
+                variants.append((name, what, end, fx))
     fixes += [(f"compute×{f}", fix_compute_scale(g, f)) for f in STRAGGLER_FACTORS]
-    return WhatIfPlan(g, len(steps), latency_share(colls), fixes)
+    # the step's sensitivity to each side (the GPU's: compute×SIDE_FACTOR, one of the straggler's)
+    fixes.append((f"cpu×{SIDE_FACTOR}", fix_cpu_scale(g, SIDE_FACTOR)))
+    return WhatIfPlan(g, len(steps), latency_share(colls), fixes, variants)
 
 
 def run_whatif(plan: WhatIfPlan) -> WhatIfFacts:
@@ -127,7 +150,36 @@ def run_whatif(plan: WhatIfPlan) -> WhatIfFacts:
         if fx.note:
             out.evidence[name] = fx.note
     _sensitivity(plan, out)
+    _assumptions(plan, out, base)
     return out
+
+
+def _assumptions(plan: WhatIfPlan, out: WhatIfFacts, base: np.ndarray) -> None:
+    """Each material fix replayed at both ends of each of its stated assumptions
+    (:data:`.fixes.ASSUMPTIONS`): ``assumption_ms[fix]`` = [lowest, highest] saving (the fix's
+    own saving included), ``assumptions[fix]`` = each assumption that moved it, with its span."""
+    todo = [
+        v
+        for v in plan.variants or []
+        if v[3] is not None and out.saving_ms.get(v[0], 0.0) >= SENSITIVITY_MIN_PCT / 100 * out.measured_step_ms
+    ]
+    due = len(todo)
+    spans: dict[str, dict[str, list[float]]] = {}
+    for name, what, _end, fx in todo:
+        S, E, t, _ = replay(plan.g, fx, due)
+        due -= 1
+        spans.setdefault(name, {}).setdefault(what, []).append(float(max(base.mean() - t.mean(), 0.0)))
+    for name, by_what in spans.items():
+        est = out.saving_ms[name]
+        lo, hi, said = est, est, []
+        for what, vals in by_what.items():
+            a, b = min(vals + [est]), max(vals + [est])
+            lo, hi = min(lo, a), max(hi, b)
+            if b - a >= 0.005:
+                said.append(f"{what}: {a:.2f}-{b:.2f} ms")
+        out.assumption_ms[name] = [lo, hi]
+        if said:
+            out.assumptions[name] = "; ".join(said)
 
 
 SENSITIVITY_MIN_PCT = 1.0  # savings of at least this % of the step get the sensitivity replays
@@ -148,7 +200,7 @@ def _sensitivity(plan: WhatIfPlan, out: WhatIfFacts) -> None:
         (name, fx)
         for name, fx in plan.fixes
         if fx is not None
-        and not name.startswith("compute×")
+        and not name.startswith(("compute×", "cpu×"))
         and out.saving_ms.get(name, 0.0) >= SENSITIVITY_MIN_PCT / 100 * out.measured_step_ms
     ]
     if not todo:
