@@ -37,18 +37,64 @@ def facts_by_file():
 
 @pytest.mark.parametrize("path", FILES, ids=_id)
 def test_loads_and_has_steps_collectives_and_gpu_time(path, facts_by_file):
+    """What the file holds, read here from the raw JSON (GPU activity, collectives, world size,
+    who says the rank), is what the tool says: the public inputs are GPU DDP / TorchRec / TP runs,
+    but also a CPU-only gloo rank, MTIA and CUPTI-counter traces with no CUDA kernels and
+    single-process inference."""
     rf = facts_by_file(path)
-    assert rf.gpu_present
+    raw = _raw_summary(path)
+    assert rf.gpu_present == raw["gpu"]
     assert rf.steps, "at least one step (ProfilerStep or whole-trace fallback)"
-    assert rf.collectives, "every public trace has NCCL/RCCL collectives"
-    assert rf.world_size and rf.world_size >= 2
-    assert rf.rank_source == "distributedInfo"
+    if raw["collective_kernels"] or raw["gloo"]:
+        assert rf.collectives, "collective kernels (or gloo spans) in the file"
+    if raw["world_size"] is not None:
+        assert rf.world_size == raw["world_size"]
+    assert rf.rank_source == ("distributedInfo" if raw["rank_in_info"] else "file name")
     for s in rf.steps:
         assert s.idle_ms >= 0 and s.other_steps_ms >= 0
         assert sum(s.exposed_by_phase.values()) == pytest.approx(s.exposed_comm_ms, abs=1e-6)
         assert sum(s.exposed_by_kind.values()) == pytest.approx(s.exposed_comm_ms, abs=1e-6)
         assert 0 <= s.overlap_ms <= s.comm_ms + 1e-9
     assert rf.fsdp.version is None  # none of these is an FSDP run
+
+
+_SUMMARIES: dict[Path, dict] = {}
+
+
+def _raw_summary(path: Path) -> dict:
+    """GPU activity, collective kernels, gloo collective spans, world size and whether
+    distributedInfo names the rank: plain json + re over the raw file, none of fsdpdoctor."""
+    if path in _SUMMARIES:
+        return _SUMMARIES[path]
+    import re
+
+    with gzip.open(path, "rb") as f:
+        doc = json.load(f)
+    events = doc["traceEvents"]
+    info = doc.get("distributedInfo")
+    if isinstance(info, str):  # some writers store the dict's Python repr
+        m = re.search(r"['\"]world_size['\"]\s*:\s*(\d+)", info)
+        ws = int(m.group(1)) if m else None
+        has_rank = re.search(r"['\"]rank['\"]\s*:", info) is not None
+    elif isinstance(info, dict):
+        ws = info.get("world_size") if isinstance(info.get("world_size"), int) else None
+        has_rank = "rank" in info
+    else:
+        ws, has_rank = None, False
+    x = [e for e in events if e.get("ph") == "X"]
+    out = {
+        "gpu": any(e.get("cat") in GPU_CATS for e in x),
+        "collective_kernels": any(
+            e.get("cat") in ("kernel", "Kernel")
+            and re.search(r"nccl|rccl|AllReduce|multimem|allreduce", str(e.get("name")), re.I)
+            for e in x
+        ),
+        "gloo": any(str(e.get("name", "")).startswith("gloo:") for e in x),
+        "world_size": ws,
+        "rank_in_info": has_rank,
+    }
+    _SUMMARIES[path] = out
+    return out
 
 
 # -- an independent reading of the raw trace: the JSON itself, plain Python, none of fsdpdoctor -------
@@ -95,6 +141,9 @@ def test_step_idle_and_busy_agree_with_the_raw_trace(path, facts_by_file):
     (CUDA runtime call, by correlation id) inside that ProfilerStep span."""
     rf = facts_by_file(path)
     gpu, spans, launch = _raw(path)
+    if not gpu:
+        assert not rf.gpu_present and all(s.gpu_start_us is None for s in rf.steps)
+        return
     with_gpu = [s for s in rf.steps if s.gpu_start_us is not None]
     assert with_gpu
     for k, s in enumerate(with_gpu):
@@ -140,7 +189,15 @@ def _hta_overlap(path: Path, tmp_path: Path) -> float:
 @pytest.mark.parametrize("path", FILES, ids=_id)
 def test_overlap_matches_holistic_trace_analysis(path, facts_by_file, tmp_path):
     rf = facts_by_file(path)
+    gpu, _, _ = _raw(path)
+    if not gpu:  # HTA's overlap needs CUDA kernels: nothing to compare
+        assert rf.overlap_pct in (None, 0.0) and not rf.gpu_present
+        return
     expected = _hta_overlap(path, tmp_path)
+    if expected != expected:  # NaN: HTA finds no communication kernel time to overlap
+        assert not _raw_summary(path)["collective_kernels"]
+        assert sum(s.comm_ms for s in rf.steps) == 0.0
+        return
     ours = rf.overlap_pct if rf.overlap_pct is not None else 0.0
     assert ours == pytest.approx(expected, abs=0.1)
 
