@@ -16,7 +16,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 def test_readme_is_short_and_has_the_two_commands():
     text = (REPO / "README.md").read_text()
-    assert len(text.splitlines()) < 200
+    assert len(text.splitlines()) < 240  # with the generated example outputs (issue 44)
     assert "pip install -e '.[test]'" in text and "\npytest\n" in text
     ci = (REPO / ".ci" / "run").read_text()
     assert "pip install -e '.[test]'" in ci and "\npytest\n" in ci and "mkdocs build --strict" in ci
