@@ -12,6 +12,8 @@ import re
 import sys
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[1]
 
 
@@ -25,6 +27,7 @@ def _generator():
     return sys.modules[name]
 
 
+@pytest.mark.slow
 def test_readme_examples_are_what_the_tool_prints():
     gen = _generator()
     current = (REPO / "README.md").read_text()
