@@ -35,6 +35,9 @@ class Report:
     findings: list[Finding] = field(default_factory=list)
     timeline: Any = None  # StepTimeline of one step of one rank (analyze(..., timeline_step=...)), or None
     rank_detail: str = "auto"  # which ranks' RankFacts to_json writes (fsdpdoctor.facts.RANK_DETAIL)
+    # rank → its exposed-comm and GPU-idle intervals (analysis.spans.RankSpans), for the ranks
+    # ``rank_detail`` writes in full (analyze(..., spans=True): the Perfetto drawing), or None
+    spans: dict[int, Any] | None = None
 
     # -- machine contract ------------------------------------------------------------------
     def to_dict(self, rank_detail: str | None = None) -> dict[str, Any]:
@@ -150,6 +153,7 @@ def analyze(
     allow_mixed_runs: bool = False,
     rank_detail: str = "auto",
     iteration: int | None = None,
+    spans: bool = False,
 ) -> Report:
     """Analyse traces (files, directories or globs) and return the :class:`Report`.
 
@@ -162,7 +166,9 @@ def analyze(
     peak becomes ``facts.memory``.
     ``timeline_step=(rank, step_index)`` also extracts that step's GPU timeline into
     ``Report.timeline`` (see :mod:`fsdpdoctor.analysis.timeline_extract`; ``None`` in either place
-    means rank 0 / the median-length step).
+    means rank 0 / the median-length step). ``spans=True`` also reads again the exposed-comm and
+    GPU-idle intervals of the ranks ``rank_detail`` writes in full into ``Report.spans`` (see
+    :mod:`fsdpdoctor.analysis.spans`), for :mod:`fsdpdoctor.report.perfetto`.
 
     Paths may be URLs (``s3://``, ``gs://``, ``az://``, ``http(s)://``, ``memory://``,
     ``file://``; see :mod:`fsdpdoctor.ingest.remote`). ``scheduler`` sends the per-rank analysis to
@@ -199,7 +205,8 @@ def analyze(
         paths = [paths]
     skipped: list[tuple[str, str]] = []
     dumps: list[Path] = []
-    files = discover(list(paths), cycle=cycle, skipped=skipped, iteration=iteration, dumps=dumps)
+    named_memory: list[Path] = []  # snapshots and memory timelines among the paths, by content
+    files = discover(list(paths), cycle=cycle, skipped=skipped, iteration=iteration, dumps=dumps, memory=named_memory)
     if files:
         load = load_ranks(
             files,
@@ -217,7 +224,7 @@ def analyze(
             )
         facts = fold(load.ranks, load.excluded, load.cross_rank, arrived=load.arrived)
         traced_memory = [r.memory_trace for r in load.ranks if r.memory_trace is not None]
-    else:  # Flight Recorder dumps alone (a hung job)
+    else:  # Flight Recorder dumps or memory inputs alone (a hung job, a snapshot)
         mixed, traced_memory = [], []
         facts = RunFacts(tool=f"fsdpdoctor {__version__}")
     if dumps:
@@ -248,10 +255,16 @@ def analyze(
         else:
             facts.notes.append(problem)
     fetched: dict[str, str] = {}  # snapshots fetched from object storage: local copy → URL
+    explicit = list(memory or []) if memory is None or not isinstance(memory, (str, Path)) else [memory]
+    explicit += [p for p in named_memory if p not in explicit]
     found = [] if memory else _found_snapshots(list(paths), facts, fetched, iteration)
+    seen = {Path(p).resolve() for p in explicit if not isinstance(p, str) or "://" not in p}
+    found = [p for p in found if isinstance(p, str) or Path(p).resolve() not in seen]
     try:
-        if memory or found:
-            attach_memory(facts, memory or found, found=bool(found))
+        if explicit:
+            attach_memory(facts, explicit + found)
+        elif found:
+            attach_memory(facts, found, found=bool(files))
     finally:
         for local in fetched:
             shutil.rmtree(Path(local).parent, ignore_errors=True)
@@ -273,6 +286,10 @@ def analyze(
         from .analysis.timeline_extract import extract_for_facts
 
         report.timeline = extract_for_facts(facts, *timeline_step)
+    if spans:
+        from .analysis.spans import spans_for_facts
+
+        report.spans = spans_for_facts(facts, facts.ranks_to_write(rank_detail)[0])
     return report
 
 
@@ -363,8 +380,7 @@ def attach_memory(
     ``found``: the snapshots were found beside the traces, not named with ``--memory``: the
     notes say which were read, and one that cannot be read is a note, not an error."""
     from .analysis.memory import analyze_memory
-
-    import re
+    from .ingest.layouts import snapshot_rank
 
     best = None
     read = []
@@ -377,8 +393,7 @@ def attach_memory(
             facts.notes.append(f"memory snapshot {Path(f).name} beside the traces not read: {exc.problem}")
             continue
         read.append(Path(f).name)
-        m = re.search(r"rank[_-]?(\d+)", Path(str(f)).name)
-        mf.rank = int(m.group(1)) if m else None
+        mf.rank = snapshot_rank(f)
         mf.discovered = found
         facts.memory_per_input[str(f)] = mf.peak_allocated_bytes
         if best is None or mf.peak_allocated_bytes > best.peak_allocated_bytes:

@@ -23,6 +23,12 @@ What ends up in ``traces/``:
 ``rank{R}.memory.pickle``
     CUDA caching-allocator snapshot (``torch.cuda.memory._dump_snapshot``) of rank ``R``, taken
     when the ``with`` block ends; only with ``memory_history=True`` and when CUDA is available.
+``comm_traces/rank_{R}``
+    The PyTorch Flight Recorder buffer of rank ``R`` (its last collectives, with their sizes,
+    sequence numbers and stacks), dumped when the ``with`` block ends; only with
+    ``flight_recorder=True``. The folder and name are torchtitan's, where ``analyze`` finds
+    dumps by content. The recorder keeps ``TORCH_FR_BUFFER_SIZE`` entries (set it before the
+    process group's first collective; ``flight_recorder=True`` sets it when it is unset).
 ``fsdpdoctor_meta.json``
     One sidecar per run, written by rank 0 only (FSDP/DDP training is SPMD: every rank has the
     same wrapping and policies, and per-rank facts such as the rank itself are already in each
@@ -58,6 +64,8 @@ __all__ = [
     "Capture",
     "capture",
     "describe_model",
+    "dump_flight_recorder",
+    "flight_recorder_filename",
     "memory_snapshot_filename",
     "trace_filename",
 ]
@@ -79,6 +87,34 @@ def trace_filename(rank: int, cycle: int = 0) -> str:
 def memory_snapshot_filename(rank: int) -> str:
     """Name of the CUDA memory snapshot of ``rank``."""
     return f"rank{rank}.memory.pickle"
+
+
+def flight_recorder_filename(rank: int) -> str:
+    """Name (under the capture folder) of the Flight Recorder dump of ``rank``: torchtitan's."""
+    return f"comm_traces/rank_{rank}"
+
+
+#: Entries the Flight Recorder keeps when ``flight_recorder=True`` and ``TORCH_FR_BUFFER_SIZE`` is unset.
+FR_BUFFER_SIZE = 2000
+
+
+def dump_flight_recorder(out_dir: str | os.PathLike[str], rank: int) -> Path | None:
+    """Write this rank's Flight Recorder buffer to ``out_dir/comm_traces/rank_<rank>`` (the
+    pickle the watchdog writes on a timeout, on demand): the NCCL recorder where torch has one
+    (CUDA builds), else the generic one (gloo). None when this torch has neither."""
+    import torch
+
+    c10d = torch._C._distributed_c10d
+    dump = getattr(c10d, "_dump_nccl_trace", None) if torch.cuda.is_available() else None
+    dump = dump or getattr(c10d, "_dump_fr_trace", None)
+    if dump is None:
+        return None
+    path = Path(out_dir) / flight_recorder_filename(rank)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_bytes(dump())
+    os.replace(tmp, path)
+    return path
 
 
 # ----------------------------------------------------------------------------------------------
@@ -155,6 +191,8 @@ class Capture:
         memory_history: record CUDA allocator history from ``__enter__`` and dump one snapshot
             per rank at ``__exit__``. Ignored (and noted in the sidecar) without CUDA.
         memory_history_max_entries: ``max_entries`` for ``_record_memory_history``.
+        flight_recorder: dump this rank's Flight Recorder buffer at ``__exit__``
+            (:func:`dump_flight_recorder`); sets ``TORCH_FR_BUFFER_SIZE`` when it is unset.
         memory_history_options: further keyword arguments for
             ``torch.cuda.memory._record_memory_history`` (e.g. ``{"stacks": "python"}`` to
             skip C++ stacks, or ``{"global_record_annotations": True}`` to tag allocations
@@ -183,6 +221,7 @@ class Capture:
         memory_history: bool = False,
         memory_history_max_entries: int = 100_000,
         memory_history_options: dict[str, Any] | None = None,
+        flight_recorder: bool = False,
         wrap_policy: str | None = None,
         extra: dict[str, Any] | None = None,
         rank: int | None = None,
@@ -206,6 +245,10 @@ class Capture:
         self.memory_history_requested = memory_history
         self.memory_history_max_entries = memory_history_max_entries
         self.memory_history_options = dict(memory_history_options or {})
+        self.flight_recorder = flight_recorder
+        self.flight_recorder_path: Path | None = None
+        if flight_recorder:
+            os.environ.setdefault("TORCH_FR_BUFFER_SIZE", str(FR_BUFFER_SIZE))
         self.wrap_policy = wrap_policy
         self.extra = dict(extra or {})
         self._rank_override = rank
@@ -300,6 +343,8 @@ class Capture:
                 finally:
                     torch.cuda.memory._record_memory_history(enabled=None)
                     self._memory_history_on = False
+            if self.flight_recorder:
+                self.flight_recorder_path = dump_flight_recorder(self.out_dir, self.rank)
             if self.rank == 0:
                 self.write_meta(complete=exc_type is None)
 
@@ -331,6 +376,7 @@ class Capture:
                 "with_stack": self.with_stack,
                 "activities": getattr(self, "_activity_names", None),
                 "memory_history": self.memory_history_requested and torch.cuda.is_available(),
+                "flight_recorder": self.flight_recorder,
                 "steps_run_by_rank0": self.steps_done,
                 "profiled_steps": [list(s) for s in self._profiled_steps],
             },
@@ -339,6 +385,9 @@ class Capture:
                 [memory_snapshot_filename(r) for r in range(self.world_size)]
                 if self.memory_history_requested and torch.cuda.is_available()
                 else []
+            ),
+            "flight_recorder_files": (
+                [flight_recorder_filename(r) for r in range(self.world_size)] if self.flight_recorder else []
             ),
         }
         try:

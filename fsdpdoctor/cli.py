@@ -31,10 +31,11 @@ from .facts import AUTO_FULL_RANKS, RANK_DETAIL
 @click.option(
     "--format",
     "fmt",
-    type=click.Choice(["terminal", "markdown", "json", "html"]),
+    type=click.Choice(["terminal", "markdown", "json", "html", "perfetto"]),
     default="terminal",
     show_default=True,
-    help="Report format (json: see 'fsdpdoctor schema').",
+    help="Report format (json: see 'fsdpdoctor schema'; perfetto: the ranks' traces merged with the findings "
+    "drawn on them, for ui.perfetto.dev, needs -o FILE.json.gz; --rank-detail picks the ranks merged).",
 )
 @click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path), help="Write the report to FILE.")
 @click.option(
@@ -79,7 +80,8 @@ from .facts import AUTO_FULL_RANKS, RANK_DETAIL
     type=click.Choice(RANK_DETAIL),
     default="auto",
     show_default=True,
-    help="JSON report and baseline: which ranks' per-step and per-collective detail to write. auto: every rank in "
+    help="JSON report and baseline: which ranks' per-step and per-collective detail to write (perfetto: which ranks' "
+    "events to merge). auto: every rank in "
     f"runs of up to {AUTO_FULL_RANKS} ranks, else the ranks that matter (slowest, fastest, straggler, lowest overlap, worst "
     "replay, first); all: every rank (and every rank's collectives); none: none. Every rank has a summary line.",
 )
@@ -126,6 +128,12 @@ def analyze(
     from .progress import load_progress
 
     cfg = rule_config(settings, disable)
+    if fmt == "perfetto":
+        from .report.perfetto import check_output
+
+        if output is None:
+            raise InputError("--format perfetto", "needs -o FILE (e.g. -o trace.json.gz)")
+        check_output(output, paths)
     tl_step = (timeline_rank, timeline_step) if fmt == "html" else None
     with load_progress() as progress:
         report = run(
@@ -141,6 +149,7 @@ def analyze(
             allow_mixed_runs=allow_mixed_runs,
             rank_detail=rank_detail,
             iteration=iteration,
+            spans=fmt == "perfetto",
         )
     warn_partial(report.facts)
     if save_baseline is not None:
@@ -179,7 +188,16 @@ def memory(paths: tuple[str, ...], fmt: str, output: Path | None, iteration: int
 
 def _emit(report, fmt: str, output: Path | None, *, brief: bool = False, details: bool = False) -> None:
     """Write ``report`` in ``fmt`` to ``output`` (stdout when None)."""
-    if fmt == "html":
+    if fmt == "perfetto":
+        from .report.perfetto import write as write_perfetto
+
+        got = write_perfetto(report, output)
+        click.echo(
+            f"fsdpdoctor: wrote {output}: {got['ranks']} ranks, {len(got['merged'])} with their trace's events, "
+            f"{got['events']} events, {got['bytes']} bytes",
+            err=True,
+        )
+    elif fmt == "html":
         from .report.html import render as render_html
 
         _write(render_html(report), output)

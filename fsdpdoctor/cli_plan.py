@@ -14,9 +14,8 @@ from rich.table import Table
 from .analysis.strategy import DEFAULT_INTER_BUSBW, DEFAULT_INTRA_BUSBW, OPTIMIZER_STATE_BYTES, PlanInputs, advise
 from .cli_base import _write, guarded, main
 from .errors import InputError
+from .ingest.shapes import PARAM_DTYPE_BYTES
 from .fmt import mib, ms, parse_size
-
-DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
 
 
 _COUNT = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:e[0-9]+)?)\s*([kmbgt]?)\s*$", re.I)
@@ -63,7 +62,7 @@ def plan_inputs(
     inp = PlanInputs(params=params, world_size=gpus, gpus_per_node=gpus // nodes, gpu_memory_bytes=gpu_mem)
     for k in ("params", "world_size", "gpus_per_node", "gpu_memory_bytes"):
         src[k] = "given"
-    b = DTYPE_BYTES[dtype]
+    b = PARAM_DTYPE_BYTES[dtype]
     inp.param_bytes = inp.grad_bytes = inp.comm_bytes = inp.reduce_bytes = float(b)
     inp.master_bytes = 4.0 if b < 4 else 0.0
     inp.optimizer_bytes = float(OPTIMIZER_STATE_BYTES[optimizer])
@@ -118,7 +117,7 @@ def plan_inputs(
 )
 @click.option(
     "--dtype",
-    type=click.Choice(sorted(DTYPE_BYTES)),
+    type=click.Choice(sorted(PARAM_DTYPE_BYTES)),
     default="bf16",
     show_default=True,
     help="Parameter / collective dtype.",

@@ -40,6 +40,9 @@ SCHEMA_VERSION = 5
 SAMPLED_OPS_PCT = 50.0  # whole traces hold 80-100% of their op numbers (real recordings); sampled ones ~1%
 OLDEST_SCHEMA_VERSION = 1  # the oldest saved report / baseline this version still reads
 
+#: the step-time parts of exposed communication, by collective kind (compare, the rules)
+EXPOSED = ("exposed_all_gather", "exposed_reduce_scatter", "exposed_other_comm")
+
 
 @dataclass(slots=True)
 class StepFacts:

@@ -8,6 +8,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 
+#: the rate the what-if replay assumes for fp32 GEMM / attention kernels moved onto tensor cores: this
+#: share of the device's dense BF16 peak (large bf16 GEMMs reach 60-80% of it, attention less)
+TENSOR_CORE_SHARE = 0.5
+
+
 @dataclass(slots=True)
 class ComputeFacts:
     """Compute efficiency (fsdpdoctor.analysis.compute): FLOPs from recorded shapes, GEMM and
@@ -54,6 +59,9 @@ class ComputeFacts:
     peak_dtype: str | None = None  # "bf16", "fp16" (a device without BF16), None (--peak-tflops)
     dtype_peak: str | None = None  # the compute dtype's peak: "fp32", "tf32", "bf16", "fp16", "fp8"
     dtype_peak_tflops: float | None = None
+    device_peaks_tflops: dict[str, float] = field(
+        default_factory=dict
+    )  # the device's dense peaks by dtype ({}: unknown device)
     mfu_pct: float | None = None
     hfu_pct: float | None = None
     dtype_mfu_pct: float | None = None

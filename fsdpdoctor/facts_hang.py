@@ -85,6 +85,19 @@ class HangCulprit:
 
 
 @dataclass(slots=True)
+class DumpLedger:
+    """One rank's dump: what it holds and what the diagnosis could not read from it."""
+
+    rank: int
+    entries: int = 0
+    p2p_entries: int = 0
+    states: dict[str, int] = field(default_factory=dict)  # entries per recorded state (gloo: all "scheduled")
+    unrecorded_ops: int = 0  # ops op_id counted that no entry records (gloo's send/recv)
+    unread_keys: list[str] = field(default_factory=list)  # top-level keys not read (nccl_comm_state, ...)
+    steps_known: bool = True  # its forward passes are counted on FSDP's forward collectives
+
+
+@dataclass(slots=True)
 class RankProgress:
     """A rank's place in one process group: its last collective in the dump, and the last
     enqueued / started / completed sequence numbers its ``pg_status`` records (None where not
@@ -130,6 +143,10 @@ class HangFacts:
     versions: list[str] = field(default_factory=list)
     forms: list[str] = field(default_factory=list)  # "pickle" / "json"
     steps_from_start: bool = True  # steps count from the first collective (no dump's buffer wrapped)
+    # the dump ledger: per rank, ops op_id counted that no entry records (gloo's send/recv)
+    unrecorded_ops: dict[int, int] = field(default_factory=dict)
+    dump_ledger: list[DumpLedger] = field(default_factory=list)
+    caveat: str | None = None  # the culprits may be victims of ops the dumps do not record
     paths: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
 

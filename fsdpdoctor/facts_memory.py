@@ -10,6 +10,7 @@ import msgspec
 
 
 MEMORY_CATEGORIES = (
+    "parameters",  # where no FSDP shows: the model's parameters, neither sharded nor unsharded
     "parameters_sharded",
     "parameters_unsharded",
     "gradients",
@@ -55,6 +56,14 @@ class MemoryDevice:
     history_missing: bool = False
     oom: bool = False
     events: int | None = None  # trace [memory] events of this device
+    # the snapshot ledger of this device: what it holds and what the analysis read of it
+    segments: int | None = None
+    blocks: int | None = None  # blocks of every state (allocated, pending free, cached free)
+    reserved_bytes: int | None = None  # at dump time (sum of the segments)
+    allocated_bytes: int | None = None  # at dump time (active_allocated blocks)
+    history_entries: int | None = None  # device_traces entries
+    history_entries_read: int | None = None  # of them, the actions the replay reads
+    entries_unread: dict[str, int] = field(default_factory=dict)  # action -> entries not read
 
 
 @dataclass(slots=True)
@@ -116,7 +125,8 @@ class MemoryFacts:
     Byte counts are allocator block bytes unless named ``requested``. ``peak_event_index`` is the
     trace entry after which the peak is reached (-1: already at the start of recording; None:
     no history). ``categories`` always has every name in :data:`MEMORY_CATEGORIES` and sums to
-    ``peak_allocated_bytes``. ``curve`` holds ``x`` (``x_unit`` "time_us" or "event_index"),
+    ``peak_allocated_bytes``; where the stacks show no FSDP (``fsdp_version`` None) the model's
+    parameters are ``parameters`` and the two FSDP names stay 0. ``curve`` holds ``x`` (``x_unit`` "time_us" or "event_index"),
     ``allocated`` and ``reserved`` (None entries where unknown), at most 500 points, peak kept.
 
     Two peaks: ``peak_allocated_bytes`` is ``torch.cuda.max_memory_allocated()`` (a block leaves
@@ -167,6 +177,11 @@ class MemoryFacts:
     forward_blocks: int | None = None
     activations_unchecked_bytes: int | None = None  # at the peak, from blocks without checkpointing (or selective)
     allocator_settings: AllocatorSettings | None = None  # as the snapshot recorded them (torch >= 2.3)
+    visible_devices: int | None = None  # devices the process saw (len(device_traces)); None: not recorded
+    device_imbalance: float | None = None  # several devices with memory: highest / lowest peak allocated
+    # blocks at the peak (or at dump time) whose allocation stack passes through an adapter or a
+    # quantization library, by what the stack shows: "LoRA adapters (peft)", "4-bit weights (bitsandbytes)"...
+    stack_libraries: dict[str, int] = field(default_factory=dict)
 
     def to_dict(self) -> dict:
         return msgspec.to_builtins(self)
@@ -193,6 +208,9 @@ class MemoryPressureFacts:
     peak_reserved_bytes: int | None = None
     used_pct: float | None = None  # peak reserved / capacity
     headroom_bytes: int | None = None  # capacity − peak reserved
+    # how many times the micro-batch could grow before the peak reaches the threshold (activations
+    # growing in proportion); None where it cannot be told or under pressure already
+    batch_headroom: float | None = None
 
     @property
     def under_pressure(self) -> bool:

@@ -6,7 +6,7 @@ import sys
 from types import ModuleType
 from typing import Any
 
-from fsdpdoctor.analysis.compare import EXPOSED
+from fsdpdoctor.facts import EXPOSED
 from fsdpdoctor.engine import Finding
 from fsdpdoctor.facts import CollectiveFacts, RunFacts
 from fsdpdoctor.fmt import ms, pct
@@ -186,11 +186,8 @@ def tensor_parallel_degree(facts: RunFacts) -> dict[str, int]:
     the next unit's: the Colwise/Rowwise plans all-reduce inside the modules they shard.
     Read from the first rank with collectives, first step only."""
     for rf in facts.rank_facts:
-        colls = [
-            c
-            for c in rf.collectives
-            if c.step == min((x.step for x in rf.collectives if x.step >= 0), default=0) and c.phase == "forward"
-        ]
+        first = min((x.step for x in rf.collectives if x.step >= 0), default=0)  # once, not once per collective
+        colls = [c for c in rf.collectives if c.step == first and c.phase == "forward"]
         tp = [c for c in colls if c.role == "tensor_parallel" and c.group_size and c.group_size > 1]
         if not tp:
             continue

@@ -38,7 +38,6 @@ Known problems
     counts as host-bound.
 """
 
-from fsdpdoctor.analysis.pressure import batch_headroom
 from fsdpdoctor.fmt import mib, ms, pct
 
 from ._util import finding, fix_for, is_ddp, is_fsdp, of_cpu_step, of_window, step_ms
@@ -121,7 +120,7 @@ def check(facts, cfg):
     saving = max(host_idle - 0.05 * t.gpu_window_ms, 0.0)
     inference = facts.workload == "inference"
     fix = fix_for(facts, training="".join(parts) or FIX_PLAIN, inference=FIX_INFERENCE)
-    grow = batch_headroom(facts)
+    grow = facts.memory_pressure.batch_headroom if facts.memory_pressure is not None else None
     if grow is not None and grow >= 1.5 and not inference:
         p, act = facts.memory_pressure, facts.memory.categories.get("activations", 0)
         k = min(int(grow), 8)

@@ -109,15 +109,13 @@ INFERENCE_FP16 = """with torch.autocast("cuda", dtype=torch.float16):   # matmul
 FP32 = ("fp32-simt", "fp32")
 
 
-def _engines(device: str | None) -> tuple[dict[str, float], bool, bool]:
+def _engines(c) -> tuple[dict[str, float], bool, bool]:
     """The device's dense peaks by dtype, whether it has bf16 and whether it has TF32 (an unknown
     device: assumed to have both, as the GPUs people train on today do)."""
-    from fsdpdoctor.analysis.peaks import device_peaks
-
-    p = device_peaks(device)
-    if p is None:
+    p = c.device_peaks_tflops
+    if not p:
         return {}, True, True
-    return p[1], "bf16" in p[1], "tf32" in p[1]
+    return p, "bf16" in p, "tf32" in p
 
 
 def _fixes(facts, bf16: bool, tf32: bool) -> dict[str, str]:
@@ -181,7 +179,7 @@ def check(facts, cfg):
             f"MFU {c.mfu_pct:.1f}% of the BF16 dense peak ({c.model_flops_per_step / 1e9:,.0f} GFLOP per "
             f"{ms(c.step_ms)} step)"
         )
-    peaks, bf16, tf32 = _engines(c.device)
+    peaks, bf16, tf32 = _engines(c)
     by_name = c.source == "names"
     saving_kind = ""
     saving = replayed_saving(facts, REPLAY_FIX)
@@ -215,7 +213,7 @@ def check(facts, cfg):
         else:
             saving = gpu_cut
     elif saving is not None:
-        from fsdpdoctor.analysis.whatif.fixes import TENSOR_CORE_SHARE
+        from fsdpdoctor.facts_compute import TENSOR_CORE_SHARE
 
         evidence.append(
             replay_evidence(

@@ -27,7 +27,6 @@ Known problems
     post-backward hooks), it underestimates (0.7× the generator's twin in that case).
 """
 
-from fsdpdoctor.analysis.pressure import batch_headroom
 from fsdpdoctor.fmt import mib, ms, pct
 
 from ._util import finding, fix_for, is_fsdp, of_step, replay_evidence, replayed_saving, step_ms
@@ -106,7 +105,7 @@ def check(facts, cfg):
             + "; torch.compile, fewer units or a larger batch recover part of it"
         )
     fix = fix_for(facts, fsdp2=FIX_FSDP2, fsdp1=FIX_FSDP1)
-    grow = batch_headroom(facts)
+    grow = facts.memory_pressure.batch_headroom if facts.memory_pressure is not None else None
     if grow is not None and grow >= 1.5:
         p = facts.memory_pressure
         evidence.append(

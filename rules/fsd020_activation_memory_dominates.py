@@ -71,10 +71,11 @@ def check(facts, cfg):
     ac = m.activation_checkpointing
     if ac is None and facts.fsdp.activation_checkpointing:  # no stacks to read: the trace's recompute
         ac = "on"
-    evidence = [f"activations {mib(act)} = {pct(share)} of the {mib(m.peak_allocated_bytes)} peak"]
+    at = "allocated at dump time (no allocation history)" if m.history_missing else "peak"
+    evidence = [f"activations {mib(act)} = {pct(share)} of the {mib(m.peak_allocated_bytes)} {at}"]
     if m.peak_phase:
         evidence.append(f"the peak is reached during {m.peak_phase}")
-    head = f"Activations take {pct(share)} of peak memory"
+    head = f"Activations take {pct(share)} of " + ("the memory at dump time" if m.history_missing else "peak memory")
     unchecked = m.activations_unchecked_bytes
     blocks = f"{m.checkpointed_blocks} of {m.forward_blocks} blocks" if m.forward_blocks else "some blocks"
     if ac == "full":

@@ -51,6 +51,239 @@ def trace_doc(variant: str = "per-block", rank: int = 0, max_events: int | None 
     return doc
 
 
+GPU_TRACE = RECORDED / "gpu" / "fsdp2" / "rank0.json.gz"
+
+
+def gpu_trace_doc() -> dict:
+    """The real H100 FSDP2 trace (torch 2.11, ``record_shapes=True``: GEMM and attention ops with
+    their ``Input Dims`` / ``Input type`` / ``Concrete Inputs``, cuBLAS / CUTLASS / fmha kernels,
+    ``deviceProperties``), cut to its last step to keep each case fast: what the compute, MFU and
+    waterfall analyses and the kernel classes read, which the CPU recordings do not have."""
+    with gzip.open(GPU_TRACE, "rb") as f:
+        doc = json.loads(f.read())
+    evs = doc["traceEvents"]
+    last = max(
+        e["ts"] for e in evs if e.get("cat") == "user_annotation" and str(e.get("name")).startswith("ProfilerStep")
+    )
+    doc["traceEvents"] = [e for e in evs if e.get("ph") == "M" or e.get("ts", 0) >= last]
+    return doc
+
+
+#: ops whose shapes give FLOPs (fsdpdoctor.ingest.events.FLOP_OPS on this trace)
+GPU_FLOP_OPS = ("aten::mm", "aten::addmm", "aten::_scaled_dot_product_efficient_attention")
+GPU_FLOP_OPS += tuple(n + "_backward" for n in GPU_FLOP_OPS[2:])
+
+
+def gpu_field_paths(doc: dict) -> list[tuple]:
+    """Paths to every field the GPU analyses read in ``doc``: each ``deviceProperties`` entry's
+    fields, and for the first kernel of each class (GEMM, attention, elementwise, memcpy), the
+    first runtime launch and the first event of each FLOP op: ``name``, ``cat``, ``ts``, ``dur``,
+    ``pid``, ``tid`` and every arg (shapes, types, concrete inputs, correlation, stream ...)."""
+    out: list[tuple] = [("deviceProperties",)]
+    for i, p in enumerate(doc.get("deviceProperties") or []):
+        out += [("deviceProperties", i), *[("deviceProperties", i, k) for k in p]]
+    evs = doc["traceEvents"]
+    picks: dict[str, int] = {}
+    for k, e in enumerate(evs):
+        name, cat = str(e.get("name", "")), e.get("cat")
+        if cat == "kernel":
+            cls = next((c for c in ("gemm", "fmha", "elementwise", "reduce") if c in name), "other")
+            picks.setdefault("kernel:" + cls, k)
+        elif cat in ("gpu_memcpy", "gpu_memset", "cuda_runtime"):
+            picks.setdefault(f"{cat}:{name}", k)
+        elif name in GPU_FLOP_OPS or name.startswith(("ProfilerStep#", "Optimizer.step#", "FSDP::")):
+            picks.setdefault(name.split("#")[0].split(" (")[0], k)
+    for k in picks.values():
+        e = evs[k]
+        out += [("traceEvents", k, f) for f in e if f != "args"]
+        out += [("traceEvents", k, "args"), *[("traceEvents", k, "args", a) for a in e.get("args", {})]]
+    return out
+
+
+def _set_all(doc: dict, pred: Callable[[dict], bool], key: str, value: Any, in_args: bool = True) -> dict:
+    d = copy.deepcopy(doc)
+    for e in d["traceEvents"]:
+        if pred(e):
+            (e.setdefault("args", {}) if in_args else e)[key] = copy.deepcopy(value)
+    return d
+
+
+def gpu_cases(work: Path) -> list[Case]:
+    """Hostile values in every field of a real GPU trace that the compute / MFU / waterfall
+    analyses and the kernel classes read: ``deviceProperties``, kernel names and args, the shapes,
+    types and concrete inputs of the FLOP ops, the step, optimizer and FSDP labels."""
+    t = work / "gpu"
+    t.mkdir(parents=True, exist_ok=True)
+    doc = gpu_trace_doc()
+    cases: list[Case] = []
+
+    def trace(name: str, d: dict, family: str = "gpu") -> None:
+        p = t / name
+        p.write_bytes(_dumps_lenient(d))
+        cases.append(Case(name, ["analyze", str(p), "-j", "1", "--format", "json"], str(p), family))
+
+    def dev(name: str, fn: Callable[[dict], None]) -> None:
+        d = copy.deepcopy(doc)
+        fn(d)
+        trace(name, d, "deviceProperties")
+
+    def first(d: dict) -> dict:
+        return d["deviceProperties"][0]
+
+    # deviceProperties: the name as an int is issue 44's regression (exit 3, an internal error)
+    for label, v in (("int", 7), ("float", 1.5), ("list", ["H100"]), ("dict", {"a": 1}), ("null", None), ("empty", "")):
+        dev(f"dp_name_{label}.json", lambda d, v=v: first(d).__setitem__("name", v))
+    dev("dp_name_unknown_gpu.json", lambda d: first(d).__setitem__("name", "NVIDIA Quux 9000 " + "9" * 400))
+    for label, v in (
+        ("str", "80GB"),
+        ("negative", -1),
+        ("zero", 0),
+        ("big", BIG),
+        ("huge_float", 1e308),
+        ("bool", True),
+    ):
+        dev(f"dp_mem_{label}.json", lambda d, v=v: first(d).__setitem__("totalGlobalMem", v))
+    for label, v in (("str", "0"), ("list", [0]), ("big", BIG)):
+        dev(f"dp_id_{label}.json", lambda d, v=v: first(d).__setitem__("id", v))
+    for k in ("computeMajor", "computeMinor", "numSms"):
+        dev(f"dp_{k}_str.json", lambda d, k=k: first(d).__setitem__(k, "x"))
+    dev("dp_entries_not_dicts.json", lambda d: d.__setitem__("deviceProperties", [3, "x", None, [1]]))
+    dev("dp_dict.json", lambda d: d.__setitem__("deviceProperties", {"name": "NVIDIA H100 80GB HBM3"}))
+    dev("dp_str.json", lambda d: d.__setitem__("deviceProperties", "NVIDIA H100"))
+    dev("dp_many.json", lambda d: d.__setitem__("deviceProperties", [first(d)] * 5000))
+
+    # kernel names: the GEMM / attention / family classes parse them
+    def kern(e: dict, sub: str = "") -> bool:
+        return e.get("cat") == "kernel" and sub in str(e.get("name", ""))
+
+    for label, v in (
+        ("int", 12345),
+        ("empty", ""),
+        ("long", "sm90_xmma_gemm_" + "9" * 100_000),
+        ("digits", "nvjet_tst_" + "9" * 40 + "x" + "9" * 40 + "_64x8_" + "9" * 30 + "_v_bz_TNN"),
+        ("cutlass_digits", "cutlass3x_sm90_tensorop_gemm_" + "9" * 40 + "x" + "9" * 40 + "_f16"),
+        ("regex", "sm80_xmma_gemm_([{\\%s*+?|^$.}])_f32"),
+        ("nul", "sm80_xmma_gemm_\x00\ud800_bf16"),
+        ("fp8_no_dims", "sm90_xmma_gemm_e4m3e4m3_e4m3f32_f32_tn_n"),
+    ):
+        trace(f"kernel_name_gemm_{label}.json", _set_all(doc, lambda e: kern(e, "gemm"), "name", v, in_args=False))
+    trace("kernel_name_fmha_int.json", _set_all(doc, lambda e: kern(e, "fmha"), "name", 7, in_args=False))
+    trace("kernel_names_all_same.json", _set_all(doc, kern, "name", "ncclDevKernel_AllGather_RING_LL", in_args=False))
+    trace("kernel_cat_memcpy.json", _set_all(doc, lambda e: kern(e, "gemm"), "cat", "gpu_memcpy", in_args=False))
+    for k, v in (("correlation", "x"), ("correlation", -1), ("stream", BIG), ("device", "cuda:0"), ("device", -7)):
+        trace(f"kernel_{k}_{str(v)[:6]}.json", _set_all(doc, kern, k, v))
+    for k in ("ts", "dur"):
+        trace(f"kernel_{k}_str.json", _set_all(doc, kern, k, "soon", in_args=False))
+        trace(f"kernel_{k}_negative.json", _set_all(doc, kern, k, -5.0, in_args=False))
+
+    # the FLOP ops' shapes, types and concrete inputs (compute, MFU, matmul shapes below peak)
+    def flop(e: dict) -> bool:
+        return e.get("name") in GPU_FLOP_OPS
+
+    for label, v in (
+        ("str", "x"),
+        ("big", [[BIG, BIG], [BIG, BIG]]),
+        ("huge", [[1 << 62, 1 << 62], [1 << 62, 1 << 62], [1 << 62]]),
+        ("negative", [[-4, 8], [8, -4], [-1]]),
+        ("zero", [[0, 0], [0, 0], [0]]),
+        ("empty", []),
+        ("empty_lists", [[], [], []]),
+        ("one_input", [[4, 4]]),
+        ("float", [[1.5, 2.5], [2.5, 1.5]]),
+        ("huge_float", [[1e308, 1e308], [1e308, 1e308]]),
+        ("strings", [["a", "b"], ["c", "d"]]),
+        ("nulls", [None, None, None]),
+        ("dict", {"a": [1, 2]}),
+        ("deep", json.loads(nested(400))),
+        ("attention_3d", [[8, 1024, 64], [8, 1024, 64], [8, 1024, 64]]),
+    ):
+        trace(f"dims_{label}.json", _set_all(doc, flop, "Input Dims", v), "shapes")
+    for label, v in (("int", 5), ("ints", [1, 2, 3]), ("unknown", ["float999", "quux", ""]), ("null", None)):
+        trace(f"input_type_{label}.json", _set_all(doc, flop, "Input type", v), "shapes")
+    for label, v in (
+        ("int", 5),
+        ("junk", ["", "", "", "", "maybe", "x", "True", 1]),
+        ("deep", json.loads(nested(400))),
+    ):
+        trace(f"concrete_{label}.json", _set_all(doc, flop, "Concrete Inputs", v), "shapes")
+    trace("flop_args_null.json", _set_all(doc, flop, "args", None, in_args=False), "shapes")
+    trace("flop_args_list.json", _set_all(doc, flop, "args", [1, 2], in_args=False), "shapes")
+
+    # labels the step clock, the waterfall and the FSDP analysis read
+    def named(prefix: str) -> Callable[[dict], bool]:
+        return lambda e: str(e.get("name", "")).startswith(prefix)
+
+    for label, v in (("bare", "Optimizer.step#"), ("long", "Optimizer.step#" + "A" * 50_000 + ".step"), ("int", 3)):
+        trace(f"optimizer_{label}.json", _set_all(doc, named("Optimizer.step#"), "name", v, in_args=False), "labels")
+    for label, v in (("bare", "ProfilerStep#"), ("bigint", "ProfilerStep#" + "9" * 40), ("text", "ProfilerStep#x")):
+        trace(f"profilerstep_{label}.json", _set_all(doc, named("ProfilerStep#"), "name", v, in_args=False), "labels")
+    trace(
+        "fsdp_label_unclosed.json",
+        _set_all(doc, named("FSDP::"), "name", "FSDP::pre_forward (", in_args=False),
+        "labels",
+    )
+    return cases
+
+
+def fr_field_cases(work: Path) -> list[Case]:
+    """Every field of a Flight Recorder dump that the hang diagnosis reads, one hostile value at a
+    time: the wrong type, a value past 64 bits or negative, an empty one, and the values a
+    watchdog never writes (an unknown state, times running backwards, NaN durations, a stack id
+    past the stack table, ranks of another world)."""
+    t = work / "fr_fields"
+    t.mkdir(parents=True, exist_ok=True)
+    fr = fr_dump_obj()
+    cases: list[Case] = []
+
+    def dump(name: str, fn: Callable[[dict], None]) -> None:
+        o = copy.deepcopy(fr)
+        fn(o)
+        p = t / f"{name}_rank_0"
+        p.write_bytes(pickle.dumps(o, protocol=2))
+        cases.append(Case(p.name, ["analyze", str(p), "-j", "1", "--format", "json"], str(p), "fr"))
+
+    def every_entry(key: str, v: Any) -> Callable[[dict], None]:
+        return lambda o: [e.__setitem__(key, copy.deepcopy(v)) for e in o["entries"]]
+
+    entry_keys = sorted({k for e in fr["entries"] for k in e})
+    for key in entry_keys:
+        for label, v in (("str", "x"), ("big", BIG), ("negative", -1), ("null", None), ("list", [[1], "a"])):
+            dump(f"fr_entry_{key}_{label}", every_entry(key, v))
+        if key in fr["entries"][0]:
+            dump(f"fr_entry_{key}_missing", lambda o, key=key: [e.pop(key, None) for e in o["entries"]])
+    for label, v in (
+        ("state_unknown", ("state", "exploded")),
+        ("pg_one", ("process_group", ("0",))),
+        ("pg_empty", ("process_group", ("", ""))),
+        ("sizes_negative", ("input_sizes", [[-1, -5]])),
+        ("sizes_huge", ("output_sizes", [[1 << 62, 1 << 62]])),
+        ("dtypes_unknown", ("input_dtypes", ["Quux", ""])),
+        ("duration_nan", ("duration_ms", float("nan"))),
+        ("duration_inf", ("duration_ms", float("inf"))),
+        ("timeout_zero", ("timeout_ms", 0)),
+        ("profiling_name_empty", ("profiling_name", "")),
+        ("profiling_name_bare", ("profiling_name", "nccl:")),
+        ("profiling_name_odd", ("profiling_name", "nccl:all_gather_into_tensor_coalesced:" + "x" * 5000)),
+    ):
+        dump(f"fr_{label}", every_entry(*v))
+    dump("fr_times_backwards", lambda o: [e.__setitem__("time_created_ns", -k) for k, e in enumerate(o["entries"])])
+    dump(
+        "fr_started_after_completed",
+        lambda o: [e.update(time_discovered_started_ns=10**12, time_discovered_completed_ns=1) for e in o["entries"]],
+    )
+    dump("fr_pg_ranks_huge", lambda o: o["pg_config"]["0"].__setitem__("ranks", "[0, 1, 4611686018427387904]"))
+    dump("fr_pg_ranks_bigint", lambda o: o["pg_config"]["0"].__setitem__("ranks", [0, 1, BIG]))
+    dump("fr_pg_ranks_long_digits", lambda o: o["pg_config"]["0"].__setitem__("ranks", "[0, " + "9" * 5000 + "]"))
+    dump("fr_seq_repeated", every_entry("collective_seq_id", 1))
+    dump("fr_record_id_repeated", every_entry("record_id", 0))
+    top = sorted(k for k in fr if k != "entries")
+    for key in top:
+        for label, v in (("str", "x"), ("int", BIG), ("null", None), ("list", [1, "a"]), ("dict", {"k": [None]})):
+            dump(f"fr_top_{key}_{label}", lambda o, key=key, v=v: o.__setitem__(key, copy.deepcopy(v)))
+        dump(f"fr_top_{key}_missing", lambda o, key=key: o.pop(key))
+    return cases
+
+
 def snapshot_obj() -> dict:
     """The real torch 2.11 snapshot when ../shared is present, else a small one of the same shape."""
     if REAL_SNAPSHOT.is_file():

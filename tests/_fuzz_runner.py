@@ -74,6 +74,11 @@ def main(cases_file: str, results_file: str) -> None:
     import fsdpdoctor.api  # noqa: F401
     import fsdpdoctor.analysis.compare  # noqa: F401
 
+    if os.environ.get("FSDPDOCTOR_CHECK_SCHEMA") == "1":  # (tests/conftest.py sets it)
+        from fsdpdoctor.schema import _validator
+
+        _validator()  # built once here, not in every case: 1.3 s of CPU a case otherwise
+
     results = []
     with tempfile.TemporaryDirectory() as work:
         for case in cases:

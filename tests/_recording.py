@@ -271,6 +271,16 @@ class _HangRecordings:
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join([str(REPO)] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
         cmd = [sys.executable, str(HANG_RECORDER), "--all", "--out", str(out)]
+        if self.preset is not None:  # a preset made before a scenario was added: record only those it lacks
+            from fixtures.record_hang import SCENARIOS
+
+            missing = [sc for sc in SCENARIOS if not (self.preset / sc / "truth.json").exists()]
+            cmd = [sys.executable, str(HANG_RECORDER), "--out", str(out)]
+            for sc in missing:
+                cmd += ["--scenario", sc]
+            for sc in SCENARIOS:
+                if sc not in missing:
+                    self.dirs[sc] = self.preset / sc
         t0 = time.perf_counter()
         proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=HANG_TIMEOUT_S, cwd=str(REPO))
         self.seconds = time.perf_counter() - t0

@@ -269,11 +269,14 @@ def test_structure_name_and_json_problems(tmp_path):
     one_line_error(cli("analyze", str(tmp_path / "j")), str(j), "truncated JSON")
 
 
-def test_a_memory_snapshot_named_directly_is_pointed_to_memory(tmp_path):
+def test_a_memory_snapshot_named_directly_is_read_as_one(tmp_path):
+    """By content: a snapshot pickle is a snapshot, not a dump (issue #41 item 4)."""
     from fixtures.snapshots import gen_snapshot
 
     snap, _ = gen_snapshot.write("fsdp2", tmp_path)
-    one_line_error(cli("analyze", str(snap)), str(snap), "not a Flight Recorder dump", "--memory")
+    proc = cli("analyze", str(snap))
+    assert proc.returncode == 0, proc.stderr
+    assert "Memory" in proc.stdout and "Flight Recorder" not in proc.stderr
 
 
 def test_load_dump_error_type(tmp_path):

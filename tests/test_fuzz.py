@@ -27,7 +27,7 @@ import pytest
 from conftest import cli_in_process
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _fuzz_cases import RECORDED, Case, named_cases, seeded_cases, trace_doc  # noqa: E402
+from _fuzz_cases import RECORDED, Case, fr_field_cases, gpu_cases, named_cases, seeded_cases, trace_doc  # noqa: E402
 
 RUNNER = Path(__file__).resolve().parent / "_fuzz_runner.py"
 MAX_SECONDS = 10.0
@@ -112,6 +112,40 @@ def test_named_hostile_inputs(work, baseline):
         assert "shared references" in by_id[cid]["stderr"], by_id[cid]["stderr"]
     assert "named pipe" in by_id["fifo_trace"]["stderr"] and "character device" in by_id["dev_zero_trace"]["stderr"]
     assert "regenerate it with 'fsdpdoctor analyze" in by_id["schema_str.json:check"]["stderr"]
+
+
+def test_gpu_trace_fields(work):
+    """Every field of a real GPU trace that the compute, MFU and waterfall analyses and the kernel
+    classes read, hostile: read (exit 0) or refused in one line naming the file, never an internal
+    error. A ``deviceProperties`` name that is not a string (issue 44: exit 3) is an unknown device."""
+    cases = gpu_cases(work)
+    assert {"gpu", "deviceProperties", "shapes", "labels"} <= {c.family for c in cases}
+    results = run_cases(cases, work)
+    assert len(results) == len(cases)
+    bad = [p for c, r in zip(cases, results) for p in problems(c, r, must_refuse=False)]
+    assert not bad, "\n".join(bad)
+    by_id = {c.id: r for c, r in zip(cases, results)}
+    for cid in ("dp_name_int.json", "dp_name_list.json", "dp_mem_str.json", "dp_entries_not_dicts.json"):
+        assert by_id[cid]["code"] == 0, by_id[cid]["stderr"]
+        rf = json.loads(by_id[cid]["stdout"])["rank_facts"][0]
+        assert rf["device_name"] in (None, "NVIDIA H100 80GB HBM3"), rf["device_name"]
+    # the name is unknown, the memory (85,017,493,504 bytes in the trace) still read
+    rf = json.loads(by_id["dp_name_int.json"]["stdout"])["rank_facts"][0]
+    assert rf["device_name"] is None and rf["device_memory_bytes"] == 85_017_493_504
+    rf = json.loads(by_id["dp_mem_str.json"]["stdout"])["rank_facts"][0]
+    assert rf["device_name"] == "NVIDIA H100 80GB HBM3" and rf["device_memory_bytes"] is None
+
+
+def test_flight_recorder_fields(work):
+    """Every field of a Flight Recorder dump, hostile, one at a time: the hang diagnosis reads
+    it or refuses it in one line naming the dump, never an internal error."""
+    cases = fr_field_cases(work)
+    results = run_cases(cases, work)
+    assert len(results) == len(cases)
+    bad = [p for c, r in zip(cases, results) for p in problems(c, r, must_refuse=False)]
+    assert not bad, "\n".join(bad)
+    codes = [r["code"] for r in results]
+    assert codes.count(2) > 0 and codes.count(0) + codes.count(1) > 0
 
 
 def test_seeded_mutations(work, baseline):
@@ -247,3 +281,31 @@ def test_property_baseline_field_replaced(tmp_path_factory, baseline, choice, va
     p.write_text(json.dumps(_replace(json.loads(baseline.read_text()), choice, value)))
     good = RECORDED / "per-block" / "rank0.json.gz"
     _check(*_cli_code(["compare", str(p), str(good), "-j", "1", "--format", "json"]), p)
+
+
+@pytest.fixture(scope="module")
+def gpu_doc_and_paths():
+    from _fuzz_cases import gpu_field_paths, gpu_trace_doc
+
+    doc = gpu_trace_doc()
+    return doc, gpu_field_paths(doc)
+
+
+def _with(obj, path: tuple, value):
+    """``obj`` with ``value`` at ``path``; only the containers along the path are copied."""
+    if not path:
+        return value
+    out = copy.copy(obj)
+    out[path[0]] = _with(obj[path[0]], path[1:], value)
+    return out
+
+
+@settings(PROPERTY, max_examples=EXAMPLES if _LONG else 10)
+@given(choice=st.integers(min_value=0), value=json_values)
+def test_property_gpu_field_replaced(tmp_path_factory, gpu_doc_and_paths, choice, value):
+    """Any value in any field of a real GPU trace that the compute / waterfall / kernel-class code
+    reads (``_fuzz_cases.gpu_field_paths``: deviceProperties, kernels, launches, FLOP ops' shapes)."""
+    doc, paths = gpu_doc_and_paths
+    p = tmp_path_factory.mktemp("hyp") / "rank0.json"
+    p.write_bytes(json.dumps(_with(doc, paths[choice % len(paths)], value)).encode())
+    _check(*_cli_code(["analyze", str(p), "-j", "1", "--format", "json"]), p)

@@ -106,8 +106,9 @@ def test_dump_folder_with_snapshots_only(tmp_path):
         GPU / "oom" / "rank0.memory.pickle.gz",
         tmp_path / "memory_snapshot" / "iteration_0_exit" / "rank0_memory_snapshot.pickle",
     )
-    with pytest.raises(InputError, match="without profile traces.*iteration_0_exit.*fsdpdoctor memory"):
-        fsdpdoctor.analyze(tmp_path)
+    # analyze reads a framework's folder by content (issue #41 item 4): its latest snapshots
+    rep = fsdpdoctor.analyze(tmp_path)
+    assert rep.facts.memory.oom is not None and "iteration_0_exit" in rep.facts.memory.path
     assert analyze_memory_only(tmp_path).facts.memory.oom is not None
 
 

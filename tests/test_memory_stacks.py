@@ -271,7 +271,9 @@ def test_real_checkpointed_recordings_are_full(variant, blocks):
     "path", [p for p in RECORDED if "-ac" not in str(p)] + PUBLIC, ids=lambda p: "/".join(Path(p).parts[-3:])
 )
 def test_real_recordings_without_checkpointing_say_none(path):
-    assert analyze_memory(path).activation_checkpointing == "none"
+    # dump_snapshot.pickle recorded no allocation history (PROVENANCE): no forward to judge, unknown
+    want = None if Path(path).name == "dump_snapshot.pickle" else "none"
+    assert analyze_memory(path).activation_checkpointing == want
 
 
 # ---------------------------------------------------------------------------------------------

@@ -11,9 +11,9 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-import msgspec
 import numpy as np
 
+from ..ingest.shapes import decode_list, dtype_bytes
 from ..ingest.kineto import Args, RankTrace
 from .labels import enclosing
 
@@ -91,38 +91,6 @@ _KERNEL_KIND = [
     ("Broadcast", "broadcast"),
 ]
 
-DTYPE_BYTES = {
-    "float": 4,
-    "float32": 4,
-    "int": 4,
-    "int32": 4,
-    "uint32": 4,
-    "bfloat16": 2,
-    "half": 2,
-    "float16": 2,
-    "short": 2,
-    "int16": 2,
-    "uint16": 2,
-    "double": 8,
-    "float64": 8,
-    "long": 8,
-    "long int": 8,  # Kineto's Input type for int64 tensors (2023-era traces)
-    "int64": 8,
-    "uint64": 8,
-    "complexfloat": 8,
-    "byte": 1,
-    "char": 1,
-    "signed char": 1,
-    "bool": 1,
-    "int8": 1,
-    "uint8": 1,
-    "unsigned char": 1,
-    "float8_e4m3fn": 1,
-    "float8_e5m2": 1,
-    "float8_e4m3fnuz": 1,
-    "float8_e5m2fnuz": 1,
-}
-
 
 def kind_from_collective_name(name: str | None) -> str | None:
     if not name:
@@ -139,13 +107,6 @@ def kind_from_kernel_name(name: str) -> str | None:
         if token in name:
             return kind
     return None
-
-
-def dtype_bytes(dtype: str | None) -> int | None:
-    if not dtype:
-        return None
-    d = dtype.lower().removeprefix("c10::").removeprefix("torch.")
-    return DTYPE_BYTES.get(d)
 
 
 def message_bytes(kind: str, a: Args | None) -> int | None:
@@ -300,12 +261,8 @@ def args_from_shapes(name: str, a: Args | None, kind: str, group_size: int | Non
     """Sizes and dtype of a c10d collective op from its recorded input shapes (gloo traces)."""
     if a is None or a.input_dims is None:
         return None
-    try:
-        dims = msgspec.json.decode(a.input_dims)
-        types = msgspec.json.decode(a.input_type) if a.input_type is not None else []
-    except msgspec.DecodeError:
-        return None
-    if not isinstance(dims, list) or not dims:
+    dims, types = decode_list(a.input_dims), decode_list(a.input_type)
+    if not dims:
         return None
     first = _nelems(dims[0])
     second = _nelems(dims[1]) if len(dims) > 1 else first

@@ -56,7 +56,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..engine import Finding
-from ..facts import RankFacts, RunFacts
+from ..facts import EXPOSED, RankFacts, RunFacts  # noqa: F401  (EXPOSED re-exported)
 from .compare_causes import Cause, offsets, primary, rank_causes  # noqa: F401  (Cause, offsets re-exported)
 from .compare_tables import (  # noqa: F401  (re-exported: the comparison's row types)
     PHASES,
@@ -88,7 +88,6 @@ GPU_COMPONENTS = (
     "other_idle",
 )
 CPU_COMPONENTS = ("cpu_fsdp_hooks", "cpu_forward", "cpu_backward", "cpu_optimizer", "cpu_other")
-EXPOSED = ("exposed_all_gather", "exposed_reduce_scatter", "exposed_other_comm")
 
 GPU_BASIS = (
     "step time = interval between step completions (CPU span and its GPU work both done), mean over each "

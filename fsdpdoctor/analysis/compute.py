@@ -29,6 +29,8 @@ name states their engine (:func:`engine_in_name`), add their time to the engine'
 
 from __future__ import annotations
 
+import math
+
 import functools
 import re
 from dataclasses import dataclass
@@ -39,6 +41,7 @@ import numpy as np
 from ..facts import ComputeFacts
 from ..ingest.events import ATTN_BWD_OPS, ATTN_FWD_OPS, CONV_OPS, FLOP_OPS
 from ..ingest.kineto import RankTrace
+from ..ingest.shapes import decode_list, engine
 from . import intervals as iv
 from .columns import Columns
 from .comms import comm_kernel_mask, launch_rows
@@ -61,17 +64,6 @@ FORWARD_COMPOSITES = frozenset(
 
 ENGINES = ("fp32-simt", "fp32", "tf32", "bf16", "fp16", "fp8", "fp4-fp8", "fp4")
 TENSOR_CORE = frozenset({"tf32", "bf16", "fp16", "fp8", "fp4-fp8", "fp4"})
-_DTYPE = {
-    "float": "fp32",
-    "c10::BFloat16": "bf16",
-    "c10::Half": "fp16",
-    "c10::Float8_e4m3fn": "fp8",
-    "c10::Float8_e5m2": "fp8",
-    "c10::Float8_e4m3fnuz": "fp8",
-    "c10::Float8_e5m2fnuz": "fp8",
-    "double": "fp64",
-}
-
 #: kernel names of matmuls and attention, for kernels no counted op launched (traces without
 #: recorded shapes; custom ops such as vLLM's fused MoE): cuBLAS / cuBLASLt (``*gemm*``,
 #: ``nvjet*``), CUTLASS, xmma, Tensile (``Cijk_``), TensorRT-LLM's generated GEMMs (``bmm_*``);
@@ -176,14 +168,6 @@ def _engine_from_name(name: str, op_dtype: str | None) -> str:
     return "fp32" if op_dtype == "fp32" else (op_dtype or "fp32")
 
 
-def _dims(raw) -> list:
-    try:
-        d = msgspec.json.decode(raw) if raw is not None else None
-    except msgspec.DecodeError:
-        return []
-    return d if isinstance(d, list) else []
-
-
 def _prod(xs) -> int:
     out = 1
     for x in xs:
@@ -252,7 +236,13 @@ def attended_pairs(sq: int, sk: int, causal: bool) -> float:
 
 
 def op_flops(name: str, dims: list, concrete: list | None = None) -> float | None:
-    """FLOPs of one counted op from its input dims (None: the shapes do not fit the op)."""
+    """FLOPs of one counted op from its input dims (None: the shapes do not fit the op, or give
+    no finite, non-negative count: dims no profiler writes, such as 1e308 or negative sizes)."""
+    f = _op_flops(name, dims, concrete)
+    return f if f is None or (0.0 <= f < math.inf) else None
+
+
+def _op_flops(name: str, dims: list, concrete: list | None = None) -> float | None:
     try:
         if name in CONV_OPS:
             return conv_flops(dims, concrete, name.endswith("_backward"))
@@ -285,9 +275,9 @@ def op_flops(name: str, dims: list, concrete: list | None = None) -> float | Non
 
 
 def _op_dtype(raw) -> str | None:
-    for x in _dims(raw):
+    for x in decode_list(raw):
         if isinstance(x, str) and x:
-            return _DTYPE.get(x, x)
+            return engine(x) or x
     return None
 
 
@@ -401,17 +391,27 @@ def _from_shapes(
     flops = np.zeros(counted.size)
     dtypes: list[str | None] = []
     missing = 0
+    # a step repeats the same shapes: each distinct (op, dims, concrete inputs) is decoded once
+    by_shape: dict[tuple, float | None] = {}
+    by_type: dict[bytes, str | None] = {}
     for i, (r, n) in enumerate(zip(counted.tolist(), names)):
         a = rt.args.get(r)
-        f = (
-            op_flops(n, _dims(a.input_dims), _dims(a.concrete_inputs))
-            if a is not None and a.input_dims is not None
-            else None
-        )
+        f = None
+        if a is not None and a.input_dims is not None:
+            ci = a.concrete_inputs
+            key = (n, bytes(a.input_dims), None if ci is None else bytes(ci))
+            if key in by_shape:
+                f = by_shape[key]
+            else:
+                f = by_shape[key] = op_flops(n, decode_list(a.input_dims), decode_list(ci))
         if f is None:
             missing += 1
         flops[i] = f or 0.0
-        dtypes.append(_op_dtype(a.input_type) if a is not None and a.input_type is not None else None)
+        dt = None
+        if a is not None and a.input_type is not None:
+            t = bytes(a.input_type)
+            dt = by_type[t] if t in by_type else by_type.setdefault(t, _op_dtype(a.input_type))
+        dtypes.append(dt)
     cf.ops_with_shapes = int(counted.size - missing)
     cf.ops_without_shapes = int(missing)
     if cf.ops_with_shapes == 0:
@@ -621,6 +621,7 @@ def _engines_and_peak(cf: ComputeFacts) -> None:
     peaks = device_peaks(cf.device)
     if peaks is not None:
         cf.peak_label = peaks[0]
+        cf.device_peaks_tflops = dict(peaks[1])
         pd = _peak_dtype(cf.compute_dtype)
         cf.dtype_peak = pd if pd in peaks[1] else None
         cf.dtype_peak_tflops = peaks[1].get(pd) if pd else None

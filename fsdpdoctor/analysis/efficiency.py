@@ -34,7 +34,8 @@ from ..facts_efficiency import FAMILIES, EfficiencyFacts, GemmShape, HookCost, I
 from ..ingest.events import GEMM_OPS
 from ..ingest.kineto import RankTrace
 from . import intervals as iv
-from .compute import KernelFlops, _dims, _op_dtype, kernel_class, launching_ops
+from ..ingest.shapes import decode_list
+from .compute import KernelFlops, _op_dtype, kernel_class, launching_ops
 from .efficiency_idle import TOP_IDLE_OPS, idle_and_hooks
 from .fsdp import BACKWARD_NODE_PREFIX, FORWARD_ONLY_OPS
 from .labels import enclosing
@@ -351,7 +352,7 @@ def _gemm_shapes(rt, rows, kf, pos, kfi, m_sel, start, end, n, compute) -> list[
     for (name, raw), d in groups.items():
         ms = d["us"] / 1e3 / n
         at = d["flops"] / n / (peak * 1e9) if peak else 0.0
-        dims = _gemm_dims(name, _dims(raw)) if name in GEMM_OPS or name.startswith("aten::") else None
+        dims = _gemm_dims(name, decode_list(raw)) if name in GEMM_OPS or name.startswith("aten::") else None
         shape, flags = "?", []
         if dims is not None:
             b, m, kk, nn = dims

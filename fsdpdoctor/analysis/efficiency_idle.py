@@ -25,9 +25,9 @@ from __future__ import annotations
 import functools
 import re
 
-import msgspec
 import numpy as np
 
+from ..ingest.shapes import canonical, decode_list
 from ..facts_efficiency import EfficiencyFacts, HookCost, IdleOp, SyncSite
 from ..ingest.events import KERNEL_LAUNCHES
 from ..ingest.kineto import RankTrace
@@ -90,9 +90,13 @@ def idle_and_hooks(
     windows: iv.Intervals,
     busy: iv.Intervals,
     gs: GpuSteps,
+    spans: list | None = None,
 ) -> None:
     """Fill ``eff.idle_ms`` (measured, by cause), ``hooks`` and ``syncs``: the idle gaps are
-    ``windows`` (the steps' intervals on the step clock) less ``busy`` (all GPU activity)."""
+    ``windows`` (the steps' intervals on the step clock) less ``busy`` (all GPU activity).
+    ``spans`` (a list, optional) receives each attributed piece of idle as
+    ``(start_us, end_us, cause, detail)`` (detail: the sync site, the FSDP hook ``unit hook``, or
+    ""); the pieces of a cause add up to its measured time."""
     n = max(len(steps), 1)
     g = gs.g
     lo, hi = float(windows[0][0]), float(windows[1][-1])
@@ -121,6 +125,8 @@ def idle_and_hooks(
         for gi, site in sync_site.items():
             drained[gi] = True
             sync_idle[site] = sync_idle.get(site, 0.0) + float(g1[gi] - g0[gi])
+            if spans is not None:
+                spans.append((float(g0[gi]), float(g1[gi]), "sync_drain", site))
         causes["sync_drain"] = sum(sync_idle.values())
         rest = ~drained
         lt = np.where(lrow >= 0, rt.ts[np.maximum(lrow, 0)], np.nan)
@@ -128,11 +134,15 @@ def idle_and_hooks(
         causes["gpu_dependency"] = float(np.sum(g1[queued] - g0[queued]))
         waiting = rest & ~queued & (lrow >= 0)
         causes["launch"] = float(np.sum(g1[waiting] - np.maximum(lt[waiting], g0[waiting])))
+        if spans is not None:
+            spans.extend((float(a), float(b), "gpu_dependency", "") for a, b in zip(g0[queued], g1[queued]))
+            la = np.maximum(lt[waiting], g0[waiting])
+            spans.extend((float(a), float(b), "launch", "") for a, b in zip(la, g1[waiting]) if b > a)
         # the tail after the last activity (or gaps whose activity has no launch): the main thread's
         tail = rest & ~queued & (lrow < 0)
         thread = np.where(lrow >= 0, rt.thread[np.maximum(lrow, 0)], _main_thread(rt, steps)).astype(np.int64)
         cut = np.where(waiting, np.minimum(lt, g1), g1)
-        _by_cpu_state(rt, thread, g0, cut, waiting | tail, hooks, causes, hook_wait, inside)
+        _by_cpu_state(rt, thread, g0, cut, waiting | tail, hooks, causes, hook_wait, inside, spans)
     eff.idle_ms = {c: v / 1e3 / n for c, v in causes.items() if v > 0}
     eff.hooks = _hook_costs(rt, hooks[(rt.ts[hooks] >= c0) & (rt.ts[hooks] < c1)], hook_wait, n)
     comm = iv.merge(rt.ts[g.rows[g.comm]], (rt.ts + rt.dur)[g.rows[g.comm]])
@@ -153,9 +163,10 @@ def _hook_rows(rt: RankTrace, lo: float, hi: float) -> np.ndarray:
     return _outermost(rt, rows)
 
 
-def _by_cpu_state(rt, thread, g0, g1, sel, hooks, causes, hook_wait, inside=None) -> None:
+def _by_cpu_state(rt, thread, g0, g1, sel, hooks, causes, hook_wait, inside=None, spans=None) -> None:
     """Attribute the gap pieces [g0, g1] selected by ``sel`` by what their thread was inside
-    (and, into ``inside``, by every CPU range around them: :func:`_inside`)."""
+    (and, into ``inside``, by every CPU range around them: :func:`_inside`; into ``spans``, each
+    piece with its cause: :func:`idle_and_hooks`)."""
     idx = np.flatnonzero(sel & (g1 > g0))
     if idx.size == 0:
         return
@@ -177,14 +188,37 @@ def _by_cpu_state(rt, thread, g0, g1, sel, hooks, causes, hook_wait, inside=None
                 if lab is not None:
                     hook_wait[lab] = hook_wait.get(lab, 0.0) + us
                     causes["fsdp_hooks"] = causes.get("fsdp_hooks", 0.0) + us
+            if spans is not None:
+                _hook_spans(rt, target, h, labels, spans)
             target = iv.subtract(target, iv.merge(rt.ts[h], rt.ts[h] + rt.dur[h]))
         for cause, rows in (("data_loading", dl), ("optimizer_cpu", opt), ("launch", launches)):
             r = rows[rt.thread[rows] == th]
             if r.size and target[0].size:
                 cover = iv.merge(rt.ts[r], rt.ts[r] + rt.dur[r])
                 causes[cause] = causes.get(cause, 0.0) + iv.intersect_len(target, cover)
+                if spans is not None:
+                    a, b = iv.intersect(target, cover)
+                    spans.extend((float(x), float(y), cause, "") for x, y in zip(a, b) if y > x)
                 target = iv.subtract(target, cover)
         causes["python"] = causes.get("python", 0.0) + iv.total(target)
+        if spans is not None:
+            spans.extend((float(x), float(y), "python", "") for x, y in zip(*target) if y > x)
+
+
+def _hook_spans(rt: RankTrace, target: iv.Intervals, h: np.ndarray, labels: np.ndarray, spans: list) -> None:
+    """The pieces of ``target`` inside each hook range of ``h`` (outermost ranges of one thread,
+    so disjoint: what :func:`iv.attribute` gives each label, as intervals), each as ``fsdp_hooks``
+    with its ``unit hook``."""
+    order = np.argsort(rt.ts[h], kind="stable")
+    cursor = -np.inf
+    for i in order.tolist():
+        a, b = max(float(rt.ts[h[i]]), cursor), float(rt.ts[h[i]] + rt.dur[h[i]])
+        cursor = max(cursor, b)
+        if b <= a:
+            continue
+        unit, hook = labels[i]
+        detail = f"{unit or '(root)'} {hook}"
+        spans.extend((float(x), float(y), "fsdp_hooks", detail) for x, y in zip(*iv.clip(target, a, b)) if y > x)
 
 
 def is_data_loading(name: str) -> bool:
@@ -340,24 +374,16 @@ def _site_info(rt: RankTrace, rows: np.ndarray) -> dict[int, tuple[str, str | No
     return out
 
 
-_TYPES = {"long": "int64", "int": "int32", "float": "float32", "double": "float64", "bool": "bool"}
-_TYPES.update({"c10::BFloat16": "bfloat16", "c10::Half": "float16", "unsigned char": "uint8", "signed char": "int8"})
-
-
 def _tensor(rt: RankTrace, op: int) -> str | None:
     """The op's first input as ``dtype[d0, d1]`` where its shapes were recorded."""
     a = rt.args.get(op) if op >= 0 else None
     if a is None or a.input_dims is None:
         return None
-    try:
-        dims = msgspec.json.decode(a.input_dims)
-        types = msgspec.json.decode(a.input_type) if a.input_type is not None else []
-    except msgspec.DecodeError:
-        return None
+    dims, types = decode_list(a.input_dims), decode_list(a.input_type)
     if not dims or not isinstance(dims[0], list) or not dims[0] or not all(isinstance(d, int) for d in dims[0]):
         return None
     t = types[0] if types and isinstance(types[0], str) and types[0] else "?"
-    return f"{_TYPES.get(t, t)}[{', '.join(str(d) for d in dims[0])}]"
+    return f"{canonical(t) or t}[{', '.join(str(d) for d in dims[0])}]"
 
 
 def _copies(rt: RankTrace, rows: np.ndarray) -> dict[int, tuple[str, float]]:

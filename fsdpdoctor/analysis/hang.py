@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import InputError
-from ..facts_hang import FrProcessGroup, HangCulprit, HangFacts, HangOp, LateRank, RankProgress
+from ..facts_hang import DumpLedger, FrProcessGroup, HangCulprit, HangFacts, HangOp, LateRank, RankProgress
 from ..fmt import rank_list, ranks_text, seconds
 from .hang_stacks import frame_text
 from .hang_views import GroupSeqs, OpView, RankView, view_of, view_task
@@ -266,8 +266,10 @@ def op_name(ops: list[OpView]) -> str:
 
 
 def _step(v: OpView, from_start: bool) -> str | None:
-    if v.phase not in ("forward", "backward") or v.pass_index <= 0:
+    if v.phase not in ("forward", "backward"):
         return None
+    if v.pass_index <= 0:  # the dumps do not establish it (no FSDP forward collective counts the passes)
+        return f"{v.phase}, step unknown"
     return f"{v.phase} of step {v.pass_index}" if from_start else f"{v.phase} of pass {v.pass_index} of the buffer"
 
 
@@ -363,6 +365,22 @@ def diagnose(views: list[RankView], *, late_s: float = DEFAULT_LATE_S, world_siz
         )
     if not from_start:
         notes.append("a recorder buffer wrapped: steps are counted from the oldest forward pass it holds")
+    if not all(v.steps_known for v in by_rank.values()):
+        notes.append(
+            "step unknown: steps are counted on FSDP's forward all-gathers, and the forward passes of "
+            + ranks_text(sorted(r for r, v in by_rank.items() if not v.steps_known))
+            + " record none (DDP records no collective in forward)"
+        )
+    facts.unrecorded_ops = {r: v.unrecorded_ops for r, v in sorted(by_rank.items()) if v.unrecorded_ops}
+    facts.dump_ledger = [
+        DumpLedger(r, v.n_entries, v.n_p2p, v.states, v.unrecorded_ops, v.unread_keys, v.steps_known)
+        for r, v in sorted(by_rank.items())
+    ]
+    unread = sorted({k for v in by_rank.values() for k in v.unread_keys})
+    if unread:
+        notes.append("not read from the dumps: " + ", ".join(unread))
+    if by_rank and all(set(v.states) <= {"scheduled"} for v in by_rank.values() if v.states):
+        notes.append("no entry records a started or completed state (gloo tracks none): states not used")
     facts.progress = _progress(by_rank)
     gsig = _global_sigs(by_rank)
     lasts = {k: _last(g, by_rank) for k, g in groups.items()}
@@ -381,6 +399,16 @@ def diagnose(views: list[RankView], *, late_s: float = DEFAULT_LATE_S, world_siz
             _fill_rest(facts, groups, lasts, by_rank, from_start)
     if facts.process_group is None and facts.kind != "none":
         facts.kind = "none"
+    if facts.unrecorded_ops and facts.kind in ("missing", "no_dump", "late") and facts.culprits:
+        named = facts.culprit_ranks
+        ahead = sorted(facts.unrecorded_ops.items())
+        facts.caveat = (
+            f"{ranks_text(named)} may be {'victims' if len(named) > 1 else 'a victim'} of an unrecorded send/recv: "
+            f"op_id runs ahead of collective_seq_id by {', '.join(str(n) for _, n in ahead)} on "
+            f"{ranks_text([r for r, _ in ahead])} (ops no entry records; {facts.backend or 'this backend'} "
+            "records no send/recv)"
+        )
+        notes.append(facts.caveat)
     return facts
 
 

@@ -15,12 +15,13 @@ from __future__ import annotations
 
 import math
 from array import array
+from collections import Counter
 from typing import Any
 
 import msgspec
 
 from ..errors import AnalysisBug, InputError
-from ..ingest.flight_recorder import Dump, Frame, PgStatus, load_dump
+from ..ingest.flight_recorder import MAX_RANKS, Dump, Frame, PgStatus, load_dump
 from .hang_stacks import StackInfo, read_stack
 
 DETAIL = 16  # last sequence numbers per group kept in full in a rank's view
@@ -87,6 +88,11 @@ class RankView(msgspec.Struct, gc=False):
     pg_names: dict[str, list[str]]  # pg_id → [name, desc]
     last: OpView | None
     pg_config_names: list[str]
+    steps_known: bool = True  # forward passes counted on FSDP's forward collectives (else: step unknown)
+    unrecorded_ops: int = 0  # ops op_id counted that no entry records (gloo's send/recv)
+    states: dict[str, int] = {}  # entries per recorded state
+    n_p2p: int = 0
+    unread_keys: list[str] = []
 
 
 # --------------------------------------------------------------------------- one rank
@@ -112,11 +118,12 @@ def _size_free(op: str) -> bool:
 def _group_size(op: str, e: Any) -> int | None:
     o = op.lower()
     n_in, n_out = _numel(e.input_sizes), _numel(e.output_sizes)
+    size = None
     if ("all_gather" in o or "allgather" in o) and n_in and n_out % n_in == 0:
-        return n_out // n_in
-    if "reduce_scatter" in o and n_out and n_in % n_out == 0:
-        return n_in // n_out
-    return None
+        size = n_out // n_in
+    elif "reduce_scatter" in o and n_out and n_in % n_out == 0:
+        size = n_in // n_out
+    return size if size is not None and 0 < size <= MAX_RANKS else None  # sizes no recorder writes: no group size
 
 
 def _peer(profiling_name: str) -> int | None:
@@ -266,6 +273,29 @@ def view_from_dump(d: Dump, extra: set[tuple[str, str, int]] | None = None) -> R
             if j >= len(g.seqs) - DETAIL or seq in want:
                 g.detail[seq] = [view(i) for i in idx[j]]
         g.p2p = [view(i) for i in p2p_idx.get(key, [])]
+    # A step number only where the dump establishes it: forward passes are counted on FSDP's
+    # forward all-gathers; a run whose forward passes record no FSDP collective (DDP records none
+    # in forward) never moves the counter, so its steps are unknown, not "step 1".
+    starts = [i for i in range(len(entries)) if passes[i] and (i == 0 or passes[i - 1] != passes[i])]
+    steps_known = bool(starts) and all(
+        any(
+            (infos[entries[j].stack] if 0 <= entries[j].stack < len(infos) else no_info).fsdp_kind == "unshard"
+            for j in range(i, len(entries))
+            if passes[j] == passes[i]
+        )
+        for i in starts
+    )
+    if not steps_known:
+        passes = [0] * len(entries)
+        for v in made.values():
+            v.pass_index = 0
+    # ops the recorder counted (op_id, per group) and did not record: gloo records no send/recv, so
+    # its op_id runs ahead of collective_seq_id. Gloo only: NCCL's op_id legitimately runs ahead
+    # on the ops of a coalesced group (one sequence number, an op_id each) and counts p2p apart.
+    unrecorded: dict[tuple[str, str], int] = {}
+    for e in entries:
+        if e.backend == "gloo" and not e.is_p2p and e.op_id > 0 and e.seq is not None:
+            unrecorded[e.process_group] = max(unrecorded.get(e.process_group, 0), e.op_id - e.seq)
     last_view = view(len(entries) - 1) if entries else None
     used: dict[int, int] = {}
     for v in made.values():
@@ -296,6 +326,11 @@ def view_from_dump(d: Dump, extra: set[tuple[str, str, int]] | None = None) -> R
         names,
         last_view,
         sorted(d.pg_config),
+        steps_known,
+        sum(v for v in unrecorded.values() if v > 0),
+        dict(Counter(e.state for e in entries)),
+        sum(1 for e in entries if e.is_p2p),
+        list(d.unread_keys),
     )
 
 

@@ -49,13 +49,15 @@ def union(*sets: Intervals) -> Intervals:
     return merge(np.concatenate([s[0] for s in sets]), np.concatenate([s[1] for s in sets]))
 
 
-def measure_below(iv: Intervals, x: np.ndarray) -> np.ndarray:
-    """F(x) = |iv ∩ (-inf, x]| for each x (vectorised). ``iv`` must be merged."""
+def measure_below(iv: Intervals, x: np.ndarray, cum: np.ndarray | None = None) -> np.ndarray:
+    """F(x) = |iv ∩ (-inf, x]| for each x (vectorised). ``iv`` must be merged. ``cum``: its
+    running total, ``[0, cumsum(e - s)...]``, when the caller keeps it (:class:`Growing`)."""
     s, e = iv
     x = np.asarray(x, dtype=np.float64)
     if s.size == 0:
         return np.zeros_like(x)
-    cum = np.concatenate(([0.0], np.cumsum(e - s)))
+    if cum is None:
+        cum = np.concatenate(([0.0], np.cumsum(e - s)))
     k = np.searchsorted(s, x, side="right")  # intervals starting at or before x
     full = cum[k]
     # the k-th interval (index k-1) may extend past x: remove that tail
@@ -68,6 +70,60 @@ def intersect_len(a: Intervals, b: Intervals) -> float:
     if a[0].size == 0 or b[0].size == 0:
         return 0.0
     return float(np.sum(measure_below(b, a[1]) - measure_below(b, a[0])))
+
+
+class Growing:
+    """A merged set that grows by unions, for a loop that asks, for each new set, how much of it
+    the union of the earlier ones covers (``seen.intersect_len(x)`` then ``seen.add(x)``).
+
+    Gives exactly ``intersect_len(x, seen)`` and ``seen = union(seen, x)``, float for float, at a
+    cost that follows the new set, not the whole union: an added set re-merges only the intervals
+    that end at or after its first start (those before are left as they are, as the full merge
+    would leave them), and the running total that :func:`measure_below` needs is extended from the
+    first changed interval on (``cumsum`` adds in sequence, so its prefix does not change). The
+    arrays grow by doubling.
+    """
+
+    def __init__(self) -> None:
+        self._s = np.zeros(64)
+        self._e = np.zeros(64)
+        self._cum = np.zeros(65)  # _cum[j] = |first j intervals|, summed in order
+        self.n = 0
+
+    @property
+    def intervals(self) -> Intervals:
+        return self._s[: self.n], self._e[: self.n]
+
+    def intersect_len(self, a: Intervals) -> float:
+        """:func:`intersect_len` ``(a, self)``."""
+        if a[0].size == 0 or self.n == 0:
+            return 0.0
+        b, cum = self.intervals, self._cum[: self.n + 1]
+        return float(np.sum(measure_below(b, a[1], cum) - measure_below(b, a[0], cum)))
+
+    def add(self, a: Intervals) -> None:
+        """``self = union(self, a)`` for a merged ``a``."""
+        if a[0].size == 0:
+            return
+        s, e = self.intervals
+        # intervals ending before a's first start neither touch nor overlap any of a (touching
+        # merges: a run continues while a start is <= the running end)
+        i = int(np.searchsorted(e, a[0][0], side="left"))
+        ts, te = merge(np.concatenate((s[i:], a[0])), np.concatenate((e[i:], a[1])))
+        n = i + ts.size
+        if n > self._s.size:
+            cap = max(n, 2 * self._s.size)
+            for name in ("_s", "_e"):
+                new = np.zeros(cap)
+                new[:i] = getattr(self, name)[:i]
+                setattr(self, name, new)
+            cum = np.zeros(cap + 1)
+            cum[: i + 1] = self._cum[: i + 1]
+            self._cum = cum
+        self._s[i:n] = ts
+        self._e[i:n] = te
+        self._cum[i + 1 : n + 1] = np.cumsum(np.concatenate((self._cum[i : i + 1], te - ts)))[1:]
+        self.n = n
 
 
 def window(iv: Intervals, lo: float, hi: float) -> Intervals:

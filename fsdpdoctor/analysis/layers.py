@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..ingest.kineto import RankTrace
-from .compute import _dims
+from ..ingest.shapes import decode_list
 from .steps import PHASES, StepWindow, locate
 
 WEIGHT_OPS = {"aten::mm": 1, "aten::addmm": 2}  # op → position of the weight among its inputs
@@ -47,7 +47,7 @@ class RepeatedBlocks:
 
 def _weight(name: str, raw) -> tuple[int, int, bool] | None:
     """(K, N, has bias) of a GEMM's weight operand, from its recorded Input Dims."""
-    dims = _dims(raw)
+    dims = decode_list(raw)
     pos = WEIGHT_OPS[name]
     if len(dims) <= pos:
         return None

@@ -83,15 +83,17 @@ def memory_pressure(facts: RunFacts, budget_gib: float = 0.0, pressure_pct: floa
         out.level = "unknown"
     else:
         out.level = "high" if out.used_pct >= pressure_pct else "low"
+    out.batch_headroom = batch_headroom(facts, out)
     return out
 
 
-def batch_headroom(facts: RunFacts) -> float | None:
+def batch_headroom(facts: RunFacts, p: MemoryPressureFacts | None = None) -> float | None:
     """How many times the micro-batch could grow before the peak reaches the pressure threshold,
     with activations growing in proportion and everything else fixed: ``(threshold × capacity −
     (peak − activations)) / activations`` on the allocated peak. None where it cannot be told
     (no capacity, no activations in the snapshot, or under pressure already)."""
-    p, m = facts.memory_pressure, facts.memory
+    p = p if p is not None else facts.memory_pressure
+    m = facts.memory
     if p is None or m is None or p.level != "low" or not p.capacity_bytes:
         return None
     act = m.categories.get("activations", 0)

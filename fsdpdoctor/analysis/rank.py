@@ -70,10 +70,11 @@ def ops_recorded_pct(rt: RankTrace) -> float | None:
     share (1.4% on HTA's sampled 128-rank trace: kernels, launches and ops dropped inside the
     window). None with too few numbered ops to tell."""
     ids = rt.external_id[rt.mask_cat("cpu_op")]
-    ids = np.unique(ids[ids >= 0])
-    if ids.size < MIN_OPS_FOR_SAMPLING:
+    ids = np.sort(ids[ids >= 0])  # distinct ones counted on the sorted array: np.unique hashes, ~5x slower here
+    n = int(np.count_nonzero(ids[1:] != ids[:-1])) + 1 if ids.size else 0
+    if n < MIN_OPS_FOR_SAMPLING:
         return None
-    return 100.0 * ids.size / float(ids[-1] - ids[0] + 1)
+    return 100.0 * n / float(ids[-1] - ids[0] + 1)
 
 
 def _read_rank(rt: RankTrace, order_index: int) -> tuple[RankFacts, WhatIfPlan | None]:

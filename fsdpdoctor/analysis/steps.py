@@ -129,7 +129,14 @@ def _assign_phases(rt: RankTrace, cpu: np.ndarray, steps: list[StepWindow]) -> s
         opt_start = st.end
         if om.any():
             opt_start = float(o_s[om].min())
-            ph["optimizer"] = (opt_start, float(min(o_e[om].max(), st.end)))
+            opt_end = float(min(o_e[om].max(), st.end))
+            # optimizer.step(closure) (Lightning's automatic optimization, LBFGS): the closure runs
+            # forward and backward inside the step's Optimizer.step range; the optimizer's own
+            # work is what follows the closure's backward
+            inner = (b_s >= opt_start) & (b_s < opt_end)
+            if inner.any():
+                opt_start = float(min(b_e[inner].max(), opt_end))
+            ph["optimizer"] = (opt_start, opt_end)
             found_opt = True
         bm = (b_s >= st.start) & (b_s < opt_start)
         if bm.any():

@@ -176,7 +176,7 @@ def step_timeline_backlog(
         float(s_all[by_step[bounds[k] : bounds[k + 1]]].min()) if bounds[k + 1] > bounds[k] else None
         for k in range(len(steps))
     ]
-    seen = iv.EMPTY  # the GPU busy with the earlier steps' own work
+    seen = iv.Growing()  # the GPU busy with the earlier steps' own work
     for k, st in enumerate(steps):
         in_step = by_step[bounds[k] : bounds[k + 1]]
         sf = StepFacts(number=st.number, start_us=st.start, step_ms=st.dur / 1e3, cpu_span_ms=st.dur / 1e3)
@@ -215,8 +215,8 @@ def step_timeline_backlog(
             # shares with an earlier step's (its comm beside their compute) is the earlier step's, so
             # the steps' busy times add up to the GPU's and never exceed the steps' time
             own_busy = iv.union(busy_cc, mem)
-            sf.gpu_busy_ms = (iv.total(own_busy) - iv.intersect_len(own_busy, seen)) / 1e3
-            seen = iv.union(seen, own_busy)
+            sf.gpu_busy_ms = (iv.total(own_busy) - seen.intersect_len(own_busy)) / 1e3
+            seen.add(own_busy)
             ph = phase_idx[in_step]
             for k_ph, name in enumerate(PHASES):
                 sel = cp & (ph == k_ph)

@@ -50,10 +50,18 @@ def looks_like_trace(p: Path | str) -> bool:
     return b'"traceEvents"' in head or b'"schemaVersion"' in head
 
 
-def _traces_among(found: list, cycle: int | None, skipped: list[tuple[str, str]], dumps: list | None = None) -> list:
+def _traces_among(
+    found: list,
+    cycle: int | None,
+    skipped: list[tuple[str, str]],
+    dumps: list | None = None,
+    memory: list | None = None,
+) -> list:
     """The traces among the files a directory or pattern expanded to, of one capture cycle (with
-    ``dumps``: a Flight Recorder dump in JSON form goes there instead of into ``skipped``)."""
-    kept = []
+    ``dumps``: a Flight Recorder dump in JSON form goes there instead of into ``skipped``; with
+    ``memory``: where no trace is among them, a profiler memory timeline, a JSON list, goes there)."""
+    kept: list = []
+    timelines: list[Path] = []
     for q in found:
         if Path(str(q)).name == SIDECAR_NAME:  # read as the run's sidecar, not a trace
             continue
@@ -61,8 +69,14 @@ def _traces_among(found: list, cycle: int | None, skipped: list[tuple[str, str]]
             kept.append(q)
         elif dumps is not None and not remote.is_url(q) and fr.is_dump(Path(q)):
             dumps.append(Path(q))
+        elif memory is not None and not remote.is_url(q) and memory_kind(Path(q)) == "timeline":
+            timelines.append(Path(q))
         else:
             skipped.append((str(q), f"not a profiler trace (no traceEvents in its first {SNIFF_BYTES >> 20} MiB)"))
+    if memory is not None and not kept:  # memory timelines alone: the memory report reads them
+        memory.extend(timelines)
+    else:  # beside traces a JSON list is listed, not read (a snapshot beside them is: snapshots_beside)
+        skipped.extend((str(q), "a memory timeline beside the traces: name it to read it") for q in timelines)
     return _pick_cycle(kept, cycle, skipped) if kept else kept
 
 
@@ -71,6 +85,21 @@ def _direct_dump(p: Path) -> bool:
     whose reader then says what it is)."""
     head = fr._head(p)
     return head[:2] in _PICKLE_MAGIC or fr.sniff(head) is not None
+
+
+def memory_kind(p: Path) -> str | None:
+    """What a file is by its content (its first, gunzipped bytes), for the memory readers:
+    "snapshot" for a pickle that is not a Flight Recorder dump (``_dump_snapshot``'s dict with
+    ``segments`` / ``device_traces``, or the bare segment list of ``torch.cuda.memory_snapshot()``:
+    any other pickle too, whose reader then names what it lacks); "timeline" for JSON whose
+    top level is a list (``export_memory_timeline``'s rows or its ``[times, sizes]`` form); None
+    for anything else (a trace, a dump, other JSON)."""
+    head = fr._head(p)
+    if fr.sniff(head) is not None:
+        return None
+    if head[:2] in _PICKLE_MAGIC:
+        return "snapshot"
+    return "timeline" if head.lstrip()[:1] == b"[" else None
 
 
 def cycle_of(p: Path | str) -> int:
@@ -99,6 +128,7 @@ def discover(
     skipped: list[tuple[str, str]] | None = None,
     iteration: int | None = None,
     dumps: list[Path] | None = None,
+    memory: list[Path] | None = None,
 ) -> list[Path | str]:
     """Trace files named by ``paths``, in a stable order, without duplicates.
 
@@ -119,10 +149,16 @@ def discover(
     (:func:`fsdpdoctor.ingest.flight_recorder.dumps_in`), those a pattern matches, and a file named
     directly that is a dump (or any pickle); then a directory of dumps alone is no error, and the
     list of traces may be empty.
+
+    With ``memory`` (a list), memory inputs go there by content (:func:`memory_kind`): a file named
+    directly that is a CUDA memory snapshot (any pickle that is not a dump) or a profiler memory
+    timeline, and memory timelines a directory or pattern holds; a directory whose snapshots
+    :func:`snapshots_beside` finds (the caller reads those) is then no error either.
     """
     skipped = [] if skipped is None else skipped
     out: list[Path | str] = []
     folders = 0  # framework dump folders (layouts) among the paths
+    memory_folders = 0  # folders that hold memory snapshots and no traces
     for raw in paths:
         raw = remote.localize(raw)
         if remote.is_url(raw):
@@ -161,10 +197,15 @@ def discover(
             except OSError as exc:
                 raise InputError(p, f"cannot list the directory ({exc.strerror or exc})") from None
             before = len(dumps) if dumps is not None else 0
-            found = _traces_among(named, cycle, skipped, dumps)
+            before_mem = len(memory) if memory is not None else 0
+            found = _traces_among(named, cycle, skipped, dumps, memory)
             if dumps is not None:
                 dumps.extend(fr.dumps_in(p, exclude=set(named)))
             got_dumps = dumps is not None and len(dumps) > before
+            if memory is not None and not found and not got_dumps:  # memory inputs alone
+                if len(memory) > before_mem or snapshots_beside([p], iteration):
+                    memory_folders += 1  # its snapshots are read by the caller (snapshots_beside)
+                    continue
             if not found and dump is not None and not got_dumps:  # iteration folders of snapshots only
                 hint = f" ({dump.latest_snapshot_iteration}): fsdpdoctor memory {p}" if dump.latest_snapshots else ""
                 raise InputError(p, f"a {dump.layout} dump folder without profile traces; its memory snapshots{hint}")
@@ -176,6 +217,9 @@ def discover(
                 )
             out.extend(found)
         elif st is not None:
+            if memory is not None and stat.S_ISREG(st.st_mode) and not looks_like_trace(p) and memory_kind(p):
+                memory.append(p)
+                continue
             if dumps is not None and stat.S_ISREG(st.st_mode) and not looks_like_trace(p) and _direct_dump(p):
                 dumps.append(p)
                 continue
@@ -188,8 +232,14 @@ def discover(
             if dumps is not None:  # dumps have any name: those without a trace's are sniffed first
                 dumps.extend(q for q in matched if not _is_trace_name(q) and fr.is_dump(q))
                 matched = [q for q in matched if q not in dumps]
-            found = _traces_among(matched, cycle, skipped, dumps)
+            before_mem = len(memory) if memory is not None else 0
+            if memory is not None:  # snapshots have any name too
+                memory.extend(q for q in matched if q not in (dumps or ()) and memory_kind(q) == "snapshot")
+                matched = [q for q in matched if q not in memory]
+            found = _traces_among(matched, cycle, skipped, dumps, memory)
             if not found and dumps is not None and len(dumps) > before:
+                continue
+            if not found and memory is not None and len(memory) > before_mem:
                 continue
             if not found:
                 raise InputError(s, "pattern matches no trace files (*.json, *.json.gz with traceEvents)")
@@ -209,7 +259,9 @@ def discover(
             unique.append(p)
     if dumps is not None:
         dumps[:] = list(dict.fromkeys(q.resolve() for q in dumps))
-    if not unique and not dumps:
+    if memory is not None:
+        memory[:] = list(dict.fromkeys(memory))
+    if not unique and not dumps and not memory and not memory_folders:
         raise InputError(" ".join(map(str, paths)) or "(no paths)", "no trace files given")
     return unique
 

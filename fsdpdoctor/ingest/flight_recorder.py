@@ -150,6 +150,7 @@ class Dump(msgspec.Struct, gc=False):
     pg_status: dict[str, PgStatus] = {}
     entries: list[Entry] = []
     stacks: list[list[Frame]] = []
+    unread_keys: list[str] = []  # top-level keys the analysis does not read (nccl_comm_state, ...)
 
     @property
     def version_tuple(self) -> tuple[int, int]:
@@ -157,6 +158,10 @@ class Dump(msgspec.Struct, gc=False):
 
 
 # --------------------------------------------------------------------------- recognising dumps
+
+
+#: the top-level keys of a dump that are read
+READ_KEYS = frozenset({"version", "pg_config", "pg_status", "entries", "comm_lib_version", "nccl_version"})
 
 
 def sniff(head: bytes) -> str | None:
@@ -218,16 +223,26 @@ def _version(v: Any) -> tuple[int, int] | None:
     return (int(m.group(1)), int(m.group(2))) if m else None
 
 
+#: more ranks than any job runs with: a rank id or a group size implied past it is not believed
+#: (the hang diagnosis lists the ranks without a dump, ``range(world)``)
+MAX_RANKS = 1 << 20
+
+
 def _ranks(value: Any) -> list[int] | None:
-    """``pg_config[..]["ranks"]``: the string ``"[0, 1, 2]"`` torch writes (or a list)."""
+    """``pg_config[..]["ranks"]``: the string ``"[0, 1, 2]"`` torch writes (or a list); None
+    when it names a rank id of ``MAX_RANKS`` or more."""
     if isinstance(value, list) and all(type(x) is int for x in value):
-        return list(value) or None
-    if isinstance(value, str):
+        out = list(value)
+    elif isinstance(value, str):
         nums = re.findall(r"-?\d+", value)
         if len(nums) > 1_000_000:
             return None
-        return [int(x) for x in nums] or None
-    return None
+        out = [int(x) for x in nums if len(x) <= 20]
+        if len(out) < len(nums):
+            return None
+    else:
+        return None
+    return out if out and max(out) < MAX_RANKS else None
 
 
 def _int_or_none(v: Any) -> int | None:
@@ -331,6 +346,7 @@ def dump_from_object(
         pg_status=_pg_status(obj.get("pg_status")),
         entries=entries,
         stacks=stacks,
+        unread_keys=sorted(str(k) for k in obj if k not in READ_KEYS),
     )
 
 

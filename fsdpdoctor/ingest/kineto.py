@@ -257,6 +257,26 @@ def distributed_info(raw: Any) -> dict:
     return {}
 
 
+def device_properties(raw: Any) -> list[dict]:
+    """``deviceProperties`` as a list of dicts whose fields the analysis reads have their types:
+    a ``name`` that is not a non-empty string and a ``totalGlobalMem`` that is not a positive
+    finite number are left out (the device's name or memory unknown), entries that are not
+    objects dropped. The profiler writes them so; a file that does not is read, not refused."""
+    out = []
+    for p in raw if isinstance(raw, list) else []:
+        if not isinstance(p, dict):
+            continue
+        name, mem = p.get("name"), p.get("totalGlobalMem")
+        bad_name = "name" in p and not (isinstance(name, str) and name)
+        bad_mem = "totalGlobalMem" in p and (
+            isinstance(mem, bool) or not isinstance(mem, (int, float)) or not 0 < mem < float("inf")
+        )
+        if bad_name or bad_mem:
+            p = {k: v for k, v in p.items() if not (k == "name" and bad_name or k == "totalGlobalMem" and bad_mem)}
+        out.append(p)
+    return out
+
+
 def rank_from_filename(path: str | Path) -> int | None:
     name = Path(path).name
     for rx in _RANK_IN_NAME:
@@ -411,7 +431,7 @@ def _make_trace(
         rank_source=source,
         world_size=ws,
         distributed_info=dinfo,
-        device_properties=devprops if isinstance(devprops, list) else [],
+        device_properties=device_properties(devprops),
         trace_name=trace_name if isinstance(trace_name, str) else None,
         base_time_ns=base if base is not None and 0 < base < 1 << 63 else None,
         cat=cat,

@@ -1,20 +1,25 @@
 """Frameworks' dump folders, found as they lie.
 
-torchtitan writes what it records under its ``job.dump_folder``, one folder per iteration:
+torchtitan writes what it records under its ``job.dump_folder`` (0.3.0: ``--dump-folder``), one
+folder per iteration:
 
-* ``<traces>/iteration_<N>/[<leaf>/]rank<r>_trace.json`` (``profiling.save_traces_folder``,
-  default ``profile_traces``), every ``profiling.profile_freq`` steps;
-* ``<snapshots>/iteration_<N>/[<leaf>/]rank<r>_memory_snapshot.pickle``
-  (``profiling.save_memory_snapshot_folder``, default ``memory_snapshot``), at the same steps,
-  and ``iteration_<N>_exit`` when the run ran out of memory after step N;
-* Flight Recorder dumps in ``comm_traces/`` (read elsewhere, when they are read).
+* ``<traces>/iteration_<N>/[<leaf>/]rank<r>_trace.json[.gz]`` (``profiling.save_traces_folder``:
+  ``profile_traces`` before 0.3.0, ``profiling/traces`` in 0.3.0, which writes ``.json.gz``),
+  every ``profile_freq`` steps;
+* memory snapshots at the same steps (``save_memory_snapshot_folder``): before 0.3.0
+  ``memory_snapshot/iteration_<N>/[<leaf>/]rank<r>_memory_snapshot.pickle``, and
+  ``iteration_<N>_exit`` when the run ran out of memory after step N; in 0.3.0
+  ``profiling/memory_snapshot/step_<N:012d>/[<leaf>/]<r:06d>_step_<N>.pickle`` and
+  ``step_<N:012d>_exit`` (torchtitan/tools/profiler.py: ``MEMORY_STEP_DIR``, ``MEMORY_FILE``);
+* Flight Recorder dumps in ``comm_traces/rank_<r>`` (read by :mod:`.flight_recorder`).
 
 The folder names are settings, so a *series* is found by what it holds: a folder (the one given,
-or one directly inside it) whose children are ``iteration_<N>[_exit]`` folders. Trace files are
-the ``*.json`` / ``*.json.gz`` there, snapshots the ``*.pickle`` / ``*.pkl`` (``.gz`` too); the
-readers then judge their content as for any other input. A layout is a function in
-:data:`LAYOUTS` from a folder to a :class:`DumpFolder` (or None): another framework's, or
-another kind of artifact in torchtitan's, is added there.
+or one or two levels inside it: 0.3.0's ``profiling/traces``) whose children are
+``iteration_<N>[_exit]`` or ``step_<N>[_exit]`` folders. Trace files are the ``*.json`` /
+``*.json.gz`` there, snapshots the ``*.pickle`` / ``*.pkl`` (``.gz`` too); the readers then judge
+their content as for any other input. A layout is a function in :data:`LAYOUTS` from a folder to a
+:class:`DumpFolder` (or None): another framework's, or another kind of artifact in torchtitan's, is
+added there.
 
 Layouts without iteration folders (Lightning's ``PyTorchProfiler``, Accelerate, plain
 ``tensorboard_trace_handler`` names with host and pid) need none: their files lie in one folder
@@ -30,7 +35,11 @@ from pathlib import Path
 
 from ..errors import InputError
 
-_ITERATION = re.compile(r"^iteration_(\d+)(_exit)?$")
+_ITERATION = re.compile(r"^(?:iteration|step)_(\d+)(_exit)?$")
+#: how deep below the given folder a series folder is looked for (0.3.0: ``profiling/traces``)
+SERIES_DEPTH = 2
+# a snapshot's rank in its file name: ``rank<r>_memory_snapshot.pickle``, 0.3.0's ``<r:06d>_step_<N>.pickle``
+_SNAPSHOT_RANK = (re.compile(r"rank[_-]?(\d+)", re.I), re.compile(r"^(\d+)_step_\d+\.p(?:ic)?kl", re.I))
 _TRACE_SUFFIXES = (".json", ".json.gz")
 _SNAPSHOT_SUFFIXES = (".pickle", ".pkl", ".pickle.gz", ".pkl.gz")
 
@@ -45,7 +54,7 @@ class DumpFolder:
     traces: list[Path] = field(default_factory=list)
     snapshots: list[Path] = field(default_factory=list)  # for the traces' iteration
     latest_snapshots: list[Path] = field(default_factory=list)  # the last snapshot iteration (an OOM's _exit too)
-    latest_snapshot_iteration: str | None = None  # "iteration_12_exit"
+    latest_snapshot_iteration: str | None = None  # its folder's name: "iteration_12_exit", "step_000000000012"
     skipped: list[tuple[str, str]] = field(default_factory=list)  # (folder, why): other iterations
 
 
@@ -70,23 +79,50 @@ def _iterations(folder: Path) -> dict[tuple[int, bool], Path]:
         return {}
 
 
+def _subfolders(root: Path, depth: int) -> list[Path]:
+    """``root`` and the folders up to ``depth`` levels below it, not inside iteration folders."""
+    out = [root]
+    level = [root]
+    for _ in range(depth):
+        nxt = []
+        for d in level:
+            try:
+                nxt.extend(sorted(q for q in d.iterdir() if q.is_dir() and not _ITERATION.match(q.name)))
+            except OSError:
+                continue
+        out.extend(nxt)
+        level = nxt
+    return out
+
+
+def snapshot_rank(path: Path | str) -> int | None:
+    """The rank in a snapshot's file name (torchtitan's names, before and in 0.3.0); None without one."""
+    name = Path(str(path)).name
+    for rx in _SNAPSHOT_RANK:
+        if m := rx.search(name):
+            return int(m.group(1))
+    return None
+
+
 def torchtitan(root: Path, iteration: int | None = None) -> DumpFolder | None:
     """torchtitan's dump folder (or one of its series folders) at ``root``; None when it is not one.
 
     The traces are the given ``iteration``'s, else the latest; the snapshots those of the same
     iteration (``iteration_<N>``, else ``iteration_<N>_exit``). ``latest_snapshots`` is the last
     snapshot iteration (``_exit`` after the plain one of the same N), for ``fsdpdoctor memory``."""
-    try:
-        children = [root] + sorted(d for d in root.iterdir() if d.is_dir())
-    except OSError:
+    if not root.is_dir():
         return None
     traces: dict[int, list[Path]] = {}
     snaps: dict[tuple[int, bool], list[Path]] = {}
-    for series in children:
+    names: dict[tuple[int, bool], str] = {}  # the snapshot iteration folders' names
+    for series in _subfolders(root, SERIES_DEPTH):
         for (n, exit_), d in sorted(_iterations(series).items()):
             if not exit_:
                 traces.setdefault(n, []).extend(_files(d, _TRACE_SUFFIXES))
-            snaps.setdefault((n, exit_), []).extend(_files(d, _SNAPSHOT_SUFFIXES))
+            found = _files(d, _SNAPSHOT_SUFFIXES)
+            snaps.setdefault((n, exit_), []).extend(found)
+            if found:
+                names.setdefault((n, exit_), d.name)
     traces = {n: t for n, t in traces.items() if t}
     snaps = {k: s for k, s in snaps.items() if s}
     if not traces and not snaps:
@@ -116,7 +152,7 @@ def torchtitan(root: Path, iteration: int | None = None) -> DumpFolder | None:
         else:
             key = max(snaps)
         out.latest_snapshots = snaps[key]
-        out.latest_snapshot_iteration = f"iteration_{key[0]}" + ("_exit" if key[1] else "")
+        out.latest_snapshot_iteration = names[key]
         if out.traces and key[1] and out.latest_snapshots != out.snapshots and key[0] >= out.iteration:
             out.skipped.append(
                 (

@@ -59,6 +59,14 @@ _PENDING_STATES = {"active_pending_free", "active_awaiting_free"}  # the docstri
 _BLOCK_STATES = {"active_allocated", "inactive"} | _PENDING_STATES
 
 
+#: trace actions that make a device trace allocation history (an allocation recorded)
+HISTORY_ACTIONS = frozenset({"alloc", "segment_alloc", "segment_map"})
+
+
+def device_has_history(entries: list[dict]) -> bool:
+    return any(e.get("action") in HISTORY_ACTIONS for e in entries)
+
+
 class SnapshotError(InputError):
     """A memory snapshot or memory timeline cannot be loaded; ``str(err)`` is ``"<file>: <problem>"``."""
 
@@ -84,12 +92,16 @@ class Snapshot:
 
     @property
     def has_history(self) -> bool:
-        return any(self.device_traces)
+        """Whether any device recorded allocation history: an ``alloc`` or a segment's allocation.
+        A device trace holding only ``snapshot`` or a stray free is not history (a dump without
+        ``_record_memory_history`` writes such one-entry lists)."""
+        return any(device_has_history(t) for t in self.device_traces)
 
     @property
     def devices(self) -> list[int]:
+        """Devices with memory at dump time or allocation history."""
         devs = {s["device"] for s in self.segments}
-        devs.update(i for i, t in enumerate(self.device_traces) if t)
+        devs.update(i for i, t in enumerate(self.device_traces) if device_has_history(t))
         return sorted(devs)
 
     @property

@@ -42,6 +42,7 @@ COLORS = {
     "reserved": "#E45756",
 }
 MEMORY_COLORS = {
+    "parameters": "#4C78A8",
     "parameters_sharded": "#4C78A8",
     "parameters_unsharded": "#A0CBE8",
     "gradients": "#F58518",

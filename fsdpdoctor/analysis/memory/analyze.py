@@ -15,6 +15,7 @@ from ...ingest.snapshot import (
     TIMELINE_CATEGORIES,
     MemoryTimeline,
     Snapshot,
+    device_has_history,
     load_memory,
     snapshot_from_object,
 )
@@ -22,6 +23,7 @@ from .allocator import Replay, replay, state_series
 from .checkpointing import detect as detect_checkpointing
 from .categorize import TIMELINE_TO_CATEGORY, Labels, event_phases, event_times, label_blocks
 from .curve import downsample
+from .ledger import device_imbalance, device_ledger, fold_parameters, stack_libraries
 from .stacks import OPT, PH_BACKWARD, PH_FORWARD, PH_OPTIM, PH_RECOMPUTE, PHASE_NAMES, RS, StackCache
 
 TOP_SITES = 10
@@ -63,7 +65,7 @@ def _analyze_device(snap: Snapshot, device: int) -> MemoryFacts:
     trace = snap.device_traces[device] if device < len(snap.device_traces) else []
     segs = [s for s in snap.segments if s["device"] == device]
     end = _segment_totals(segs)
-    if not trace:
+    if not device_has_history(trace):  # none, or only a `snapshot` marker or a stray free
         return _analyze_without_history(snap, device, segs, end)
 
     r = replay(snap, device, trace)
@@ -132,6 +134,7 @@ def _analyze_device(snap: Snapshot, device: int) -> MemoryFacts:
         world_size=labels.world_size,
         curve=downsample(x, alloc, None if r.pseudo else r.reserved, unit),
         notes=notes,
+        stack_libraries=stack_libraries([(r.frames[b], r.size[b]) for b in np.flatnonzero(live)]),
     )
     ckpt = detect_checkpointing([stacks(e.get("frames")) for e in trace], [e["action"] for e in trace], phase)
     facts.activation_checkpointing = ckpt.verdict
@@ -213,6 +216,7 @@ def _analyze_without_history(snap: Snapshot, device: int, segs: list[dict], end:
     stacks = StackCache()
     blocks = [b for s in segs for b in s["blocks"] if b["state"] == "active_allocated"]
     rs_sizes = [b["requested_size"] for b in blocks if stacks(b["frames"]).label == RS]
+    fsdp_votes: Counter = Counter()
     for b in blocks:
         st = stacks(b["frames"])
         lab, ph, site = st.label, st.phase, st.site
@@ -234,6 +238,8 @@ def _analyze_without_history(snap: Snapshot, device: int, segs: list[dict], end:
             cat = "other"
         cats[cat] += b["size"]
         sites[site or ("<no frames>")] += b["size"]
+        if st.fsdp:
+            fsdp_votes[st.fsdp] += 1
     return MemoryFacts(
         source="snapshot",
         path=snap.path,
@@ -247,13 +253,15 @@ def _analyze_without_history(snap: Snapshot, device: int, segs: list[dict], end:
         external_fragmentation_bytes=end["external"],
         categories=cats,
         categories_instant="snapshot",
+        fsdp_version=fsdp_votes.most_common(1)[0][0] if fsdp_votes else None,
         top_sites=[(s, int(v)) for s, v in sites.most_common(TOP_SITES)],
         end_allocated_bytes=end["allocated"],
         end_reserved_bytes=end["reserved"],
         notes=[
-            "no allocation history (recorded without _record_memory_history or a bare segment list): "
-            "numbers are the state at snapshot time; categories come from stacks only"
+            "state at dump time, no allocation history recorded (torch.cuda.memory._record_memory_history): "
+            "no peak; the blocks held when the snapshot was taken, categorised from their stacks only"
         ],
+        stack_libraries=stack_libraries([(b["frames"], b["size"]) for b in blocks]),
     )
 
 
@@ -269,20 +277,36 @@ def analyze_snapshot(snap: Snapshot) -> MemoryFacts:
     per = [_analyze_device(snap, d) for d in devices]
     best = max(per, key=lambda f: f.peak_allocated_bytes)
     best.devices = [
-        MemoryDevice(
-            device=f.device,
-            peak_allocated_bytes=f.peak_allocated_bytes,
-            reserved_at_peak_bytes=f.reserved_at_peak_bytes,
-            peak_time_us=f.peak_time_us,
-            peak_event_index=f.peak_event_index,
-            history_missing=f.history_missing,
-            oom=f.oom is not None,
+        device_ledger(
+            snap,
+            f.device,
+            MemoryDevice(
+                device=f.device,
+                peak_allocated_bytes=f.peak_allocated_bytes,
+                reserved_at_peak_bytes=f.reserved_at_peak_bytes,
+                peak_time_us=f.peak_time_us,
+                peak_event_index=f.peak_event_index,
+                history_missing=f.history_missing,
+                oom=f.oom is not None,
+            ),
         )
         for f in per
     ]
     if best.oom is None:
         best.oom = next((f.oom for f in per if f.oom is not None), None)
     best.allocator_settings = allocator_settings(snap)
+    best.visible_devices = len(snap.device_traces) if snap.device_traces else None
+    best.device_imbalance = device_imbalance(best)
+    ignored = [i for i, t in enumerate(snap.device_traces) if t and i not in devices]
+    if ignored:
+        best.notes.append(
+            "device_traces of device "
+            + ", ".join(map(str, ignored))
+            + " hold no allocation history and no segment (only "
+            + ", ".join(sorted({e.get("action", "?") for i in ignored for e in snap.device_traces[i]}))
+            + " entries): not a device with memory"
+        )
+    fold_parameters(best)
     return best
 
 
@@ -312,6 +336,7 @@ def analyze_timeline(tl: MemoryTimeline) -> MemoryFacts:
         pre_existing_bytes=int(tl.nbytes[tl.time_ns < 0].sum()),
         end_allocated_bytes=int(total[-1]),
         curve=downsample(tl.time_ns[timed] / 1000, total[timed], None, "time_us"),
+        fsdp_version=None,
         notes=[
             "profiler memory timeline: categories are torch.profiler's (INPUT and unknown count as other, "
             "AUTOGRAD_DETAIL as temporary); no reserved memory or fragmentation information"

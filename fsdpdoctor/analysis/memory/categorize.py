@@ -32,7 +32,7 @@ from .stacks import (
 
 # profiler Category (export index order) -> ours
 TIMELINE_TO_CATEGORY = {
-    "PARAMETER": "parameters_sharded",
+    "PARAMETER": "parameters",  # the profiler cannot tell FSDP's sharded from unsharded
     "OPTIMIZER_STATE": "optimizer_state",
     "INPUT": "other",
     "TEMPORARY": "temporary",

@@ -402,9 +402,8 @@ def _hook_us_per_unit(hooks: np.ndarray, own: np.ndarray, step: StepWindow, phas
     return float(own[m].sum()) / units
 
 
-#: the rate assumed for fp32 GEMM / attention kernels moved onto tensor cores: this share of the
-#: device's dense BF16 peak (large bf16 GEMMs reach 60-80% of it, attention less)
-TENSOR_CORE_SHARE = 0.5
+from ...facts_compute import TENSOR_CORE_SHARE  # noqa: E402  (the assumption, stated in the facts)
+
 TENSOR_CORE_MIN_SHARE = 5.0  # % of GEMM + attention time on fp32 engines for the replay to try it
 
 
