@@ -10,6 +10,7 @@ is not in the schema is a contract change, made by adding a field to the datacla
 from __future__ import annotations
 
 import functools
+import sys
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -58,8 +59,19 @@ def report_schema() -> dict[str, Any]:
 
 @functools.lru_cache(maxsize=1)
 def _validator():
-    import jsonschema  # the test extra installs it; only validate() needs it
-
+    # jsonschema imports its optional format checkers with the package, and rfc3987_syntax (there
+    # wherever jsonschema[format-nongpl] is) compiles a Lark grammar at import: over 1 s of CPU in
+    # every process that validates (each CLI run under the test suite). Draft202012Validator checks
+    # no format without a format_checker, so that module is kept out while jsonschema loads, and
+    # only then (a later `import rfc3987_syntax` works as usual).
+    blocked = "rfc3987_syntax" not in sys.modules
+    if blocked:
+        sys.modules["rfc3987_syntax"] = None  # an ImportError to jsonschema, which skips it
+    try:
+        import jsonschema  # the test extra installs it; only validate() needs it
+    finally:
+        if blocked and sys.modules.get("rfc3987_syntax", 0) is None:
+            del sys.modules["rfc3987_syntax"]
     return jsonschema.Draft202012Validator(report_schema())
 
 

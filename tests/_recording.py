@@ -26,12 +26,22 @@ Fixtures (all session-scoped):
 
 Set ``FSDPDOCTOR_RECORDED_DIR=/some/dir`` to reuse recordings made earlier with
 ``python fixtures/record_cpu.py --all --out /some/dir`` instead of recording again.
+
+Shared by every process of a session: under pytest-xdist each group of recordings is made once,
+by the first worker that asks for it, under a file lock, into a cache folder that every worker of
+the session reads (the parent of the workers' base temp folders). The folder's name is a hash of
+the recorders, ``fsdpdoctor``'s capture modules and the torch version, so
+``FSDPDOCTOR_TEST_CACHE=/some/dir`` (a folder kept between sessions, e.g. ``~/.cache/fsdpdoctor``)
+records once until one of those changes.
 """
 
 from __future__ import annotations
 
+import hashlib
+import importlib.metadata
 import importlib.util
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -74,6 +84,53 @@ SHAPE_GROUPS = {
 }
 SHAPES = tuple(v for group in SHAPE_GROUPS for v in group)
 RECORD_TIMEOUT_S = 600
+HANG_RECORDER = REPO / "fixtures" / "record_hang.py"
+HANG_TIMEOUT_S = 300
+
+
+def recording_key() -> str:
+    """A hash of what a recording depends on: the recorders, the capture code, torch, Python."""
+    h = hashlib.sha256()
+    files = [RECORDER, HANG_RECORDER, *sorted((REPO / "fsdpdoctor").rglob("capture*.py"))]
+    for f in files:
+        h.update(f.relative_to(REPO).as_posix().encode() + b"\0" + f.read_bytes() + b"\0")
+    try:
+        torch_version = importlib.metadata.version("torch")
+    except importlib.metadata.PackageNotFoundError:
+        torch_version = "none"
+    h.update(f"torch {torch_version} python {sys.version_info[:3]}".encode())
+    return h.hexdigest()[:16]
+
+
+def shared_cache_dir(tmp_path_factory) -> Path:
+    """The folder every process of this session shares: ``$FSDPDOCTOR_TEST_CACHE``, else the
+    session's temp root (the parent of each xdist worker's base temp; the base temp without xdist)."""
+    preset = os.environ.get("FSDPDOCTOR_TEST_CACHE")
+    if preset:
+        root = Path(preset).expanduser()
+    else:
+        root = tmp_path_factory.getbasetemp()
+        if os.environ.get("PYTEST_XDIST_WORKER"):
+            root = root.parent
+    out = root / f"fsdpdoctor-recordings-{recording_key()}"
+    out.mkdir(parents=True, exist_ok=True)
+    return out
+
+
+def once(cache: Path, name: str, record: Callable[[Path], None]) -> Path:
+    """``cache/name``, made by ``record(folder)`` once across this session's processes: the first
+    process takes the lock and records, the others wait and reuse it (``.complete`` marks it done)."""
+    from filelock import FileLock
+
+    out = cache / name
+    with FileLock(str(cache / f"{name}.lock")):
+        if not (out / ".complete").exists():
+            if out.exists():  # a process that died half-way
+                shutil.rmtree(out)
+            out.mkdir(parents=True)
+            record(out)
+            (out / ".complete").write_text(f"recorded by pid {os.getpid()}\n")
+    return out
 
 
 def load_recorder():
@@ -107,7 +164,7 @@ def _run_recorder(variants: list[str], out: Path, world_size: int = WORLD_SIZE) 
 
 class _Recordings:
     def __init__(self, base: Path) -> None:
-        self.base = base
+        self.base = base  # the session's shared cache (see shared_cache_dir)
         self.dirs: dict[str, Path] = {}
         self.seconds: dict[tuple[str, ...], float] = {}
         preset = os.environ.get("FSDPDOCTOR_RECORDED_DIR")
@@ -127,14 +184,16 @@ class _Recordings:
         pytest.importorskip("torch")
         if variant in SHAPES:
             group, ws = next((g, n) for g, n in SHAPE_GROUPS.items() if variant in g)
-            self.seconds[group] = _run_recorder(list(group), self.base, ws)
-            for v in group:
-                self.dirs[v] = self.base / v
-            return self.dirs[variant]
-        todo = [v for v in VARIANTS if v not in self.dirs]
-        self.seconds[tuple(todo)] = _run_recorder(todo, self.base)
-        for v in todo:
-            self.dirs[v] = self.base / v
+            name = "shapes-" + group[0]
+        else:
+            group, ws, name = VARIANTS, WORLD_SIZE, "variants"
+
+        def record(out: Path) -> None:
+            self.seconds[group] = _run_recorder(list(group), out, ws)
+
+        out = once(self.base, name, record)
+        for v in group:
+            self.dirs[v] = out / v
         return self.dirs[variant]
 
 
@@ -148,7 +207,7 @@ def recorded_run(tmp_path_factory) -> Callable[[str], Path]:
     """Factory: ``recorded_run(variant) -> Path`` of a freshly recorded run (see module doc)."""
     global _RECORDINGS
     if _RECORDINGS is None:
-        _RECORDINGS = _Recordings(tmp_path_factory.mktemp("recorded"))
+        _RECORDINGS = _Recordings(shared_cache_dir(tmp_path_factory))
     return _RECORDINGS
 
 
@@ -181,9 +240,6 @@ def recorded_report(recorded_run) -> Callable[[str], "object"]:
 
 # -- Flight Recorder dumps of real hung jobs (fixtures/record_hang.py) ---------------------------
 
-HANG_RECORDER = REPO / "fixtures" / "record_hang.py"
-HANG_TIMEOUT_S = 300
-
 
 class _HangRecordings:
     """scenario → the folder ``fixtures/record_hang.py`` recorded it into (``dumps/``, ``truth.json``);
@@ -203,14 +259,23 @@ class _HangRecordings:
             self.dirs[scenario] = self.preset / scenario
             return self.dirs[scenario]
         pytest.importorskip("torch")
+        out = once(self.base, "hangs", self._record)
+        for d in out.iterdir():
+            if (d / "truth.json").exists():
+                self.dirs[d.name] = d
+        if scenario not in self.dirs:
+            raise ValueError(f"unknown hang scenario {scenario!r}; recorded: {sorted(self.dirs)}")
+        return self.dirs[scenario]
+
+    def _record(self, out: Path) -> None:
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join([str(REPO)] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
-        cmd = [sys.executable, str(HANG_RECORDER), "--all", "--out", str(self.base)]
+        cmd = [sys.executable, str(HANG_RECORDER), "--all", "--out", str(out)]
         if self.preset is not None:  # a preset made before a scenario was added: record only those it lacks
             from fixtures.record_hang import SCENARIOS
 
             missing = [sc for sc in SCENARIOS if not (self.preset / sc / "truth.json").exists()]
-            cmd = [sys.executable, str(HANG_RECORDER), "--out", str(self.base)]
+            cmd = [sys.executable, str(HANG_RECORDER), "--out", str(out)]
             for sc in missing:
                 cmd += ["--scenario", sc]
             for sc in SCENARIOS:
@@ -224,12 +289,6 @@ class _HangRecordings:
                 f"recording the hangs failed (exit {proc.returncode}):\n$ {' '.join(cmd)}\n"
                 f"--- stdout ---\n{proc.stdout[-4000:]}\n--- stderr ---\n{proc.stderr[-8000:]}"
             )
-        for d in self.base.iterdir():
-            if (d / "truth.json").exists():
-                self.dirs[d.name] = d
-        if scenario not in self.dirs:
-            raise ValueError(f"unknown hang scenario {scenario!r}; recorded: {sorted(self.dirs)}")
-        return self.dirs[scenario]
 
 
 _HANGS: _HangRecordings | None = None
@@ -241,5 +300,5 @@ def hang_recording(tmp_path_factory) -> Callable[[str], Path]:
     (``fixtures/record_hang.py``); ``FSDPDOCTOR_HANG_DIR`` reuses an earlier ``--all --out DIR``."""
     global _HANGS
     if _HANGS is None:
-        _HANGS = _HangRecordings(tmp_path_factory.mktemp("hangs"))
+        _HANGS = _HangRecordings(shared_cache_dir(tmp_path_factory))
     return _HANGS

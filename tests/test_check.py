@@ -85,6 +85,7 @@ def iso(tmp_path):
 # ------------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_run_against_itself_passes(runs, iso):
     d, saved = runs["healthy"]
     for cur in (d, saved):
@@ -169,6 +170,7 @@ def test_bad_usage_exits_2(runs, iso, args):
 # ------------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_absolute_gates(runs, iso):
     healthy, lost = runs["healthy"][0], runs["prefetch-lost"][0]
     th, tl = gen.read_truth(healthy), gen.read_truth(lost)
@@ -208,6 +210,7 @@ def test_cpu_only_overlap_is_not_measured(recorded_run, iso):
     assert g["max-exposed-comm"]["status"] == "skip"
 
 
+@pytest.mark.slow
 def test_recorded_pair_new_finding_gate(recorded_run, iso):
     """On CPU, losing backward prefetch is a warning: it fails with --fail-on-new warning."""
     before, after = recorded_run("per-block"), recorded_run("no-backward-prefetch")
@@ -248,6 +251,7 @@ def test_recorded_pair_new_finding_gate(recorded_run, iso):
 # ------------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_pyproject_thresholds_and_cli_precedence(runs, tmp_path):
     (tmp_path / "pyproject.toml").write_text(
         "[tool.fsdpdoctor.check]\n"
@@ -296,6 +300,7 @@ def test_load_check_config(tmp_path):
 # ------------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_junit_and_markdown(runs, iso):
     junit, md = iso / "out.xml", iso / "out.md"
     r = cli(
@@ -413,6 +418,7 @@ def test_a_gpu_twice_as_slow_fails_the_step_gate_on_a_gpu_bound_run(tmp_path, is
 GPU_REC = __import__("pathlib").Path(__file__).resolve().parents[1] / "fixtures" / "recorded" / "gpu"
 
 
+@pytest.mark.slow
 def test_the_tools_own_fix_passes_every_gate(tmp_path):
     """fp32 → bf16 (FSD015's fix) on the H100: the step falls by half; MFU (against the BF16 peak)
     doubles; the new finding on the GPU waiting for FSDP's hooks is where the bottleneck moved, not a

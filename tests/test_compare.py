@@ -193,6 +193,7 @@ def test_outputs(generated):
     assert "missing-backward-prefetch" in text and "Step time" in text
 
 
+@pytest.mark.slow
 def test_cli_compare_traces_and_saved_facts(generated, tmp_path):
     d_before, _, _ = generated["healthy"]
     d_after, _, _ = generated["wrap-changed"]

@@ -47,6 +47,7 @@ def test_a_file_named_explicitly_is_read_and_refused_when_not_a_trace(tmp_path):
         fsdpdoctor.analyze(p)
 
 
+@pytest.mark.slow
 def test_capture_cycles_are_grouped(tmp_path):
     """capture(repeat=2) writes rank{R}.json.gz and rank{R}.cycle1.json.gz side by side."""
     for p in _traces("per-block"):  # cycle 0: BACKWARD_PRE

@@ -177,6 +177,7 @@ def test_http_missing_file(served, gpu_run):
         analyze([f"{served}/rank9.json.gz"])
 
 
+@pytest.mark.slow
 def test_cli_scheduler_local(gpu_run):
     """End to end: the CLI starts its own LocalCluster (worker processes) and stops it."""
     proc = subprocess.run(
@@ -245,6 +246,7 @@ def wide_run(tmp_path_factory) -> Path:
 
 
 @pytest.mark.parametrize("on_dask", [False, True])
+@pytest.mark.slow
 def test_files_beyond_the_submission_window(cluster, wide_run, on_dask):
     """Files are handed to the workers a few at a time: every file is still analysed once, in
     order, and strict mode still reports the first bad file in order (not the first to fail)."""

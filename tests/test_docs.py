@@ -3,6 +3,7 @@ rule modules, the README short enough to read first."""
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -16,12 +17,15 @@ REPO = Path(__file__).resolve().parents[1]
 
 def test_readme_is_short_and_has_the_two_commands():
     text = (REPO / "README.md").read_text()
-    assert len(text.splitlines()) < 200
-    assert "pip install -e '.[test]'" in text and "\npytest\n" in text
+    assert len(text.splitlines()) < 240  # with the generated example outputs (issue 44)
+    assert "pip install -e '.[test]'" in text and re.search(r"^pytest( +#.*)?$", text, re.M)
     ci = (REPO / ".ci" / "run").read_text()
-    assert "pip install -e '.[test]'" in ci and "\npytest\n" in ci and "mkdocs build --strict" in ci
+    # CI runs the README's `pytest` as it stands (only timed: `pytest || ...`), no arguments added
+    assert "pip install -e '.[test]'" in ci and "mkdocs build --strict" in ci
+    assert re.search(r"^pytest(\n| \|\| )", ci, re.M), "CI must run the README's bare `pytest`"
 
 
+@pytest.mark.slow
 def test_site_builds_strict_with_a_page_per_rule(tmp_path):
     pytest.importorskip("mkdocs")
     pytest.importorskip("material")
