@@ -97,7 +97,7 @@ os._exit(0)
 ANALYZE_TIMED = r"""
 import os, sys, time
 t0 = time.perf_counter()
-import fsdpdoctor.analysis.rank as rank
+import fsdpdoctor.analysis.ranks.rank as rank
 from fsdpdoctor.cli import main
 spent = {"replay": 0.0, "ingest": 0.0}
 def timed(fn, key):

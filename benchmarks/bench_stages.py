@@ -134,7 +134,7 @@ def stage(fn, key, top=True):
     return wrapper
 
 import fsdpdoctor.api as api
-import fsdpdoctor.analysis.rank as rank
+import fsdpdoctor.analysis.ranks.rank as rank
 import fsdpdoctor.ingest.blocks as blocks
 import fsdpdoctor.engine  # noqa: F401
 from fsdpdoctor.cli import main

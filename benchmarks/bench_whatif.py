@@ -32,7 +32,7 @@ from fsdpdoctor.analysis.whatif.graph import build_graph  # noqa: E402
 from fsdpdoctor.analysis.comms import find_collectives, issue_rows  # noqa: E402
 from fsdpdoctor.analysis.fsdp import analyze_fsdp  # noqa: E402
 from fsdpdoctor.analysis.labels import enclosing, label_rows  # noqa: E402
-from fsdpdoctor.analysis.rank import analyze_rank_trace  # noqa: E402
+from fsdpdoctor.analysis.ranks.rank import analyze_rank_trace  # noqa: E402
 from fsdpdoctor.analysis.steps import find_steps  # noqa: E402
 from fsdpdoctor.analysis.timeline import step_timeline  # noqa: E402
 from fsdpdoctor.ingest.kineto import load_trace  # noqa: E402

@@ -16,7 +16,7 @@ sys.path.insert(0, str(REPO / "tests"))
 
 from _stdlib_reading import read  # noqa: E402
 
-from fsdpdoctor.analysis.rank import _read_rank  # noqa: E402
+from fsdpdoctor.analysis.ranks.rank import _read_rank  # noqa: E402
 from fsdpdoctor.ingest.categories import LEGACY  # noqa: E402
 from fsdpdoctor.ingest.kineto import load_trace  # noqa: E402
 from fsdpdoctor.ingest.ledger import READ_CATEGORIES, WHY  # noqa: E402

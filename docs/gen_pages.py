@@ -12,7 +12,7 @@ from pathlib import Path
 
 import mkdocs_gen_files
 
-from fsdpdoctor.cli_reference import render as cli_reference
+from fsdpdoctor.cli.reference import render as cli_reference
 from fsdpdoctor.config import THRESHOLDS, defaults
 from fsdpdoctor.engine import load_rules
 from fsdpdoctor.report.sections import fix_language, saving_text

@@ -1,3 +1,3 @@
-from .cli import main
+from fsdpdoctor.cli import main
 
 main()

@@ -10,18 +10,18 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable
 
 import msgspec
 
-from . import __version__
-from .analysis.ranks import fold, load_ranks
-from .analysis.runs import differences as run_differences
-from .engine import Finding, run_rules
-from .errors import InputError
-from .ingest._io import short
-from .facts import RANK_DETAIL, RunFacts
-from .analysis.sidecar import apply_sidecar
-from .analysis.strategy import advise, expected_memory, inputs_from_facts
-from .ingest.discover import discover
-from .ingest.remote import name as fs_name
-from .ingest.sidecar import find_sidecar, load_sidecar
+from fsdpdoctor import __version__
+from fsdpdoctor.analysis.ranks import fold, load_ranks
+from fsdpdoctor.analysis.runs import differences as run_differences
+from fsdpdoctor.engine import Finding, run_rules
+from fsdpdoctor.errors import InputError
+from fsdpdoctor.ingest._io import short
+from fsdpdoctor.facts import RANK_DETAIL, RunFacts
+from fsdpdoctor.analysis.sidecar import apply_sidecar
+from fsdpdoctor.analysis.strategy import advise, expected_memory, inputs_from_facts
+from fsdpdoctor.ingest.discover import discover
+from fsdpdoctor.ingest.remote import name as fs_name
+from fsdpdoctor.ingest.sidecar import find_sidecar, load_sidecar
 
 if TYPE_CHECKING:  # pandas loads only when a DataFrame is asked for
     import pandas as pd
@@ -73,7 +73,7 @@ class Report:
         return msgspec.json.format(msgspec.json.encode(d), indent=indent)
 
     def to_markdown(self) -> str:
-        from .report.markdown import render
+        from fsdpdoctor.report.markdown import render
 
         return render(self)
 
@@ -133,7 +133,7 @@ def _checked(report: Report) -> Report:
     against the published JSON Schema before it is returned, so a field that breaks the contract
     fails the first test that produces it."""
     if os.environ.get("FSDPDOCTOR_CHECK_SCHEMA") == "1":
-        from .schema import validate
+        from fsdpdoctor.schema import validate
 
         validate(msgspec.json.decode(report.to_json()))
     return report
@@ -165,7 +165,7 @@ def analyze(
     memory-timeline exports (``.raw.json.gz``), or directories of them; the one with the highest
     peak becomes ``facts.memory``.
     ``timeline_step=(rank, step_index)`` also extracts that step's GPU timeline into
-    ``Report.timeline`` (see :mod:`fsdpdoctor.analysis.timeline_extract`; ``None`` in either place
+    ``Report.timeline`` (see :mod:`fsdpdoctor.analysis.timeline.extract`; ``None`` in either place
     means rank 0 / the median-length step). ``spans=True`` also reads again the exposed-comm and
     GPU-idle intervals of the ranks ``rank_detail`` writes in full into ``Report.spans`` (see
     :mod:`fsdpdoctor.analysis.spans`), for :mod:`fsdpdoctor.report.perfetto`.
@@ -230,11 +230,11 @@ def analyze(
     if dumps:
         attach_hang(facts, dumps, jobs=jobs, config=config)
     if config and config.get("peak_tflops") and facts.compute is not None:  # --peak-tflops
-        from .analysis.compute import finish
+        from fsdpdoctor.analysis.compute import finish
 
         finish(facts.compute, facts.step_clock_ms, float(config["peak_tflops"]))
         if facts.efficiency is not None:
-            from .analysis.efficiency import split
+            from fsdpdoctor.analysis.efficiency import split
 
             split(facts.efficiency, float(config["peak_tflops"]))
         facts.notes = [n for n in facts.notes if not n.startswith("MFU not computed")]
@@ -283,11 +283,11 @@ def analyze(
     _pressure(facts, config)
     report = _checked(Report(facts=facts, findings=run_rules(facts, config), rank_detail=rank_detail))
     if timeline_step is not None and (facts.rank_facts or timeline_step != (None, None)):  # dumps alone: no timeline
-        from .analysis.timeline_extract import extract_for_facts
+        from fsdpdoctor.analysis.timeline.extract import extract_for_facts
 
         report.timeline = extract_for_facts(facts, *timeline_step)
     if spans:
-        from .analysis.spans import spans_for_facts
+        from fsdpdoctor.analysis.spans import spans_for_facts
 
         report.spans = spans_for_facts(facts, facts.ranks_to_write(rank_detail)[0])
     return report
@@ -298,7 +298,7 @@ def attach_hang(
 ) -> None:
     """Read the Flight Recorder dumps (one per rank) and put the hang diagnosis in ``facts.hang``
     (:mod:`fsdpdoctor.analysis.hang`). A dump that cannot be read raises its InputError."""
-    from .analysis.hang import DEFAULT_LATE_S, diagnose, load_views
+    from fsdpdoctor.analysis.hang import DEFAULT_LATE_S, diagnose, load_views
 
     late = float((config or {}).get("hang_late_s", DEFAULT_LATE_S))
     facts.hang = diagnose(load_views(dumps, jobs), late_s=late, world_size=facts.world_size)
@@ -318,7 +318,7 @@ def memory_files(paths: str | Path | Iterable[str | Path], iteration: int | None
     """Snapshot / memory-timeline files named by ``paths`` (files, or directories of them). A
     framework's dump folder (:mod:`fsdpdoctor.ingest.layouts`) gives the snapshots of iteration
     ``iteration``, by default its latest (an out-of-memory exit's included)."""
-    from .ingest.layouts import dump_folder
+    from fsdpdoctor.ingest.layouts import dump_folder
 
     if isinstance(paths, (str, Path)):
         paths = [paths]
@@ -351,9 +351,9 @@ def _found_snapshots(paths: list, facts: RunFacts, fetched: dict[str, str], iter
     local copy → URL)."""
     import tempfile
 
-    from .ingest import remote
-    from .ingest._io import read_input
-    from .ingest.discover import snapshots_beside
+    from fsdpdoctor.ingest import remote
+    from fsdpdoctor.ingest._io import read_input
+    from fsdpdoctor.ingest.discover import snapshots_beside
 
     out = []
     for p in snapshots_beside(paths, iteration):
@@ -379,8 +379,8 @@ def attach_memory(
 
     ``found``: the snapshots were found beside the traces, not named with ``--memory``: the
     notes say which were read, and one that cannot be read is a note, not an error."""
-    from .analysis.memory import analyze_memory
-    from .ingest.layouts import snapshot_rank
+    from fsdpdoctor.analysis.memory import analyze_memory
+    from fsdpdoctor.ingest.layouts import snapshot_rank
 
     best = None
     read = []
@@ -422,8 +422,8 @@ def analyze_memory_only(
 
 def _pressure(facts: RunFacts, config: dict[str, Any] | None) -> None:
     """``facts.memory_pressure`` against ``--memory-budget`` or the GPU's memory."""
-    from .analysis.pressure import memory_pressure
-    from .config import defaults
+    from fsdpdoctor.analysis.pressure import memory_pressure
+    from fsdpdoctor.config import defaults
 
     cfg = defaults() | (config or {})
     facts.memory_pressure = memory_pressure(facts, float(cfg["memory_budget_gib"]), float(cfg["memory_pressure_pct"]))

@@ -33,10 +33,10 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 
-from .engine import SEVERITIES, Finding
-from .errors import InputError
-from .facts import RunFacts
-from .fmt import mib, ms, pct
+from fsdpdoctor.engine import SEVERITIES, Finding
+from fsdpdoctor.errors import InputError
+from fsdpdoctor.facts import RunFacts
+from fsdpdoctor.fmt import mib, ms, pct
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -46,8 +46,8 @@ else:  # pragma: no cover
 if TYPE_CHECKING:
     from rich.console import Console
 
-    from .analysis.compare import Comparison
-    from .api import LoadedRun
+    from fsdpdoctor.analysis.compare import Comparison
+    from fsdpdoctor.api import LoadedRun
 
 # name → (default, documentation); None = gate off unless set
 CHECK_SETTINGS: dict[str, tuple[Any, str]] = {
@@ -103,7 +103,7 @@ def _coerce(key: str, value: Any, origin: str) -> Any:
 
 def load_check_config(cli: dict[str, Any] | None = None, pyproject: Path | None = None) -> dict[str, Any]:
     """Defaults, then ``[tool.fsdpdoctor.check]``, then command-line values (None = not given)."""
-    from .config import find_pyproject
+    from fsdpdoctor.config import find_pyproject
 
     cfg = check_defaults()
     path = pyproject if pyproject is not None else find_pyproject()
@@ -181,7 +181,7 @@ class CheckResult:
             "notes": self.notes,
         }
         if self.comparison is not None:
-            from .report.comparison import primary_text
+            from fsdpdoctor.report.comparison import primary_text
 
             c = self.comparison
             d["comparison"] = {
@@ -208,8 +208,8 @@ class CheckResult:
             )
         )
         lines.append("")
-        from .report.markdown import table as md_table
-        from .report.sections import Table
+        from fsdpdoctor.report.markdown import table as md_table
+        from fsdpdoctor.report.sections import Table
 
         icon = {"pass": "✅ pass", "fail": "❌ **fail**", "skip": "➖ skip"}
         rows = [[g.title, g.baseline, g.current, g.threshold, icon[g.status]] for g in self.gates]
@@ -220,10 +220,10 @@ class CheckResult:
             lines += [f"- **{g.name}**: {g.detail}" for g in failed]
         c = self.comparison
         if c is not None and c.primary is not None and not self.passed:
-            from .report.comparison import headline, primary_sentence
+            from fsdpdoctor.report.comparison import headline, primary_sentence
 
             lines += ["", "### Why", "", headline(c) + ".", "", primary_sentence(c)]
-            from .report.comparison import preferred_fix
+            from fsdpdoctor.report.comparison import preferred_fix
 
             for flavour, code in preferred_fix(c, c.primary):
                 lines += [
@@ -293,7 +293,7 @@ class CheckResult:
                 console.print(Text(f"FAIL {g.name}: {g.detail}"))
         c = self.comparison
         if c is not None and not self.passed and c.primary_cause:
-            from .report.comparison import headline, primary_text
+            from fsdpdoctor.report.comparison import headline, primary_text
 
             console.print(
                 Text(
@@ -366,7 +366,7 @@ def _gate(
 
 
 def _missing_ranks_gate(cur: RunFacts, allowed: bool) -> Gate:
-    from .analysis.ranks import partial_run_line
+    from fsdpdoctor.analysis.ranks import partial_run_line
 
     n, m = len(cur.ranks), cur.ranks_expected or len(cur.ranks)
     return Gate(
@@ -390,7 +390,7 @@ def run_check(
 
     A partial run (ranks left out because their files could not be read, or a gap in the rank
     ids) adds the gate ``missing-ranks``, which fails unless ``allow_missing_ranks``."""
-    from .analysis.compare import compare, step_time_ms
+    from fsdpdoctor.analysis.compare import compare, step_time_ms
 
     cur, base = current.facts, baseline.facts if baseline else None
     s = settings
@@ -440,7 +440,7 @@ def run_check(
 
     step_a = step_time_ms(cur)
     step_b = step_time_ms(base) if base else None
-    from .analysis.compare import step_noise
+    from fsdpdoctor.analysis.compare import step_noise
 
     step_noise_ms, step_spread = (
         step_noise(base, cur, "gpu" if cur.gpu_present and base.gpu_present else "cpu") if base else (None, "")

@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from .errors import InputError
+from fsdpdoctor.errors import InputError
 
 if sys.version_info >= (3, 11):
     import tomllib

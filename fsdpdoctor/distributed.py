@@ -3,7 +3,7 @@
 ``--scheduler tcp://HOST:8786`` sends one task per rank file to an existing Dask
 ``distributed`` scheduler; ``--scheduler local`` / ``local:N`` starts a ``LocalCluster`` of N
 worker processes (default: one per core) on 127.0.0.1 for the duration of the call. Each task
-is :func:`fsdpdoctor.analysis.rank.analyze_rank` on the worker: the worker opens the file
+is :func:`fsdpdoctor.analysis.ranks.rank.analyze_rank` on the worker: the worker opens the file
 itself (a local path it can see, or a URL through fsspec), so trace bytes never pass through
 the client; what comes back is the rank's :class:`~fsdpdoctor.facts.RankFacts`, and the fold
 over ranks then runs here exactly as for the local process pool, so the figures are the same.
@@ -24,8 +24,8 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from .errors import InputError
-from .facts import RankFacts
+from fsdpdoctor.errors import InputError
+from fsdpdoctor.facts import RankFacts
 
 _LOCAL = re.compile(r"^local(?::(\d+))?$")
 CONNECT_TIMEOUT_S = 30
@@ -131,7 +131,7 @@ def run_on_dask(
     cross-rank part) and the results come back in the order of ``items``. With ``strict``, the
     tasks of later files are cancelled once a file fails (the first bad file in order is what
     the caller reports). Files are submitted ``ahead`` per worker thread ahead of the results."""
-    from .ingest import remote
+    from fsdpdoctor.ingest import remote
 
     for p, _, _ in items:
         if remote.scheme(p) == "memory":

@@ -34,9 +34,9 @@ from dataclasses import dataclass, field
 from importlib.metadata import entry_points
 from typing import Any
 
-from .facts import RunFacts
-from .fmt import ms
-from .rulemeta import SEVERITIES, RuleError, RuleMeta, is_rule_module, rule_meta
+from fsdpdoctor.facts import RunFacts
+from fsdpdoctor.fmt import ms
+from fsdpdoctor.rulemeta import SEVERITIES, RuleError, RuleMeta, is_rule_module, rule_meta
 
 
 @dataclass
@@ -81,7 +81,7 @@ def load_rules() -> tuple[RuleMeta, ...]:
     """Built-in rules, then entry-point rules, as frozen :class:`RuleMeta`; sorted by code. A
     built-in rule whose metadata is wrong is a bug (RuleError); a plugin's is said in a warning
     and the plugin left out."""
-    from . import rules as pkg
+    from fsdpdoctor import rules as pkg
 
     metas: dict[str, RuleMeta] = {}
     for info in pkgutil.iter_modules(pkg.__path__):
@@ -138,7 +138,7 @@ def find_rule(key: str) -> RuleMeta | None:
 def run_rules(facts: RunFacts, config: dict[str, Any] | None = None) -> list[Finding]:
     """All findings, in the one ranking of :func:`rank`."""
     cfg = config or {}
-    from .config import defaults
+    from fsdpdoctor.config import defaults
 
     cfg = defaults() | cfg
     findings: list[Finding] = []
@@ -243,7 +243,7 @@ def mark_basis(f: Finding, facts: RunFacts, fix: str | None) -> None:
     """Say where a time saving comes from (``Finding.saving_basis``): the what-if replay of the
     rule's fix (its ``REPLAY_FIX``) with the replay's error bar, or the rule's heuristic, saying
     in the evidence when the replay was set aside for missing the measured step."""
-    from .config import REPLAY_MAX_ERROR_PCT
+    from fsdpdoctor.config import REPLAY_MAX_ERROR_PCT
 
     if f.est_saving_ms is None or f.saving_basis:  # (a rule may say its saving is its own estimate)
         return
@@ -269,7 +269,7 @@ def set_range(f: Finding, facts: RunFacts, fix: str | None, clock: str = "gpu") 
     capped at the part of the step the fix acts on. It always holds ``est_saving_ms``. A
     same-class twin that went the other way withdraws the point estimate (no saving is promised,
     the finding is info)."""
-    from .savings import run_family, saving_range
+    from fsdpdoctor.savings import run_family, saving_range
 
     if f.est_saving_ms is None:
         return
@@ -331,7 +331,7 @@ def bound_saving(f: Finding, facts: RunFacts, clock: str = "gpu") -> None:
 
 def judge_pressure(f: Finding, facts: RunFacts) -> None:
     """Memory advice without memory pressure is information, with the headroom in its evidence."""
-    from .fmt import mib as gib, pct
+    from fsdpdoctor.fmt import mib as gib, pct
 
     p = facts.memory_pressure
     if p is not None and p.under_pressure:

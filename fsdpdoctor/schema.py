@@ -16,8 +16,8 @@ from typing import Any
 
 import msgspec
 
-from .engine import Finding
-from .facts import SCHEMA_VERSION, RunFacts
+from fsdpdoctor.engine import Finding
+from fsdpdoctor.facts import SCHEMA_VERSION, RunFacts
 
 SCHEMA_ID = f"urn:fsdpdoctor:report:v{SCHEMA_VERSION}"
 

@@ -234,7 +234,7 @@ def check(facts, cfg):
         else:
             saving = gpu_cut
     elif saving is not None:
-        from fsdpdoctor.facts_compute import TENSOR_CORE_SHARE
+        from fsdpdoctor.facts.compute import TENSOR_CORE_SHARE
 
         evidence.append(
             replay_evidence(

@@ -31,9 +31,9 @@ Known problems
     lever applies, the saving counts it alone and states the fusion's bound beside it.
 """
 
-from fsdpdoctor.facts_efficiency import FUSED_OPTIMIZERS
+from fsdpdoctor.facts.efficiency import FUSED_OPTIMIZERS
 from fsdpdoctor.fmt import ms
-from fsdpdoctor.facts_efficiency import FAMILY_LABEL
+from fsdpdoctor.facts.efficiency import FAMILY_LABEL
 
 from ._util import finding, fix_for, of_step, replay_evidence, replayed_saving, step_ms
 

@@ -43,11 +43,11 @@ def test_dataframes_still_work():
 
 def test_cli_reference_page_documents_every_command_and_flag():
     """The manual's CLI reference is generated from the click commands (docs/gen_pages.py renders
-    fsdpdoctor.cli_reference): every visible command and flag is on it."""
+    fsdpdoctor.cli.reference): every visible command and flag is on it."""
     import click
 
     from fsdpdoctor.cli import main
-    from fsdpdoctor.cli_reference import render
+    from fsdpdoctor.cli.reference import render
 
     page = render()
     ctx = click.Context(main)

@@ -15,7 +15,7 @@ import pytest
 
 from _stdlib_reading import read
 from conftest import PUBLIC_TRACES
-from fsdpdoctor.analysis.rank import _read_rank
+from fsdpdoctor.analysis.ranks.rank import _read_rank
 from fsdpdoctor.ingest.kineto import load_trace
 
 REPO = Path(__file__).resolve().parents[1]

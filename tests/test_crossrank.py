@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from fixtures.scenarios.generator import PRESETS, generate
-from fsdpdoctor.analysis.crossrank import CrossRankFold
+from fsdpdoctor.analysis.ranks.crossrank import CrossRankFold
 from fsdpdoctor.api import analyze
 
 WORLD = 4

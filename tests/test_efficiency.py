@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 import fsdpdoctor
-from fsdpdoctor.facts_efficiency import PARTS
+from fsdpdoctor.facts.efficiency import PARTS
 
 from conftest import public_trace_files
 from fixtures.scenarios.waterfall_truth import (
@@ -262,7 +262,7 @@ def test_every_launch_call_in_the_public_traces_is_a_launch_to_the_idle_and_the_
     and the what-if replay. The MI300 trace launches with ``hipExtModuleLaunchKernel`` (1,167
     calls), which the idle attribution did not know, and ``hipExtLaunchKernel``, which the replay
     did not."""
-    from fsdpdoctor.analysis.efficiency_idle import LAUNCH_CALLS
+    from fsdpdoctor.analysis.efficiency.idle import LAUNCH_CALLS
     from fsdpdoctor.analysis.whatif.graph import LAUNCH_NAMES
 
     names: set[str] = set()

@@ -25,7 +25,7 @@ from click.testing import CliRunner
 from plotly.offline import get_plotlyjs
 
 from fsdpdoctor.analysis.steps import find_steps
-from fsdpdoctor.analysis.timeline_extract import extract_for_facts, extract_step, median_step_index, short_name
+from fsdpdoctor.analysis.timeline.extract import extract_for_facts, extract_step, median_step_index, short_name
 from fsdpdoctor.api import analyze
 from fsdpdoctor.cli import main
 from fsdpdoctor.engine import Finding

@@ -152,3 +152,28 @@ def test_the_graph_sees_imports():
     assert "fsdpdoctor.facts" in g["fsdpdoctor.rules._util"]  # absolute
     assert "fsdpdoctor.api" in g["fsdpdoctor.cli"]  # inside a function
     assert "fsdpdoctor.api" not in g["fsdpdoctor.report.markdown"]  # only under TYPE_CHECKING
+
+
+def test_the_layout_shows_the_architecture():
+    """Families are packages: the package root keeps the public API and entry points (at most 14
+    modules), analysis/ at most 20 flat modules, no module past 800 lines (#44)."""
+    root = sorted(p.name for p in (REPO / "fsdpdoctor").glob("*.py"))
+    assert len(root) <= 14, root
+    flat = sorted(p.name for p in (REPO / "fsdpdoctor" / "analysis").glob("*.py"))
+    assert len(flat) <= 20, flat
+    for pkg in ("cli", "facts", "capture", "savings"):
+        assert (REPO / "fsdpdoctor" / pkg / "__init__.py").is_file(), pkg
+    for fam in ("compare", "hang", "efficiency", "timeline", "ranks"):
+        assert (REPO / "fsdpdoctor" / "analysis" / fam / "__init__.py").is_file(), fam
+    # a family by file-name prefix is a package waiting to happen
+    for prefix in ("cli_", "facts_", "capture_"):
+        assert not list((REPO / "fsdpdoctor").glob(prefix + "*.py")), prefix
+    for prefix in ("compare_", "hang_", "efficiency_", "timeline_", "rank_"):
+        assert not list((REPO / "fsdpdoctor" / "analysis").glob(prefix + "*.py")), prefix
+    long = {
+        str(p.relative_to(REPO)): n
+        for root_dir in PACKAGES.values()
+        for p in root_dir.rglob("*.py")
+        if (n := len(p.read_text().splitlines())) > 800
+    }
+    assert not long, long

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from conftest import PUBLIC_TRACES, public_trace_files
-from fsdpdoctor.analysis.rank import analyze_rank
+from fsdpdoctor.analysis.ranks.rank import analyze_rank
 
 FILES = public_trace_files()
 pytestmark = pytest.mark.skipif(not FILES, reason="../shared/traces/public is absent")

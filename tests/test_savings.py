@@ -1,8 +1,8 @@
-"""Saving ranges measured on real twins (fsdpdoctor.savings, fsdpdoctor.twins, docs/savings.md).
+"""Saving ranges measured on real twins (fsdpdoctor.savings, fsdpdoctor.savings.twins, docs/savings.md).
 
 Truth: each pair's measured difference is read from the two raw traces by the step-clock test's
 independent reader (plain ``json``), never from fsdpdoctor. The pairs are listed here, not read
-from ``fsdpdoctor.twins``: the table under test is checked against them.
+from ``fsdpdoctor.savings.twins``: the table under test is checked against them.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import fsdpdoctor
-from fsdpdoctor.twins import TWINS
+from fsdpdoctor.savings.twins import TWINS
 
 from test_step_clock import raw_clock
 
@@ -86,7 +86,7 @@ def test_pinning_under_cpu_offload_promises_nothing(analyzed):
 
 
 def test_the_twin_table_is_what_the_tool_predicts_today(analyzed):
-    """fsdpdoctor/twins.py (written by benchmarks/savings_table.py) holds today's predictions and
+    """fsdpdoctor/savings/twins.py (written by benchmarks/savings_table.py) holds today's predictions and
     the raw measurements: it fails when a rule or the replay changed and the table was not
     regenerated."""
     assert {(t.kind.split("/")[0], *t.pair.split(" -> ")) for t in TWINS} >= set(PAIRS)

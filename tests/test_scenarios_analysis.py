@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from fixtures.scenarios import generator as gen
-from fsdpdoctor.analysis.rank_summary import wall_clock
+from fsdpdoctor.analysis.ranks.summary import wall_clock
 
 PRESETS = sorted(gen.PRESETS)
 

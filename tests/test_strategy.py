@@ -164,7 +164,7 @@ def test_zero_expected_memory_per_category():
     [("7B", 7e9), ("70b", 70e9), ("1.5T", 1.5e12), ("125M", 125e6), ("350k", 350e3), ("7e9", 7e9), (".5B", 0.5e9)],
 )
 def test_plan_params_as_model_cards_write_them(text, count):
-    from fsdpdoctor.cli_plan import parse_count
+    from fsdpdoctor.cli.plan import parse_count
 
     assert parse_count(text) == pytest.approx(count)
 

@@ -16,7 +16,7 @@ import pytest
 
 import fsdpdoctor
 from fixtures.scenarios import generator as gen
-from fsdpdoctor.facts_efficiency import PARTS
+from fsdpdoctor.facts.efficiency import PARTS
 
 REGIMES = ("typical", "typical-gpu-bound")
 

@@ -355,7 +355,7 @@ def test_the_trace_is_released_before_the_replays(monkeypatch):
     and the replay (with its compiled loop's imports) are never in memory together."""
     import weakref
 
-    import fsdpdoctor.analysis.rank as rank
+    import fsdpdoctor.analysis.ranks.rank as rank
 
     refs, alive_at_replay = [], []
     real_load, real_run = rank.load_trace, rank.run_whatif

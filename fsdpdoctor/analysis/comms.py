@@ -13,9 +13,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..ingest.shapes import decode_list, dtype_bytes
-from ..ingest.kineto import Args, RankTrace
-from .labels import enclosing
+from fsdpdoctor.ingest.shapes import decode_list, dtype_bytes
+from fsdpdoctor.ingest.kineto import Args, RankTrace
+from fsdpdoctor.analysis.labels import enclosing
 
 # Same rule as Holistic Trace Analysis (hta/common/types.py), so overlap figures agree.
 COMM_NAME_RX = re.compile(r"(^nccl.*)|(^hip)|(^hccl)|(.*ncclKernel.*)")
@@ -635,7 +635,7 @@ def parallelism_facts(colls: list[Collective], pg_config: list[dict], n_steps: i
     """Mesh sizes: the group size of each role's collectives (the most common one)."""
     from collections import Counter
 
-    from ..facts import ParallelismFacts
+    from fsdpdoctor.facts import ParallelismFacts
 
     def size(role: str) -> int | None:
         sz = Counter(c.group_size for c in colls if c.role == role and c.group_size)

@@ -38,16 +38,16 @@ from dataclasses import dataclass
 import msgspec
 import numpy as np
 
-from ..facts import ComputeFacts
-from ..ingest.events import ATTN_BWD_OPS, ATTN_FWD_OPS, CONV_OPS, FLOP_OPS
-from ..ingest.kineto import RankTrace
-from ..ingest.shapes import decode_list, engine
-from . import intervals as iv
-from .columns import Columns
-from .comms import comm_kernel_mask, launch_rows
-from .labels import enclosing
-from .peaks import ENGINE_PEAK_DTYPE, device_peaks, has_tensor_cores
-from .steps import PHASES, StepWindow, locate
+from fsdpdoctor.facts import ComputeFacts
+from fsdpdoctor.ingest.events import ATTN_BWD_OPS, ATTN_FWD_OPS, CONV_OPS, FLOP_OPS
+from fsdpdoctor.ingest.kineto import RankTrace
+from fsdpdoctor.ingest.shapes import decode_list, engine
+from fsdpdoctor.analysis import intervals as iv
+from fsdpdoctor.analysis.ranks.columns import Columns
+from fsdpdoctor.analysis.comms import comm_kernel_mask, launch_rows
+from fsdpdoctor.analysis.labels import enclosing
+from fsdpdoctor.analysis.peaks import ENGINE_PEAK_DTYPE, device_peaks, has_tensor_cores
+from fsdpdoctor.analysis.steps import PHASES, StepWindow, locate
 
 #: a forward op found under one of these inside backward is checkpointing's recompute
 FORWARD_COMPOSITES = frozenset(

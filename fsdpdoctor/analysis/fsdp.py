@@ -21,10 +21,10 @@ from collections import Counter, defaultdict
 
 import numpy as np
 
-from ..facts import FsdpFacts, OffloadFacts, UnitFacts
-from ..ingest.kineto import RankTrace
-from . import intervals as iv
-from .comms import Collective
+from fsdpdoctor.facts import FsdpFacts, OffloadFacts, UnitFacts
+from fsdpdoctor.ingest.kineto import RankTrace
+from fsdpdoctor.analysis import intervals as iv
+from fsdpdoctor.analysis.comms import Collective
 
 FSDP2_PREFIX = "FSDP::"
 FSDP1_PREFIX = "FullyShardedDataParallel."
@@ -435,7 +435,7 @@ def _recompute_node_us(rt: RankTrace, nodes: np.ndarray, chains: dict[int, list[
     glue ops between the recomputed forward ops that their own durations leave out: on the real
     H200 GPT-2 run 9.8 ms per step against 5.6 ms of forward-only ops, the twin without
     checkpointing spending 10.9 ms less CPU per step."""
-    from .labels import enclosing
+    from fsdpdoctor.analysis.labels import enclosing
 
     trig = {ch[-1] for ch in chains.values() if ch}
     if not trig:
@@ -458,8 +458,8 @@ def _recompute_node_us(rt: RankTrace, nodes: np.ndarray, chains: dict[int, list[
 
 
 def _checkpointing(rt: RankTrace, f: FsdpFacts, n_steps: int) -> None:
-    from . import intervals as iv
-    from .labels import enclosing
+    from fsdpdoctor.analysis import intervals as iv
+    from fsdpdoctor.analysis.labels import enclosing
 
     nodes = cpu_label_rows(rt, lambda n: n.startswith(BACKWARD_NODE_PREFIX))
     if nodes.size == 0:
@@ -486,9 +486,9 @@ def _checkpointing(rt: RankTrace, f: FsdpFacts, n_steps: int) -> None:
 
 def _recompute_gpu_ms(rt: RankTrace, recompute_ops: np.ndarray) -> float:
     """|union| of the kernels launched (same correlation id) inside recomputed forward ops."""
-    from . import intervals as iv
-    from .comms import launch_rows
-    from .labels import enclosing
+    from fsdpdoctor.analysis import intervals as iv
+    from fsdpdoctor.analysis.comms import launch_rows
+    from fsdpdoctor.analysis.labels import enclosing
 
     kern = np.flatnonzero(rt.mask_cat("kernel"))
     if kern.size == 0:
@@ -508,8 +508,8 @@ def _offload(rt: RankTrace, n_steps: int) -> OffloadFacts:
     count as offload (H2D before all-gathers, D2H after reduce-scatters); pageable copies are
     counted wherever they are.
     """
-    from .comms import launch_rows
-    from .labels import enclosing
+    from fsdpdoctor.analysis.comms import launch_rows
+    from fsdpdoctor.analysis.labels import enclosing
 
     o = OffloadFacts()
     rows = np.flatnonzero(rt.mask_cat("gpu_memcpy"))

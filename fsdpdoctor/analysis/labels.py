@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..ingest.kineto import RankTrace
+from fsdpdoctor.ingest.kineto import RankTrace
 
 # Ranges worth knowing as ancestors. Everything else (aten ops, python functions) is skipped,
 # which keeps the sweep proportional to the number of labels, not of events.

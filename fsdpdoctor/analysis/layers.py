@@ -26,9 +26,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..ingest.kineto import RankTrace
-from ..ingest.shapes import decode_list
-from .steps import PHASES, StepWindow, locate
+from fsdpdoctor.ingest.kineto import RankTrace
+from fsdpdoctor.ingest.shapes import decode_list
+from fsdpdoctor.analysis.steps import PHASES, StepWindow, locate
 
 WEIGHT_OPS = {"aten::mm": 1, "aten::addmm": 2}  # op → position of the weight among its inputs
 MIN_BLOCKS = 2

@@ -13,10 +13,10 @@ import re
 
 import numpy as np
 
-from ..facts_efficiency import LoaderFacts
-from ..ingest.kineto import RankTrace
-from . import intervals as iv
-from .timeline import GPU_CATS
+from fsdpdoctor.facts.efficiency import LoaderFacts
+from fsdpdoctor.ingest.kineto import RankTrace
+from fsdpdoctor.analysis import intervals as iv
+from fsdpdoctor.analysis.timeline import GPU_CATS
 
 LOADER_RX = re.compile(r"enumerate\(DataLoader\)#(_\w+DataLoaderIter)\.__next__")
 

@@ -12,7 +12,7 @@ three quarters of its memory is free can take a larger micro-batch (:func:`batch
 
 from __future__ import annotations
 
-from ..facts import MemoryPressureFacts, RunFacts
+from fsdpdoctor.facts import MemoryPressureFacts, RunFacts
 
 GiB = 1 << 30
 

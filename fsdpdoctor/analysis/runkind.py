@@ -26,8 +26,8 @@ from collections import Counter
 
 import numpy as np
 
-from ..ingest.kineto import RankTrace
-from .comms import Collective
+from fsdpdoctor.ingest.kineto import RankTrace
+from fsdpdoctor.analysis.comms import Collective
 
 MEGATRON_TP_NAMES = (
     "_ReduceFromModelParallelRegion",

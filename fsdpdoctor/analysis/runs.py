@@ -12,7 +12,7 @@ from __future__ import annotations
 from datetime import datetime, timezone
 from pathlib import PurePath
 
-from ..facts import RankFacts
+from fsdpdoctor.facts import RankFacts
 
 #: Traces of one run start within this many seconds of each other (profilers on every rank follow
 #: the same step schedule; ranks start minutes apart at most, even on slow clusters)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..facts import RunFacts
+from fsdpdoctor.facts import RunFacts
 
 _PREFETCH = {
     "implicit": "BACKWARD_PRE",  # FSDP2's default prefetch is the BACKWARD_PRE analogue

@@ -11,7 +11,7 @@ the same code that measured the totals, so that they add up to them:
   earliest-starting collective kernel that covers it; per step the pieces add up to
   ``StepFacts.exposed_comm_ms``;
 - GPU idle: the steps' intervals on the step clock less all GPU activity, attributed as
-  :func:`fsdpdoctor.analysis.efficiency_idle.idle_and_hooks` attributes them; per cause the
+  :func:`fsdpdoctor.analysis.efficiency.idle.idle_and_hooks` attributes them; per cause the
   pieces add up to its measured time (``EfficiencyFacts.idle_ms`` before it is scaled to the
   waterfall's ``gpu_idle`` part).
 
@@ -24,14 +24,14 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..facts import RankFacts
-from ..facts_efficiency import EfficiencyFacts
-from ..ingest.kineto import RankTrace
-from . import intervals as iv
-from .efficiency import step_windows
-from .efficiency_idle import idle_and_hooks
-from .timeline import gpu_steps
-from .timeline_extract import _collective_index, _comm_kind, _match_collective
+from fsdpdoctor.facts import RankFacts
+from fsdpdoctor.facts.efficiency import EfficiencyFacts
+from fsdpdoctor.ingest.kineto import RankTrace
+from fsdpdoctor.analysis import intervals as iv
+from fsdpdoctor.analysis.efficiency import step_windows
+from fsdpdoctor.analysis.efficiency.idle import idle_and_hooks
+from fsdpdoctor.analysis.timeline import gpu_steps
+from fsdpdoctor.analysis.timeline.extract import _collective_index, _comm_kind, _match_collective
 
 MAX_SPANS = 200_000  # per rank and kind: the longest are kept beyond this
 
@@ -55,7 +55,7 @@ class RankSpans:
 
 def rank_spans(rt: RankTrace, rf: RankFacts) -> RankSpans:
     """The exposed-communication and GPU-idle intervals of ``rf``'s steps in ``rt`` (its trace)."""
-    from .steps import find_steps
+    from fsdpdoctor.analysis.steps import find_steps
 
     out = RankSpans(rank=rf.rank)
     steps = find_steps(rt).steps
@@ -124,7 +124,7 @@ def _exposed(rt, rf: RankFacts, k: int, idx: np.ndarray, g, s_all, e_all) -> lis
 
 def spans_for_facts(facts, ranks: list[RankFacts]) -> dict[int, RankSpans]:
     """:func:`rank_spans` of each of ``ranks`` (RankFacts of ``facts``), its trace read again."""
-    from ..ingest.kineto import load_trace
+    from fsdpdoctor.ingest.kineto import load_trace
 
     out: dict[int, RankSpans] = {}
     for rf in ranks:

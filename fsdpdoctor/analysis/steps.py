@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..ingest.kineto import RankTrace
+from fsdpdoctor.ingest.kineto import RankTrace
 
 PHASES = ("forward", "backward", "optimizer", "other")
 _STEP_RX = re.compile(r"^ProfilerStep#(\d+)$")

@@ -33,7 +33,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from statistics import median
 
-from ..facts import Candidate, RunFacts, StrategyFacts
+from fsdpdoctor.facts import Candidate, RunFacts, StrategyFacts
 
 GiB = 2**30
 OPTIMIZER_STATE_BYTES = {"adam": 8, "adamw": 8, "sgd": 4, "adagrad": 4, "rmsprop": 4, "adafactor": 2, "lion": 4}

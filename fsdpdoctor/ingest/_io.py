@@ -28,8 +28,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import IO, Any, Callable, Iterator
 
-from ..errors import InputError
-from ..fmt import parse_size
+from fsdpdoctor.errors import InputError
+from fsdpdoctor.fmt import parse_size
 
 try:  # isal's gzip is several times faster than zlib's: same API, its own exception class
     from isal import igzip as gzip_impl
@@ -268,7 +268,7 @@ _GZIP_READ_ERRORS = GZIP_ERRORS
 def open_input(path: str | Path, what: str = "file", error: type[InputError] = InputError) -> InputStream:
     """The one way an input is opened: a local file (:meth:`InputStream.open`) or a URL through
     fsspec (:mod:`.remote`), gunzipped as needed, within the byte limits, its errors one line."""
-    from . import remote
+    from fsdpdoctor.ingest import remote
 
     if remote.is_url(path):
         try:

@@ -19,8 +19,8 @@ import pickletools
 from contextlib import contextmanager
 from typing import Any
 
-from ..errors import InputError
-from ._io import gc_paused, short
+from fsdpdoctor.errors import InputError
+from fsdpdoctor.ingest._io import gc_paused, short
 
 __all__ = ["load_plain_pickle", "looks_like_json", "PICKLE_MAGIC", "UNPICKLE_BYTES_PER_BYTE", "UNPICKLE_FLOOR"]
 

@@ -17,7 +17,7 @@ from typing import Any, Union
 import msgspec
 import numpy as np
 
-from . import events as K
+from fsdpdoctor.ingest import events as K
 
 # --------------------------------------------------------------------------------------------
 # Internal schema: the same fields as events.Event / events.Args, but absent ids decode to a

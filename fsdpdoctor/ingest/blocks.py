@@ -45,13 +45,13 @@ from typing import Any
 
 import msgspec
 
-from ..errors import InputError
-from . import remote
-from . import events as K
+from fsdpdoctor.errors import InputError
+from fsdpdoctor.ingest import remote
+from fsdpdoctor.ingest import events as K
 
-from ._io import open_input
-from ._io import short as _short
-from .block_schema import (  # the decoders of a block and the columns it fills
+from fsdpdoctor.ingest._io import open_input
+from fsdpdoctor.ingest._io import short as _short
+from fsdpdoctor.ingest.block_schema import (
     _BLOCK,
     _FINAL_OBJ,
     _META_KEYS,

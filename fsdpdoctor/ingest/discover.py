@@ -8,11 +8,11 @@ import re
 import stat
 from pathlib import Path
 
-from ..errors import InputError
-from . import flight_recorder as fr
-from . import remote
-from .layouts import dump_folder
-from .sidecar import SIDECAR_NAME
+from fsdpdoctor.errors import InputError
+from fsdpdoctor.ingest import flight_recorder as fr
+from fsdpdoctor.ingest import remote
+from fsdpdoctor.ingest.layouts import dump_folder
+from fsdpdoctor.ingest.sidecar import SIDECAR_NAME
 
 TRACE_PATTERNS = ("*.json", "*.json.gz")
 
@@ -35,7 +35,7 @@ def looks_like_trace(p: Path | str) -> bool:
     (``traceEvents``, ``schemaVersion``) in that head: a training config, a generator's
     ``truth.json`` of any size (profilers write ``schemaVersion`` and the small metadata first).
     An unreadable, empty or truncated file counts as a trace, so its reader names the problem."""
-    from ._io import open_input
+    from fsdpdoctor.ingest._io import open_input
 
     try:
         with open_input(p, "trace file") as st:
@@ -292,7 +292,7 @@ def looks_like_snapshot(p: Path) -> bool:
 
 def _url_snapshot_head(url: str) -> bytes:
     """The first two (gunzipped) bytes of an object, b"" when it cannot be read."""
-    from ._io import open_input
+    from fsdpdoctor.ingest._io import open_input
 
     try:
         with open_input(url) as st:

@@ -37,9 +37,9 @@ from typing import Annotated, Any
 
 import msgspec
 
-from ..errors import InputError
-from ._io import convert_checked, open_input, read_input, short
-from ._pickle import PICKLE_MAGIC, load_plain_pickle, looks_like_json
+from fsdpdoctor.errors import InputError
+from fsdpdoctor.ingest._io import convert_checked, open_input, read_input, short
+from fsdpdoctor.ingest._pickle import PICKLE_MAGIC, load_plain_pickle, looks_like_json
 
 __all__ = [
     "FrError",

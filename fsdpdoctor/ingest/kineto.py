@@ -27,13 +27,13 @@ from typing import Any, Callable, Iterator, Union
 import msgspec
 import numpy as np
 
-from ..errors import InputError
+from fsdpdoctor.errors import InputError
 
-from ._io import gc_paused, read_input
-from .categories import canonical_categories
-from ._io import short as _short
+from fsdpdoctor.ingest._io import gc_paused, read_input
+from fsdpdoctor.ingest.categories import canonical_categories
+from fsdpdoctor.ingest._io import short as _short
 
-from .events import (
+from fsdpdoctor.ingest.events import (
     DROPPED_CATEGORIES,
     OVERFLOW,
     RAW_FIELDS,
@@ -513,8 +513,8 @@ def load_trace(
     ``workers`` > 0 decodes a large file's blocks in that many processes (default: as set by
     :func:`parallel_decode`, else 0); the result is identical.
     """
-    from . import remote
-    from .blocks import load_blocks
+    from fsdpdoctor.ingest import remote
+    from fsdpdoctor.ingest.blocks import load_blocks
 
     path = remote.localize(path)
     path = path if remote.is_url(path) else Path(path)  # a URL stays a string: Path would fold its '//'

@@ -33,7 +33,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..errors import InputError
+from fsdpdoctor.errors import InputError
 
 _ITERATION = re.compile(r"^(?:iteration|step)_(\d+)(_exit)?$")
 #: how deep below the given folder a series folder is looked for (0.3.0: ``profiling/traces``)

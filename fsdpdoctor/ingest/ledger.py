@@ -16,8 +16,8 @@ from collections import defaultdict
 
 import numpy as np
 
-from ..facts_ledger import InputLedger, LedgerRow
-from .categories import canonical_category
+from fsdpdoctor.facts.ledger import InputLedger, LedgerRow
+from fsdpdoctor.ingest.categories import canonical_category
 
 #: categories whose complete events the analysis reads (names as read, after canonical_category)
 READ_CATEGORIES = frozenset(

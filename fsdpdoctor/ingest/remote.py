@@ -17,7 +17,7 @@ import re
 from pathlib import Path
 from typing import IO, Any
 
-from ..errors import InputError
+from fsdpdoctor.errors import InputError
 
 _SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.\-]*)://")
 

@@ -11,8 +11,8 @@ from typing import Any
 
 import msgspec
 
-from ..errors import InputError
-from ._io import read_input, short
+from fsdpdoctor.errors import InputError
+from fsdpdoctor.ingest._io import read_input, short
 
 SIDECAR_NAME = "fsdpdoctor_meta.json"
 
@@ -20,7 +20,7 @@ SIDECAR_NAME = "fsdpdoctor_meta.json"
 def find_sidecar(trace_files: list[Path | str]) -> Path | str | None:
     """The sidecar beside the traces (the first directory holding one); for URLs (see
     :mod:`.remote`) the sidecar's URL."""
-    from . import remote
+    from fsdpdoctor.ingest import remote
 
     for d in dict.fromkeys(p.rsplit("/", 1)[0] if remote.is_url(p) else Path(p).resolve().parent for p in trace_files):
         if isinstance(d, str):

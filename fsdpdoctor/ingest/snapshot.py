@@ -25,11 +25,11 @@ from typing import Annotated, Any
 import msgspec
 import numpy as np
 
-from ..errors import InputError
+from fsdpdoctor.errors import InputError
 
-from ._io import convert_checked, read_input
-from ._io import short as _short
-from ._pickle import UNPICKLE_BYTES_PER_BYTE, UNPICKLE_FLOOR, load_plain_pickle, looks_like_json  # noqa: F401
+from fsdpdoctor.ingest._io import convert_checked, read_input
+from fsdpdoctor.ingest._io import short as _short
+from fsdpdoctor.ingest._pickle import UNPICKLE_BYTES_PER_BYTE, UNPICKLE_FLOOR, load_plain_pickle, looks_like_json  # noqa: F401
 
 __all__ = [
     "SnapshotError",

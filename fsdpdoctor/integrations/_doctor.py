@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
-from ..capture import Capture, dump_flight_recorder
+from fsdpdoctor.capture import Capture, dump_flight_recorder
 
 #: What ``stop_on`` accepts: "hang" (a hang pattern in the Flight Recorder dumps at the window's
 #: end, or no step finished within ``hang_timeout_s``), "oom" (the window ran out of memory or
@@ -37,7 +37,7 @@ def headline_lines(report: Any, out_dir: Path | str, elapsed_s: float | None = N
     """What rank 0 prints when the window closes: the ticket's headline (the lines
     ``fsdpdoctor analyze`` opens with), the first finding with its saving, and the command that
     prints the whole ticket."""
-    from ..report.sections import saving_text, ticket_headline
+    from fsdpdoctor.report.sections import saving_text, ticket_headline
 
     f = report.facts
     took = f" (analysed in {elapsed_s:.1f} s)" if elapsed_s is not None else ""
@@ -170,7 +170,7 @@ class Doctor:
         self.closed = False
         self._watchdog: _Watchdog | None = None
         if self.flight_recorder:  # before the process group's first collective, where it is not yet set
-            from ..capture import FR_BUFFER_SIZE
+            from fsdpdoctor.capture import FR_BUFFER_SIZE
 
             os.environ.setdefault("TORCH_FR_BUFFER_SIZE", str(FR_BUFFER_SIZE))
 
@@ -269,7 +269,7 @@ class Doctor:
 
     def _analyze(self) -> str | None:
         import fsdpdoctor
-        from ..errors import InputError
+        from fsdpdoctor.errors import InputError
 
         t0 = time.perf_counter()
         try:
@@ -340,7 +340,7 @@ class _Watchdog(threading.Thread):
             while time.monotonic() < deadline and not done.exists():
                 time.sleep(0.2)
         else:
-            from ..capture import flight_recorder_filename
+            from fsdpdoctor.capture import flight_recorder_filename
 
             deadline = time.monotonic() + self.grace_s
             while time.monotonic() < deadline:
@@ -348,8 +348,8 @@ class _Watchdog(threading.Thread):
                     break
                 time.sleep(0.2)
             try:
-                from ..api import analyze
-                from ..report.sections import hang_headline
+                from fsdpdoctor.api import analyze
+                from fsdpdoctor.report.sections import hang_headline
 
                 report = analyze(out / "comm_traces", jobs=1)
                 for key, text in hang_headline(report.facts):

@@ -28,7 +28,7 @@ from typing import Any
 
 from transformers import TrainerCallback
 
-from ._doctor import Doctor
+from fsdpdoctor.integrations._doctor import Doctor
 
 __all__ = ["FsdpDoctorCallback"]
 

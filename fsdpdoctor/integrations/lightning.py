@@ -29,7 +29,7 @@ try:
 except ImportError:  # the standalone package
     from pytorch_lightning.callbacks import Callback  # type: ignore[no-redef]
 
-from ._doctor import Doctor
+from fsdpdoctor.integrations._doctor import Doctor
 
 __all__ = ["FsdpDoctorCallback"]
 

@@ -10,15 +10,15 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 
-from ..fmt import mib, ms
-from .markdown import table as md_table
-from .sections import Table
-from .terminal import rich_table
+from fsdpdoctor.fmt import mib, ms
+from fsdpdoctor.report.markdown import table as md_table
+from fsdpdoctor.report.sections import Table
+from fsdpdoctor.report.terminal import rich_table
 
 if TYPE_CHECKING:
     from rich.console import Console
 
-    from ..analysis.compare import Cause, Comparison
+    from fsdpdoctor.analysis.compare import Cause, Comparison
 
 LABELS = {
     "compute": "compute",
@@ -274,7 +274,7 @@ def primary_sentence(c: Comparison) -> str:
         s = f"Primary cause: {part_name(p.parts, c)} {dms(p.delta_ms)} per step"
     offsets_named: list[Cause] = []
     if _over(c, p.delta_ms):
-        from ..analysis.compare import offsets
+        from fsdpdoctor.analysis.compare import offsets
 
         against = offsets(c.causes, p, d)
         offsets_named = against[:3]
@@ -498,7 +498,7 @@ def collectives_table(c: Comparison, limit: int = 16) -> Table | None:
 
 def compute_split_table(c: Comparison) -> Table | None:
     """The compute change split by what changed (analysis.compare.compute_split)."""
-    from ..analysis.compare import COMPUTE_SPLIT
+    from fsdpdoctor.analysis.compare import COMPUTE_SPLIT
 
     if not c.compute_split:
         return None
@@ -518,7 +518,7 @@ def compute_split_table(c: Comparison) -> Table | None:
 
 def waterfall_table(c: Comparison) -> Table | None:
     """The change split by the efficiency waterfall's parts, before the components and causes."""
-    from .waterfall import PART_LABEL
+    from fsdpdoctor.report.waterfall import PART_LABEL
 
     if not c.waterfall:
         return None

@@ -3,7 +3,7 @@
 Sections: the headline and findings (as in the terminal, with evidence and fixes), the per-step
 GPU time breakdown of every rank, where the step goes against the ideal (the efficiency
 waterfall, :mod:`.html_waterfall`), a zoomable GPU timeline of one step of one rank (from
-:mod:`fsdpdoctor.analysis.timeline_extract`), per-unit collective bytes and exposed time, memory
+:mod:`fsdpdoctor.analysis.timeline.extract`), per-unit collective bytes and exposed time, memory
 at the peak (when a snapshot was given), the detail tables of :mod:`.sections`, and the notes.
 :func:`render_comparison` (:mod:`.html_compare`) draws ``compare``'s step-time delta as a waterfall;
 the page's building blocks are :mod:`.html_page`'s.
@@ -19,9 +19,9 @@ from typing import TYPE_CHECKING
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from ..fmt import mib, ms
-from .html_compare import comparison_parts, render_comparison
-from .html_page import (
+from fsdpdoctor.fmt import mib, ms
+from fsdpdoctor.report.html_compare import comparison_parts, render_comparison
+from fsdpdoctor.report.html_page import (
     COLORS,
     MAX_UNIT_LINES,
     MEMORY_COLORS,
@@ -36,12 +36,12 @@ from .html_page import (
     _Page,
     _table_html,
 )
-from .html_waterfall import waterfall_section
-from .sections import ENGINE_LABEL, all_tables, fix_language, headline, no_collectives, saving_text
+from fsdpdoctor.report.html_waterfall import waterfall_section
+from fsdpdoctor.report.sections import ENGINE_LABEL, all_tables, fix_language, headline, no_collectives, saving_text
 
 if TYPE_CHECKING:
-    from ..analysis.timeline_extract import StepTimeline
-    from ..api import Report
+    from fsdpdoctor.analysis.timeline.extract import StepTimeline
+    from fsdpdoctor.api import Report
 
 __all__ = ["render", "render_comparison", "comparison_parts", "TITLES"]
 
@@ -354,7 +354,7 @@ def _compute_figure(f) -> tuple[go.Figure | None, str]:
     """A roofline's ceilings: achieved TFLOP/s of the GEMM / attention kernels of each engine
     (bars) against the device's dense peak for that engine's dtype (markers), and MFU per step
     (the step time of each step of the first rank with FLOPs)."""
-    from ..analysis.peaks import device_peaks
+    from fsdpdoctor.analysis.peaks import device_peaks
 
     c = f.compute
     if not f.gpu_present:

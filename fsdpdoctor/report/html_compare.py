@@ -8,15 +8,15 @@ from typing import Any
 
 import plotly.graph_objects as go
 
-from ..fmt import ms
-from .html_page import TITLES, Table, _e, _headline_html, _Page, _table_html
+from fsdpdoctor.fmt import ms
+from fsdpdoctor.report.html_page import TITLES, Table, _e, _headline_html, _Page, _table_html
 
 
 def _as_dict(obj: Any) -> dict:
     """A comparison's JSON dict (a :class:`~fsdpdoctor.analysis.compare.Comparison` is converted)."""
     if isinstance(obj, dict):
         return obj
-    from .comparison import to_dict
+    from fsdpdoctor.report.comparison import to_dict
 
     return to_dict(obj)
 
@@ -47,7 +47,7 @@ def comparison_parts(comparison: Any) -> tuple[float | None, list[tuple[str, flo
 
 
 def _component_labels() -> dict[str, str]:
-    from .comparison import LABELS
+    from fsdpdoctor.report.comparison import LABELS
 
     return dict(LABELS)
 
@@ -159,7 +159,7 @@ def render_comparison(comparison: Any, title: str = "fsdpdoctor compare") -> str
             page.add(_table_html(Table("Components", ["component", "delta"], rows)))
     parts = d.get("waterfall_ms")
     if isinstance(parts, dict) and parts and before is not None:
-        from .waterfall import PART_LABEL
+        from fsdpdoctor.report.waterfall import PART_LABEL
 
         deltas = [
             (str(k), v)

@@ -13,8 +13,8 @@ import plotly.graph_objects as go
 import plotly.io as pio
 from plotly.offline import get_plotlyjs
 
-from .. import __version__
-from .tables import Table
+from fsdpdoctor import __version__
+from fsdpdoctor.report.tables import Table
 
 # One colour per meaning, shared by every chart (and the legend of each).
 COLORS = {

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import plotly.graph_objects as go
 
-from .html_page import TITLES, _e, _Page
-from .waterfall import PART_LABEL, waterfall_line
+from fsdpdoctor.report.html_page import TITLES, _e, _Page
+from fsdpdoctor.report.waterfall import PART_LABEL, waterfall_line
 
 PART_COLORS = {
     "matmul_at_peak": "#2E7D32",

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from .sections import Table, all_tables, fix_language, headline, saving_text
+from fsdpdoctor.report.sections import Table, all_tables, fix_language, headline, saving_text
 
 if TYPE_CHECKING:
-    from ..api import Report
+    from fsdpdoctor.api import Report
 
 
 def table(t: Table, level: str = "###") -> str:

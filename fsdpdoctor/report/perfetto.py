@@ -37,8 +37,8 @@ from typing import Any
 
 import msgspec
 
-from ..errors import InputError
-from ..facts_efficiency import PARTS
+from fsdpdoctor.errors import InputError
+from fsdpdoctor.facts.efficiency import PARTS
 
 PID_BASE = 1_000_000  # rank N is process PID_BASE + N
 TID_BASE = 2_000_000_000  # fsdpdoctor's threads: TID_BASE, TID_BASE + 1, … in each rank's process
@@ -93,7 +93,7 @@ def check_output(output: Path, paths: list[str] | tuple[str, ...]) -> None:
 def write(report, output: Path, rank_detail: str | None = None) -> dict[str, Any]:
     """Write ``report`` as a merged trace to ``output``; returns what was written (ranks, ranks
     merged, events, bytes). Raises InputError when a merged rank's trace cannot be read again."""
-    from ..ingest._io import read_input
+    from fsdpdoctor.ingest._io import read_input
 
     facts = report.facts
     merged, _, _ = facts.ranks_to_write(rank_detail or report.rank_detail)

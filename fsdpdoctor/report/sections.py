@@ -6,13 +6,13 @@ import re
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ..facts import RunFacts
-from ..fmt import mib, ms, pct, rank_list, ranks_text, seconds
-from .tables import Table
-from .waterfall import waterfall_line, waterfall_tables
+from fsdpdoctor.facts import RunFacts
+from fsdpdoctor.fmt import mib, ms, pct, rank_list, ranks_text, seconds
+from fsdpdoctor.report.tables import Table
+from fsdpdoctor.report.waterfall import waterfall_line, waterfall_tables
 
 if TYPE_CHECKING:
-    from ..engine import Finding
+    from fsdpdoctor.engine import Finding
 
 
 _SHELL_LINE = re.compile(
@@ -830,7 +830,7 @@ def compute_table(f: RunFacts) -> Table | None:
     c = f.compute
     if c is None or not c.engine_ms_per_step:
         return None
-    from ..analysis.peaks import ENGINE_PEAK_DTYPE, device_peaks
+    from fsdpdoctor.analysis.peaks import ENGINE_PEAK_DTYPE, device_peaks
 
     peaks = (device_peaks(c.device) or ("", {}))[1]
     rows = []

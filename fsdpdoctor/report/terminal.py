@@ -14,10 +14,10 @@ from rich.syntax import Syntax
 from rich.table import Table as RichTable
 from rich.text import Text
 
-from .sections import Table, all_tables, fix_language, saving_text, ticket_headline
+from fsdpdoctor.report.sections import Table, all_tables, fix_language, saving_text, ticket_headline
 
 if TYPE_CHECKING:
-    from ..api import Report
+    from fsdpdoctor.api import Report
 
 SEVERITY_STYLE = {"critical": "bold red", "warning": "yellow", "info": "cyan"}
 

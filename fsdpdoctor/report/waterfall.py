@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from ..facts import RunFacts
-from ..facts_efficiency import FAMILY_LABEL, EfficiencyFacts
-from ..fmt import ms, pct
-from .tables import Table
+from fsdpdoctor.facts import RunFacts
+from fsdpdoctor.facts.efficiency import FAMILY_LABEL, EfficiencyFacts
+from fsdpdoctor.fmt import ms, pct
+from fsdpdoctor.report.tables import Table
 
 PART_LABEL = {
     "matmul_at_peak": "matmul at peak",

@@ -53,11 +53,11 @@ reserved memory), :mod:`.stacks` (what a stack says: site, rule label, phase mar
 
 from __future__ import annotations
 
-from ...facts import MEMORY_CATEGORIES as CATEGORIES
-from ...facts import MemoryFacts
-from .allocator import round_size
-from .analyze import analyze_memory, analyze_snapshot, analyze_timeline
-from .trace_events import memory_from_events
+from fsdpdoctor.facts import MEMORY_CATEGORIES as CATEGORIES
+from fsdpdoctor.facts import MemoryFacts
+from fsdpdoctor.analysis.memory.allocator import round_size
+from fsdpdoctor.analysis.memory.analyze import analyze_memory, analyze_snapshot, analyze_timeline
+from fsdpdoctor.analysis.memory.trace_events import memory_from_events
 
 __all__ = [
     "CATEGORIES",

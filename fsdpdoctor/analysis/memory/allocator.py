@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from ...ingest.snapshot import Snapshot
+from fsdpdoctor.ingest.snapshot import Snapshot
 
 MIN_BLOCK = 512  # kMinBlockSize
 SMALL_SIZE = 1 << 20  # kSmallSize: requests up to 1 MiB use the small pool; large blocks keep ≤ 1 MiB tails

@@ -8,10 +8,10 @@ from pathlib import Path
 
 import numpy as np
 
-from ...facts import MEMORY_CATEGORIES as CATEGORIES
-from ...facts import AllocatorSettings, MemoryFacts
-from ...facts_memory import MemoryDevice, OomFacts, OomStatement
-from ...ingest.snapshot import (
+from fsdpdoctor.facts import MEMORY_CATEGORIES as CATEGORIES
+from fsdpdoctor.facts import AllocatorSettings, MemoryFacts
+from fsdpdoctor.facts.memory import MemoryDevice, OomFacts, OomStatement
+from fsdpdoctor.ingest.snapshot import (
     TIMELINE_CATEGORIES,
     MemoryTimeline,
     Snapshot,
@@ -19,12 +19,21 @@ from ...ingest.snapshot import (
     load_memory,
     snapshot_from_object,
 )
-from .allocator import Replay, replay, state_series
-from .checkpointing import detect as detect_checkpointing
-from .categorize import TIMELINE_TO_CATEGORY, Labels, event_phases, event_times, label_blocks
-from .curve import downsample
-from .ledger import device_imbalance, device_ledger, fold_parameters, stack_libraries
-from .stacks import OPT, PH_BACKWARD, PH_FORWARD, PH_OPTIM, PH_RECOMPUTE, PHASE_NAMES, RS, StackCache
+from fsdpdoctor.analysis.memory.allocator import Replay, replay, state_series
+from fsdpdoctor.analysis.memory.checkpointing import detect as detect_checkpointing
+from fsdpdoctor.analysis.memory.categorize import TIMELINE_TO_CATEGORY, Labels, event_phases, event_times, label_blocks
+from fsdpdoctor.analysis.memory.curve import downsample
+from fsdpdoctor.analysis.memory.ledger import device_imbalance, device_ledger, fold_parameters, stack_libraries
+from fsdpdoctor.analysis.memory.stacks import (
+    OPT,
+    PH_BACKWARD,
+    PH_FORWARD,
+    PH_OPTIM,
+    PH_RECOMPUTE,
+    PHASE_NAMES,
+    RS,
+    StackCache,
+)
 
 TOP_SITES = 10
 

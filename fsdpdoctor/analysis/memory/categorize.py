@@ -12,10 +12,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ...facts import MEMORY_CATEGORIES as CATEGORIES
-from .allocator import NEVER, Replay, round_size
-from .statement import Statement, failing_statement
-from .stacks import (
+from fsdpdoctor.facts import MEMORY_CATEGORIES as CATEGORIES
+from fsdpdoctor.analysis.memory.allocator import NEVER, Replay, round_size
+from fsdpdoctor.analysis.memory.statement import Statement, failing_statement
+from fsdpdoctor.analysis.memory.stacks import (
     OPT,
     OPTIM_STATES,
     PH_BACKWARD,

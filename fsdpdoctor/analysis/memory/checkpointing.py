@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .stacks import PH_FORWARD, FrameInfo, Stack
+from fsdpdoctor.analysis.memory.stacks import PH_FORWARD, FrameInfo, Stack
 
 
 @dataclass

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ...facts_memory import MemoryCurve
+from fsdpdoctor.facts.memory import MemoryCurve
 
 CURVE_POINTS = 500
 

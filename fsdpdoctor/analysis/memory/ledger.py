@@ -2,7 +2,7 @@
 imbalance of one process driving several GPUs, and the adapter / quantization libraries the
 allocation stacks pass through.
 
-The ledger is per device (:class:`~fsdpdoctor.facts_memory.MemoryDevice`): segments, blocks of
+The ledger is per device (:class:`~fsdpdoctor.facts.memory.MemoryDevice`): segments, blocks of
 every state, reserved and allocated bytes at dump time, ``device_traces`` entries and, of them,
 those the allocator replay reads (:data:`READ_ACTIONS`) and, by action, those it does not
 (``snapshot`` markers; ``free_requested`` / ``free_completed`` on a device with no allocation
@@ -13,8 +13,8 @@ from __future__ import annotations
 
 from collections import Counter
 
-from ...facts_memory import MemoryDevice, MemoryFacts
-from ...ingest.snapshot import Snapshot, device_has_history
+from fsdpdoctor.facts.memory import MemoryDevice, MemoryFacts
+from fsdpdoctor.ingest.snapshot import Snapshot, device_has_history
 
 #: the trace actions the allocator replay (:mod:`.allocator`) reads
 READ_ACTIONS = frozenset(

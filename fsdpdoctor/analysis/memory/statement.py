@@ -24,8 +24,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .allocator import Replay
-from .stacks import OPT, PH_FORWARD, PH_OPTIM, PH_RECOMPUTE, FrameInfo, Stack, short_path
+from fsdpdoctor.analysis.memory.allocator import Replay
+from fsdpdoctor.analysis.memory.stacks import OPT, PH_FORWARD, PH_OPTIM, PH_RECOMPUTE, FrameInfo, Stack, short_path
 
 #: torch.nn.functional losses over a vocabulary (the log-softmax of the logits is their largest tensor)
 _LOSS_FUNCS = {

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from ...facts import MemoryFacts
-from ...facts_memory import MemoryDevice
-from .curve import downsample
+from fsdpdoctor.facts import MemoryFacts
+from fsdpdoctor.facts.memory import MemoryDevice
+from fsdpdoctor.analysis.memory.curve import downsample
 
 CUDA_DEVICE_TYPE = 1
 

@@ -18,7 +18,7 @@ From the trace we build the dependency graph of the profiled steps and replay it
 Each constraint keeps its measured slack up to a small cap (launch latency, back-to-back gap),
 so the unchanged replay reproduces the measured step only as well as the graph explains the
 waits: its error is the model's *fidelity*, not the error of a saving (that comes from real
-twins: ``fsdpdoctor/savings.py``).
+twins: ``fsdpdoctor/savings/__init__.py``).
 
 A transformation edits the graph (move, drop or scale nodes, cut CPU time) and the replay gives
 the step time with the fix. Only per-transformation step times and small evidence leave this
@@ -29,7 +29,7 @@ The package, one module per stage: :mod:`.graph` (the graph read from the trace)
 and running a rank's replays) and :mod:`.fold` (the run's figures over its ranks).
 """
 
-from .fold import WhatIfFold, fold_whatif
-from .plan import WhatIfPlan, analyze_whatif, plan_whatif, run_whatif
+from fsdpdoctor.analysis.whatif.fold import WhatIfFold, fold_whatif
+from fsdpdoctor.analysis.whatif.plan import WhatIfPlan, analyze_whatif, plan_whatif, run_whatif
 
 __all__ = ["WhatIfFold", "WhatIfPlan", "analyze_whatif", "fold_whatif", "plan_whatif", "run_whatif"]

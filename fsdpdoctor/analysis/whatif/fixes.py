@@ -6,12 +6,12 @@ from collections.abc import Callable
 
 import numpy as np
 
-from ...facts import ComputeFacts
-from .. import intervals as iv
-from ..comms import Collective
-from ..layers import RepeatedBlocks
-from ..steps import StepWindow
-from .graph import CAP_DEP_US, Fix, Graph
+from fsdpdoctor.facts import ComputeFacts
+from fsdpdoctor.analysis import intervals as iv
+from fsdpdoctor.analysis.comms import Collective
+from fsdpdoctor.analysis.layers import RepeatedBlocks
+from fsdpdoctor.analysis.steps import StepWindow
+from fsdpdoctor.analysis.whatif.graph import CAP_DEP_US, Fix, Graph
 
 
 def _backward_all_gathers(g: Graph) -> list[list[int]]:
@@ -434,7 +434,7 @@ def _hook_us_per_unit(hooks: np.ndarray, own: np.ndarray, step: StepWindow, phas
     return float(own[m].sum()) / units
 
 
-from ...facts_compute import TENSOR_CORE_SHARE  # noqa: E402  (the assumption, stated in the facts)
+from fsdpdoctor.facts.compute import TENSOR_CORE_SHARE  # noqa: E402  (the assumption, stated in the facts)
 
 TENSOR_CORE_MIN_SHARE = 5.0  # % of GEMM + attention time on fp32 engines for the replay to try it
 
@@ -455,8 +455,8 @@ def fix_tensor_cores(
     if kf.rows.size == 0:  # no shapes: the CUDA-core kernels by name, at the engines' peak ratio
         if cf.source != "names":
             return None
-        from ..compute import engine_in_name, kernel_class
-        from ..peaks import device_peaks
+        from fsdpdoctor.analysis.compute import engine_in_name, kernel_class
+        from fsdpdoctor.analysis.peaks import device_peaks
 
         f32 = (device_peaks(cf.device) or ("", {}))[1].get("fp32")
         if not f32:

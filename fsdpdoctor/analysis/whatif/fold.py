@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from ...facts import WhatIfFacts
-from ..columns import Columns
-from .fixes import STRAGGLER_FACTORS
+from fsdpdoctor.facts import WhatIfFacts
+from fsdpdoctor.analysis.ranks.columns import Columns
+from fsdpdoctor.analysis.whatif.fixes import STRAGGLER_FACTORS
 
 
 _WHATIF_SUMS = ("ops", "wait_edges", "blocking_calls", "inferred_edges", "unexplained_waits", "backlog_ops")

@@ -6,10 +6,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ...ingest.events import KERNEL_LAUNCHES
-from ...ingest.kineto import RankTrace
-from ..comms import SYNC_NAMES, Collective, comm_kernel_mask, launch_rows
-from ..steps import PHASES, StepWindow, locate
+from fsdpdoctor.ingest.events import KERNEL_LAUNCHES
+from fsdpdoctor.ingest.kineto import RankTrace
+from fsdpdoctor.analysis.comms import SYNC_NAMES, Collective, comm_kernel_mask, launch_rows
+from fsdpdoctor.analysis.steps import PHASES, StepWindow, locate
 
 
 GPU_CATS = ("kernel", "gpu_memcpy", "gpu_memset")

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..steps import step_clocks_ms
-from .graph import CAP_SYNC_US, MIN_SYNC_US, Fix, Graph
+from fsdpdoctor.analysis.steps import step_clocks_ms
+from fsdpdoctor.analysis.whatif.graph import CAP_SYNC_US, MIN_SYNC_US, Fix, Graph
 
 
 def measured_step_ms(g: Graph) -> np.ndarray:

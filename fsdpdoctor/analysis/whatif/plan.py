@@ -6,13 +6,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ...facts import ComputeFacts, FsdpFacts, WhatIfFacts
-from ...ingest.kineto import RankTrace
-from .. import intervals as iv
-from ..comms import Collective
-from ..layers import repeated_blocks
-from ..steps import StepWindow
-from .fixes import (
+from fsdpdoctor.facts import ComputeFacts, FsdpFacts, WhatIfFacts
+from fsdpdoctor.ingest.kineto import RankTrace
+from fsdpdoctor.analysis import intervals as iv
+from fsdpdoctor.analysis.comms import Collective
+from fsdpdoctor.analysis.layers import repeated_blocks
+from fsdpdoctor.analysis.steps import StepWindow
+from fsdpdoctor.analysis.whatif.fixes import (
     ASSUMPTIONS,
     FIXES,
     SIDE_FACTOR,
@@ -23,8 +23,8 @@ from .fixes import (
     fix_tensor_cores,
     latency_share,
 )
-from .graph import Fix, Graph, build_graph
-from .loop import _slower, measured_clocks_ms, replay
+from fsdpdoctor.analysis.whatif.graph import Fix, Graph, build_graph
+from fsdpdoctor.analysis.whatif.loop import _slower, measured_clocks_ms, replay
 
 
 def _exposed_rs_ms(g: Graph, S: np.ndarray, E: np.ndarray) -> float:

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import click
 
-from .cli_base import (
+from fsdpdoctor.cli.base import (
     _write,
     guarded,
     input_limit_option,
@@ -22,8 +22,8 @@ from .cli_base import (
     scale_options,
     warn_partial,
 )
-from .errors import InputError
-from .facts import AUTO_FULL_RANKS, RANK_DETAIL
+from fsdpdoctor.errors import InputError
+from fsdpdoctor.facts import AUTO_FULL_RANKS, RANK_DETAIL
 
 
 @main.command()
@@ -124,12 +124,12 @@ def analyze(
     the report then opens with the hang (which rank, which collective); a dump that cannot be
     read stops the analysis.
     """
-    from .api import analyze as run
-    from .progress import load_progress
+    from fsdpdoctor.api import analyze as run
+    from fsdpdoctor.progress import load_progress
 
     cfg = rule_config(settings, disable)
     if fmt == "perfetto":
-        from .report.perfetto import check_output
+        from fsdpdoctor.report.perfetto import check_output
 
         if output is None:
             raise InputError("--format perfetto", "needs -o FILE (e.g. -o trace.json.gz)")
@@ -181,7 +181,7 @@ def analyze(
 def memory(paths: tuple[str, ...], fmt: str, output: Path | None, iteration: int | None = None) -> None:
     """Analyse CUDA memory snapshots (or profiler memory timelines) alone: files, folders of
     them, or a framework's dump folder (torchtitan's memory_snapshot/iteration_<N>)."""
-    from .api import analyze_memory_only
+    from fsdpdoctor.api import analyze_memory_only
 
     _emit(analyze_memory_only(list(paths), config=rule_config(), iteration=iteration), fmt, output, details=True)
 
@@ -189,7 +189,7 @@ def memory(paths: tuple[str, ...], fmt: str, output: Path | None, iteration: int
 def _emit(report, fmt: str, output: Path | None, *, brief: bool = False, details: bool = False) -> None:
     """Write ``report`` in ``fmt`` to ``output`` (stdout when None)."""
     if fmt == "perfetto":
-        from .report.perfetto import write as write_perfetto
+        from fsdpdoctor.report.perfetto import write as write_perfetto
 
         got = write_perfetto(report, output)
         click.echo(
@@ -198,7 +198,7 @@ def _emit(report, fmt: str, output: Path | None, *, brief: bool = False, details
             err=True,
         )
     elif fmt == "html":
-        from .report.html import render as render_html
+        from fsdpdoctor.report.html import render as render_html
 
         _write(render_html(report), output)
     elif fmt == "json":
@@ -206,7 +206,7 @@ def _emit(report, fmt: str, output: Path | None, *, brief: bool = False, details
     elif fmt == "markdown":
         _write(report.to_markdown(), output)
     else:
-        from .report.terminal import render
+        from fsdpdoctor.report.terminal import render
 
         render_console(lambda con: render(report, con, brief=brief, details=details), output)
 
@@ -216,8 +216,8 @@ def _emit(report, fmt: str, output: Path | None, *, brief: bool = False, details
 @guarded
 def rules_cmd(thresholds: bool) -> None:
     """List the rules (or their thresholds)."""
-    from .config import THRESHOLDS, load_config
-    from .engine import load_rules
+    from fsdpdoctor.config import THRESHOLDS, load_config
+    from fsdpdoctor.engine import load_rules
 
     if thresholds:
         cfg = load_config()
@@ -236,7 +236,7 @@ def schema_cmd(output: Path | None) -> None:
     """Print the JSON Schema of 'analyze --format json' reports and baselines."""
     import json
 
-    from .schema import report_schema
+    from fsdpdoctor.schema import report_schema
 
     _write(json.dumps(report_schema(), indent=2), output)
 
@@ -246,12 +246,12 @@ def schema_cmd(output: Path | None) -> None:
 @guarded
 def explain(rule: str) -> None:
     """Print a rule's documentation (by code or slug)."""
-    from .engine import find_rule
+    from fsdpdoctor.engine import find_rule
 
     meta = find_rule(rule)
     if meta is None:
         raise InputError(rule, "no such rule (see 'fsdpdoctor rules')")
-    from .config import THRESHOLDS, load_config
+    from fsdpdoctor.config import THRESHOLDS, load_config
 
     click.echo(f"{meta.code} {meta.slug}: {meta.title}\n")
     click.echo(meta.doc)
@@ -264,7 +264,7 @@ def explain(rule: str) -> None:
 
 
 # Commands that live in their own modules register themselves on ``main`` when imported.
-from . import cli_compare, cli_plan  # noqa: E402,F401
+from fsdpdoctor.cli import compare as _compare, plan as _plan  # noqa: E402,F401
 
 if __name__ == "__main__":  # pragma: no cover
     main()

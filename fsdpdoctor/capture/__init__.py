@@ -56,7 +56,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .capture_model import describe_model, empty_description
+from fsdpdoctor.capture.model import describe_model, empty_description
 
 __all__ = [
     "META_FILENAME",

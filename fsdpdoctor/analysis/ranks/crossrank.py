@@ -36,8 +36,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..facts import CollectiveSkew, CrossRankFacts, RankFacts, RankWait
-from .comms import bus_factor
+from fsdpdoctor.facts import CollectiveSkew, CrossRankFacts, RankFacts, RankWait
+from fsdpdoctor.analysis.comms import bus_factor
 
 TOP = 10  # collectives with the largest skew kept in the facts
 

@@ -27,15 +27,15 @@ import re
 
 import numpy as np
 
-from ..ingest.shapes import canonical, decode_list
-from ..facts_efficiency import EfficiencyFacts, HookCost, IdleOp, SyncSite
-from ..ingest.events import KERNEL_LAUNCHES
-from ..ingest.kineto import RankTrace
-from . import intervals as iv
-from .comms import LAUNCH_CATS, SYNC_NAMES
-from .labels import enclosing
-from .steps import StepWindow
-from .timeline import GpuSteps
+from fsdpdoctor.ingest.shapes import canonical, decode_list
+from fsdpdoctor.facts.efficiency import EfficiencyFacts, HookCost, IdleOp, SyncSite
+from fsdpdoctor.ingest.events import KERNEL_LAUNCHES
+from fsdpdoctor.ingest.kineto import RankTrace
+from fsdpdoctor.analysis import intervals as iv
+from fsdpdoctor.analysis.comms import LAUNCH_CATS, SYNC_NAMES
+from fsdpdoctor.analysis.labels import enclosing
+from fsdpdoctor.analysis.steps import StepWindow
+from fsdpdoctor.analysis.timeline import GpuSteps
 
 LAUNCH_CALLS = (*KERNEL_LAUNCHES, "cudaMemcpyAsync", "cudaMemsetAsync", "hipMemcpyAsync", "hipMemsetAsync")
 _FSDP2 = re.compile(r"^FSDP::(?P<hook>[A-Za-z_]+)(?: \((?P<fqn>[^)]*)\))?(?: for (?P<target>\S+))?")

@@ -9,22 +9,29 @@ from typing import Any
 
 import numpy as np
 
-from ..facts import CollectiveFacts, CollectiveStats, RankFacts
-from ..facts_efficiency import FUSED_OPTIMIZERS
-from ..ingest.kineto import RankTrace, load_trace
-from ..ingest.ledger import trace_ledger
-from .compute import analyze_compute, finish
-from .efficiency import analyze_efficiency
-from . import intervals as iv
-from .comms import Collective, assign_roles, comm_kernel_mask, find_collectives, issue_rows, parallelism_facts
-from .fsdp import analyze_fsdp
-from .labels import enclosing, label_rows
-from .loader import analyze_loader
-from .memory.trace_events import memory_from_events
-from .runkind import run_kind
-from .steps import find_steps
-from .timeline import gpu_steps, hta_overlap, step_timeline_backlog
-from .whatif import WhatIfPlan, plan_whatif, run_whatif
+from fsdpdoctor.facts import CollectiveFacts, CollectiveStats, RankFacts
+from fsdpdoctor.facts.efficiency import FUSED_OPTIMIZERS
+from fsdpdoctor.ingest.kineto import RankTrace, load_trace
+from fsdpdoctor.ingest.ledger import trace_ledger
+from fsdpdoctor.analysis.compute import analyze_compute, finish
+from fsdpdoctor.analysis.efficiency import analyze_efficiency
+from fsdpdoctor.analysis import intervals as iv
+from fsdpdoctor.analysis.comms import (
+    Collective,
+    assign_roles,
+    comm_kernel_mask,
+    find_collectives,
+    issue_rows,
+    parallelism_facts,
+)
+from fsdpdoctor.analysis.fsdp import analyze_fsdp
+from fsdpdoctor.analysis.labels import enclosing, label_rows
+from fsdpdoctor.analysis.loader import analyze_loader
+from fsdpdoctor.analysis.memory.trace_events import memory_from_events
+from fsdpdoctor.analysis.runkind import run_kind
+from fsdpdoctor.analysis.steps import find_steps
+from fsdpdoctor.analysis.timeline import gpu_steps, hta_overlap, step_timeline_backlog
+from fsdpdoctor.analysis.whatif import WhatIfPlan, plan_whatif, run_whatif
 
 
 def analyze_rank(path: str, order_index: int = 0) -> RankFacts:

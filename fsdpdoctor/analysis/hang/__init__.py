@@ -30,11 +30,11 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import InputError
-from ..facts_hang import DumpLedger, FrProcessGroup, HangCulprit, HangFacts, HangOp, LateRank, RankProgress
-from ..fmt import rank_list, ranks_text, seconds
-from .hang_stacks import frame_text
-from .hang_views import GroupSeqs, OpView, RankView, view_of, view_task
+from fsdpdoctor.errors import InputError
+from fsdpdoctor.facts.hang import DumpLedger, FrProcessGroup, HangCulprit, HangFacts, HangOp, LateRank, RankProgress
+from fsdpdoctor.fmt import rank_list, ranks_text, seconds
+from fsdpdoctor.analysis.hang.stacks import frame_text
+from fsdpdoctor.analysis.hang.views import GroupSeqs, OpView, RankView, view_of, view_task
 
 DEFAULT_LATE_S = 1.0
 ALSO_STUCK_LINES = 10

@@ -20,9 +20,9 @@ from typing import Any
 
 import msgspec
 
-from ..errors import AnalysisBug, InputError
-from ..ingest.flight_recorder import MAX_RANKS, Dump, Frame, PgStatus, load_dump
-from .hang_stacks import StackInfo, read_stack
+from fsdpdoctor.errors import AnalysisBug, InputError
+from fsdpdoctor.ingest.flight_recorder import MAX_RANKS, Dump, Frame, PgStatus, load_dump
+from fsdpdoctor.analysis.hang.stacks import StackInfo, read_stack
 
 DETAIL = 16  # last sequence numbers per group kept in full in a rank's view
 STATE_CODE = {"scheduled": 0, "started": 1, "completed": 2}

@@ -21,11 +21,11 @@ from typing import Any
 import msgspec
 
 # the contract's pages: importable from here, as every consumer does
-from .facts_compute import ComputeFacts, WhatIfFacts, compute_v4  # noqa: F401
-from .facts_memory import MEMORY_CATEGORIES, AllocatorSettings, MemoryFacts, MemoryPressureFacts  # noqa: F401
-from .facts_hang import HangFacts
-from .facts_ledger import InputLedger, LedgerRow  # noqa: F401
-from .facts_efficiency import EfficiencyFacts, GemmShape, HookCost, LoaderFacts, SyncSite  # noqa: F401
+from fsdpdoctor.facts.compute import ComputeFacts, WhatIfFacts, compute_v4  # noqa: F401
+from fsdpdoctor.facts.memory import MEMORY_CATEGORIES, AllocatorSettings, MemoryFacts, MemoryPressureFacts  # noqa: F401
+from fsdpdoctor.facts.hang import HangFacts
+from fsdpdoctor.facts.ledger import InputLedger, LedgerRow  # noqa: F401
+from fsdpdoctor.facts.efficiency import EfficiencyFacts, GemmShape, HookCost, LoaderFacts, SyncSite  # noqa: F401
 
 #: 2: the report is one document (every RunFacts field once, at the top level, plus ``findings``);
 #: 1 wrote the summaries at the top level and all facts again under ``facts``. Both load.
@@ -540,7 +540,7 @@ class StrategyFacts:
 
 @dataclass(slots=True)
 class CollectiveSkew:
-    """One collective matched across ranks (see :mod:`fsdpdoctor.analysis.crossrank`)."""
+    """One collective matched across ranks (see :mod:`fsdpdoctor.analysis.ranks.crossrank`)."""
 
     pg: str
     kind: str
@@ -619,7 +619,7 @@ class RunFacts:
     # the lowest RankFacts.ops_recorded_pct over ranks: below SAMPLED_OPS_PCT the traces are sampled
     # or trimmed (events dropped inside the window), and timing figures rest on missing events
     ops_recorded_pct: float | None = None
-    hang: HangFacts | None = None  # what the Flight Recorder dumps say (fsdpdoctor.facts_hang), when given
+    hang: HangFacts | None = None  # what the Flight Recorder dumps say (fsdpdoctor.facts.hang), when given
     # one line per rank (every rank, whatever the detail); which ranks' RankFacts are written:
     # "all" (every rank), "auto" (those with detail reasons, or all in small runs), "none"
     rank_summaries: list[RankSummary] = field(default_factory=list)
@@ -721,8 +721,8 @@ class RunFacts:
         wrong one; a file from another schema version is refused with how to regenerate it.
         Raises InputError naming the file.
         """
-        from .errors import InputError
-        from .ingest._io import read_input, short
+        from fsdpdoctor.errors import InputError
+        from fsdpdoctor.ingest._io import read_input, short
 
         p = Path(path)
         data = read_input(p, "facts/baseline JSON file")

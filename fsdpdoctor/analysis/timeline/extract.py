@@ -30,12 +30,12 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..ingest.kineto import RankTrace
-from . import intervals as iv
-from .comms import kind_from_collective_name, kind_from_kernel_name
-from .fsdp import placeholder_name
-from .steps import StepWindow
-from .timeline import classify_gpu
+from fsdpdoctor.ingest.kineto import RankTrace
+from fsdpdoctor.analysis import intervals as iv
+from fsdpdoctor.analysis.comms import kind_from_collective_name, kind_from_kernel_name
+from fsdpdoctor.analysis.fsdp import placeholder_name
+from fsdpdoctor.analysis.steps import StepWindow
+from fsdpdoctor.analysis.timeline import classify_gpu
 
 __all__ = [
     "KernelSpan",
@@ -352,9 +352,9 @@ def extract_for_facts(
     Defaults: rank 0 (else the lowest rank), the median-length step of that rank. Raises
     :class:`~fsdpdoctor.errors.InputError` for a rank or step that is not in the input.
     """
-    from ..errors import InputError
-    from ..ingest.kineto import load_trace
-    from .steps import find_steps
+    from fsdpdoctor.errors import InputError
+    from fsdpdoctor.ingest.kineto import load_trace
+    from fsdpdoctor.analysis.steps import find_steps
 
     ranks = facts.all_ranks()  # a rank kept as its summary line: its path and step times are there
     if not ranks:

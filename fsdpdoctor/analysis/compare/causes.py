@@ -22,8 +22,8 @@ import functools
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..engine import load_rules
-from .compare_tables import Change, FindingChange
+from fsdpdoctor.engine import load_rules
+from fsdpdoctor.analysis.compare.tables import Change, FindingChange
 
 EPS_MS = 0.005  # a cause below this carries nothing measurable (the reports print 0.00 ms)
 

@@ -18,8 +18,8 @@ from pathlib import Path
 import click
 from rich.console import Console
 
-from . import __version__
-from .errors import AnalysisBug, InputError
+from fsdpdoctor import __version__
+from fsdpdoctor.errors import AnalysisBug, InputError
 
 EXIT_BAD_INPUT = 2
 EXIT_INTERNAL = 3
@@ -32,7 +32,7 @@ def _fail(msg: str, code: int = EXIT_BAD_INPUT) -> None:
 
 def _show_warning(message, category, filename, lineno, file=None, line=None) -> None:
     """Warnings meant for users (a rule plugin that failed to load) as one stderr line each."""
-    from .engine import PluginLoadWarning
+    from fsdpdoctor.engine import PluginLoadWarning
 
     if issubclass(category, PluginLoadWarning):
         click.echo(f"fsdpdoctor: warning: {message}", err=True)
@@ -83,8 +83,8 @@ def guarded(fn):
 def _set_input_limit(ctx: click.Context, param: click.Parameter, value: str | None) -> None:
     if value is None:
         return
-    from .fmt import parse_size
-    from .ingest._io import MAX_INPUT_ENV
+    from fsdpdoctor.fmt import parse_size
+    from fsdpdoctor.ingest._io import MAX_INPUT_ENV
 
     try:
         n = parse_size(value)
@@ -181,7 +181,7 @@ def scale_options(fn):
 def warn_partial(facts) -> None:
     """One warning line on stderr when ranks were left out of the run."""
     if facts.inputs_excluded:
-        from .analysis.ranks import partial_run_line
+        from fsdpdoctor.analysis.ranks import partial_run_line
 
         click.echo(f"fsdpdoctor: warning: {partial_run_line(facts)}", err=True)
 
@@ -203,7 +203,7 @@ def _write(text: str | bytes, output: Path | None) -> None:
 
 def rule_config(settings: tuple[str, ...] = (), disable: tuple[str, ...] = ()) -> dict:
     """Thresholds from pyproject plus ``--set``, and the rules named by ``--disable``."""
-    from .config import load_config
+    from fsdpdoctor.config import load_config
 
     cfg = load_config(list(settings))
     cfg["disable"] = list(cfg.get("disable", [])) + list(disable)

@@ -19,7 +19,7 @@ Per rank, over the step's own GPU work (what its CPU span launched, as the timel
   (``StepFacts.exposed_comm_ms`` / ``memcpy_ms``).
 * **GPU idle**: the step time (``StepFacts.step_ms``) less the GPU's busy time with the step's
   work (``StepFacts.gpu_busy_ms``); what the CPU was doing meanwhile is
-  :mod:`fsdpdoctor.analysis.efficiency_idle`'s.
+  :mod:`fsdpdoctor.analysis.efficiency.idle`'s.
 
 Each GPU instant is attributed once, to the first part above that covers it, so the busy parts
 add up to the step's busy time and all parts to the step (per rank, means over its steps).
@@ -29,18 +29,18 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..facts import ComputeFacts, StepFacts
-from ..facts_efficiency import FAMILIES, EfficiencyFacts, GemmShape, HookCost, IdleOp, SyncSite, empty_parts
-from ..ingest.events import GEMM_OPS
-from ..ingest.kineto import RankTrace
-from . import intervals as iv
-from ..ingest.shapes import decode_list
-from .compute import KernelFlops, _op_dtype, kernel_class, launching_ops
-from .efficiency_idle import TOP_IDLE_OPS, idle_and_hooks
-from .fsdp import BACKWARD_NODE_PREFIX, FORWARD_ONLY_OPS
-from .labels import enclosing
-from .steps import PHASES, StepWindow
-from .timeline import GpuSteps
+from fsdpdoctor.facts import ComputeFacts, StepFacts
+from fsdpdoctor.facts.efficiency import FAMILIES, EfficiencyFacts, GemmShape, HookCost, IdleOp, SyncSite, empty_parts
+from fsdpdoctor.ingest.events import GEMM_OPS
+from fsdpdoctor.ingest.kineto import RankTrace
+from fsdpdoctor.analysis import intervals as iv
+from fsdpdoctor.ingest.shapes import decode_list
+from fsdpdoctor.analysis.compute import KernelFlops, _op_dtype, kernel_class, launching_ops
+from fsdpdoctor.analysis.efficiency.idle import TOP_IDLE_OPS, idle_and_hooks
+from fsdpdoctor.analysis.fsdp import BACKWARD_NODE_PREFIX, FORWARD_ONLY_OPS
+from fsdpdoctor.analysis.labels import enclosing
+from fsdpdoctor.analysis.steps import PHASES, StepWindow
+from fsdpdoctor.analysis.timeline import GpuSteps
 
 #: forward activations that follow a block's last forward-only op in a re-run forward
 FORWARD_TAIL_OPS = frozenset(
@@ -66,7 +66,7 @@ SMALL_GEMM_FLOP = 2.0 * 512**3  # a matmul under this many FLOPs per call is "sm
 
 def family(kernel: str, op: str, optimizer: bool) -> str:
     """The family of a non-matmul kernel, from its name, the op that launched it and whether it
-    ran in the optimizer step (see :data:`fsdpdoctor.facts_efficiency.FAMILIES`)."""
+    ran in the optimizer step (see :data:`fsdpdoctor.facts.efficiency.FAMILIES`)."""
     k, o = kernel.lower(), op.lower()
     if optimizer:
         if "_fused_" in o or "fused_adam" in k or "fusedadam" in k or "fused_sgd" in k:
@@ -485,7 +485,7 @@ class EfficiencyFold:
     __slots__ = ("cols", "info", "styles")
 
     def __init__(self) -> None:
-        from .columns import Columns
+        from fsdpdoctor.analysis.ranks.columns import Columns
 
         self.cols = Columns()
         self.info: dict = {}  # gemm key → (op, shape, dtype, engine, flags); sync site → line

@@ -9,8 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..engine import Finding
-from ..facts import RankFacts, RunFacts
+from fsdpdoctor.engine import Finding
+from fsdpdoctor.facts import RankFacts, RunFacts
 
 PHASES = ("forward", "backward", "optimizer", "other")
 
@@ -75,7 +75,7 @@ class CollectiveRow:
 
 
 def _fmt_bytes(v: float | None) -> str:
-    from ..fmt import mib
+    from fsdpdoctor.fmt import mib
 
     return mib(v)
 
@@ -154,7 +154,7 @@ def _per_step(f: RunFacts, count) -> str:
 
 
 def _optimizer_cpu(f: RunFacts) -> str:
-    from ..fmt import ms
+    from fsdpdoctor.fmt import ms
 
     rs = _ranks_with_steps(f)
     return ms(_mean([_mean([s.phase_ms.get("optimizer", 0.0) for s in r.steps]) for r in rs])) if rs else "–"

@@ -9,7 +9,7 @@ heuristic. Its range ``[low, high]`` always contains it and combines two things,
   and without the waits the trace does not explain (``WhatIfFacts.sensitivity_ms``); each one
   stated in the basis;
 * **the error measured out of sample on real twins**: the same run recorded with and without the
-  fix (``fixtures/recorded/``, :mod:`fsdpdoctor.twins`), on the same device class and model
+  fix (``fixtures/recorded/``, :mod:`fsdpdoctor.savings.twins`), on the same device class and model
   family only. A twin is never used for the range of its own run (leave-one-out: a twin whose
   prediction is this estimate on this device is that run). The range's ends move by the twins'
   worst under- and over-prediction (measured / predicted − 1).
@@ -28,7 +28,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from .twins import TWINS, Twin
+from fsdpdoctor.savings.twins import TWINS, Twin
 
 #: device classes: twins transfer within a class (the same SMs / engines), never across
 _CLASSES = (

@@ -14,12 +14,12 @@ from typing import Any, Callable
 
 import msgspec
 
-from .. import __version__
-from ..distributed import Window
-from ..errors import AnalysisBug, InputError
-from ..ingest import remote
-from ..ingest.kineto import parallel_decode, progress_hook, rank_from_filename
-from ..facts import (
+from fsdpdoctor import __version__
+from fsdpdoctor.distributed import Window
+from fsdpdoctor.errors import AnalysisBug, InputError
+from fsdpdoctor.ingest import remote
+from fsdpdoctor.ingest.kineto import parallel_decode, progress_hook, rank_from_filename
+from fsdpdoctor.facts import (
     CollectiveStats,
     CrossRankFacts,
     ExcludedInput,
@@ -33,15 +33,15 @@ from ..facts import (
     StepsSummary,
     TimelineSummary,
 )
-from .crossrank import CrossRankFold, RankPart, part_of
-from .rank import analyze_rank, most_common
-from .rank_summary import cpu_span, exposed_by_phase_kind, finish, summarize_rank
-from .columns import Columns
-from .compute import ComputeFold
-from .efficiency import EfficiencyFold
-from .loader import fold_loader
-from .whatif import WhatIfFold
-from .steps import PHASES
+from fsdpdoctor.analysis.ranks.crossrank import CrossRankFold, RankPart, part_of
+from fsdpdoctor.analysis.ranks.rank import analyze_rank, most_common
+from fsdpdoctor.analysis.ranks.summary import cpu_span, exposed_by_phase_kind, finish, summarize_rank
+from fsdpdoctor.analysis.ranks.columns import Columns
+from fsdpdoctor.analysis.compute import ComputeFold
+from fsdpdoctor.analysis.efficiency import EfficiencyFold
+from fsdpdoctor.analysis.loader import fold_loader
+from fsdpdoctor.analysis.whatif import WhatIfFold
+from fsdpdoctor.analysis.steps import PHASES
 
 
 _slots = None  # in a worker process: shared per-file counters of bytes read (progress)
@@ -364,7 +364,7 @@ def load_ranks(
         return rf
 
     if scheduler:
-        from ..distributed import run_on_dask
+        from fsdpdoctor.distributed import run_on_dask
 
         results = run_on_dask(items, scheduler, rank_task, take, progress=progress, strict=strict, ahead=SUBMIT_AHEAD)
     else:
@@ -423,7 +423,7 @@ def _straggler_whole(
         return res if isinstance(res, InputError) else res[0]
 
     if scheduler:
-        from ..distributed import run_on_dask
+        from fsdpdoctor.distributed import run_on_dask
 
         got = run_on_dask([item], scheduler, rank_task, whole)
     else:
@@ -720,8 +720,8 @@ def bound_from_replay(w, fallback: str) -> str:
     side). The side whose speed-up shortens the step more binds it; "mixed" where the other
     side's shortening is at least half of it. ``fallback`` (the measured busy / span shares)
     where there is no trustworthy replay or neither speed-up moves the step by 0.5%."""
-    from ..config import REPLAY_MAX_ERROR_PCT
-    from .whatif.fixes import SIDE_FACTOR
+    from fsdpdoctor.config import REPLAY_MAX_ERROR_PCT
+    from fsdpdoctor.analysis.whatif.fixes import SIDE_FACTOR
 
     if w is None or w.error_pct > REPLAY_MAX_ERROR_PCT or not w.replayed_step_ms:
         return fallback

@@ -57,10 +57,10 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..engine import Finding
-from ..facts import EXPOSED, RankFacts, RunFacts  # noqa: F401  (EXPOSED re-exported)
-from .compare_causes import Cause, offsets, primary, rank_causes  # noqa: F401  (Cause, offsets re-exported)
-from .compare_tables import (  # noqa: F401  (re-exported: the comparison's row types)
+from fsdpdoctor.engine import Finding
+from fsdpdoctor.facts import EXPOSED, RankFacts, RunFacts  # noqa: F401  (EXPOSED re-exported)
+from fsdpdoctor.analysis.compare.causes import Cause, offsets, primary, rank_causes  # noqa: F401  (Cause, offsets re-exported)
+from fsdpdoctor.analysis.compare.tables import (
     PHASES,
     Change,
     CollectiveRow,
@@ -75,7 +75,7 @@ from .compare_tables import (  # noqa: F401  (re-exported: the comparison's row 
     findings_diff,
     structure_diff,
 )
-from .compare_waterfall import waterfall_split
+from fsdpdoctor.analysis.compare.waterfall import waterfall_split
 
 STEP_CLOCK_SCHEMA = 3  # facts of this schema on measure a step from completion to completion
 ALL = "all"  # a part that RunFacts does not resolve by phase
@@ -390,7 +390,7 @@ def compare(
 ) -> Comparison:
     """Compare two runs. Findings default to running the rules on each RunFacts."""
     if before_findings is None or after_findings is None:
-        from ..engine import run_rules
+        from fsdpdoctor.engine import run_rules
 
         before_findings = run_rules(before) if before_findings is None else before_findings
         after_findings = run_rules(after) if after_findings is None else after_findings

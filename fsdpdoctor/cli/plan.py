@@ -11,11 +11,17 @@ import msgspec
 from rich.console import Console
 from rich.table import Table
 
-from .analysis.strategy import DEFAULT_INTER_BUSBW, DEFAULT_INTRA_BUSBW, OPTIMIZER_STATE_BYTES, PlanInputs, advise
-from .cli_base import _write, guarded, main
-from .errors import InputError
-from .ingest.shapes import PARAM_DTYPE_BYTES
-from .fmt import mib, ms, parse_size
+from fsdpdoctor.analysis.strategy import (
+    DEFAULT_INTER_BUSBW,
+    DEFAULT_INTRA_BUSBW,
+    OPTIMIZER_STATE_BYTES,
+    PlanInputs,
+    advise,
+)
+from fsdpdoctor.cli.base import _write, guarded, main
+from fsdpdoctor.errors import InputError
+from fsdpdoctor.ingest.shapes import PARAM_DTYPE_BYTES
+from fsdpdoctor.fmt import mib, ms, parse_size
 
 
 _COUNT = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:e[0-9]+)?)\s*([kmbgt]?)\s*$", re.I)

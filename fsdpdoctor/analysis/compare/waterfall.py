@@ -8,8 +8,8 @@ ranks ``compare`` reads add up to its step time, before and after, and the delta
 
 from __future__ import annotations
 
-from ..facts import RunFacts
-from ..facts_efficiency import PARTS
+from fsdpdoctor.facts import RunFacts
+from fsdpdoctor.facts.efficiency import PARTS
 
 
 def rank_parts(f: RunFacts, ranks: list[int]) -> dict[str, float] | None:

@@ -12,7 +12,7 @@ from pathlib import Path
 import click
 from rich.console import Console
 
-from .cli_base import (
+from fsdpdoctor.cli.base import (
     _write,
     guarded,
     input_limit_option,
@@ -57,9 +57,9 @@ def compare(
     exposed reduce-scatter, other exposed comm, memcpy, host-bound idle and other idle (CPU
     phases for CPU-only traces), and the causes are ranked.
     """
-    from .analysis.compare import compare as run_compare
-    from .api import load_run
-    from .report.comparison import render_markdown, to_json
+    from fsdpdoctor.analysis.compare import compare as run_compare
+    from fsdpdoctor.api import load_run
+    from fsdpdoctor.report.comparison import render_markdown, to_json
 
     cfg = rule_config(settings, disable)
     scale = dict(scheduler=scheduler, strict=strict, cycle=cycle, allow_mixed_runs=allow_mixed_runs)
@@ -73,11 +73,11 @@ def compare(
     elif fmt == "markdown":
         _write(render_markdown(cmp), output)
     elif fmt == "html":
-        from .report.html import render_comparison
+        from fsdpdoctor.report.html import render_comparison
 
         _write(render_comparison(cmp), output)
     else:
-        from .report.comparison import render_terminal
+        from fsdpdoctor.report.comparison import render_terminal
 
         render_console(lambda con: render_terminal(cmp, con), output, width=120)
 
@@ -189,8 +189,8 @@ def check(
     else the defaults. Without --baseline only the absolute gates (--min-overlap,
     --max-exposed-comm-ms) and the findings gate apply.
     """
-    from .check import load_check_config, run_check
-    from .api import load_run
+    from fsdpdoctor.check import load_check_config, run_check
+    from fsdpdoctor.api import load_run
 
     settings_ = load_check_config(
         {

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import PurePath
 from typing import Iterable
 
-from ..ingest.flight_recorder import Frame
+from fsdpdoctor.ingest.flight_recorder import Frame
 
 _LIBRARY = ("/site-packages/", "/dist-packages/", "/lib/python", "/torch/", "\\site-packages\\", "\\torch\\")
 _BACKWARD = {

@@ -17,10 +17,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..facts import StepFacts
-from ..ingest.kineto import RankTrace
-from . import intervals as iv
-from .comms import (
+from fsdpdoctor.facts import StepFacts
+from fsdpdoctor.ingest.kineto import RankTrace
+from fsdpdoctor.analysis import intervals as iv
+from fsdpdoctor.analysis.comms import (
     COMM_NAME_RX,
     LAUNCH_CATS,
     MEMORY_NAME_RX,
@@ -30,8 +30,8 @@ from .comms import (
     comm_kernel_mask,
     launch_rows,
 )
-from .labels import phase_from_labels
-from .steps import PHASES, StepWindow, locate, microbatch_of, step_times_ms
+from fsdpdoctor.analysis.labels import phase_from_labels
+from fsdpdoctor.analysis.steps import PHASES, StepWindow, locate, microbatch_of, step_times_ms
 
 GPU_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 import statistics
 
-from ..facts import CrossRankFacts, RankFacts, RankSummary, StepFacts
+from fsdpdoctor.facts import CrossRankFacts, RankFacts, RankSummary, StepFacts
 
 
 def mean_step(steps: list[StepFacts]) -> StepFacts | None:
