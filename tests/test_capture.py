@@ -623,7 +623,14 @@ def test_fsdp1_collectives_match_model(source, recorded_run, recorder, recorded_
 
 def test_committed_fixtures_are_small_and_documented():
     gpu_sets = ("gpu", "gpu-h200")  # the GPU recordings (fixtures/record_gpu.py), one folder per device
-    files = [p for p in COMMITTED.rglob("*") if p.is_file() and not set(gpu_sets) & set(p.relative_to(COMMITTED).parts)]
+    # dump folders written by a framework itself (fixtures/record_torchtitan.py), each with its README
+    framework_sets = tuple(p.name for p in COMMITTED.glob("torchtitan-*") if p.is_dir())
+    for name in framework_sets:
+        own = [p for p in (COMMITTED / name).rglob("*") if p.is_file()]
+        assert sum(p.stat().st_size for p in own) < 2 * 1024 * 1024, name
+        assert "torchtitan `" in (COMMITTED / name / "README.md").read_text(), name  # the version that wrote it
+    apart = set(gpu_sets) | set(framework_sets)
+    files = [p for p in COMMITTED.rglob("*") if p.is_file() and not apart & set(p.relative_to(COMMITTED).parts)]
     assert sum(p.stat().st_size for p in files) < 3 * 1024 * 1024
     for name in gpu_sets:
         gpu = [p for p in (COMMITTED / name).rglob("*") if p.is_file()]

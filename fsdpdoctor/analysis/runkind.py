@@ -96,8 +96,14 @@ def run_kind(rt: RankTrace, colls: list[Collective], fsdp_version: int | None, w
     if kinds.get("all_reduce"):
         return "data parallel (all-reduce)", f"all-reduces outside the forward, no DDP labels: {per_step}"
     if not colls:
+        ws = rt.world_size or 1
+        # never "single" against the trace's own world size (a rank of a larger job whose
+        # communication this trace does not show)
+        none = "no collectives" if ws <= 1 else f"no collectives recognised in this trace (world size {ws})"
         if workload == "inference":
-            return "inference", "no collectives; no backward pass or optimizer step in any step"
+            return "inference", f"{none}; no backward pass or optimizer step in any step"
+        if workload == "training" and ws > 1:
+            return "training", f"{none}; a backward pass or optimizer step in the steps"
         if workload == "training":
             gpu = bool(rt.mask_cat("kernel").any())
             what = "single-gpu training" if gpu else "single-process training"
