@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from _stdlib_reading import _union_us
 from conftest import PUBLIC_TRACES, public_trace_files
 from fsdpdoctor.analysis.ranks.rank import analyze_rank
 
@@ -101,18 +102,6 @@ def _raw_summary(path: Path) -> dict:
 
 GPU_CATS = {"kernel", "gpu_memcpy", "gpu_memset", "Kernel", "Memcpy", "Memset"}
 LAUNCH_CATS = {"cuda_runtime", "cuda_driver", "Runtime"}
-
-
-def _union_us(intervals) -> float:
-    total, cur_s, cur_e = 0.0, None, None
-    for a, b in sorted(intervals):
-        if cur_e is None or a > cur_e:
-            if cur_e is not None:
-                total += cur_e - cur_s
-            cur_s, cur_e = a, b
-        else:
-            cur_e = max(cur_e, b)
-    return total + (cur_e - cur_s if cur_e is not None else 0.0)
 
 
 def _raw(path: Path):

@@ -133,13 +133,10 @@ def test_units_are_the_debug_models_layers(report, raw_traces):
     assert by["tok_embeddings"].unsharded_numel == EMBEDDING_NUMEL
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="torchtitan's ChunkedLossWrapper unshards lm_head again after the model's forward "
-    "(components/loss.py:739): the [norm, lm_head] unit is all-gathered twice in one forward pass, "
-    "which analysis/fsdp.py reads as two parameter groups and counts its size twice (1,049,088)",
-)
 def test_the_norm_lm_head_unit_size(report):
+    """torchtitan's ChunkedLossWrapper unshards lm_head again after the model's forward
+    (components/loss.py:739): the [norm, lm_head] unit is gathered twice in one forward pass, one
+    parameter group of the size the config gives, not two."""
     u = next(u for u in report.facts.fsdp.units if u.fqn == "norm, lm_head")
     assert u.unsharded_numel == NORM_LM_HEAD_NUMEL and u.param_groups == 1
 

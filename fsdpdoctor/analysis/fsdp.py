@@ -305,6 +305,7 @@ def _per_unit_stats(f: FsdpFacts, colls: list[Collective], n_steps: int) -> None
             groups[c.unit].append(c)
     for fqn, cs in groups.items():
         u = by_fqn[fqn]
+        cs = _one_unshard(cs)
         u.param_groups = len(cs)
         u.group_sizes = [int(c.group_size) for c in cs if c.group_size]
         if all(c.out_nelems for c in cs):
@@ -318,6 +319,19 @@ def _per_unit_stats(f: FsdpFacts, colls: list[Collective], n_steps: int) -> None
             u.all_gather_bytes = None
         if u.reduce_scatters > 0 and (u.fqn, "rs") not in sized:
             u.reduce_scatter_bytes = None
+
+
+def _one_unshard(cs: list[Collective]) -> list[Collective]:
+    """The all-gathers of one unshard of a unit: a unit gathered again in the same forward pass
+    (torchtitan's chunked loss unshards ``lm_head`` a second time after the model's forward) repeats
+    the same gathers (sizes, group, process group) in the same order; the repeats are not more
+    parameter groups. Groups of one unshard differ in their mesh or size (per-parameter meshes)."""
+    sig = [(c.out_nelems, c.group_size, c.pg_name) for c in cs]
+    n = len(sig)
+    for period in range(1, n // 2 + 1):
+        if n % period == 0 and all(sig[i] == sig[i % period] for i in range(n)):
+            return cs[:period]
+    return cs
 
 
 def _prefetch(f: FsdpFacts, colls: list[Collective], version: int) -> None:

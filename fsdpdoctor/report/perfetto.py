@@ -39,22 +39,13 @@ import msgspec
 
 from fsdpdoctor.errors import InputError
 from fsdpdoctor.facts.efficiency import PARTS
+from fsdpdoctor.report.waterfall import PART_LABEL as WATERFALL_PART_LABEL
 
 PID_BASE = 1_000_000  # rank N is process PID_BASE + N
 TID_BASE = 2_000_000_000  # fsdpdoctor's threads: TID_BASE, TID_BASE + 1, … in each rank's process
 REMAP_TID_BASE = 1_500_000_000  # a raw thread id another process of the rank already used
 CAT = "fsdpdoctor"
-PART_LABEL = {
-    "matmul_at_peak": "matmul at peak",
-    "matmul_below_peak": "matmul below peak",
-    "attention_at_peak": "attention at peak",
-    "attention_below_peak": "attention below peak",
-    "recompute": "recompute",
-    "other_kernels": "other kernels",
-    "exposed_comm": "exposed communication",
-    "exposed_copies": "exposed copies",
-    "gpu_idle": "GPU idle",
-}
+PART_LABEL = {**WATERFALL_PART_LABEL, "exposed_comm": "exposed communication"}  # slice names: room to spell out
 CAUSE_LABEL = {
     "sync_drain": "a synchronization drained the queue",
     "fsdp_hooks": "FSDP hooks on the CPU",
