@@ -333,6 +333,14 @@ def kernel_blocks(rt: RankTrace, rows: list[int]) -> int | None:
     return best
 
 
+def no_collectives_text(world_size: int | None) -> str:
+    """What a rank without recognised collectives says: never "single process" against the
+    trace's own world size (a rank of a larger job whose communication the trace does not show)."""
+    if (world_size or 1) > 1:
+        return f"no collectives recognised in this trace (world size {world_size})"
+    return "no collectives"
+
+
 def is_c10d_collective(name: str) -> bool:
     return (name.startswith("c10d::") and kind_from_collective_name(name) is not None) or name in EXTRA_ISSUE_OPS
 

@@ -24,7 +24,7 @@ import numpy as np
 from fsdpdoctor.facts import FsdpFacts, OffloadFacts, UnitFacts
 from fsdpdoctor.ingest.kineto import RankTrace
 from fsdpdoctor.analysis import intervals as iv
-from fsdpdoctor.analysis.comms import Collective
+from fsdpdoctor.analysis.comms import Collective, no_collectives_text
 
 FSDP2_PREFIX = "FSDP::"
 FSDP1_PREFIX = "FullyShardedDataParallel."
@@ -182,10 +182,9 @@ def _other_parallelism(rt: RankTrace, colls: list[Collective]) -> str | None:
         return "all-to-all / point-to-point communication (e.g. embedding or pipeline parallelism)"
     if kinds.get("all_reduce"):
         return "all-reduce data parallelism (DDP-like)"
-    if not colls and (rt.world_size or 1) > 1:  # never "single process" against the trace's own world size
-        return f"no collectives recognised in this trace (world size {rt.world_size})"
     if not colls:
-        return "no collectives (single process)"
+        said = no_collectives_text(rt.world_size)
+        return said if (rt.world_size or 1) > 1 else f"{said} (single process)"
     return None
 
 

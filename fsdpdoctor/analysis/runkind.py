@@ -27,7 +27,7 @@ from collections import Counter
 import numpy as np
 
 from fsdpdoctor.ingest.kineto import RankTrace
-from fsdpdoctor.analysis.comms import Collective
+from fsdpdoctor.analysis.comms import Collective, no_collectives_text
 
 MEGATRON_TP_NAMES = (
     "_ReduceFromModelParallelRegion",
@@ -97,9 +97,7 @@ def run_kind(rt: RankTrace, colls: list[Collective], fsdp_version: int | None, w
         return "data parallel (all-reduce)", f"all-reduces outside the forward, no DDP labels: {per_step}"
     if not colls:
         ws = rt.world_size or 1
-        # never "single" against the trace's own world size (a rank of a larger job whose
-        # communication this trace does not show)
-        none = "no collectives" if ws <= 1 else f"no collectives recognised in this trace (world size {ws})"
+        none = no_collectives_text(rt.world_size)  # never "single" against the trace's world size
         if workload == "inference":
             return "inference", f"{none}; no backward pass or optimizer step in any step"
         if workload == "training" and ws > 1:
