@@ -60,10 +60,9 @@ def fsdp_version(facts: RunFacts) -> int | None:
 
 
 def is_ddp(facts: RunFacts) -> bool:
-    """DistributedDataParallel (or an all-reduce data-parallel loop like it), FSDP not detected."""
-    return not is_fsdp(facts) and (facts.fsdp.other_parallelism or "").startswith(
-        ("DDP", "all-reduce data parallelism")
-    )
+    """DistributedDataParallel (or an all-reduce data-parallel loop like it), FSDP not detected:
+    the run's kind (``parallelism.run_kind``) is a data-parallel one."""
+    return not is_fsdp(facts) and facts.parallelism.data_parallel
 
 
 def no_fix_known(what: str, hint: str = "") -> dict[str, str]:

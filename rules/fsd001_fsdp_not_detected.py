@@ -24,7 +24,7 @@ Known problems
     all-to-alls (MoE by the routing names), send/recv only (pipeline), else single-GPU training or
     inference. A framework that wraps none of these in a named range (a hand-written all-reduce of
     gradients in forward) can be named wrong; the evidence says what the kind rests on. It fires on every trace without FSDP labels, a single-process inference
-    run included (the H100 inference recording: "no collectives (single process)"): it is
+    run included (the H100 inference recording: kind "inference", no collectives): it is
     information about the input, not a problem of the run.
 """
 
@@ -55,7 +55,7 @@ def check(facts, cfg):
     found = (
         f"a {kind} run ({facts.parallelism.run_kind_evidence})"
         if kind
-        else facts.fsdp.other_parallelism or "no recognised data-parallel wrapper"
+        else facts.parallelism.run_kind_evidence or "no recognised data-parallel wrapper"
     )
     evidence = [
         f"run kind: {kind} ({facts.parallelism.run_kind_evidence})" if kind else f"found: {found}",

@@ -228,4 +228,4 @@ def _causes(facts, host_idle: float) -> tuple[list[str], list[str]]:
 
 def is_ddp_bucketed(facts) -> bool:
     """DDP (its own labels), which buckets its all-reduces; a hand-written all-reduce loop is not."""
-    return (facts.fsdp.other_parallelism or "").startswith("DDP")
+    return facts.parallelism.ddp

@@ -61,7 +61,7 @@ FIX_INFERENCE = """# vLLM: keep tensor parallelism inside one node (NVLink), and
 def check(facts, cfg):
     kind = facts.parallelism.run_kind or ""
     sm = step_ms(facts)
-    if not kind.startswith("tensor parallel") or is_fsdp(facts) or not facts.gpu_present or not sm:
+    if not facts.parallelism.tensor_parallel or is_fsdp(facts) or not facts.gpu_present or not sm:
         return []
     by = facts.exposed_comm.by_phase_kind
     tp_ms = sum(by.get(p, {}).get("all_reduce", 0.0) for p in ("forward", "backward"))
@@ -80,7 +80,7 @@ def check(facts, cfg):
             f"TP group of {size} on hosts with {per_node} GPUs: "
             + ("inside one node" if size <= per_node else "it crosses nodes: keep it inside one")
         )
-    infer = facts.workload == "inference" and "Megatron" not in kind
+    infer = facts.workload == "inference" and kind != "tensor parallel (Megatron)"
     return [
         finding(
             __name__,

@@ -208,7 +208,8 @@ def test_every_variant_loads_as_one_h100_rank(variant, run):
 
 @pytest.mark.parametrize("variant", rg.VARIANTS)
 def test_fsdp_version(variant, run):
-    fs = run(variant).facts.fsdp
+    facts = run(variant).facts
+    fs = facts.fsdp
     if variant in FSDP2:
         assert fs.version == 2
     elif variant == "fsdp1":
@@ -217,7 +218,7 @@ def test_fsdp_version(variant, run):
     else:
         assert fs.version is None and fs.unit_count == 0
         if variant == "ddp":
-            assert "DDP" in (fs.other_parallelism or "")
+            assert facts.parallelism.run_kind == "ddp" and facts.parallelism.ddp
 
 
 @pytest.mark.parametrize("variant", FSDP2)

@@ -146,7 +146,7 @@ def test_vllm_tensor_parallel_is_not_ddp_like(public):
     cpu = [e for e in _x(ev, ("cpu_op",)) if e.get("name") == "symm_mem::multimem_all_reduce_"]
     ev_text = rep.facts.parallelism.run_kind_evidence
     assert f"{len(cpu):g} all-reduces per step inside forward (symm_mem::multimem_all_reduce_)" in ev_text
-    assert "DDP" not in (rep.facts.fsdp.other_parallelism or "")
+    assert not rep.facts.parallelism.data_parallel and rep.facts.parallelism.tensor_parallel
     assert rep.facts.workload == "inference"
 
 

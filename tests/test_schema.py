@@ -21,6 +21,7 @@ from fsdpdoctor.schema import report_schema, validate
 
 REPO = Path(__file__).resolve().parents[1]
 PER_BLOCK = REPO / "fixtures" / "recorded" / "per-block"
+DDP = REPO / "fixtures" / "recorded" / "ddp"
 
 
 def _cli(*args):
@@ -39,7 +40,7 @@ def test_cli_json_is_one_document_valid_against_the_schema():
     assert r.returncode == 0, r.stderr
     doc = json.loads(r.stdout)
     validate(doc)
-    assert doc["schema_version"] == SCHEMA_VERSION == 5
+    assert doc["schema_version"] == SCHEMA_VERSION == 6
     assert "facts" not in doc  # no second copy
     # each summary once: the per-rank facts are under rank_facts only
     assert doc["fsdp"]["unit_count"] == len(doc["fsdp"]["units"])
@@ -75,6 +76,25 @@ def test_version_1_reports_still_load(tmp_path):
     p.write_text(json.dumps(v1))
     back = RunFacts.load(p)
     assert back.steps.mean_ms == rep.facts.steps.mean_ms and back.fsdp.unit_count == rep.facts.fsdp.unit_count
+
+
+def test_version_5_reports_with_other_parallelism_still_load(tmp_path):
+    """Version 5 wrote ``fsdp.other_parallelism`` beside ``parallelism.run_kind``; 6 keeps the kind
+    only (one classifier). A version-5 baseline still loads, its kind intact."""
+    rep = fsdpdoctor.analyze(DDP)
+    doc = json.loads(rep.to_json())
+    doc["schema_version"] = 5
+    doc["fsdp"]["other_parallelism"] = "DDP (DistributedDataParallel labels)"
+    for r in doc["rank_facts"]:
+        r["fsdp"]["other_parallelism"] = "DDP (DistributedDataParallel labels)"
+    p = tmp_path / "v5.json"
+    p.write_text(json.dumps(doc))
+    back = RunFacts.load(p)
+    assert back.parallelism.run_kind == "ddp" and back.parallelism.ddp
+    assert not hasattr(back.fsdp, "other_parallelism")
+    doc["schema_version"] = 6
+    with pytest.raises(jsonschema.ValidationError, match="other_parallelism"):
+        validate(doc)  # the key is not in schema 6
 
 
 def test_docs_key_table_matches_the_schema():

@@ -24,7 +24,7 @@ import numpy as np
 from fsdpdoctor.facts import FsdpFacts, OffloadFacts, UnitFacts
 from fsdpdoctor.ingest.kineto import RankTrace
 from fsdpdoctor.analysis import intervals as iv
-from fsdpdoctor.analysis.comms import Collective, no_collectives_text
+from fsdpdoctor.analysis.comms import Collective
 
 FSDP2_PREFIX = "FSDP::"
 FSDP1_PREFIX = "FullyShardedDataParallel."
@@ -112,8 +112,7 @@ def analyze_fsdp(rt: RankTrace, colls: list[Collective], steps, n_steps: int) ->
     f.microbatches_per_step = _microbatches_per_step(steps)
     f.compiled = _compiled(rt)
     _checkpointing(rt, f, n_steps)
-    if version is None:
-        f.other_parallelism = _other_parallelism(rt, colls)
+    if version is None:  # what the run is instead: ParallelismFacts.run_kind (analysis.runkind)
         return f
     if version == 2:
         _units_fsdp2(rt, f, colls, steps)
@@ -172,20 +171,6 @@ def _hook_cpu_by_phase(hooks: list[iv.Intervals], steps) -> dict[str, float]:
             known += v
         out["other"] += in_step - known
     return {p: v / 1e3 / len(steps) for p, v in out.items()}
-
-
-def _other_parallelism(rt: RankTrace, colls: list[Collective]) -> str | None:
-    if any(n.startswith("DistributedDataParallel.") for n in rt.names):
-        return "DDP (DistributedDataParallel labels)"
-    kinds = Counter(c.kind for c in colls)
-    if kinds.get("all_to_all") or kinds.get("send_recv"):
-        return "all-to-all / point-to-point communication (e.g. embedding or pipeline parallelism)"
-    if kinds.get("all_reduce"):
-        return "all-reduce data parallelism (DDP-like)"
-    if not colls:
-        said = no_collectives_text(rt.world_size)
-        return said if (rt.world_size or 1) > 1 else f"{said} (single process)"
-    return None
 
 
 def _first_full_step_rows(rt: RankTrace, rows: np.ndarray, steps) -> np.ndarray:

@@ -1,5 +1,10 @@
 """What kind of run a trace is, and what that was decided from (``ParallelismFacts.run_kind``).
 
+The one classifier of the run: the rules (DDP fixes, FSD010's buckets, FSD034), the strategy
+advisor's current strategy, the headline and ``compare`` read its kind, one of
+:data:`fsdpdoctor.facts.RUN_KINDS`, through the families there (``ParallelismFacts.ddp``,
+``.data_parallel``, ``.tensor_parallel``).
+
 Read from the trace alone, in this order (the first that holds):
 
 - FSDP hook labels: ``fsdp2`` / ``fsdp1`` (:func:`fsdpdoctor.analysis.fsdp.detect_version`);
@@ -106,7 +111,7 @@ def run_kind(rt: RankTrace, colls: list[Collective], fsdp_version: int | None, w
             gpu = bool(rt.mask_cat("kernel").any())
             what = "single-gpu training" if gpu else "single-process training"
             return what, "no collectives; a backward pass or optimizer step in the steps"
-        return None, "no steps"
+        return None, f"{none}; no steps to tell training from inference"
     return None, f"collectives {per_step} fit no known kind"
 
 

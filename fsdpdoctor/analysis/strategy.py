@@ -254,7 +254,7 @@ def current_strategy(facts: RunFacts) -> str | None:
     if fs.sharding_strategy:
         return fs.sharding_strategy.upper()
     if fs.version is None:
-        return "NO_SHARD" if facts.fsdp.other_parallelism and "DDP" in facts.fsdp.other_parallelism else None
+        return "NO_SHARD" if facts.parallelism.data_parallel else None  # DDP replicates like NO_SHARD
     groups = [c.group_size for r in facts.rank_facts for c in r.collectives if c.kind == "all_gather" and c.group_size]
     if groups and facts.world_size and max(groups) < facts.world_size:
         return "HYBRID_SHARD"

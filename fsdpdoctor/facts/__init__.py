@@ -24,6 +24,13 @@ import msgspec
 from fsdpdoctor.facts.compute import ComputeFacts, WhatIfFacts, compute_v4  # noqa: F401
 from fsdpdoctor.facts.memory import MEMORY_CATEGORIES, AllocatorSettings, MemoryFacts, MemoryPressureFacts  # noqa: F401
 from fsdpdoctor.facts.hang import HangFacts
+from fsdpdoctor.facts.parallelism import (  # noqa: F401
+    DATA_PARALLEL_KINDS,
+    DDP_KINDS,
+    RUN_KINDS,
+    TENSOR_PARALLEL_KINDS,
+    ParallelismFacts,
+)
 from fsdpdoctor.facts.ledger import InputLedger, LedgerRow  # noqa: F401
 from fsdpdoctor.facts.efficiency import EfficiencyFacts, GemmShape, HookCost, LoaderFacts, SyncSite  # noqa: F401
 
@@ -37,7 +44,9 @@ from fsdpdoctor.facts.efficiency import EfficiencyFacts, GemmShape, HookCost, Lo
 #: (4 had them as ``peak_*`` / ``mfu_pct`` and the BF16 figures as ``bf16_peak_tflops`` /
 #: ``mfu_bf16_pct``: read back into the new fields). StepFacts.step_ms is the slower side's
 #: interval (the steady rate of the CPU or of the completions; was the completions').
-SCHEMA_VERSION = 5
+#: 6: ``fsdp.other_parallelism`` removed: the run's kind is ``parallelism.run_kind`` alone (one
+#: classifier, :mod:`fsdpdoctor.analysis.runkind`); 5 and older still load (the key is ignored).
+SCHEMA_VERSION = 6
 SAMPLED_OPS_PCT = 50.0  # whole traces hold 80-100% of their op numbers (real recordings); sampled ones ~1%
 OLDEST_SCHEMA_VERSION = 1  # the oldest saved report / baseline this version still reads
 
@@ -193,7 +202,6 @@ class FsdpFacts:
     # the same CPU time inside the steps, per step, by the phase it falls in (forward / backward /
     # optimizer / other: the step outside those); empty when FSDP was not found or facts predate it
     hook_cpu_ms_by_phase: dict[str, float] = field(default_factory=dict)
-    other_parallelism: str | None = None  # what was found when FSDP was not (e.g. "DDP")
     microbatches_per_step: int = 1  # forward passes per optimizer step (gradient accumulation)
     activation_checkpointing: bool | None = None  # forward ops recomputed inside backward; None: unknown
     activation_checkpointing_evidence: str = ""
@@ -237,24 +245,6 @@ class FsdpFacts:
             "hooks_half": is_fsdp,
             "fused_optimizer": self.optimizer_kernels in ("per-parameter", "foreach"),
         }.get(fix, True)
-
-
-@dataclass(slots=True)
-class ParallelismFacts:
-    """Mesh sizes from the trace (None where that dimension is not used)."""
-
-    shard_size: int | None = None  # FSDP shard group
-    replicate_size: int | None = None  # HSDP replicate group
-    tp_size: int | None = None  # tensor parallel group
-    dp_size: int | None = None  # data-parallel (DDP) group
-    roles: dict[str, float] = field(default_factory=dict)  # role → collectives per step
-    evidence: str = ""
-    # what kind of run the trace is (analysis.runkind): "fsdp2", "fsdp1", "ddp", "dataparallel",
-    # "tensor parallel (Megatron)", "tensor parallel", "pipeline parallel", "moe expert parallel",
-    # "all-to-all model parallel (TorchRec)", "data parallel (all-reduce)", "single-gpu training",
-    # "single-process training", "inference"; None: no steps to tell; and what it was decided from
-    run_kind: str | None = None
-    run_kind_evidence: str = ""
 
 
 @dataclass(slots=True)

@@ -102,7 +102,7 @@ def structure_diff(b: RunFacts, a: RunFacts) -> list[Change]:
     row(
         "fsdp_version",
         "FSDP version",
-        lambda f: f"FSDP{f.fsdp.version}" if f.fsdp.version else (f.fsdp.other_parallelism or "not detected"),
+        lambda f: f"FSDP{f.fsdp.version}" if f.fsdp.version else (f.parallelism.run_kind or "not detected"),
     )
     row("sharding_strategy", "sharding strategy", lambda f: f.fsdp.sharding_strategy or "unknown")
     row("unit_count", "FSDP units", lambda f: f.fsdp.unit_count)

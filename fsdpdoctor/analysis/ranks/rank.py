@@ -154,9 +154,6 @@ def _read_rank(rt: RankTrace, order_index: int) -> tuple[RankFacts, WhatIfPlan |
     parallelism.run_kind, parallelism.run_kind_evidence = run_kind(
         rt, colls, fsdp.version, workload(info.steps), n_steps
     )
-    if fsdp.version is None and (parallelism.run_kind or "").startswith("tensor parallel"):
-        # all-reduces inside forward are tensor parallelism, not DDP-like data parallelism
-        fsdp.other_parallelism = f"{parallelism.run_kind}: {parallelism.run_kind_evidence}"
     facts = RankFacts(
         rank=int(rank),
         rank_source=rt.rank_source if rt.rank is not None else "order",
