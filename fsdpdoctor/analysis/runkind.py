@@ -48,6 +48,11 @@ TORCHREC_MARKS = ("KJTAllToAll", "alltoall_fwd_single", "alltoall_bwd_single", "
 MOE_RX = re.compile(r"expert|moe|dispatch|combine|::ep::|deep_ep", re.I)
 
 
+def ddp_labels(rt: RankTrace) -> bool:
+    """Whether the trace has ``DistributedDataParallel.*`` labels (DDP wraps the model)."""
+    return any(x.startswith("DistributedDataParallel.") for x in rt.names)
+
+
 def run_kind(rt: RankTrace, colls: list[Collective], fsdp_version: int | None, workload: str | None, n_steps: int):
     """(kind, evidence) of one rank's trace (see the module's docstring)."""
     n = max(n_steps, 1)
@@ -58,7 +63,7 @@ def run_kind(rt: RankTrace, colls: list[Collective], fsdp_version: int | None, w
     if fsdp_version in (1, 2):
         return f"fsdp{fsdp_version}", f"FSDP{fsdp_version} hook labels"
     fwd_ar = [c for c in colls if c.kind == "all_reduce" and c.phase == "forward"]
-    ddp = any(x.startswith("DistributedDataParallel.") for x in names)
+    ddp = ddp_labels(rt)
     megatron = sorted(x for x in names if x in MEGATRON_TP_NAMES)
     if megatron:
         size = Counter(c.group_size for c in fwd_ar if c.group_size).most_common(1)

@@ -28,7 +28,7 @@ from fsdpdoctor.analysis.fsdp import analyze_fsdp
 from fsdpdoctor.analysis.labels import enclosing, label_rows
 from fsdpdoctor.analysis.loader import analyze_loader
 from fsdpdoctor.analysis.memory.trace_events import memory_from_events
-from fsdpdoctor.analysis.runkind import run_kind
+from fsdpdoctor.analysis.runkind import ddp_labels, run_kind
 from fsdpdoctor.analysis.steps import find_steps
 from fsdpdoctor.analysis.timeline import gpu_steps, hta_overlap, step_timeline_backlog
 from fsdpdoctor.analysis.whatif import WhatIfPlan, plan_whatif, run_whatif
@@ -97,7 +97,7 @@ def _read_rank(rt: RankTrace, order_index: int) -> tuple[RankFacts, WhatIfPlan |
     colls = find_collectives(rt, chains, group_size=rt.world_size)
     pg_config = rt.distributed_info.get("pg_config") if isinstance(rt.distributed_info.get("pg_config"), list) else []
     pg_config = [x for x in pg_config if isinstance(x, dict)]
-    assign_roles(colls, pg_config, rt.world_size, ddp=any(n.startswith("DistributedDataParallel.") for n in rt.names))
+    assign_roles(colls, pg_config, rt.world_size, ddp=ddp_labels(rt))
     gs = gpu_steps(rt, info.steps)
     steps, backlog = step_timeline_backlog(rt, info.steps, colls, gs)
     n_steps = len(info.steps)
