@@ -65,6 +65,15 @@ def is_ddp(facts: RunFacts) -> bool:
     return not is_fsdp(facts) and facts.parallelism.data_parallel
 
 
+def activations_established(facts: RunFacts) -> bool:
+    """Whether the memory the snapshot calls ``activations`` is known to be tensors saved for a
+    backward pass, the premise of training-only memory advice (activation checkpointing): not in
+    an inference run (the traces show no backward pass or optimizer step), and not from a snapshot
+    without allocation history (blocks at dump time told apart by their stacks only, no lifetimes)."""
+    m = facts.memory
+    return facts.workload != "inference" and m is not None and not m.history_missing
+
+
 def no_fix_known(what: str, hint: str = "") -> dict[str, str]:
     """The fix entry of a finding for which no code change is known for the detected setup."""
     return {"any": f"# No code fix is known for {what}." + (f"\n# {hint}" if hint else "")}

@@ -12,6 +12,13 @@ How it shows in a trace
     Silent when the run crashed on memory held outside PyTorch's allocator (see FSD024 ``oom``):
     checkpointing cannot help that crash.
 
+    Silent where activations saved for backward are not established: an inference run (the traces
+    show no backward pass or optimizer step in any step: nothing is saved, checkpointing cannot
+    free anything), and a snapshot without allocation history (its blocks at dump time are told
+    apart by their stacks alone: a tensor allocated in forward and alive at the dump may be an
+    output, a cache or an inference intermediate; FSD025 ``memory-history-missing`` says how much
+    memory that leaves unexplained).
+
     Checkpointing already applied is read from the snapshot's forward stacks
     (``MemoryFacts.activation_checkpointing``: none / partial / full / selective) or, without
     them, from the recompute the trace shows in backward. The finding says what is applied and
@@ -31,7 +38,7 @@ Known problems
 
 from fsdpdoctor.fmt import mib, pct
 
-from ._util import finding, name_blocks
+from ._util import activations_established, finding, name_blocks
 
 CODE = "FSD020"
 SLUG = "activation-memory-dominates"
@@ -63,6 +70,8 @@ def check(facts, cfg):
         m.oom is not None and m.oom.cause == "outside"
     ):  # the run crashed on memory held outside PyTorch: checkpointing cannot help
         return []
+    if not activations_established(facts):
+        return []
     act = m.categories.get("activations", 0)
     share = 100 * act / m.peak_allocated_bytes
     if share < cfg["activation_share_pct"]:
@@ -71,11 +80,10 @@ def check(facts, cfg):
     ac = m.activation_checkpointing
     if ac is None and facts.fsdp.activation_checkpointing:  # no stacks to read: the trace's recompute
         ac = "on"
-    at = "allocated at dump time (no allocation history)" if m.history_missing else "peak"
-    evidence = [f"activations {mib(act)} = {pct(share)} of the {mib(m.peak_allocated_bytes)} {at}"]
+    evidence = [f"activations {mib(act)} = {pct(share)} of the {mib(m.peak_allocated_bytes)} peak"]
     if m.peak_phase:
         evidence.append(f"the peak is reached during {m.peak_phase}")
-    head = f"Activations take {pct(share)} of " + ("the memory at dump time" if m.history_missing else "peak memory")
+    head = f"Activations take {pct(share)} of peak memory"
     unchecked = m.activations_unchecked_bytes
     blocks = f"{m.checkpointed_blocks} of {m.forward_blocks} blocks" if m.forward_blocks else "some blocks"
     if ac == "full":

@@ -34,6 +34,8 @@ Fix
     gradients and optimizer state, smaller micro-batches or chunked computation for
     temporaries); ``expandable_segments`` for fragmentation, or for cached plus device free
     memory covering the request, unless the snapshot's ``allocator_settings`` say it is on.
+    Checkpointing only where activations saved for backward are established: never in an
+    inference run (the traces show no backward pass or optimizer step).
 
 Known problems
     The statement is read from line numbers, not source: lines of the failing call's function
@@ -44,7 +46,7 @@ Known problems
 
 from fsdpdoctor.fmt import mib
 
-from ._util import finding, name_blocks
+from ._util import activations_established, finding, name_blocks
 
 CODE = "FSD024"
 SLUG = "oom"
@@ -194,6 +196,8 @@ def check(facts, cfg):
             if cats
             else "PyTorch's allocated tensors fill the device"
         )
+        if top == "activations" and not activations_established(facts):  # inference: nothing saved for backward
+            top = None
         fix = {"any": CATEGORY_FIX.get(top, "# Reduce what dominates the allocated memory (see the evidence).")}
     summary = f"Out of memory requesting {mib(req)}: {cause.split(';')[0]}."
     if st and kind != "outside":  # what the statement is decides the fix; the allocator's state follows
@@ -205,6 +209,8 @@ def check(facts, cfg):
             "; besides, no cached free block is large enough (fragmentation)." if kind == "fragmentation" else "."
         )
         stmt_fix = {"loss": LOSS_FIX, "allgather": ALLGATHER_FIX, "activation": _activation_fix(m)}.get(st.kind)
+        if st.kind == "activation" and not activations_established(facts):
+            stmt_fix = None  # an inference run saves nothing for backward: checkpointing cannot help
         if stmt_fix is not None:
             fix = {"any": stmt_fix, **({"allocator": fix["any"]} if kind in ("fragmentation", "cache") and fix else {})}
     elif st:

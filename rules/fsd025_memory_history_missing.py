@@ -9,6 +9,11 @@ Why it matters
 How it shows in a trace
     The snapshot has segments and blocks but no ``alloc``/``free`` entries.
 
+    What that leaves unknown is said: the blocks alive at the dump that were allocated under forward
+    frames (the snapshot's ``activations``) may be saved for a backward pass or may be outputs,
+    caches and intermediates of a run without one (an inference or evaluation loop); with no
+    lifetimes to tell, no activation-checkpointing advice is given (FSD020 stays silent).
+
 Fix
     Record history before the steps you want to see, then dump.
 
@@ -19,7 +24,7 @@ Known problems
     other memory.
 """
 
-from fsdpdoctor.fmt import mib
+from fsdpdoctor.fmt import mib, pct
 
 from ._util import finding
 
@@ -41,13 +46,26 @@ def check(facts, cfg):
     m = facts.memory
     if m is None or not m.history_missing:
         return []
+    evidence = [f"segments at dump: {mib(m.reserved_at_peak_bytes)} reserved, {mib(m.peak_allocated_bytes)} allocated"]
+    summary = "The snapshot has no allocation history: only the segments at dump time are reported."
+    fwd = m.categories.get("activations", 0)
+    if fwd and m.peak_allocated_bytes:
+        summary = (
+            "The snapshot has no allocation history: only the segments at dump time are reported, and whether the "
+            f"{mib(fwd)} allocated in forward are activations saved for backward is not established (no "
+            "checkpointing advice)."
+        )
+        evidence.append(
+            f"not established: whether the {mib(fwd)} ({pct(100 * fwd / m.peak_allocated_bytes)}) allocated under "
+            "forward frames and alive at the dump are activations saved for a backward pass, or outputs and "
+            "intermediates of a run without one: no lifetimes and no backward pass recorded, so no "
+            "activation-checkpointing advice"
+        )
     return [
         finding(
             __name__,
-            "The snapshot has no allocation history: only the segments at dump time are reported.",
-            evidence=[
-                f"segments at dump: {mib(m.reserved_at_peak_bytes)} reserved, {mib(m.peak_allocated_bytes)} allocated"
-            ],
+            summary,
+            evidence=evidence,
             cause="snapshot taken without torch.cuda.memory._record_memory_history",
             fix={"any": FIX},
             confidence=1.0,
