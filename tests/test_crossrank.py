@@ -106,3 +106,19 @@ def test_two_rank_cpu_run_waits_add_up(recorded_run):
 def test_single_rank_has_no_cross_rank(slow_run):
     d, _ = slow_run
     assert analyze([d / "rank0.json.gz"]).facts.cross_rank is None
+
+
+def test_fold_keeps_the_lowest_ranks_placement_on_a_real_run(shared_traces):
+    """HTA's sampled 128-rank trace: its two ranks place some collectives in different phases;
+    the fold reports the lowest rank's placement whichever rank arrives first (it used to keep
+    the first arrival's, so the same files gave forward or backward by scheduling)."""
+    rf = analyze([shared_traces / "hta-sampled-128ranks"]).facts
+    ranks = list(rf.rank_facts)
+    assert len(ranks) == 2
+    results = []
+    for order in (ranks, ranks[::-1]):
+        fold = CrossRankFold()
+        for r in order:
+            fold.add(r)
+        results.append(fold.result())
+    assert results[0] == results[1] == rf.cross_rank

@@ -128,9 +128,14 @@ class _Group:
         self.end_n = np.empty(0, dtype=np.int64)
         self.size_sum = np.empty(0, dtype=np.int64)  # Σ bytes of the ranks that recorded its size
         self.size_n = np.empty(0, dtype=np.int64)
-        self.group = np.empty(0, dtype=np.int64)  # group size, from the first rank that knew it
-        self.step = np.empty(0, dtype=np.int64)  # step, from the first rank that had it
-        self.where: list[tuple[int, str, str | None]] = []  # (step, phase, unit) from the first rank that had it
+        # group size, step and (step, phase, unit): from the lowest rank that had them, so the
+        # result does not depend on the order the ranks arrive in
+        self.group = np.empty(0, dtype=np.int64)
+        self.group_rank = np.empty(0, dtype=np.int64)
+        self.step = np.empty(0, dtype=np.int64)
+        self.step_rank = np.empty(0, dtype=np.int64)
+        self.where: list[tuple[int, str, str | None]] = []
+        self.where_rank = np.empty(0, dtype=np.int64)
 
     def grow(self, n: int) -> None:
         k = len(self.max)
@@ -148,8 +153,13 @@ class _Group:
         self.end_n = np.concatenate([self.end_n, zeros])
         self.size_sum = np.concatenate([self.size_sum, zeros])
         self.size_n = np.concatenate([self.size_n, zeros])
+        nobody = np.full(extra, big.max, dtype=np.int64)
         self.group = np.concatenate([self.group, zeros])
+        self.group_rank = np.concatenate([self.group_rank, nobody])
         self.step = np.concatenate([self.step, np.full(extra, -2, dtype=np.int64)])
+        self.step_rank = np.concatenate([self.step_rank, nobody])
+        self.where.extend([(-1, "", None)] * extra)
+        self.where_rank = np.concatenate([self.where_rank, nobody])
 
 
 class CrossRankFold:
@@ -180,8 +190,12 @@ class CrossRankFold:
             n = len(a)
             g = self.groups[key]
             g.grow(n)
-            if len(g.where) < n and key in part.where:
-                g.where.extend(part.where[key][len(g.where) : n])
+            w = part.where.get(key)
+            if w:
+                m = min(n, len(w))
+                for i in np.flatnonzero(g.where_rank[:m] > r):
+                    g.where[i] = w[i]
+                g.where_rank[:m] = np.minimum(g.where_rank[:m], r)
             later = (a > g.max[:n]) | ((a == g.max[:n]) & (r < g.argmax[:n]))  # ties: the lowest rank
             g.argmax[:n] = np.where(later, r, g.argmax[:n])
             g.max[:n] = np.where(later, a, g.max[:n])
@@ -200,10 +214,14 @@ class CrossRankFold:
                 g.size_n[:n] += z >= 0
             gs = part.group.get(key)
             if gs is not None and len(gs) == n:
-                g.group[:n] = np.where(g.group[:n] == 0, gs, g.group[:n])
+                take = (gs != 0) & (r < g.group_rank[:n])
+                g.group[:n] = np.where(take, gs, g.group[:n])
+                g.group_rank[:n] = np.where(take, r, g.group_rank[:n])
             st = part.step.get(key)
             if st is not None and len(st) == n:
-                g.step[:n] = np.where(g.step[:n] == -2, st, g.step[:n])
+                take = (st != -2) & (r < g.step_rank[:n])
+                g.step[:n] = np.where(take, st, g.step[:n])
+                g.step_rank[:n] = np.where(take, r, g.step_rank[:n])
         self.rank_sum[r] = total
         self.rank_n[r] = {k: len(v) for k, v in part.arrivals.items()}
         self.rank_steps[r] = part.n_steps
@@ -229,7 +247,7 @@ class CrossRankFold:
             for i in np.argsort(-skew, kind="stable")[:TOP]:
                 if not shared[i]:
                     continue
-                step, phase, unit = g.where[i] if i < len(g.where) else (-1, "", None)
+                step, phase, unit = g.where[i]
                 item = CollectiveSkew(
                     pg=pg,
                     kind=kind,
