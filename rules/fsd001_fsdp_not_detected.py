@@ -53,7 +53,7 @@ def check(facts, cfg):
     )
     kind = facts.parallelism.run_kind
     found = (
-        f"a {kind} run ({facts.parallelism.run_kind_evidence})"
+        f"{'an' if kind[:1] in 'aeiou' else 'a'} {kind} run ({facts.parallelism.run_kind_evidence})"
         if kind
         else facts.parallelism.run_kind_evidence or "no recognised data-parallel wrapper"
     )
