@@ -146,3 +146,47 @@ def test_parts_are_the_raw_traces_own_intervals(path):
     # the at-peak time never exceeds the matmul kernels' (else the parts over-count: negative)
     assert p["unattributed"] >= -tol
     assert sum(p.values()) == pytest.approx(e.step_ms, rel=1e-9)
+
+
+def test_reports_show_the_unattributed_part_where_it_is_not_zero():
+    """On the H200 GPT-2 recording nothing is unattributed and no report shows the part; at a
+    peak of 100 TFLOP/s (``--peak-tflops``, below what the run's GEMMs achieve) the at-peak
+    time exceeds the matmul kernels' time: the parts over-count the step and the text, the tables,
+    the HTML chart and the Perfetto track say by how much (a negative part); a step longer than
+    its measured parts shows it positive. No other part moves."""
+    import copy
+
+    from fsdpdoctor.analysis.efficiency import split
+    from fsdpdoctor.report.html_waterfall import waterfall_figure
+    from fsdpdoctor.report.perfetto import _rank_track
+    from fsdpdoctor.report.waterfall import waterfall_line, waterfall_tables
+
+    rep = fsdpdoctor.analyze(REC / "gpu-h200/gpt2-bf16-b96")
+    f = rep.facts
+    e = f.efficiency
+    assert e.parts_ms["unattributed"] == 0.0
+    assert "unattributed" not in waterfall_line(f)
+    assert "unattributed" not in [r[0] for r in waterfall_tables(f)[0].rows]
+    assert "unattributed" not in waterfall_figure(f).data[0].x
+    before = dict(e.parts_ms)
+    split(e, 100.0)
+    p = e.parts_ms
+    over = p["matmul_at_peak"] - e.matmul_ms  # the at-peak time past the matmul kernels' own time
+    assert over > 0 and p["matmul_below_peak"] == 0.0
+    assert p["unattributed"] == pytest.approx(-over - max(p["attention_at_peak"] - e.attention_ms, 0.0), abs=1e-9)
+    assert all(p[k] == before[k] for k in ("recompute", "other_kernels", "exposed_comm", "exposed_copies", "gpu_idle"))
+    assert f"− {abs(p['unattributed']):.1f} unattributed" in waterfall_line(f)
+    row = next(r for r in waterfall_tables(f)[0].rows if r[0] == "unattributed")
+    assert "over-count" in row[3]
+    assert "unattributed" in waterfall_figure(f).data[0].x
+    rf = f.rank_facts[0]
+    windows = [(s.number, s.end_us - s.step_ms * 1e3, s.end_us) for s in rf.steps]
+    rf.efficiency = e
+    ev = _rank_track(0, windows, rf, None, None, [])
+    assert all(x["args"]["unattributed_ms"] < 0 for x in ev if x.get("name", "").startswith("step "))
+    longer = copy.deepcopy(e)
+    longer.step_ms += 5.0
+    split(longer, None)
+    assert longer.parts_ms["unattributed"] == pytest.approx(5.0)
+    f.efficiency = longer
+    assert "+ 5.0 unattributed" in waterfall_line(f)
