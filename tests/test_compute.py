@@ -353,8 +353,8 @@ def test_compare_splits_the_compute_change(run, tmp_path):
 
     b, a = run("fsdp2-bf16").facts, run("fsdp2").facts
     c = compare(b, a)
-    # the part that is not GEMM or attention (other_kernels, the remainder of the split) against the
-    # raw traces: the change in the time of every other compute kernel the steps launched
+    # the part that is not GEMM or attention (other_kernels, measured on its own kernels) against
+    # the raw traces: the change in the time of every other compute kernel the steps launched
     other = _raw_other_kernels_ms(GPU / "fsdp2" / "rank0.json.gz") - _raw_other_kernels_ms(
         GPU / "fsdp2-bf16" / "rank0.json.gz"
     )

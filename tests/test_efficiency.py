@@ -97,13 +97,16 @@ def _check_parts(facts) -> None:
     e = facts.efficiency
     assert e is not None
     assert list(e.parts_ms) == list(PARTS)
-    assert all(v >= 0 for v in e.parts_ms.values()), e.parts_ms
-    assert sum(e.parts_ms.values()) == pytest.approx(facts.step_clock_ms, rel=0.01)
-    for r in facts.rank_facts:
-        if r.efficiency is not None:
-            assert sum(r.efficiency.parts_ms.values()) == pytest.approx(
-                sum(s.step_ms for s in r.steps) / len(r.steps), rel=0.01
-            )
+    assert all(v >= 0 for k, v in e.parts_ms.items() if k != "unattributed"), e.parts_ms
+    # each part is measured (tests/test_waterfall_raw.py holds them to the raw trace), none
+    # scaled: on a rank, the steps' intervals tile its steps, so nothing is left unattributed;
+    # the run's is its step clock less the ranks' mean step (the parts are the ranks' means)
+    ranks = [r for r in facts.rank_facts if r.efficiency is not None]
+    for r in ranks:
+        assert abs(r.efficiency.parts_ms["unattributed"]) < 1e-4 * r.efficiency.step_ms, r.efficiency.parts_ms
+    mean_step = sum(sum(s.step_ms for s in r.steps) / len(r.steps) for r in ranks) / len(ranks)
+    want = facts.step_clock_ms - mean_step
+    assert e.parts_ms["unattributed"] == pytest.approx(want if abs(want) >= 1e-3 else 0.0, abs=2e-3)
     # each part's contributors add up to it
     assert sum(e.other_kernels_ms.values()) == pytest.approx(e.parts_ms["other_kernels"], rel=1e-6, abs=1e-9)
     assert sum(e.idle_ms.values()) == pytest.approx(e.parts_ms["gpu_idle"], rel=1e-6, abs=1e-9)

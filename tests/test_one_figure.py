@@ -105,8 +105,12 @@ def test_compare_prices_the_recompute_with_the_same_figure(analyzed):
     )
     assert split["recompute"] == pytest.approx(twin, rel=0.08)
     assert split["recompute"] == pytest.approx(ac.facts.efficiency.parts_ms["recompute"], rel=1e-9)
+    # every part is measured on its own (none is the total less the others): what they leave of
+    # the compute change is named "unattributed", and here it is small (0.62 of 7.62 ms: the
+    # re-run forward's elementwise kernels the recompute part takes from other kernels' in the
+    # step's interval, against the step's own compute union)
     total = ac.facts.timeline.compute_ms - plain.facts.timeline.compute_ms
-    assert sum(split.values()) == pytest.approx(total, rel=1e-9, abs=1e-9)
+    assert abs(split["unattributed"]) < 0.1 * abs(total)
 
 
 def test_recompute_saving_is_worded_as_dropping_checkpointing(analyzed):

@@ -88,6 +88,9 @@ class StepFacts:
     exposed_by_phase: dict[str, float] = field(default_factory=dict)
     exposed_by_kind: dict[str, float] = field(default_factory=dict)
     phase_ms: dict[str, float] = field(default_factory=dict)  # CPU duration of each phase
+    # the CPU span's time outside every phase's interval (its span less the union of the phases'
+    # and micro-batches' intervals in it): data loading, logging, the step's own bookkeeping
+    cpu_outside_phases_ms: float = 0.0
     compute_by_phase: dict[str, float] = field(default_factory=dict)  # |compute| of kernels launched in each phase
     # the step on the step clock: the interval of length step_ms that ends at the step's completion
     # (end_us), split into this step's compute, exposed comm and exposed memcpy/memset running in it,

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-#: the parts a step splits into, in the order each GPU instant is attributed (the first that
-#: covers it wins); they sum to the step
+#: the parts a step splits into, the busy ones in the order each GPU instant is attributed (the
+#: first that covers it wins); ``unattributed`` is what the measured parts leave of the step
 PARTS = (
     "matmul_at_peak",
     "matmul_below_peak",
@@ -20,6 +20,7 @@ PARTS = (
     "exposed_comm",
     "exposed_copies",
     "gpu_idle",
+    "unattributed",
 )
 
 #: the kernel families of the other_kernels part, as the reports and rules name them
@@ -137,35 +138,39 @@ class IdleOp:
 
 @dataclass(slots=True)
 class EfficiencyFacts:
-    """The step split into parts that add up to it (``parts_ms``, keys :data:`PARTS`), per rank
-    (its mean step) or for the run (means over ranks, on the run's step clock).
+    """The step split into measured parts (``parts_ms``, keys :data:`PARTS`), per rank (its mean
+    step) or for the run (means over ranks, on the run's step clock).
 
-    ``gpu_idle`` is the time in the step (its interval on the step clock) in which the GPU runs
-    nothing at all. At-peak parts are the model FLOPs of the step's matmuls / attention at
-    ``peak_tflops`` (the dense BF16 peak: their sum over the step is the MFU). The other parts
-    split the rest, the GPU's busy time, as the step's own work splits (what its CPU span
-    launched): below-peak parts are the matmul (attention) kernels' time less their at-peak time,
-    ``recompute`` activation checkpointing's re-run forward (every re-run op), other kernels the
-    rest of the compute, exposed comm / copies as the timeline measures them. Where streams
-    overlap, each instant counts once, in that order. The step's own busy time and the GPU's busy
-    time in the step's interval differ where the GPU runs behind or starts with a backlog:
-    ``busy_scale`` (their ratio, 1 in steady state) scales the own parts to fit, the at-peak parts
-    excepted. Contributors: ``other_kernels_ms`` by family and ``idle_ms`` by cause (each sums to
-    its part), ``gemm_shapes`` (furthest below peak first), ``hooks`` and ``syncs``."""
+    Every part is measured in the steps' intervals on the step clock (each step's interval of
+    ``step_ms`` ending at its completion; they tile the steps' time), from the intervals of the
+    GPU activities inside them, whichever step launched them: each busy instant goes to the first
+    part whose kernels cover it, in the order of :data:`PARTS` (model matmuls, model attention,
+    recompute, other compute kernels, communication not under compute, copies under neither).
+    ``gpu_idle`` is the time in the intervals with no GPU activity at all. At-peak parts are the
+    model FLOPs of the step's own matmuls / attention at ``peak_tflops`` (the dense BF16 peak:
+    their sum over the step is the MFU) and below-peak parts those kernels' time less that.
+    Nothing is scaled: ``unattributed`` is the step less every other part, shown as a part of
+    its own. It is 0 where the intervals tile the step and the at-peak time fits in its
+    kernels' time; negative where the at-peak time exceeds the kernels' time (a peak below the
+    device's); at run level it also holds the run's step clock less the ranks' mean step.
+    Contributors: ``other_kernels_ms`` by family and ``idle_ms`` by cause (each sums to its
+    part), ``gemm_shapes`` (furthest below peak first), ``hooks`` and ``syncs``."""
 
     step_ms: float = 0.0
     parts_ms: dict[str, float] = field(default_factory=empty_parts)
     peak_tflops: float | None = None
-    # what the parts are made from (a peak given later, --peak-tflops, re-splits them): the step's
-    # own work (unions of its kernels' intervals, counted once in the order of PARTS) and the
-    # idle time measured in the step's interval
+    # what the parts are made from (a peak given later, --peak-tflops, re-splits them): the
+    # kernels' intervals inside the steps' intervals, each instant counted once in the order of
+    # PARTS, and the FLOPs of the step's own work
     matmul_ms: float = 0.0  # the model matmuls' kernels
     attention_ms: float = 0.0  # the model attention kernels, matmul time left out
-    matmul_flops: float = 0.0  # model FLOPs of those kernels
+    matmul_flops: float = 0.0  # model FLOPs of the step's own matmul kernels
     attention_flops: float = 0.0
-    own_ms: dict[str, float] = field(default_factory=dict)  # recompute, other_kernels, exposed_comm, exposed_copies
+    measured_ms: dict[str, float] = field(
+        default_factory=dict
+    )  # recompute, other_kernels, exposed_comm, exposed_copies
+    window_ms: float = 0.0  # the steps' intervals, per step (the step time where they tile it)
     window_idle_ms: float = 0.0  # no GPU activity at all in the step's interval
-    busy_scale: float = 1.0
     flops_known: bool = False  # False: no recorded shapes; matmuls found by kernel name, no at-peak part
     gpu_busy_ms: float = 0.0  # |union of the step's own GPU work|
     other_kernels_ms: dict[str, float] = field(default_factory=dict)  # family → ms
@@ -187,7 +192,7 @@ class EfficiencyFacts:
 
     @property
     def busy_ms(self) -> float:
-        return sum(v for k, v in self.parts_ms.items() if k != "gpu_idle")
+        return sum(v for k, v in self.parts_ms.items() if k not in ("gpu_idle", "unattributed"))
 
     @property
     def mfu_pct(self) -> float | None:

@@ -33,6 +33,7 @@ LABELS = {
     "cpu_backward": "backward outside FSDP hooks (CPU)",
     "cpu_optimizer": "optimizer step outside FSDP hooks (CPU)",
     "cpu_other": "rest of the step (CPU)",
+    "cpu_unattributed": "unattributed (the step less the measured CPU parts)",
 }
 # the plain name of a part in a phase ("FSDP hook CPU time in backward")
 _SHORT = {
@@ -43,6 +44,7 @@ _SHORT = {
     "cpu_backward": "CPU time in backward outside FSDP hooks",
     "cpu_optimizer": "CPU time in the optimizer step",
     "cpu_other": "CPU time in the rest of the step",
+    "cpu_unattributed": "step time no measured CPU part covers",
 }
 
 # What to look at when a part of the step itself is the largest cause (no finding explains it).
@@ -65,6 +67,8 @@ HINTS = {
     "cpu_backward": "The backward pass outside FSDP's hooks takes longer on the CPU (the model's own ops).",
     "cpu_optimizer": "The optimizer step takes longer on the CPU.",
     "cpu_other": "Time in the step outside forward, backward and optimizer (data loading, logging).",
+    "cpu_unattributed": "Step time no measured CPU part covers: the step clock past the CPU span (the step "
+    "completes later than its span ends) or phases whose intervals overlap.",
 }
 
 
@@ -511,7 +515,8 @@ def compute_split_table(c: Comparison) -> Table | None:
         "Where the compute change comes from (per step)",
         ["part", "Δ", "share of Δ step"],
         rows,
-        f"the parts add up to the GPU compute change, {dms(total)} per step; FLOP-driven parts at the before "
+        f"the GPU compute change is {dms(total)} per step; each part measured on its own (the unattributed row is "
+        "what they leave of it); FLOP-driven parts at the before "
         "run's achieved GEMM + attention rate",
     )
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import plotly.graph_objects as go
 
 from fsdpdoctor.report.html_page import TITLES, _e, _Page
-from fsdpdoctor.report.waterfall import PART_LABEL, waterfall_line
+from fsdpdoctor.report.waterfall import PART_LABEL, SHOWN_MIN_MS, waterfall_line
 
 PART_COLORS = {
     "matmul_at_peak": "#2E7D32",
@@ -22,6 +22,7 @@ PART_COLORS = {
     "exposed_comm": "#E45756",
     "exposed_copies": "#79706E",
     "gpu_idle": "#BAB0AC",
+    "unattributed": "#FF00FF",
 }
 ORDER = (
     "matmul_at_peak",
@@ -33,18 +34,26 @@ ORDER = (
     "exposed_comm",
     "exposed_copies",
     "gpu_idle",
+    "unattributed",  # drawn only where some rank's (or the run's) is not 0
 )
 MAX_MENU_RANKS = 64  # ranks a menu entry each; beyond, the slowest and fastest
 MAX_BAR_RANKS = 256
 
 
-def _waterfall_trace(parts: dict[str, float], name: str, visible: bool) -> go.Waterfall:
-    x = [PART_LABEL[k] for k in ORDER] + ["step"]
-    y = [parts.get(k, 0.0) for k in ORDER] + [0.0]
+def _order(*parts: dict[str, float]) -> tuple[str, ...]:
+    """:data:`ORDER`, the unattributed part left out where it is 0 in all of ``parts``."""
+    if any(abs(p.get("unattributed", 0.0)) >= SHOWN_MIN_MS for p in parts):
+        return ORDER
+    return ORDER[:-1]
+
+
+def _waterfall_trace(parts: dict[str, float], name: str, visible: bool, order: tuple[str, ...]) -> go.Waterfall:
+    x = [PART_LABEL[k] for k in order] + ["step"]
+    y = [parts.get(k, 0.0) for k in order] + [0.0]
     return go.Waterfall(
         x=x,
         y=y,
-        measure=["relative"] * len(ORDER) + ["total"],
+        measure=["relative"] * len(order) + ["total"],
         name=name,
         visible=visible,
         text=[f"{v:.2f}" for v in y[:-1]] + [f"{sum(y):.2f} ms"],
@@ -65,15 +74,16 @@ def waterfall_figure(f) -> go.Figure | None:
     if e is None or not e.step_ms:
         return None
     ranks = _ranks(f)
+    order = _order(e.parts_ms, *(p for _, p in ranks))
     fig = go.Figure()
-    fig.add_trace(_waterfall_trace(e.parts_ms, "run (mean over ranks)" if len(ranks) > 1 else "the step", True))
+    fig.add_trace(_waterfall_trace(e.parts_ms, "run (mean over ranks)" if len(ranks) > 1 else "the step", True, order))
     if len(ranks) > 1:
         shown = ranks
         if len(ranks) > MAX_MENU_RANKS:
             by_step = sorted(ranks, key=lambda rp: sum(rp[1].values()))
             shown = sorted(by_step[: MAX_MENU_RANKS // 2] + by_step[-MAX_MENU_RANKS // 2 :])
         for rank, parts in shown:
-            fig.add_trace(_waterfall_trace(parts, f"rank {rank}", False))
+            fig.add_trace(_waterfall_trace(parts, f"rank {rank}", False, order))
         n = len(fig.data)
         buttons = [
             dict(label=tr.name, method="update", args=[{"visible": [j == i for j in range(n)]}])
@@ -97,7 +107,7 @@ def spread_figure(f) -> go.Figure | None:
         return None
     fig = go.Figure()
     x = [f"rank {r}" for r, _ in ranks]
-    for k in ORDER:
+    for k in _order(*(p for _, p in ranks)):
         fig.add_bar(
             x=x,
             y=[p.get(k, 0.0) for _, p in ranks],
@@ -126,7 +136,8 @@ def waterfall_section(page: _Page, f) -> None:
     page.add(
         f'<p class="sub">{_e(waterfall_line(f))}. Each GPU instant counts once, in the order drawn; at-peak '
         "parts are the model FLOPs at the dense BF16 peak (their share of the step is the MFU); GPU idle is the "
-        "time in the step with nothing running on the GPU.</p>"
+        "time in the step with nothing running on the GPU. Every part is measured from its own kernels, none "
+        "scaled; what they leave of the step, if anything, is drawn as unattributed.</p>"
     )
     page.figure(fig, "fig-waterfall")
     spread = spread_figure(f)

@@ -211,7 +211,8 @@ def _rank_track(rank: int, windows, rf, summary, spans, findings) -> list[dict]:
     # the waterfall: the rank's mean split, scaled to each step
     eff = rf.efficiency if rf is not None and rf.efficiency is not None else None
     parts = dict(eff.parts_ms) if eff is not None else dict(summary.waterfall_ms) if summary is not None else {}
-    total = sum(parts.values())
+    total = sum(v for v in parts.values() if v > 0)  # a negative unattributed part: the others over-count
+    over = -parts.get("unattributed", 0.0) if parts.get("unattributed", 0.0) < 0 else 0.0
     tid = TID_BASE
     clock = {s.number: s.clock_parts_ms for s in rf.steps} if rf is not None else {}
     for num, a, b in windows:
@@ -220,6 +221,8 @@ def _rank_track(rank: int, windows, rf, summary, spans, findings) -> list[dict]:
             args["step_clock_ms"] = {k: round(v, 6) for k, v in clock[num].items()}
         if total <= 0:
             args["waterfall"] = "none: no GPU work measured on this rank"
+        if over:
+            args["unattributed_ms"] = round(-over, 6)  # the parts over-count the step by this much
         ev.append(_x(pid, tid, f"step {num}", a, b, args))
         if total <= 0:
             continue

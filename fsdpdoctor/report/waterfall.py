@@ -17,7 +17,10 @@ PART_LABEL = {
     "exposed_comm": "exposed comm",
     "exposed_copies": "exposed copies",
     "gpu_idle": "GPU idle",
+    "unattributed": "unattributed",
 }
+#: a part this small (ms per step) is not shown (the unattributed part where the parts tile the step)
+SHOWN_MIN_MS = 0.0005
 CAUSE_LABEL = {
     "sync_drain": "synchronizations (the launch queue drained)",
     "fsdp_hooks": "FSDP hooks",
@@ -43,6 +46,7 @@ def waterfall_line(f: RunFacts) -> str | None:
         return None
     p = dict(e.parts_ms)
     at = p.pop("matmul_at_peak") + p.pop("attention_at_peak")
+    un = p.pop("unattributed", 0.0)
     items = []
     if e.flops_known and e.peak_tflops:
         items.append(f"{_n(at)} at peak ({pct(100 * at / e.step_ms)} MFU)")
@@ -52,7 +56,10 @@ def waterfall_line(f: RunFacts) -> str | None:
     more = sum(v for k, v in rest if (k, v) not in shown)
     if more >= 0.05:
         items.append(f"{_n(more)} more")
-    return f"{ms(e.step_ms)} = " + " + ".join(items)
+    line = f"{ms(e.step_ms)} = " + " + ".join(items)
+    if abs(un) >= 0.05:
+        line += f" {'+' if un > 0 else '−'} {_n(abs(un))} unattributed"
+    return line
 
 
 def cause_label(key: str, e: EfficiencyFacts) -> str:
@@ -74,7 +81,15 @@ def _contributors(e: EfficiencyFacts, part: str) -> str:
         return f"furthest below: {g.op} {g.shape} at {g.tflops or 0:,.0f} TFLOP/s"
     if part in ("matmul_at_peak", "attention_at_peak") and e.peak_tflops and e.flops_known:
         return f"the FLOPs at the {e.peak_tflops:,.0f} TFLOP/s dense BF16 peak"
+    if part == "unattributed":
+        return UNATTRIBUTED_WHY[e.parts_ms[part] > 0]
     return ""
+
+
+UNATTRIBUTED_WHY = {
+    True: "the step less every measured part (time no part covers)",
+    False: "negative: the measured parts over-count the step by this much (at-peak time above its kernels' time)",
+}
 
 
 def waterfall_tables(f: RunFacts) -> list[Table]:
@@ -82,17 +97,18 @@ def waterfall_tables(f: RunFacts) -> list[Table]:
     e = f.efficiency
     if e is None or not e.step_ms:
         return []
-    rows = [[PART_LABEL[k], ms(v), pct(100 * v / e.step_ms), _contributors(e, k)] for k, v in e.parts_ms.items()]
+    rows = [
+        [PART_LABEL[k], ms(v), pct(100 * v / e.step_ms), _contributors(e, k)]
+        for k, v in e.parts_ms.items()
+        if k != "unattributed" or abs(v) >= SHOWN_MIN_MS
+    ]
     note = (
-        "each GPU instant counted once, in this order; at-peak parts are the model FLOPs at the dense BF16 peak "
-        "(attention: the causal triangle the kernel computes), so their share of the step is the MFU"
+        "each part measured from its kernels' intervals in the step's interval on the step clock, each GPU "
+        "instant counted once, in this order, none scaled; at-peak parts are the model FLOPs at the dense BF16 "
+        "peak (attention: the causal triangle the kernel computes), so their share of the step is the MFU"
     )
-    if abs(e.busy_scale - 1.0) >= 0.005:
-        note += (
-            f"; the step's own GPU work is {pct(100 * abs(e.busy_scale - 1))} "
-            f"{'less' if e.busy_scale > 1 else 'more'} than the GPU's busy time in its interval (the GPU runs "
-            "behind or starts with a backlog): the parts after the at-peak ones are scaled to fit"
-        )
+    if abs(e.parts_ms.get("unattributed", 0.0)) < SHOWN_MIN_MS:
+        note += "; the parts cover the whole step (nothing unattributed)"
     out = [
         Table(
             "Where the step goes (per step)",

@@ -38,9 +38,12 @@ output):
   each collective was issued); compute, memcpy and idle are per step only (``phase == "all"``),
   because RunFacts holds no per-phase GPU compute or idle.
 * **CPU-only runs** (gloo, no GPU timeline): ``step_ms = FSDP hooks + forward + backward +
-  optimizer + other``: the CPU phase durations (``StepFacts.phase_ms``) with the FSDP hook CPU time
-  inside each (``FsdpFacts.hook_cpu_ms_by_phase``, collective calls inside the hooks left out)
-  taken out into a part of its own, resolved by phase; the GPU split is unavailable.
+  optimizer + other + unattributed``: the CPU phase durations (``StepFacts.phase_ms``) with the
+  FSDP hook CPU time inside each (``FsdpFacts.hook_cpu_ms_by_phase``, collective calls inside the
+  hooks left out) taken out into a part of its own, resolved by phase; *other* is the CPU span's
+  time outside every phase's interval (``StepFacts.cpu_outside_phases_ms``), measured; what the
+  parts leave of the step time is *unattributed*, named as such (0 where the step is the CPU span
+  and the phases do not overlap). The GPU split is unavailable.
 
 Causes (:mod:`.compare_causes`): every finding that appeared takes the parts of the step it
 explains that grew, every finding that went away those that shrank, and the rest stays with the
@@ -89,7 +92,7 @@ GPU_COMPONENTS = (
     "host_bound_idle",
     "other_idle",
 )
-CPU_COMPONENTS = ("cpu_fsdp_hooks", "cpu_forward", "cpu_backward", "cpu_optimizer", "cpu_other")
+CPU_COMPONENTS = ("cpu_fsdp_hooks", "cpu_forward", "cpu_backward", "cpu_optimizer", "cpu_other", "cpu_unattributed")
 
 GPU_BASIS = (
     "step time = interval between step completions (CPU span and its GPU work both done), mean over each "
@@ -102,8 +105,9 @@ GPU_BASIS = (
 CPU_BASIS = (
     "step time = interval between step completions (the CPU ProfilerStep spans), mean over each rank's steps then over ranks; no GPU "
     "timeline, so it is split on the CPU: FSDP hook CPU time (collective calls inside the hooks left out) + forward, "
-    "backward and optimizer outside the hooks + rest, which add up exactly; the GPU split (compute / exposed comm / "
-    "idle) is unavailable"
+    "backward and optimizer outside the hooks + the rest of the CPU span (outside every phase's interval), each "
+    "measured on its own; what they leave of the step time is shown as unattributed; the GPU split (compute / "
+    "exposed comm / idle) is unavailable"
 )
 
 # ------------------------------------------------------------------------------------------
@@ -220,7 +224,11 @@ def _rank_cells(r: RankFacts, basis: str, hooks: bool = False) -> dict[tuple[str
                 v = s.phase_ms.get(p, 0.0)
                 add((f"cpu_{p}", ALL), v)
                 known += v
-            add(("cpu_other", ALL), s.step_ms - known)
+            # the rest of the CPU span, measured (its time outside every phase's interval); what
+            # the parts leave of the step (the step clock past the CPU span, phases that overlap,
+            # facts saved before the rest was measured) is unattributed, named as such
+            add(("cpu_other", ALL), s.cpu_outside_phases_ms)
+            add(("cpu_unattributed", ALL), s.step_ms - known - s.cpu_outside_phases_ms)
         for p, v in (r.fsdp.hook_cpu_ms_by_phase if hooks else {}).items():
             cells[("cpu_fsdp_hooks", p)] = cells.get(("cpu_fsdp_hooks", p), 0.0) + v
             key = ("cpu_other" if p not in ("forward", "backward", "optimizer") else f"cpu_{p}", ALL)
@@ -337,12 +345,12 @@ COMPUTE_SPLIT = {
     "engine": "GEMM / attention on another engine or dtype",
     "efficiency": "same engine, another achieved TFLOP/s",
     "other_kernels": "other compute kernels (elementwise, norms, optimizer)",
+    "unattributed": "not attributed: the compute change less the measured parts above",
 }
 
 
 def compute_split(before: RunFacts, after: RunFacts) -> dict[str, float]:
-    """The change in GPU compute per step (``timeline.compute_ms``) split by what changed, the
-    parts adding up to it exactly (ms):
+    """The change in GPU compute per step (``timeline.compute_ms``) split by what changed (ms):
 
     * *recompute*: the change in activation checkpointing's re-run forward, every re-run kernel
       (the efficiency waterfall's ``recompute`` part, the figure FSD019 and the headline give;
@@ -352,7 +360,10 @@ def compute_split(before: RunFacts, after: RunFacts) -> dict[str, float]:
     * *engine* (the GEMM engine changed, ``compute.compute_dtype``) or *efficiency* (it did not):
       the after run's non-recomputed GEMM + attention time minus what its model FLOPs would take
       at the before rate;
-    * *other_kernels*: the rest of the compute change (non-GEMM kernels).
+    * *other_kernels*: the change in the waterfall's other-kernels part (the non-GEMM compute
+      kernels' own intervals, measured), where both runs have a waterfall;
+    * *unattributed*: what the measured parts leave of the compute change, named as such (the
+      parts are measured on their own kernels, not fitted to the total).
 
     Empty when either run has no FLOPs (no recorded shapes)."""
     b, a = before.compute, after.compute
@@ -365,12 +376,15 @@ def compute_split(before: RunFacts, after: RunFacts) -> dict[str, float]:
     rate = b.model_flops_per_step / gb  # model FLOPs per ms of GEMM + attention kernels, before
     flops = (a.model_flops_per_step - b.model_flops_per_step) / rate
     recompute = a.recompute_ms_per_step - b.recompute_ms_per_step
-    if before.efficiency is not None and after.efficiency is not None:
+    wf = before.efficiency is not None and after.efficiency is not None
+    if wf:
         recompute = after.efficiency.parts_ms["recompute"] - before.efficiency.parts_ms["recompute"]
     kind = "engine" if (a.compute_dtype or "") != (b.compute_dtype or "") else "efficiency"
     total = after.timeline.compute_ms - before.timeline.compute_ms
     out = {"flops": flops, "recompute": recompute, kind: ga - gb - flops}
-    out["other_kernels"] = total - sum(out.values())
+    if wf:
+        out["other_kernels"] = after.efficiency.parts_ms["other_kernels"] - before.efficiency.parts_ms["other_kernels"]
+    out["unattributed"] = total - sum(out.values())
     return out
 
 
@@ -430,10 +444,8 @@ def compare(
         ranks = _ranks_for(f, basis)
 
         def one(s) -> float:
-            if p == "other":  # the rest of the step outside forward, backward and optimizer
-                return (s.cpu_span_ms or s.step_ms) - sum(
-                    s.phase_ms.get(q, 0.0) for q in ("forward", "backward", "optimizer")
-                )
+            if p == "other":  # the CPU span outside forward, backward and optimizer, measured
+                return s.cpu_outside_phases_ms
             return s.phase_ms.get(p, 0.0)
 
         vals = [_mean([one(s) for s in r.steps]) for r in ranks]

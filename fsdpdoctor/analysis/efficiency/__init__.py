@@ -143,13 +143,6 @@ def _in_regions(regions, thread: np.ndarray, t: np.ndarray) -> np.ndarray:
     return out
 
 
-def _stepped(s: np.ndarray, e: np.ndarray, step: np.ndarray, t0: float, span: float) -> tuple[np.ndarray, np.ndarray]:
-    """Intervals moved apart by step (step k by k × (span + 1) µs), so that one merge of all of
-    them is the union of each step's own, side by side: its length is the sum over steps."""
-    off = step.astype(np.float64) * (span + 1.0)
-    return s - t0 + off, e - t0 + off
-
-
 def analyze_efficiency(
     rt: RankTrace,
     steps: list[StepWindow],
@@ -196,43 +189,44 @@ def analyze_efficiency(
     has_l = lr >= 0
     if regions[0].size:
         rec[has_l] |= _in_regions(regions, rt.thread[lr[has_l]].astype(np.int64), rt.ts[lr[has_l]].astype(np.float64))
-    m_sel = comp & is_mm & ~rec
+    m_sel = comp & is_mm & ~rec  # the step's own model matmuls: their FLOPs
     a_sel = comp & is_attn & ~rec
-    r_sel = comp & rec
-    t0, span = float(start.min()), float(end.max() - start.min())
-    S, E = _stepped(start, end, gs.step, t0, span)
-    order = np.argsort(S, kind="stable")  # one sort for the four unions
-    so, eo = S[order], E[order]
+    # the parts' time: every kernel on the GPU timeline inside the steps' intervals on the step
+    # clock (whichever step launched it), each instant to the first part that covers it
+    mm_k, at_k, rc_k = g.compute & is_mm & ~rec, g.compute & is_attn & ~rec, g.compute & rec
+    windows = step_windows(steps, step_facts)
+    order = np.argsort(start, kind="stable")  # one sort for every union
+    so, eo = start[order], end[order]
 
     def union(sel: np.ndarray) -> iv.Intervals:
         m = sel[order]
-        return iv.merge_sorted(so[m], eo[m])
+        return iv.intersect(iv.merge_sorted(so[m], eo[m]), windows)
 
-    u_m, u_ma, u_mar, u_c = union(m_sel), union(m_sel | a_sel), union(m_sel | a_sel | r_sel), union(comp)
-    eff.matmul_ms = iv.total(u_m) / 1e3 / n
-    eff.attention_ms = (iv.total(u_ma) - iv.total(u_m)) / 1e3 / n
-    recompute_ms = (iv.total(u_mar) - iv.total(u_ma)) / 1e3 / n
-    other_ms = max(iv.total(u_c) - iv.total(u_mar), 0.0) / 1e3 / n
+    classified = g.comm | g.compute | g.memory
+    u_m, u_ma, u_mar = union(mm_k), union(mm_k | at_k), union(mm_k | at_k | rc_k)
+    u_c, u_cc, u_all = union(g.compute), union(g.compute | g.comm), union(classified)
+    t_m, t_ma, t_mar, t_c, t_cc, t_all = (iv.total(u) / 1e3 / n for u in (u_m, u_ma, u_mar, u_c, u_cc, u_all))
+    eff.matmul_ms = t_m
+    eff.attention_ms = t_ma - t_m
     eff.matmul_flops = float(flops[m_sel].sum()) / n
     eff.attention_flops = float(flops[a_sel].sum()) / n
     eff.gpu_busy_ms = sum(sf.gpu_busy_ms for sf in step_facts) / n
-    eff.own_ms = {
-        "recompute": recompute_ms,
-        "other_kernels": other_ms,
-        "exposed_comm": sum(sf.exposed_comm_ms for sf in step_facts) / n,
-        "exposed_copies": sum(sf.memcpy_ms for sf in step_facts) / n,
+    eff.measured_ms = {
+        "recompute": t_mar - t_ma,
+        "other_kernels": t_c - t_mar,
+        "exposed_comm": t_cc - t_c,
+        "exposed_copies": t_all - t_cc,
     }
-    windows = step_windows(steps, step_facts)
-    classified = g.comm | g.compute | g.memory
+    eff.window_ms = iv.total(windows) / 1e3 / n
+    eff.window_idle_ms = eff.window_ms - t_all
     busy_all = iv.merge(start[classified], end[classified])
-    eff.window_idle_ms = (iv.total(windows) - iv.intersect_len(windows, busy_all)) / 1e3 / n
     # contributors: the other kernels by family, the matmul shapes, the optimizer's style
     op = launching_ops(rt, rows)
-    o_sel = comp & ~(m_sel | a_sel | r_sel)
+    o_sel = g.compute & ~(mm_k | at_k | rc_k)
     opt_phase = gs.phase == PHASES.index("optimizer")
     fam = _families(rt, rows, op, o_sel, opt_phase)
     target = iv.subtract(u_c, u_mar)
-    parts = iv.attribute(target, S[o_sel], E[o_sel], fam[o_sel]) if o_sel.any() else {}
+    parts = iv.attribute(target, start[o_sel], end[o_sel], fam[o_sel]) if o_sel.any() else {}
     eff.other_kernels_ms = {f: parts[f] / 1e3 / n for f in FAMILIES if parts.get(f, 0.0) > 0.1}
     if parts.get(None):
         eff.other_kernels_ms["other"] = eff.other_kernels_ms.get("other", 0.0) + parts[None] / 1e3 / n
@@ -395,35 +389,32 @@ def step_windows(steps: list[StepWindow], step_facts: list[StepFacts]) -> iv.Int
 
 
 def split(eff: EfficiencyFacts, peak_tflops: float | None) -> EfficiencyFacts:
-    """The parts at ``peak_tflops`` (TFLOP/s): the at-peak parts from the FLOPs, the idle as
-    measured in the step's interval, and the rest of the step (the GPU's busy time) split as the
-    step's own work splits, scaled to fit (``busy_scale``); each part's contributors scaled to it."""
+    """The parts at ``peak_tflops`` (TFLOP/s), each as measured: the at-peak parts from the FLOPs,
+    below peak the matmul (attention) kernels' time less that, the other busy parts and the idle
+    as measured in the steps' intervals, and ``unattributed`` what they leave of the step (never
+    spread over them; negative where the at-peak time exceeds the kernels' own time)."""
     eff.peak_tflops = peak_tflops
     p = eff.parts_ms = empty_parts()
     if eff.flops_known and peak_tflops:
         p["matmul_at_peak"] = eff.matmul_flops / (peak_tflops * 1e9)
         p["attention_at_peak"] = eff.attention_flops / (peak_tflops * 1e9)
-    own = {
-        "matmul_below_peak": max(eff.matmul_ms - p["matmul_at_peak"], 0.0),
-        "attention_below_peak": max(eff.attention_ms - p["attention_at_peak"], 0.0),
-        **eff.own_ms,
-    }
-    at = p["matmul_at_peak"] + p["attention_at_peak"]
-    idle = min(eff.window_idle_ms, eff.step_ms)
-    avail = eff.step_ms - idle - at
-    base = sum(own.values())
-    if avail < 0:  # the at-peak time alone exceeds the GPU's busy time (a peak below the device's)
-        idle, avail = max(eff.step_ms - at, 0.0), 0.0
-    if base > 0:
-        eff.busy_scale = avail / base
-        p.update({k: v * eff.busy_scale for k, v in own.items()})
-    else:
-        eff.busy_scale = 1.0
-        p["other_kernels"] = avail
-    p["gpu_idle"] = idle
-    eff.other_kernels_ms = _fit(eff.other_kernels_ms, p["other_kernels"], "other")
+    p["matmul_below_peak"] = max(eff.matmul_ms - p["matmul_at_peak"], 0.0)
+    p["attention_below_peak"] = max(eff.attention_ms - p["attention_at_peak"], 0.0)
+    for k in _FOLDED_PARTS:
+        p[k] = eff.measured_ms.get(k, 0.0)
+    p["gpu_idle"] = max(eff.window_idle_ms, 0.0)
+    p["unattributed"] = 0.0
+    rest = eff.step_ms - sum(p.values())
+    p["unattributed"] = rest if abs(rest) >= UNATTRIBUTED_MIN_MS else 0.0
+    if not eff.other_kernels_ms and p["other_kernels"] > 0:
+        eff.other_kernels_ms = {"other": p["other_kernels"]}
     _fit_idle(eff)
     return eff
+
+
+#: below this (ms per step) what the parts leave of the step is rounding, shown as 0: 1 µs, four
+#: times the resolution of a float64 timestamp in µs since the epoch at ns precision (~0.25 µs)
+UNATTRIBUTED_MIN_MS = 1e-3
 
 
 def _fit(d: dict[str, float], total: float, rest: str) -> dict[str, float]:
@@ -456,6 +447,7 @@ _SCALARS = (
     "matmul_flops",
     "attention_flops",
     "gpu_busy_ms",
+    "window_ms",
     "window_idle_ms",
     "optimizer_ms",
     "kernels_per_step",
@@ -496,7 +488,7 @@ class EfficiencyFold:
             return
         row: dict = {"eff": 1.0, "known": float(e.flops_known)}
         row.update({a: getattr(e, a) for a in _SCALARS})
-        row.update({("own", p): e.own_ms.get(p, 0.0) for p in _FOLDED_PARTS})
+        row.update({("measured", p): e.measured_ms.get(p, 0.0) for p in _FOLDED_PARTS})
         row.update({("family", f): v for f, v in e.other_kernels_ms.items()})
         row.update({("idle", c): v for c, v in e.idle_ms.items()})
         for h in e.hooks:
@@ -534,11 +526,16 @@ class EfficiencyFold:
         out = EfficiencyFacts(ranks=len(cols.values("eff")))
         for a in _SCALARS:
             setattr(out, a, self._mean(a))
-        if step_ms:  # the run's clock: the idle keeps its share of the ranks' mean step
-            out.window_idle_ms *= step_ms / out.step_ms if out.step_ms else 1.0
+        if step_ms:  # the run's clock; what it differs from the ranks' mean step is unattributed
+            if out.step_ms and abs(step_ms - out.step_ms) >= 0.005:
+                out.notes.append(
+                    f"the run's step ({step_ms:.2f} ms, its clock) differs from the ranks' mean step "
+                    f"({out.step_ms:.2f} ms, where their parts are measured) by {step_ms - out.step_ms:+.2f} ms: "
+                    "that difference is part of the unattributed time"
+                )
             out.step_ms = step_ms
         out.flops_known = bool(cols.values("known")) and min(cols.values("known")) > 0
-        out.own_ms = {p: self._mean(("own", p)) for p in _FOLDED_PARTS}
+        out.measured_ms = {p: self._mean(("measured", p)) for p in _FOLDED_PARTS}
         out.other_kernels_ms = {f: self._mean(("family", f)) for f in FAMILIES if f in cols.keys("family")}
         out.idle_ms = {c: self._mean(("idle", c)) for c in cols.keys("idle")}
         out.hooks = sorted(

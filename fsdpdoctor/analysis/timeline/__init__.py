@@ -181,6 +181,7 @@ def step_timeline_backlog(
         in_step = by_step[bounds[k] : bounds[k + 1]]
         sf = StepFacts(number=st.number, start_us=st.start, step_ms=st.dur / 1e3, cpu_span_ms=st.dur / 1e3)
         sf.phase_ms = {name: us / 1e3 for name, us in st.phase_us().items()}
+        sf.cpu_outside_phases_ms = outside_phases_us(st) / 1e3
         sf.microbatches = st.n_microbatches
         sf.microbatch_phase_ms = [{name: (b - a) / 1e3 for name, (a, b) in mb.items()} for mb in st.microbatches]
         if in_step.size:
@@ -254,6 +255,17 @@ def step_timeline_backlog(
     step_clock(out, steps, bl.end_us)
     clock_parts(out, own_parts, busy_all)
     return out, bl
+
+
+def outside_phases_us(st: StepWindow) -> float:
+    """The step's CPU span less the union of its phases' (and micro-batches') intervals in it."""
+    ivs = list(st.phases.values()) + [x for mb in st.microbatches for x in mb.values()]
+    if not ivs:
+        return float(st.dur)
+    s = np.array([a for a, _ in ivs], dtype=np.float64)
+    e = np.array([b for _, b in ivs], dtype=np.float64)
+    inside = iv.intersect_len(iv.merge(s, e), iv.merge(np.array([float(st.start)]), np.array([float(st.end)])))
+    return max(float(st.dur) - inside, 0.0)
 
 
 def clock_parts(out: list[StepFacts], own_parts: dict[int, tuple], busy_all) -> None:
