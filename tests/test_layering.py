@@ -63,8 +63,17 @@ def _imports(name: str, path: Path, known: set[str]) -> set[str]:
             visit(child)
 
     visit(tree)
+    found |= {p for m in found for p in _parents(m, name, known)}
     found.discard(name)
     return found
+
+
+def _parents(mod: str, importer: str, known: set[str]) -> set[str]:
+    """The packages whose ``__init__`` importing ``mod`` runs first: its parents, less those
+    above the importer itself (they ran before it)."""
+    parts, mine = mod.split("."), importer.split(".")
+    above = {".".join(mine[:i]) for i in range(1, len(mine) + 1)}
+    return {p for i in range(1, len(parts)) if (p := ".".join(parts[:i])) in known and p not in above}
 
 
 def _graph() -> dict[str, set[str]]:
@@ -110,6 +119,16 @@ def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
 
 def test_no_import_cycles():
     assert _cycles(_graph()) == []
+
+
+def test_a_cycle_through_a_package_init_is_seen():
+    """Importing a submodule runs its package's ``__init__``: a module importing
+    ``pkg.helper`` while ``pkg/__init__`` imports that module is a cycle (it broke
+    ``import fsdpdoctor.analysis.compute`` as a first import)."""
+    known = {"p", "p.pkg", "p.pkg.helper", "p.user"}
+    graph = {"p.pkg": {"p.user"}, "p.pkg.helper": set(), "p.user": {"p.pkg.helper"}}
+    graph = {k: v | {x for m in v for x in _parents(m, k, known)} for k, v in graph.items()}
+    assert _cycles(graph) == [["p.pkg", "p.user"]]
 
 
 def test_the_pipeline_runs_one_way():

@@ -43,7 +43,7 @@ from fsdpdoctor.ingest.events import ATTN_BWD_OPS, ATTN_FWD_OPS, CONV_OPS, FLOP_
 from fsdpdoctor.ingest.kineto import RankTrace
 from fsdpdoctor.ingest.shapes import decode_list, engine
 from fsdpdoctor.analysis import intervals as iv
-from fsdpdoctor.analysis.ranks.columns import Columns
+from fsdpdoctor.analysis.columns import Columns
 from fsdpdoctor.analysis.comms import comm_kernel_mask, launch_rows
 from fsdpdoctor.analysis.labels import enclosing
 from fsdpdoctor.analysis.peaks import ENGINE_PEAK_DTYPE, device_peaks, has_tensor_cores

@@ -477,7 +477,7 @@ class EfficiencyFold:
     __slots__ = ("cols", "info", "styles")
 
     def __init__(self) -> None:
-        from fsdpdoctor.analysis.ranks.columns import Columns
+        from fsdpdoctor.analysis.columns import Columns
 
         self.cols = Columns()
         self.info: dict = {}  # gemm key → (op, shape, dtype, engine, flags); sync site → line

@@ -36,7 +36,7 @@ from fsdpdoctor.facts import (
 from fsdpdoctor.analysis.ranks.crossrank import CrossRankFold, RankPart, part_of
 from fsdpdoctor.analysis.ranks.rank import analyze_rank, most_common
 from fsdpdoctor.analysis.ranks.summary import cpu_span, exposed_by_phase_kind, finish, summarize_rank
-from fsdpdoctor.analysis.ranks.columns import Columns
+from fsdpdoctor.analysis.columns import Columns
 from fsdpdoctor.analysis.compute import ComputeFold
 from fsdpdoctor.analysis.efficiency import EfficiencyFold
 from fsdpdoctor.analysis.loader import fold_loader

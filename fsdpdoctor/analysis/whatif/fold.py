@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from fsdpdoctor.facts import WhatIfFacts
-from fsdpdoctor.analysis.ranks.columns import Columns
+from fsdpdoctor.analysis.columns import Columns
 from fsdpdoctor.analysis.whatif.fixes import STRAGGLER_FACTORS
 
 
