@@ -172,6 +172,17 @@ _args_fields = set(Args.__struct_fields__)
 DROPPED_CATEGORIES = frozenset({"python_function"})
 
 
+def add_frame(frames: dict, name: str, calls: int, dur_us: float) -> None:
+    """Count ``calls`` events of the Python frame ``name`` lasting ``dur_us`` in all into ``frames``
+    (name → [events, total µs]: :attr:`fsdpdoctor.ingest.kineto.RankTrace.python_frames`)."""
+    got = frames.get(name)
+    if got is None:
+        frames[name] = [calls, float(dur_us)]
+    else:
+        got[0] += calls
+        got[1] += float(dur_us)
+
+
 def decode_lenient_utf8(decoder, data):
     """``decoder.decode(data)``; invalid UTF-8 inside strings (labels: names, categories, group
     names; numbers are ASCII) is replaced by U+FFFD instead of failing the file."""
