@@ -419,6 +419,7 @@ def analyze_memory_only(
     framework's dump folder (default: its latest snapshot)."""
     facts = RunFacts(tool=f"fsdpdoctor {__version__}")
     attach_memory(facts, memory, iteration=iteration)
+    facts.framework = detect_framework(facts)
     _pressure(facts, config)
     return _checked(Report(facts=facts, findings=run_rules(facts, config)))
 

@@ -58,7 +58,7 @@ def test_torchtitan_dump_folder_gets_toml_keys():
     assert _ac_code(rep.facts).startswith("# the job's TOML config\n[activation_checkpoint]\nmode = ")
     mp = _idiom().render(rep.facts, "mixed_precision")
     assert '[training]\nmixed_precision_param = "bfloat16"' in mp
-    assert '[compile]\nenable = true' in _idiom().render(rep.facts, "compile")
+    assert "[compile]\nenable = true" in _idiom().render(rep.facts, "compile")
     # the run's fp32 collectives finding (FSD011) is written in TOML, not fully_shard code
     f = next(x for x in rep.findings if x.slug == "no-mixed-precision-collectives")
     assert set(f.fix) == {"torchtitan"} and "mixed_precision_param" in f.fix["torchtitan"]
@@ -197,3 +197,21 @@ def test_repeated_module_class_is_named_from_a_fresh_trace(tmp_path):
     fw = rep.facts.framework
     assert fw.block_class == "GCNLayer" and fw.block_count == 3 and fw.repeated_method is None
     assert "isinstance(m, GCNLayer)" in _ac_code(rep.facts)
+
+
+@pytest.mark.skipif(not PUBLIC_TRACES.is_dir(), reason="../shared not present")
+def test_a_snapshot_alone_names_its_library_from_the_allocation_sites():
+    """PROVENANCE: a Stable Diffusion evaluation with diffusers + LoRA; the snapshot's stacks (no
+    trace) are all there is."""
+    from fsdpdoctor.api import analyze_memory_only
+
+    path = (
+        PUBLIC_TRACES.parents[1]
+        / "snapshots"
+        / "public"
+        / "layoutediting-diffusers-cuda1-2024"
+        / "dump_snapshot.pickle"
+    )
+    fw = analyze_memory_only(path).facts.framework
+    assert fw.name == "diffusers" and fw.idiom == "pytorch"
+    assert any(e.startswith("memory snapshot:") and "diffusers/" in e for e in fw.evidence)

@@ -58,7 +58,7 @@ PACKAGES = (
     "torchvision",
     "bitsandbytes",
 )
-_PKG = re.compile(r"(?:^|[/\\])(" + "|".join(PACKAGES) + r")[/\\]")
+_PKG = re.compile(r"(?:^|[/\\( ])(" + "|".join(PACKAGES) + r")[/\\]")  # "…/pkg/", "forward (pkg/…)"
 _FRAME = re.compile(r"^(?P<path>.+?\.py)\((?P<line>\d+)\): (?P<func>.+)$")
 _MODULE = re.compile(r"^nn\.Module: (?P<cls>.+?)(?:_(?P<i>\d+))?$")
 #: module classes that are no model block: containers, wrappers and torch.nn's own layers
@@ -148,7 +148,7 @@ def _user_frame(path: str) -> bool:
 
 
 def python_frames(frames: dict[str, list]) -> PythonFrames | None:
-    """What one rank's Python frames say (``RankTrace.python_frames``: name → [events, µs]);
+    """What one rank's Python frames say (``RankTrace.python_frames``: name → [events, ns]);
     None for a trace without them."""
     if not frames:
         return None
@@ -158,7 +158,8 @@ def python_frames(frames: dict[str, list]) -> PythonFrames | None:
     classes: dict[str, list] = {}  # class → [instances set, calls, µs]
     funcs: list[tuple[str, int, float]] = []
     events = 0
-    for name, (calls, us) in frames.items():
+    for name, (calls, ns) in frames.items():
+        us = ns / 1e3
         events += calls
         if m := _MODULE.match(name):
             c = classes.setdefault(_module_class(m["cls"]), [set(), 0, 0.0])
@@ -278,6 +279,11 @@ def detect(facts: RunFacts, side: dict[str, Any] | None = None) -> FrameworkFact
     if mem is not None and any("peft" in k for k in mem.stack_libraries):
         out.peft = True
         ev.append("memory snapshot: allocation stacks pass through peft/")
+    if mem is not None and py is None:  # no frames in the traces: the snapshot's top allocation sites
+        sites: Counter = Counter(p.group(1) for site, _ in mem.top_sites if (p := _PKG.search(str(site))))
+        for lib, n in sites.most_common():
+            ev.append(f"memory snapshot: {n} of the top allocation sites in {lib}/")
+        libs.update(sites)
     if libs.get("peft"):
         out.peft = True
 
@@ -296,7 +302,7 @@ def detect(facts: RunFacts, side: dict[str, Any] | None = None) -> FrameworkFact
         models = {k: v for k, v in libs.items() if k not in ("peft", "bitsandbytes", "torchvision", "timm")}
         if models:
             out.name = max(models, key=lambda k: models[k])
-        elif loaded.get("peft") is not None or loaded.get("transformers") is not None and out.peft:
+        elif out.peft:  # PEFT adapts Hugging Face models: its users write HF's code
             out.name = "transformers"
         else:
             out.name = "pytorch"

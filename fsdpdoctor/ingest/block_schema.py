@@ -202,7 +202,7 @@ class Part(msgspec.Struct, gc=False):
     keep: dict  # row in the block -> events.Args
     mem: np.ndarray  # [memory] events, events.MEMORY_COLUMNS
     other: dict  # (ph, cat) -> count of the events that are not rows (every phase but X; X of dropped categories)
-    frames: dict = {}  # name -> [events, total µs] of the dropped Python frames (events.add_frame)
+    frames: dict = {}  # name -> [events, total ns] of the dropped Python frames (events.add_frame)
 
     def __len__(self) -> int:
         return len(self.ts)
@@ -231,12 +231,12 @@ def extract(evs: list, table: KeyTable, counted: int | None = None) -> Part:
             for code, k in zip(*np.unique(key[drop], return_counts=True)):
                 other["X", table.values[int(code)][0]] += int(k)
             gone = np.flatnonzero(drop)
-            durs = np.fromiter((xs[i].dur for i in gone.tolist()), dtype=np.float64, count=len(gone))
+            durs = np.rint(np.fromiter((xs[i].dur for i in gone.tolist()), dtype=np.float64, count=len(gone)) * 1000)
             codes, inv = np.unique(key[gone], return_inverse=True)
             calls = np.bincount(inv, minlength=len(codes))
             total = np.bincount(inv, weights=durs, minlength=len(codes))
             for c, n_calls, t in zip(codes.tolist(), calls.tolist(), total.tolist()):
-                K.add_frame(frames, table.values[c][1], n_calls, t)
+                K.add_frame(frames, table.values[c][1], n_calls, int(t))
             rows = np.flatnonzero(~drop)
             xs = [xs[i] for i in rows.tolist()]
             key = key[rows]

@@ -113,7 +113,7 @@ class RankTrace:
     # category as written -> the name the analysis reads it under (``Kernel`` -> ``kernel``), for
     # the categories renamed on reading (:func:`.ledger.canonical_category`)
     cat_aliases: dict = field(default_factory=dict)
-    # name -> [events, total µs] of the Python frames (``python_function`` X events, with_stack),
+    # name -> [events, total ns] of the Python frames (``python_function`` X events, with_stack),
     # which are no rows: what analysis.framework reads the framework and module classes from
     python_frames: dict = field(default_factory=dict)
     _masks: dict = field(default_factory=dict, repr=False, compare=False)  # mask_cat cache
@@ -317,7 +317,7 @@ def _build(path: Path, events: list[Event], meta: dict, mode: str) -> RankTrace:
     frames: dict[str, list] = {}
     for e in events:
         if e.ph == "X" and e.cat in DROPPED_CATEGORIES:
-            add_frame(frames, e.name, 1, e.dur)
+            add_frame(frames, e.name, 1, round(e.dur * 1000))
     thread_names: dict[tuple[Any, Any], str] = {}
     mem_rows = []
     for e in events:
