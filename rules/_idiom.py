@@ -15,6 +15,7 @@ from fsdpdoctor.facts.framework import FrameworkFacts
 #: the levers rules ask for; a framework without a line for one gets the plain PyTorch code
 LEVERS = (
     "activation_checkpointing",
+    "activation_checkpointing_less",  # recompute less: fewer blocks, selectively, or none
     "mixed_precision",
     "mixed_precision_fp16",  # GPUs without bf16 (V100): fp16 with loss scaling
     "fused_optimizer",
@@ -111,6 +112,12 @@ def _transformers(facts: RunFacts, lever: str, fw: FrameworkFacts, dtype: str) -
         return lines
     if not trainer:
         return None  # an HF model in the user's own loop: the plain PyTorch levers apply
+    if lever == "activation_checkpointing_less":
+        key = 'fsdp_config={..., "activation_checkpointing": False}' if fsdp else "gradient_checkpointing=False"
+        return (
+            "# the saving above is dropping checkpointing, where the peak fits without it (analyze --memory)\n"
+            f"args = TrainingArguments(..., {key})\n"
+        )
     if lever == "mixed_precision":
         return f"args = TrainingArguments(..., {'fp16' if dtype == 'float16' else 'bf16'}=True)\n"
     if lever == "fused_optimizer":
@@ -179,6 +186,13 @@ def _lightning(facts: RunFacts, lever: str, dtype: str) -> str | None:
 
 
 def _torchtitan(facts: RunFacts, lever: str) -> str | None:
+    if lever == "activation_checkpointing_less":
+        return (
+            '# the job\'s TOML config; the saving above is mode = "none", where the peak fits without it\n'
+            "[activation_checkpoint]\n"
+            'mode = "selective"\n'
+            'selective_ac_option = "op"   # keep matmul outputs, recompute the cheap ops; "2": every 2nd block\n'
+        )
     if lever == "activation_checkpointing":
         return '# the job\'s TOML config\n[activation_checkpoint]\nmode = "full"   # or "selective"\n'
     if lever == "mixed_precision":

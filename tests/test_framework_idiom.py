@@ -62,6 +62,9 @@ def test_torchtitan_dump_folder_gets_toml_keys():
     # the run's fp32 collectives finding (FSD011) is written in TOML, not fully_shard code
     f = next(x for x in rep.findings if x.slug == "no-mixed-precision-collectives")
     assert set(f.fix) == {"torchtitan"} and "mixed_precision_param" in f.fix["torchtitan"]
+    # the debugmodel's selective checkpointing recomputes (FSD019): recompute less, in TOML
+    f = next(x for x in rep.findings if x.slug == "activation-recompute")
+    assert set(f.fix) == {"torchtitan"} and 'selective_ac_option = "op"' in f.fix["torchtitan"]
 
 
 @pytest.mark.parametrize("variant,container", [("per-block", "layers"), ("fsdp1", "layers"), ("ddp", None)])
