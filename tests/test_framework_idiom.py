@@ -218,3 +218,41 @@ def test_a_snapshot_alone_names_its_library_from_the_allocation_sites():
     fw = analyze_memory_only(path).facts.framework
     assert fw.name == "diffusers" and fw.idiom == "pytorch"
     assert any(e.startswith("memory snapshot:") and "diffusers/" in e for e in fw.evidence)
+
+
+def test_an_hf_model_in_a_plain_loop_is_named_from_its_frames(tmp_path):
+    """A tiny GPT-2 (built from its config, never downloaded) trained in the user's own loop,
+    profiled with Python frames: the frames run in transformers/ (no Trainer), the module
+    annotations name GPT2Block (GPT2Config.n_layer instances); the fix is HF's own switch."""
+    pytest.importorskip("transformers")
+    import torch
+    from torch.profiler import ProfilerActivity, profile, schedule
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    n_layer = 2
+    torch.manual_seed(0)
+    model = GPT2LMHeadModel(GPT2Config(n_layer=n_layer, n_embd=32, n_head=2, vocab_size=64, n_positions=16))
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    ids = torch.randint(0, 64, (2, 16))
+    out = tmp_path / "rank0.json"
+    with profile(
+        activities=[ProfilerActivity.CPU],
+        schedule=schedule(wait=0, warmup=1, active=2, repeat=1),
+        with_stack=True,
+        with_modules=True,
+        on_trace_ready=lambda p: p.export_chrome_trace(str(out)),
+    ) as prof:
+        for _ in range(3):
+            model(input_ids=ids, labels=ids).loss.backward()
+            opt.step()
+            opt.zero_grad()
+            prof.step()
+    assert _module_instances(out)["GPT2Block"] == set(range(n_layer))
+    rep = fsdpdoctor.analyze(out, jobs=1)
+    fw = rep.facts.framework
+    assert fw.name == "transformers" and fw.trainer is None
+    assert fw.block_class == "GPT2Block" and fw.block_count == n_layer
+    code = _ac_code(rep.facts)
+    assert code.startswith("model.gradient_checkpointing_enable(") and "# every GPT2Block" in code
+    assert "TrainingArguments" not in code
+    assert _idiom().render(rep.facts, "mixed_precision") is None  # no Trainer: plain PyTorch's autocast
