@@ -296,7 +296,9 @@ def detect(facts: RunFacts, side: dict[str, Any] | None = None) -> FrameworkFact
         out.name, out.trainer = "lightning", "Lightning Trainer"
     elif named == "transformers" or hf_trainer:
         out.name, out.trainer = "transformers", "Trainer"
-    elif has("accelerate") or named == "accelerate":
+    elif named == "accelerate" or (  # the user drives an Accelerator (not helpers other libraries import)
+        py is not None and "accelerate/accelerator" in py.library_files.get("accelerate", "").replace("\\", "/")
+    ):
         out.name = "accelerate"
     else:
         models = {k: v for k, v in libs.items() if k not in ("peft", "bitsandbytes", "torchvision", "timm")}
