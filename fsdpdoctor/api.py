@@ -17,6 +17,7 @@ from fsdpdoctor.engine import Finding, run_rules
 from fsdpdoctor.errors import InputError
 from fsdpdoctor.ingest._io import short
 from fsdpdoctor.facts import RANK_DETAIL, RunFacts
+from fsdpdoctor.analysis.framework import detect as detect_framework
 from fsdpdoctor.analysis.sidecar import apply_sidecar
 from fsdpdoctor.analysis.strategy import advise, expected_memory, inputs_from_facts
 from fsdpdoctor.ingest.discover import discover
@@ -247,6 +248,7 @@ def analyze(
             + "; ".join(f"{Path(p).name} ({why})" for p, why in skipped)
         )
     side_path = find_sidecar(files)
+    side = None
     if side_path is not None:
         side, problem = load_sidecar(side_path)
         if side is not None:
@@ -274,6 +276,7 @@ def analyze(
     if facts.memory is None:  # no snapshot: the allocator totals the trace recorded, if it did (profile_memory=True)
         if traced_memory:
             facts.memory = max(traced_memory, key=lambda m: m.peak_allocated_bytes)
+    facts.framework = detect_framework(facts, side)
     plan_inputs = inputs_from_facts(facts)
     if plan_inputs is not None:
         if plan_inputs.world_size > 1:  # on one GPU every strategy holds the same and sends nothing
@@ -416,6 +419,7 @@ def analyze_memory_only(
     framework's dump folder (default: its latest snapshot)."""
     facts = RunFacts(tool=f"fsdpdoctor {__version__}")
     attach_memory(facts, memory, iteration=iteration)
+    facts.framework = detect_framework(facts)
     _pressure(facts, config)
     return _checked(Report(facts=facts, findings=run_rules(facts, config)))
 

@@ -11,6 +11,8 @@ from fsdpdoctor.engine import Finding
 from fsdpdoctor.facts import CollectiveFacts, RunFacts
 from fsdpdoctor.fmt import ms, pct
 
+from ._idiom import idiom_fix, name_blocks  # noqa: F401  (name_blocks: re-exported for the rules)
+
 #: For a rule's ``EXPLAINS`` (see fsdpdoctor.analysis.compare): every exposed-communication part, any phase.
 ALL_COMM = [(c, None) for c in EXPOSED]
 
@@ -88,26 +90,19 @@ def fix_for(
     inference: str | None = None,
     training: str | None = None,
     none_known: str = "this setup",
+    lever: str | None = None,
 ) -> dict[str, str]:
     """The fixes of a finding for what the traces show, never for a parallelism that is not there:
     an inference run gets ``inference`` only; an FSDP run the code for its FSDP version
     (:func:`fsdp_version`); a DDP run ``ddp``; otherwise ``training`` (under the key ``any``).
     Nothing that fits: one comment saying so (``none_known`` names the setup). The code names the
-    model's own block container where the units' FQNs give it (:func:`name_blocks`)."""
-    return {
-        k: name_blocks(facts, code)
-        for k, code in _fix_for(facts, fsdp1, fsdp2, ddp, inference, training, none_known).items()
-    }
-
-
-def name_blocks(facts: RunFacts, code: str) -> str:
-    """``code`` with the generic ``model.layers`` and ``TransformerBlock`` of the fix templates
-    replaced by where this model keeps its blocks (``model.transformer.h``) and their class
-    (``type(model.transformer.h[0])``), when the FSDP units' FQNs say (``FsdpFacts.block_container``)."""
-    where = facts.fsdp.block_container
-    if not where:
-        return code
-    return code.replace("model.layers", f"model.{where}").replace("TransformerBlock", f"type(model.{where}[0])")
+    model's own blocks as the run names them (:func:`name_blocks`). With ``lever`` (one of
+    :data:`._idiom.LEVERS`), a run driven by a framework with its own setting for that lever (HF
+    Trainer, Lightning, Accelerate, torchtitan) gets that instead (:func:`._idiom.idiom_fix`)."""
+    plain = _fix_for(facts, fsdp1, fsdp2, ddp, inference, training, none_known)
+    if lever is not None:
+        return idiom_fix(facts, lever, plain)
+    return {k: name_blocks(facts, code) for k, code in plain.items()}
 
 
 def _fix_for(facts: RunFacts, fsdp1, fsdp2, ddp, inference, training, none_known) -> dict[str, str]:

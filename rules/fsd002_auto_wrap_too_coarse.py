@@ -112,7 +112,7 @@ def check(facts, cfg):
             f"FSDP unit '{name}' holds {pct(100 * share)} of the parameters, so its communication cannot overlap with compute.",
             evidence=evidence,
             cause="the auto-wrap policy (or fully_shard calls) did not make the transformer blocks units of their own",
-            fix=fix_for(facts, fsdp2=FIX_FSDP2, fsdp1=FIX_FSDP1),
+            fix=fix_for(facts, fsdp2=FIX_FSDP2, fsdp1=FIX_FSDP1, lever="wrap_policy"),
             confidence=0.9 if share > 0.8 else 0.7,
             est_saving_ms=saving,
             where={"unit": big.fqn},

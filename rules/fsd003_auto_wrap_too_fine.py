@@ -141,7 +141,7 @@ def check(facts, cfg):
             f"{len(units)} FSDP units with a median all-gather of {mib(median)}: collectives run at their latency floor.",
             evidence=evidence,
             cause="an auto-wrap policy that wraps individual layers (or a small min_num_params)",
-            fix=fix_for(facts, fsdp2=FIX_FSDP2, fsdp1=FIX_FSDP1),
+            fix=fix_for(facts, fsdp2=FIX_FSDP2, fsdp1=FIX_FSDP1, lever="wrap_policy"),
             confidence=0.7,
             est_saving_ms=saving,
         )

@@ -111,7 +111,7 @@ def check(facts, cfg):
             f"Backward all-gathers are {what}: compute waits for each unit's parameters in backward.",
             evidence=evidence,
             cause="backward_prefetch=None / BACKWARD_POST (FSDP1) or prefetching disabled (FSDP2)",
-            fix=fix_for(facts, fsdp2=FIX_FSDP2, fsdp1=FIX_FSDP1),
+            fix=fix_for(facts, fsdp2=FIX_FSDP2, fsdp1=FIX_FSDP1, lever="prefetch"),
             confidence=0.9 if fs.sources.get("backward_prefetch") == "trace" else 0.7,
             est_saving_ms=saving,
         )

@@ -75,7 +75,7 @@ def check(facts, cfg):
                 __name__,
                 "CPU offload is on; this trace has no GPU activity, so its cost cannot be measured here.",
                 evidence=evidence,
-                fix=fix_for(facts, fsdp2=FIX_FSDP2, fsdp1=FIX_FSDP1),
+                fix=fix_for(facts, fsdp2=FIX_FSDP2, fsdp1=FIX_FSDP1, lever="cpu_offload_off"),
                 severity="info",
                 confidence=0.5,
             )
@@ -106,7 +106,7 @@ def check(facts, cfg):
             f"CPU offload costs about {ms(stall)} per step: the GPU waits for host copies and the CPU optimizer step.",
             evidence=evidence,
             cause="CPUOffload(offload_params=True) / CPUOffloadPolicy moves parameters, gradients and the optimizer step to the host",
-            fix=fix_for(facts, fsdp2=FIX_FSDP2, fsdp1=FIX_FSDP1),
+            fix=fix_for(facts, fsdp2=FIX_FSDP2, fsdp1=FIX_FSDP1, lever="cpu_offload_off"),
             confidence=0.8,
             est_saving_ms=stall,
         )

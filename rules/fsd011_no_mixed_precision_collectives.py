@@ -91,7 +91,7 @@ def check(facts, cfg):
             f"All-gathers run in fp32 ({mib(ag.bytes_per_step)} per step); bf16 parameters would halve that.",
             evidence=evidence,
             cause="no mixed-precision policy on the FSDP units",
-            fix=fix_for(facts, fsdp2=FIX_FSDP2, fsdp1=FIX_FSDP1),
+            fix=fix_for(facts, fsdp2=FIX_FSDP2, fsdp1=FIX_FSDP1, lever="mixed_precision"),
             confidence=0.8,
             est_saving_ms=saving,
         )

@@ -129,6 +129,7 @@ def _fixes(facts, bf16: bool, tf32: bool) -> dict[str, str]:
             ddp=AUTOCAST_FP16,
             training=AUTOCAST_FP16,
             inference=INFERENCE_FP16,
+            lever="mixed_precision_fp16",
         )
     if not tf32:
         return fix_for(
@@ -138,9 +139,16 @@ def _fixes(facts, bf16: bool, tf32: bool) -> dict[str, str]:
             ddp=AUTOCAST,
             training=AUTOCAST,
             inference=AUTOCAST,
+            lever="mixed_precision",
         )
     return fix_for(
-        facts, fsdp2=FIX_FSDP2, fsdp1=FIX_FSDP1, ddp=FIX_AUTOCAST, training=FIX_AUTOCAST, inference=FIX_AUTOCAST
+        facts,
+        fsdp2=FIX_FSDP2,
+        fsdp1=FIX_FSDP1,
+        ddp=FIX_AUTOCAST,
+        training=FIX_AUTOCAST,
+        inference=FIX_AUTOCAST,
+        lever="mixed_precision",
     )
 
 

@@ -133,6 +133,7 @@ def check(facts, cfg):
         fsdp1=(FIX_OPT if optimizer else "") + FIX_FSDP1,
         ddp=(FIX_OPT if optimizer else "") + FIX_ANY,
         training=(FIX_OPT if optimizer else "") + FIX_ANY,
+        lever=("fused_optimizer", "compile") if optimizer else "compile",
     )
     f = finding(
         __name__,

@@ -99,7 +99,7 @@ def check(facts, cfg):
             "checkpointing every other block about half.",
             evidence=evidence,
             cause="checkpoint_wrapper / apply_activation_checkpointing / torch.utils.checkpoint around the blocks",
-            fix=fix_for(facts, fsdp2=FIX, fsdp1=FIX, ddp=FIX, training=FIX),
+            fix=fix_for(facts, fsdp2=FIX, fsdp1=FIX, ddp=FIX, training=FIX, lever="activation_checkpointing_less"),
             confidence=0.8,
             est_saving_ms=cost,
         )

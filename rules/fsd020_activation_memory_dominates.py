@@ -38,7 +38,8 @@ Known problems
 
 from fsdpdoctor.fmt import mib, pct
 
-from ._util import activations_established, finding, name_blocks
+from ._idiom import idiom_fix
+from ._util import activations_established, finding
 
 CODE = "FSD020"
 SLUG = "activation-memory-dominates"
@@ -130,7 +131,7 @@ def check(facts, cfg):
             summary,
             evidence=evidence,
             cause="tensors saved for backward scale with batch × sequence length and are not sharded by FSDP",
-            fix={"any": name_blocks(facts, fix)},
+            fix={"any": fix} if fix is FULL_FIX else idiom_fix(facts, "activation_checkpointing", {"any": fix}),
             confidence=0.8,
             est_saving_bytes=freed or None,
         )

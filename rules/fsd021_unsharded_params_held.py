@@ -63,7 +63,7 @@ def check(facts, cfg):
             f"Unsharded parameters hold {pct(share)} of peak memory ({mib(held)}).",
             evidence=evidence,
             cause="reshard_after_forward=False / SHARD_GRAD_OP keeps every unit's full parameters alive until its backward",
-            fix=fix_for(facts, fsdp2=FIX_FSDP2, fsdp1=FIX_FSDP1),
+            fix=fix_for(facts, fsdp2=FIX_FSDP2, fsdp1=FIX_FSDP1, lever="reshard_after_forward"),
             confidence=0.7,
             est_saving_bytes=held,
         )

@@ -46,6 +46,7 @@ Known problems
 
 from fsdpdoctor.fmt import mib
 
+from ._idiom import idiom_fix
 from ._util import activations_established, finding, name_blocks
 
 CODE = "FSD024"
@@ -218,6 +219,10 @@ def check(facts, cfg):
         summary = f"Out of memory requesting {mib(req)} at {where}: {cause.split(';')[0]}."
     if not fix:
         fix = {"any": "# expandable_segments is already on: reduce the largest requests (see the evidence)"}
+    if "apply_activation_checkpointing" in fix.get("any", ""):  # the blocks' activations: the run's own way
+        fix = idiom_fix(facts, "activation_checkpointing", {"any": fix["any"]}) | {
+            k: v for k, v in fix.items() if k != "any"
+        }
     fix = {k: name_blocks(facts, code) for k, code in fix.items()}
     return [
         finding(

@@ -33,6 +33,7 @@ Known problems
 
 from fsdpdoctor.fmt import ms
 
+from ._idiom import idiom_fix
 from ._util import finding, of_step, step_ms
 
 CODE = "FSD033"
@@ -91,7 +92,7 @@ def check(facts, cfg):
             cause="the batch is loaded and collated in the training process"
             if single
             else "the DataLoader's workers do not keep up with the steps",
-            fix={"any": FIX if single else fix},
+            fix=idiom_fix(facts, "dataloader", {"any": FIX}) if single else {"any": fix},
             confidence=0.8,
             est_saving_ms=idle,
             where={"site": f"enumerate(DataLoader)#{ld.iterator}.__next__"},

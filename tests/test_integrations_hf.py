@@ -263,3 +263,27 @@ def test_flight_recorder_dumps_of_a_healthy_window(hf_report):
 
 if __name__ == "__main__":
     _worker(Path(sys.argv[1]))
+
+
+def test_the_run_is_named_an_hf_trainer_run_and_fixes_speak_trainingarguments(hf_run, hf_report):
+    """The callback's sidecar names the HF Trainer and the units' class (the worker wraps
+    ``GPT2Block``: its ``transformer_layer_cls_to_wrap``); fixes are TrainingArguments, not
+    fully_shard code with an assumed TransformerBlock."""
+    import transformers
+
+    from fsdpdoctor.rules import _idiom
+
+    fw = hf_report.facts.framework
+    assert fw.name == "transformers" and fw.trainer == "Trainer" and fw.version == transformers.__version__
+    assert fw.block_class == "GPT2Block" and fw.block_count == N_LAYER and fw.block_class_source == "sidecar"
+    meta = json.loads((Path(hf_run[1][0]["out_dir"]) / "fsdpdoctor_meta.json").read_text())
+    classes = [u["module_classes"] for u in meta["units"]]
+    assert classes.count(["GPT2Block"]) == N_LAYER  # Accelerate also makes [ln_f, wte, lm_head] one unit
+    ac = _idiom.render(hf_report.facts, "activation_checkpointing")
+    assert '"transformer_layer_cls_to_wrap": ["GPT2Block"]' in ac and '"activation_checkpointing": True' in ac
+    assert "TransformerBlock" not in ac
+    assert _idiom.render(hf_report.facts, "mixed_precision") == "args = TrainingArguments(..., bf16=True)\n"
+    assert 'optim="adamw_torch_fused"' in _idiom.render(hf_report.facts, "fused_optimizer")
+    assert "dataloader_num_workers=" in _idiom.render(hf_report.facts, "dataloader")
+    for f in hf_report.findings:  # a fix in the Trainer's idiom holds no fully_shard code
+        assert "fully_shard(" not in f.fix.get("transformers", ""), f.slug

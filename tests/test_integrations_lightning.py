@@ -274,3 +274,19 @@ def test_an_oom_closes_the_window_and_says_where(tmp_path):
 
 if __name__ == "__main__":
     _worker(Path(sys.argv[1]))
+
+
+def test_the_run_is_named_a_lightning_run_and_fixes_speak_trainer_arguments(pl_run, pl_report):
+    """The callback's sidecar names Lightning and the FSDP1 units' class (the worker's
+    ``auto_wrap_policy={Block}``); fixes are Trainer / FSDPStrategy arguments."""
+    import lightning
+
+    from fsdpdoctor.rules import _idiom
+
+    fw = pl_report.facts.framework
+    assert fw.name == "lightning" and fw.version == lightning.__version__
+    assert fw.block_class == "Block" and fw.block_count == N_BLOCKS
+    ac = _idiom.render(pl_report.facts, "activation_checkpointing")
+    assert "FSDPStrategy(auto_wrap_policy={Block}" in ac and "activation_checkpointing_policy={Block}" in ac
+    mp = _idiom.render(pl_report.facts, "mixed_precision")
+    assert mp == 'trainer = Trainer(..., precision="bf16-mixed", strategy=FSDPStrategy(...))\n'

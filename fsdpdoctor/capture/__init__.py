@@ -52,6 +52,7 @@ import json
 import os
 import platform
 import socket
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -141,6 +142,24 @@ def _versions() -> dict[str, Any]:
     return out
 
 
+#: the training frameworks whose modules, when imported, the sidecar lists (``framework.loaded``)
+FRAMEWORK_MODULES = ("transformers", "peft", "trl", "accelerate", "lightning", "pytorch_lightning", "torchtitan")
+
+
+def frameworks_loaded(name: str | None = None, trainer: str | None = None) -> dict[str, Any]:
+    """The sidecar's ``framework``: who drives the run (``name``, ``trainer``: set by the
+    integrations, None for a plain ``capture``) and the framework packages imported in this
+    process, with their versions (imported is not used: a plain loop may import transformers
+    for a tokenizer; the analysis weighs it as such)."""
+    loaded = {}
+    for mod in FRAMEWORK_MODULES:
+        m = sys.modules.get(mod)
+        if m is not None:
+            loaded[mod] = str(getattr(m, "__version__", "") or "") or None
+    version = loaded.get(name) if name else None
+    return {"name": name, "trainer": trainer, "version": version, "loaded": loaded}
+
+
 def _rank_and_world(rank: int | None, world_size: int | None) -> tuple[int, int]:
     try:
         import torch.distributed as dist
@@ -200,6 +219,8 @@ class Capture:
         wrap_policy: free-text description of how FSDP units were chosen, for the sidecar
             (e.g. ``"fully_shard(block) for block in model.layers; fully_shard(model)"``).
         extra: JSON-serialisable dict stored under ``extra`` in the sidecar.
+        framework: who drives the training loop, ``{"name": "transformers", "trainer": "Trainer"}``
+            (the integrations set it), for the sidecar's ``framework`` (:func:`frameworks_loaded`).
         rank, world_size: override the values read from ``torch.distributed`` (or the
             ``RANK``/``WORLD_SIZE`` environment variables when it is not initialised).
         activities: override the profiler activities (default: CPU, plus CUDA if available).
@@ -224,6 +245,7 @@ class Capture:
         flight_recorder: bool = False,
         wrap_policy: str | None = None,
         extra: dict[str, Any] | None = None,
+        framework: dict[str, Any] | None = None,
         rank: int | None = None,
         world_size: int | None = None,
         activities: Any = None,
@@ -251,6 +273,7 @@ class Capture:
             os.environ.setdefault("TORCH_FR_BUFFER_SIZE", str(FR_BUFFER_SIZE))
         self.wrap_policy = wrap_policy
         self.extra = dict(extra or {})
+        self.framework = dict(framework) if framework else None
         self._rank_override = rank
         self._world_override = world_size
         self._activities = activities
@@ -397,6 +420,7 @@ class Capture:
             meta["wrap_policy"] = self.wrap_policy
             meta["describe_error"] = f"{type(exc).__name__}: {exc}"
         meta["extra"] = self.extra
+        meta["framework"] = frameworks_loaded(**(self.framework or {}))
         return meta
 
     def write_meta(self, complete: bool = True) -> Path:

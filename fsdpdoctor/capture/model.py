@@ -21,6 +21,20 @@ def _clean_fqn(name: str) -> str:
     return name
 
 
+def module_class(module: Any) -> str:
+    """The class the user wrote: ``fully_shard``'s ``FSDP<Class>`` swap, FSDP1's and
+    checkpoint_wrapper's wrappers and ``torch.compile``'s ``OptimizedModule`` looked through."""
+    for attr in ("_fsdp_wrapped_module", "_checkpoint_wrapped_module", "_orig_mod"):
+        inner = getattr(module, "__dict__", {}).get("_modules", {}).get(attr)
+        if inner is not None:
+            return module_class(inner)
+    try:
+        from torch.distributed.fsdp import FSDPModule
+    except ImportError:  # pragma: no cover
+        return type(module).__name__
+    return next((c.__name__ for c in type(module).__mro__ if not issubclass(c, FSDPModule)), type(module).__name__)
+
+
 def _dtype_name(dtype: Any) -> str | None:
     if dtype is None:
         return None
@@ -103,7 +117,9 @@ def _fsdp2_units(model: Any) -> list[dict[str, Any]]:
         bwd_states = list(getattr(state, "_states_to_backward_prefetch", None) or [])
         is_root = getattr(state, "_is_root", None)
         auto_reshard = getattr(state, "_auto_reshard_after_forward", None)
-        module_fqns = [_clean_fqn(names.get(id(m), name)) for m in getattr(state, "_modules", (module,))]
+        modules = getattr(state, "_modules", (module,))
+        module_fqns = [_clean_fqn(names.get(id(m), name)) for m in modules]
+        module_classes = [module_class(m) for m in modules]
         for group in groups:
             units.append(
                 _fsdp2_group_description(
@@ -111,6 +127,7 @@ def _fsdp2_units(model: Any) -> list[dict[str, Any]]:
                     names=names,
                     default_fqn=_clean_fqn(name),
                     module_fqns=module_fqns,
+                    module_classes=module_classes,
                     is_root=is_root,
                     auto_reshard=auto_reshard,
                     forward_prefetch=(
@@ -152,6 +169,7 @@ def _fsdp2_group_description(
     names: dict[int, str],
     default_fqn: str,
     module_fqns: list[str],
+    module_classes: list[str],
     is_root: bool | None,
     auto_reshard: bool | None,
     forward_prefetch: dict[str, Any],
@@ -197,6 +215,7 @@ def _fsdp2_group_description(
     return {
         "fqn": fqn,
         "modules": module_fqns,
+        "module_classes": module_classes,
         "is_root": is_root,
         "mesh_kind": type(mesh_info).__name__ if mesh_info is not None else None,
         "shard_world_size": shard_size,
@@ -326,6 +345,7 @@ def _fsdp1_units(model: Any) -> list[dict[str, Any]]:
         units.append(
             {
                 "fqn": fqn,
+                "module_classes": [module_class(module)],
                 "is_root": getattr(module, "_is_root", None),
                 "shard_world_size": world,
                 "sharding_strategy": _enum_name(getattr(module, "sharding_strategy", None)),
@@ -437,6 +457,7 @@ def describe_model(model: Any, wrap_policy: str | None = None) -> dict[str, Any]
         DDP = None  # type: ignore[assignment]
 
     inner = model
+    desc["model_class"] = module_class(model.module if DDP is not None and isinstance(model, DDP) else model)
     if DDP is not None and isinstance(model, DDP):
         params = [p for p in model.module.parameters() if p.requires_grad]
         desc["parallelism"] = "ddp"

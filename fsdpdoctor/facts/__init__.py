@@ -33,6 +33,7 @@ from fsdpdoctor.facts.parallelism import (  # noqa: F401
 )
 from fsdpdoctor.facts.ledger import InputLedger, LedgerRow  # noqa: F401
 from fsdpdoctor.facts.efficiency import EfficiencyFacts, GemmShape, HookCost, LoaderFacts, SyncSite  # noqa: F401
+from fsdpdoctor.facts.framework import FrameworkFacts, ModuleClassStats, PythonFrames  # noqa: F401
 
 #: 2: the report is one document (every RunFacts field once, at the top level, plus ``findings``);
 #: 1 wrote the summaries at the top level and all facts again under ``facts``. Both load.
@@ -331,6 +332,8 @@ class RankFacts:
     # what the trace holds and what the analysis read of it; written once, under the run's ``inputs``
     ledger: InputLedger | None = None
     loader: LoaderFacts | None = None  # the DataLoader's next() inside the steps (None: no loader range)
+    # what the trace's Python frames (with_stack) say: libraries, module classes (analysis.framework)
+    python: PythonFrames | None = None
 
     @property
     def step_ms(self) -> list[float]:
@@ -618,6 +621,8 @@ class RunFacts:
     rank_summaries: list[RankSummary] = field(default_factory=list)
     rank_detail: str = "all"
     loader: LoaderFacts | None = None  # the DataLoader inside the steps, mean over the ranks that show one
+    # the framework that drove the run and the model's repeated block by its class (analysis.framework)
+    framework: FrameworkFacts | None = None
 
     @property
     def sampled(self) -> bool:

@@ -202,6 +202,7 @@ class Part(msgspec.Struct, gc=False):
     keep: dict  # row in the block -> events.Args
     mem: np.ndarray  # [memory] events, events.MEMORY_COLUMNS
     other: dict  # (ph, cat) -> count of the events that are not rows (every phase but X; X of dropped categories)
+    frames: dict = {}  # name -> [events, total ns] of the dropped Python frames (events.add_frame)
 
     def __len__(self) -> int:
         return len(self.ts)
@@ -221,6 +222,7 @@ def extract(evs: list, table: KeyTable, counted: int | None = None) -> Part:
         nx = [e for e in evs if e.__class__ is not _X]
         other = Counter(zip(map(_TAG, map(type, nx)), map(_CAT, nx)))
     count = len(evs) if counted is None else counted
+    frames: dict = {}  # Python frames of dropped rows (events.add_frame)
     key = table.codes(list(map(_KEY, xs)))
     if table.dropped:
         drop = np.isin(key, table.dropped)
@@ -228,6 +230,13 @@ def extract(evs: list, table: KeyTable, counted: int | None = None) -> Part:
             other = Counter(other)
             for code, k in zip(*np.unique(key[drop], return_counts=True)):
                 other["X", table.values[int(code)][0]] += int(k)
+            gone = np.flatnonzero(drop)
+            durs = np.rint(np.fromiter((xs[i].dur for i in gone.tolist()), dtype=np.float64, count=len(gone)) * 1000)
+            codes, inv = np.unique(key[gone], return_inverse=True)
+            calls = np.bincount(inv, minlength=len(codes))
+            total = np.bincount(inv, weights=durs, minlength=len(codes))
+            for c, n_calls, t in zip(codes.tolist(), calls.tolist(), total.tolist()):
+                K.add_frame(frames, table.values[c][1], n_calls, int(t))
             rows = np.flatnonzero(~drop)
             xs = [xs[i] for i in rows.tolist()]
             key = key[rows]
@@ -279,6 +288,7 @@ def extract(evs: list, table: KeyTable, counted: int | None = None) -> Part:
         keep,
         K.memory_array(mem_rows),
         dict(other),
+        frames,
     )
 
 
@@ -318,11 +328,14 @@ class Columns:
         self.event_count = 0
         self.mem: list[np.ndarray] = []
         self.other: Counter = Counter()  # Part.other, summed
+        self.python_frames: dict = {}  # Part.frames, summed
 
     def append(self, part: Part) -> None:
         self.event_count += part.event_count
         if part.other:
             self.other.update(part.other)
+        for name, (calls, us) in part.frames.items():
+            K.add_frame(self.python_frames, name, calls, us)
         self.thread_names.update(part.thread_names)
         if len(part.mem):
             self.mem.append(part.mem)

@@ -172,6 +172,18 @@ _args_fields = set(Args.__struct_fields__)
 DROPPED_CATEGORIES = frozenset({"python_function"})
 
 
+def add_frame(frames: dict, name: str, calls: int, dur_ns: int) -> None:
+    """Count ``calls`` events of the Python frame ``name`` lasting ``dur_ns`` in all into ``frames``
+    (name → [events, total ns]: :attr:`fsdpdoctor.ingest.kineto.RankTrace.python_frames`). Integer
+    nanoseconds: the sum is the same in whatever order the decoders add."""
+    got = frames.get(name)
+    if got is None:
+        frames[name] = [calls, int(dur_ns)]
+    else:
+        got[0] += calls
+        got[1] += int(dur_ns)
+
+
 def decode_lenient_utf8(decoder, data):
     """``decoder.decode(data)``; invalid UTF-8 inside strings (labels: names, categories, group
     names; numbers are ASCII) is replaced by U+FFFD instead of failing the file."""

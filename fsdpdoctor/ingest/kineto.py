@@ -43,6 +43,7 @@ from fsdpdoctor.ingest.events import (
     Event,
     _coerce_event,
     _to_int,
+    add_frame,
     decode_lenient_utf8,
     keeps_shapes,
     memory_array,
@@ -112,6 +113,9 @@ class RankTrace:
     # category as written -> the name the analysis reads it under (``Kernel`` -> ``kernel``), for
     # the categories renamed on reading (:func:`.ledger.canonical_category`)
     cat_aliases: dict = field(default_factory=dict)
+    # name -> [events, total ns] of the Python frames (``python_function`` X events, with_stack),
+    # which are no rows: what analysis.framework reads the framework and module classes from
+    python_frames: dict = field(default_factory=dict)
     _masks: dict = field(default_factory=dict, repr=False, compare=False)  # mask_cat cache
 
     @property
@@ -310,6 +314,10 @@ def _build(path: Path, events: list[Event], meta: dict, mode: str) -> RankTrace:
     n_all = len(events)
     xs = [e for e in events if e.ph == "X" and e.cat not in DROPPED_CATEGORIES]
     other = Counter((e.ph, e.cat) for e in events if e.ph != "X" or e.cat in DROPPED_CATEGORIES)
+    frames: dict[str, list] = {}
+    for e in events:
+        if e.ph == "X" and e.cat in DROPPED_CATEGORIES:
+            add_frame(frames, e.name, 1, round(e.dur * 1000))
     thread_names: dict[tuple[Any, Any], str] = {}
     mem_rows = []
     for e in events:
@@ -374,6 +382,7 @@ def _build(path: Path, events: list[Event], meta: dict, mode: str) -> RankTrace:
         n_all,
         memory_array(mem_rows),
         dict(other),
+        frames,
     )
 
 
@@ -421,6 +430,7 @@ def _make_trace(
     event_count: int,
     memory_events: np.ndarray | None = None,
     other_events: dict | None = None,
+    python_frames: dict | None = None,
 ) -> RankTrace:
     _check_clock(path, "ts", ts, names, name)
     _check_clock(path, "dur", dur, names, name)
@@ -469,6 +479,7 @@ def _make_trace(
         memory_events=memory_array([]) if memory_events is None else memory_events,
         other_events=other_events or {},
         cat_aliases=aliases,
+        python_frames=python_frames or {},
     )
 
 
@@ -557,6 +568,7 @@ def _trace_from_columns(path: Path, meta: dict, mode: str, cols) -> RankTrace:
         cols.event_count,
         cols.memory_events(),
         dict(cols.other),
+        cols.python_frames,
     )
 
 

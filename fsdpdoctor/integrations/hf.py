@@ -42,6 +42,7 @@ class FsdpDoctorCallback(TrainerCallback):
     stopped training, if it did."""
 
     def __init__(self, out_dir: str | os.PathLike[str] | None = None, *, trainer: Any = None, **kwargs: Any) -> None:
+        kwargs.setdefault("framework", {"name": "transformers", "trainer": "Trainer"})
         self.doctor = Doctor(out_dir, **kwargs)
         self.trainer = trainer
 

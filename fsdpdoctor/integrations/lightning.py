@@ -43,6 +43,7 @@ class FsdpDoctorCallback(Callback):
     stopped training, if it did."""
 
     def __init__(self, out_dir: str | os.PathLike[str] | None = None, **kwargs: Any) -> None:
+        kwargs.setdefault("framework", {"name": "lightning", "trainer": "Lightning Trainer"})
         self.doctor = Doctor(out_dir, **kwargs)
         self._global_step = -1
 

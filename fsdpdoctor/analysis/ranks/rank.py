@@ -15,6 +15,7 @@ from fsdpdoctor.ingest.kineto import RankTrace, load_trace
 from fsdpdoctor.ingest.ledger import trace_ledger
 from fsdpdoctor.analysis.compute import analyze_compute, finish
 from fsdpdoctor.analysis.efficiency import analyze_efficiency
+from fsdpdoctor.analysis.framework import python_frames
 from fsdpdoctor.analysis import intervals as iv
 from fsdpdoctor.analysis.comms import (
     Collective,
@@ -192,6 +193,7 @@ def _read_rank(rt: RankTrace, order_index: int) -> tuple[RankFacts, WhatIfPlan |
         ops_recorded_pct=ops_recorded_pct(rt),
         ledger=ledger,
         loader=analyze_loader(rt, info.steps, gpu_present),
+        python=python_frames(rt.python_frames),
     )
     return facts, plan
 
