@@ -2,7 +2,7 @@
 mixed precision, a fused optimizer…) becomes the code that user would write, for the framework
 that drove the run (``facts.framework``, :mod:`fsdpdoctor.analysis.framework`): HF Transformers'
 ``TrainingArguments`` / ``gradient_checkpointing_enable()``, Lightning's ``Trainer`` /
-``FSDPStrategy``, Accelerate's ``FullyShardedDataParallelPlugin``, torchtitan's TOML keys. Plain
+``FSDPStrategy``, Accelerate's ``FullyShardedDataParallelPlugin``, torchtitan's config keys (0.3's command line and config function, 0.2's TOML). Plain
 PyTorch keeps the rule's own FSDP1 / FSDP2 / DDP snippet, with the model's blocks named as the
 run names them (:func:`name_blocks`). Reads RunFacts only.
 """
@@ -185,27 +185,52 @@ def _lightning(facts: RunFacts, lever: str, dtype: str) -> str | None:
     return None
 
 
+#: torchtitan 0.3 builds the job from a Python config function (``--module llama3 --config
+#: llama3_8b``: ``torchtitan/models/<model>/config_registry.py``) overridden on the command line
+#: (tyro: ``--section.key value``, booleans ``--section.key`` / ``--section.no-key``); up to 0.2 the
+#: same sections and keys were a TOML file (``--job.config_file``). Names read from torchtitan
+#: 0.3.0: ``config/configs.py`` (TrainingConfig, ParallelismConfig, CompileConfig),
+#: ``components/optimizer/optimizer.py`` (``implementation``), ``distributed/activation_checkpoint.py``
+#: (``FullAC`` / ``SelectiveAC`` / ``MemoryBudgetAC``, tyro subcommands full / selective /
+#: memory-budget / none; SelectiveAC is the default).
+_TT_SCALAR = {
+    "mixed_precision": ("training", "mixed_precision_param", '"bfloat16"', "bfloat16"),
+    "compile": ("compile", "enable", "true", None),
+    "fused_optimizer": ("optimizer", "implementation", '"fused"', "fused"),
+    "reshard_after_forward": ("parallelism", "fsdp_reshard_after_forward", '"always"', "always"),
+}
+_TT_AC = {
+    "activation_checkpointing": ("FullAC", "full", '"full"'),
+    "activation_checkpointing_less": ("SelectiveAC", "selective", '"selective"'),
+}
+
+
 def _torchtitan(facts: RunFacts, lever: str) -> str | None:
-    if lever == "activation_checkpointing_less":
+    if lever in _TT_SCALAR:
+        section, key, toml, value = _TT_SCALAR[lever]
+        flag = f"--{section}.{key.replace('_', '-')}" + (f" {value}" if value else "")
+        extra = '\ncomponents = ["model", "loss"]' if lever == "compile" else ""
         return (
-            '# the job\'s TOML config; the saving above is mode = "none", where the peak fits without it\n'
-            "[activation_checkpoint]\n"
-            'mode = "selective"\n'
-            'selective_ac_option = "op"   # keep matmul outputs, recompute the cheap ops; "2": every 2nd block\n'
+            f"# torchtitan >= 0.3: on the command line (or in your config function)\n"
+            f"torchrun ... -m torchtitan.train --module <model> --config <config> {flag}\n"
+            f"# torchtitan <= 0.2: the job's TOML file\n"
+            f"[{section}]\n{key} = {toml}{extra}\n"
         )
-    if lever == "activation_checkpointing":
-        return '# the job\'s TOML config\n[activation_checkpoint]\nmode = "full"   # or "selective"\n'
-    if lever == "mixed_precision":
+    if lever in _TT_AC:
+        cls, sub, mode = _TT_AC[lever]
+        head = (
+            "# the saving above is no checkpointing (activation-checkpoint:none), where the peak fits\n"
+            "# without it; selective (keep matmul outputs, recompute the cheap ops) is the middle way\n"
+            if lever == "activation_checkpointing_less"
+            else ""
+        )
         return (
-            '# the job\'s TOML config\n[training]\nmixed_precision_param = "bfloat16"\n'
-            'mixed_precision_reduce = "float32"\n'
+            f"{head}# torchtitan >= 0.3: in your config function (torchtitan/models/<model>/config_registry.py)\n"
+            f"from torchtitan.distributed.activation_checkpoint import {cls}\n"
+            f"activation_checkpoint={cls}.Config(),   # command line: activation-checkpoint:{sub}\n"
+            "# torchtitan <= 0.2: the job's TOML file\n"
+            f"[activation_checkpoint]\nmode = {mode}\n"
         )
-    if lever == "compile":
-        return '# the job\'s TOML config\n[compile]\nenable = true\ncomponents = ["model", "loss"]\n'
-    if lever == "fused_optimizer":
-        return '# the job\'s TOML config\n[optimizer]\nimplementation = "fused"\n'
-    if lever == "reshard_after_forward":
-        return '# the job\'s TOML config\n[parallelism]\nfsdp_reshard_after_forward = "always"\n'
     return None
 
 

@@ -49,22 +49,30 @@ def _ac_code(facts) -> str:
     return "\n".join(_idiom().idiom_fix(facts, "activation_checkpointing", {"any": AC_TEMPLATE}).values())
 
 
-def test_torchtitan_dump_folder_gets_toml_keys():
-    """The folder torchtitan 0.3.0 wrote (its README) is torchtitan's: fixes are its TOML keys."""
+def test_torchtitan_dump_folder_gets_torchtitan_config():
+    """The folder torchtitan 0.3.0 wrote (its README) is torchtitan's: fixes are its own config,
+    0.3's command line (the flags fixtures/record_torchtitan.py itself passed to torchtitan
+    0.3.0, so known to parse) and 0.2's TOML keys."""
+    from fixtures.record_torchtitan import TORCHTITAN_ARGS
+
     rep = fsdpdoctor.analyze(RECORDED / "torchtitan-cpu-debugmodel", jobs=1)
     fw = rep.facts.framework
     assert fw.name == "torchtitan" and fw.trainer == "torchtitan.train"
     assert any("torchtitan dump folder" in e for e in fw.evidence)
-    assert _ac_code(rep.facts).startswith("# the job's TOML config\n[activation_checkpoint]\nmode = ")
+    ac = _ac_code(rep.facts)
+    assert "activation_checkpoint=FullAC.Config()" in ac and '[activation_checkpoint]\nmode = "full"' in ac
     mp = _idiom().render(rep.facts, "mixed_precision")
+    assert "--training.mixed-precision-param" in TORCHTITAN_ARGS
+    assert "--training.mixed-precision-param bfloat16" in mp
     assert '[training]\nmixed_precision_param = "bfloat16"' in mp
-    assert "[compile]\nenable = true" in _idiom().render(rep.facts, "compile")
-    # the run's fp32 collectives finding (FSD011) is written in TOML, not fully_shard code
+    assert "--compile.no-enable" in TORCHTITAN_ARGS  # tyro's boolean pair: --compile.enable turns it on
+    assert "--compile.enable" in _idiom().render(rep.facts, "compile")
+    # the run's fp32 collectives finding (FSD011) is written in torchtitan's config, not fully_shard code
     f = next(x for x in rep.findings if x.slug == "no-mixed-precision-collectives")
-    assert set(f.fix) == {"torchtitan"} and "mixed_precision_param" in f.fix["torchtitan"]
-    # the debugmodel's selective checkpointing recomputes (FSD019): recompute less, in TOML
+    assert set(f.fix) == {"torchtitan"} and "mixed-precision-param" in f.fix["torchtitan"]
+    # the debugmodel's selective checkpointing recomputes (FSD019): recompute less
     f = next(x for x in rep.findings if x.slug == "activation-recompute")
-    assert set(f.fix) == {"torchtitan"} and 'selective_ac_option = "op"' in f.fix["torchtitan"]
+    assert set(f.fix) == {"torchtitan"} and "SelectiveAC.Config()" in f.fix["torchtitan"]
 
 
 @pytest.mark.parametrize("variant,container", [("per-block", "layers"), ("fsdp1", "layers"), ("ddp", None)])
