@@ -303,7 +303,14 @@ def set_range(f: Finding, facts: RunFacts, fix: str | None, clock: str = "gpu") 
         )
     device = next((r.device_name for r in facts.rank_facts if r.device_name), None)
     r = saving_range(
-        f.saving_kind or f.slug, est, lo, hi, device=device, family=run_family(facts), assumptions="; ".join(said)
+        f.saving_kind or f.slug,
+        est,
+        lo,
+        hi,
+        device=device,
+        family=run_family(facts),
+        assumptions="; ".join(said),
+        step_ms=facts.step_clock_ms,
     )
     bound, _ = saving_bound(facts, clock)
     ceiling = min(x for x in (bound, f.saving_ceiling_ms) if x is not None) if (bound or f.saving_ceiling_ms) else None

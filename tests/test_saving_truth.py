@@ -142,3 +142,26 @@ def test_jitter_saving_is_the_mean_step_above_the_median(run):
     assert lo == pytest.approx((max(times) - statistics.median(times)) / len(times), rel=0.05)
     assert hi == pytest.approx(statistics.fmean(times) - min(times), rel=0.05)
     assert "the step without its stalls is the median" in f.saving_range_basis
+
+
+def test_every_rule_with_a_saving_is_listed_for_the_inflation_check():
+    """benchmarks/inflate_rules.py inflates each rule's estimate by 25% and runs the tests listed
+    for it: every rule that can emit est_saving_ms is listed (with its tests, or why it has none),
+    and every listed test exists."""
+    import importlib.util
+    import re
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[1]
+    spec = importlib.util.spec_from_file_location("inflate_rules", repo / "benchmarks" / "inflate_rules.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    codes = mod.rules_with_savings()
+    assert {"FSD004", "FSD013", "FSD015"} <= set(codes)
+    assert set(codes) == set(mod.TRUTH)
+    for code in codes:
+        assert mod.TRUTH[code] or mod.MISSING.get(code), code
+        for node in mod.TRUTH[code]:
+            path, name = node.split("::", 1)
+            func = re.sub(r"\[.*\]$", "", name)
+            assert re.search(rf"^def {func}\(", (repo / path).read_text(), re.M), node

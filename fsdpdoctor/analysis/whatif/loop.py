@@ -156,18 +156,24 @@ def replay(
     return S, E, _slower(clocks), clocks, marks
 
 
-def steady_steps(g: Graph, E, marks: np.ndarray) -> np.ndarray:
-    """The steps of a replay that the backlog does not hold back (bool per step).
+def steady_steps(g: Graph, E, marks: np.ndarray, fix: Fix | None = None) -> np.ndarray:
+    """The steps of a replay with ``fix`` that the backlog does not hold back (bool per step).
 
     The backlog is the warm-up steps' GPU work, still running when the window opens and written
-    without its launches: a fix cannot be applied to it, so in a changed replay it drains as slowly
-    as measured, and the steps whose CPU starts before it has drained (their launches wait for
-    room in a queue it fills) run the unchanged run's pace, not the fixed one's. Those steps are
-    left out of a saving (all steps where none would be left, or there is no backlog)."""
+    without its launches. A fix that only scales kernels reaches it (:func:`replay` scales the
+    backlog's kernels as their namesakes'); one that moves launches, cuts CPU time or drops waits
+    cannot, so in its replay the backlog drains as slowly as measured, and the steps whose CPU
+    starts before it has drained (their launches wait for room in a queue it fills) run the
+    unchanged run's pace, not the fixed one's. Those steps are left out of such a fix's saving
+    (all steps where none would be left, or there is no backlog)."""
     ns = len(g.steps)
     keep = np.ones(ns, dtype=bool)
     n = g.backlog.size
     if ns < 2 or not g.backlog.any():
+        return keep
+    if fix is not None and not (
+        fix.move or fix.drop_deps or fix.cpu_cuts or fix.cpu_adds or fix.free_syncs or fix.drop_inferred
+    ):
         return keep
     drained = float(np.asarray(E[:n], dtype=np.float64)[g.backlog].max())
     keep = np.asarray(marks[0::2], dtype=np.float64)[:ns] >= drained

@@ -144,7 +144,7 @@ def run_whatif(plan: WhatIfPlan) -> WhatIfFacts:
         g2, fx = fx if isinstance(fx, tuple) else (g, fx)
         due -= 1
         S2, E2, _, clocks2, marks2 = replay(g2, fx, due)
-        step, saving = _saving(g2, base_clocks, clocks2, E2, marks2)
+        step, saving = _saving(g2, base_clocks, clocks2, E2, marks2, fx)
         out.step_ms[name] = step
         out.saving_ms[name] = saving
         out.exposed_rs_ms[name] = _exposed_rs_ms(g2, S2, E2)
@@ -155,10 +155,13 @@ def run_whatif(plan: WhatIfPlan) -> WhatIfFacts:
     return out
 
 
-def _saving(g: Graph, base_clocks: np.ndarray, clocks: np.ndarray, E, marks: np.ndarray) -> tuple[float, float]:
-    """(the fixed replay's step, its saving) in ms, on the steps the unchanged backlog does not
-    hold back (:func:`.loop.steady_steps`), the slower clock of the same steps in both replays."""
-    keep = steady_steps(g, E, marks)
+def _saving(
+    g: Graph, base_clocks: np.ndarray, clocks: np.ndarray, E, marks: np.ndarray, fx: Fix
+) -> tuple[float, float]:
+    """(the replay with ``fx``'s step, its saving) in ms, on the steps the backlog the fix cannot
+    reach does not hold back (:func:`.loop.steady_steps`), the slower clock of the same steps in
+    both replays."""
+    keep = steady_steps(g, E, marks, fx)
     t = _slower(clocks[:, keep])
     return float(t.mean()), float(max(_slower(base_clocks[:, keep]).mean() - t.mean(), 0.0))
 
@@ -177,7 +180,7 @@ def _assumptions(plan: WhatIfPlan, out: WhatIfFacts, base_clocks: np.ndarray) ->
     for name, what, _end, fx in todo:
         _, E, _, clocks, marks = replay(plan.g, fx, due)
         due -= 1
-        spans.setdefault(name, {}).setdefault(what, []).append(_saving(plan.g, base_clocks, clocks, E, marks)[1])
+        spans.setdefault(name, {}).setdefault(what, []).append(_saving(plan.g, base_clocks, clocks, E, marks, fx)[1])
     for name, by_what in spans.items():
         est = out.saving_ms[name]
         lo, hi, said = est, est, []
@@ -220,7 +223,7 @@ def _sensitivity(plan: WhatIfPlan, out: WhatIfFacts) -> None:
         g2, fx = fx if isinstance(fx, tuple) else (g, fx)
         due -= 1
         _, E, _, clocks, marks = replay(g2, fx, due, blind=True)
-        blind = _saving(g2, base, clocks, E, marks)[1]
+        blind = _saving(g2, base, clocks, E, marks, fx)[1]
         out.sensitivity_ms[name] = abs(out.saving_ms[name] - blind)
 
 
