@@ -75,6 +75,10 @@ class Finding:
     # the part of the step the fix acts on (ms per step): no saving exceeds it ("at most X ms");
     # a rule sets it where it knows the part, else the clock its fix shortens bounds it
     saving_ceiling_ms: float | None = None
+    # a rule's own estimate (no replay): its span [low, high] over the assumptions its formula
+    # makes (ms per step) and those assumptions, stated: the range's width where no replay varies them
+    saving_span_ms: list[float] | None = None
+    saving_assumptions: str = ""
 
 
 def load_rules() -> tuple[RuleMeta, ...]:
@@ -290,10 +294,23 @@ def set_range(f: Finding, facts: RunFacts, fix: str | None, clock: str = "gpu") 
             lo, hi = lo - sens, hi + sens
             said.append(f"± {sens:.2f} ms without the waits the trace does not explain")
     elif f.saving_basis != "replay":
-        said.append("a rule's estimate from measured figures: no assumption replayed")
+        if f.saving_span_ms is not None:
+            lo, hi = min(lo, f.saving_span_ms[0]), max(hi, f.saving_span_ms[1])
+        said.append(
+            f"a rule's estimate from measured figures: {f.saving_assumptions}"
+            if f.saving_assumptions
+            else "a rule's estimate from measured figures: no assumption varied"
+        )
     device = next((r.device_name for r in facts.rank_facts if r.device_name), None)
     r = saving_range(
-        f.saving_kind or f.slug, est, lo, hi, device=device, family=run_family(facts), assumptions="; ".join(said)
+        f.saving_kind or f.slug,
+        est,
+        lo,
+        hi,
+        device=device,
+        family=run_family(facts),
+        assumptions="; ".join(said),
+        step_ms=facts.step_clock_ms,
     )
     bound, _ = saving_bound(facts, clock)
     ceiling = min(x for x in (bound, f.saving_ceiling_ms) if x is not None) if (bound or f.saving_ceiling_ms) else None

@@ -238,6 +238,9 @@ def check(facts, cfg):
     comm = facts.timeline.comm_ms
     # raising overlap to the threshold hides that share of the communication, never more than is exposed
     saving = min(comm * (cfg["min_overlap_pct"] - ov) / 100, exposed) if comm else None
+    # the assumption: overlap raised to the threshold. Its span: half way there (low), every
+    # exposed collective hidden (high)
+    span = [min(comm * (cfg["min_overlap_pct"] - ov) / 200, saving), max(exposed, saving)] if saving else None
     top_kind = max(facts.exposed_comm.by_kind.items(), key=lambda kv: kv[1])[0] if facts.exposed_comm.by_kind else None
     return [
         finding(
@@ -248,5 +251,12 @@ def check(facts, cfg):
             fix=_fix(facts, top_kind),
             confidence=0.5,
             est_saving_ms=saving,
+            saving_span_ms=span,
+            saving_assumptions=(
+                f"overlap raised to {pct(cfg['min_overlap_pct'])} (assumed); half way there or all of the "
+                f"{ms(exposed)} exposed hidden"
+                if span
+                else ""
+            ),
         )
     ]

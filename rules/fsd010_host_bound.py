@@ -118,6 +118,7 @@ def check(facts, cfg):
     evidence += causes
     # what remains idle after the fix: assume 5% of the window
     saving = max(host_idle - 0.05 * t.gpu_window_ms, 0.0)
+    span = [max(host_idle - 0.10 * t.gpu_window_ms, 0.0), host_idle]
     inference = facts.workload == "inference"
     fix = fix_for(facts, training="".join(parts) or FIX_PLAIN, inference=FIX_INFERENCE)
     grow = facts.memory_pressure.batch_headroom if facts.memory_pressure is not None else None
@@ -147,6 +148,8 @@ def check(facts, cfg):
             # the part of the step the fix acts on: the GPU's idle time the CPU causes (never more
             # than the step less the GPU's busy time)
             saving_ceiling_ms=host_idle,
+            saving_span_ms=span,
+            saving_assumptions="the GPU still idle after the fix: 5% of its window (assumed), 0-10%",
         )
     ]
 

@@ -58,6 +58,12 @@ def check(facts, cfg):
         return []
     rank, cv, times = worst
     med = statistics.median(times)
+    mean = statistics.fmean(times)
+    est = max(mean - med, 0.0)
+    # the assumption: the stall-free step is the median. Its span: only the one slowest step's
+    # stall removed (the low end), every step as fast as the fastest (the high end)
+    low = min(max((max(times) - med) / len(times), 0.0), est)
+    high = max(mean - min(times), est)
     return [
         finding(
             __name__,
@@ -68,7 +74,12 @@ def check(facts, cfg):
             cause="an intermittent stall: data loading, garbage collection, checkpointing or recompilation",
             fix=fix_for(facts, training=FIX, inference=FIX_INFERENCE),
             confidence=0.5,
-            est_saving_ms=max(statistics.fmean(times) - med, 0.0),
+            est_saving_ms=est,
+            saving_span_ms=[low, high],
+            saving_assumptions=(
+                f"the step without its stalls is the median ({ms(med)}; assumed), the fastest step "
+                f"({ms(min(times))}: {ms(high)} saved) or all but the slowest step's stall left ({ms(low)} saved)"
+            ),
             where={"rank": rank},
         )
     ]

@@ -98,3 +98,42 @@ def pytest_sessionstart(session):
     # Tests parametrized over the shared files collect nothing (rather than skip) without them.
     if REQUIRE_SHARED and not (PUBLIC_TRACES.is_dir() and PUBLIC_SNAPSHOTS.is_dir()):
         raise pytest.UsageError(f"FSDPDOCTOR_REQUIRE_SHARED=1 but {SHARED} has no traces/public and snapshots/public")
+
+
+#: ``FSDPDOCTOR_TEST_INFLATE=FSD007`` (or ``FSD007:1.25``): every finding of that rule leaves its
+#: check with its estimated saving (and its ceiling, the part of the step the fix acts on)
+#: multiplied by the factor (default 1.25), before the engine bounds, ranges and ranks it. Used by
+#: ``benchmarks/inflate_rules.py``: a test with independent truth must then fail (issue #42).
+INFLATE = os.environ.get("FSDPDOCTOR_TEST_INFLATE", "")
+
+
+def _inflate(code: str, factor: float) -> None:
+    import dataclasses
+
+    from fsdpdoctor import engine
+
+    real = engine.load_rules
+
+    def wrap(check):
+        def inflated(facts, cfg):
+            out = check(facts, cfg)
+            for f in out:
+                if f.est_saving_ms is not None:
+                    f.est_saving_ms *= factor
+                if f.saving_ceiling_ms is not None:
+                    f.saving_ceiling_ms *= factor
+                if f.saving_span_ms is not None:
+                    f.saving_span_ms = [x * factor for x in f.saving_span_ms]
+            return out
+
+        return inflated
+
+    def load_rules():
+        return tuple(dataclasses.replace(r, check=wrap(r.check)) if r.code == code else r for r in real())
+
+    engine.load_rules = load_rules
+
+
+if INFLATE:
+    _code, _, _factor = INFLATE.partition(":")
+    _inflate(_code.upper(), float(_factor or 1.25))

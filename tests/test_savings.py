@@ -247,3 +247,34 @@ def test_ranking_by_what_a_user_will_get():
     h = Finding("x", "FSD905", "warning", "x", est_saving_ms=3.0, saving_ceiling_ms=5.0)
     grade(h, Facts(), cfg)
     assert h.severity == "critical"
+
+
+def test_a_formula_estimate_spans_its_own_assumption(shared_traces):
+    """The HTA V100 rank's jitter finding (a rule's formula, no replay) had a zero-width range and
+    outranked the replayed FSD015 on certainty it had not earned. Its range now spans the
+    assumption it makes (the stall-free step: the median; the fastest step, or only the slowest
+    step's stall gone), read here from the raw step spans; the ranking follows the low ends."""
+    import gzip
+    import json
+    import statistics
+
+    path = shared_traces / "hta-ddp-v100-2022" / "test-rank-1.json.gz"
+    rep = fsdpdoctor.analyze(path)
+    f = next(x for x in rep.findings if x.slug == "step-time-jitter")
+    ev = json.loads(gzip.open(path).read())["traceEvents"]
+    steps = sorted(
+        (e["ts"], e["dur"] / 1e3)
+        for e in ev
+        if e.get("ph") == "X" and str(e.get("name", "")).startswith("ProfilerStep#")
+    )
+    times = [d for _, d in steps]
+    med = statistics.median(times)
+    lo, hi = f.saving_range_ms
+    assert lo < f.est_saving_ms < hi
+    assert f.est_saving_ms == pytest.approx(statistics.fmean(times) - med, rel=0.05)
+    assert lo == pytest.approx((max(times) - med) / len(times), rel=0.05)
+    assert hi == pytest.approx(statistics.fmean(times) - min(times), rel=0.05)
+    assert "the step without its stalls is the median" in f.saving_range_basis
+    timed = [x for x in rep.findings if x.est_saving_ms is not None]
+    lows = [x.saving_range_ms[0] for x in timed if x.severity == timed[0].severity]
+    assert lows == sorted(lows, reverse=True)  # none of them rests on a real twin: the low end decides

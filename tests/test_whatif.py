@@ -148,10 +148,21 @@ GPU_BOUND = {"sync_every_step": False, "warmup_steps": 2, "launch_queue_depth": 
 GPU_BOUND_TWINS = tuple(sorted(TWINS))
 
 
-@pytest.mark.parametrize("name", GPU_BOUND_TWINS)
+#: held-out GPU-bound variants of the no-backward-prefetch FSDP2 twin (not tuned on: a 4x slower
+#: link, 6 blocks and another seed). The backlog of the warm-up steps cannot take the fix (its launches
+#: are not in the trace): before the saving was read on the steps it does not hold back, the
+#: variants read 0.85x and 0.86x of the truth, the preset 0.86x
+GPU_BOUND_VARIANTS = {
+    "no-backward-prefetch-fsdp2-slow-link": ("no-backward-prefetch-fsdp2", {"link_bandwidth_gbps": 25.0}),
+    "no-backward-prefetch-fsdp2-6-blocks": ("no-backward-prefetch-fsdp2", {"num_layers": 6, "seed": 3}),
+}
+
+
+@pytest.mark.parametrize("name", GPU_BOUND_TWINS + tuple(sorted(GPU_BOUND_VARIANTS)))
 def test_gpu_bound_twins(name, run):
-    knobs, fix, slug = TWINS[name]
-    cfg = dataclasses.replace(gen.PRESETS[name], **GPU_BOUND)
+    preset, extra = GPU_BOUND_VARIANTS.get(name, (name, {}))
+    knobs, fix, slug = TWINS[preset]
+    cfg = dataclasses.replace(gen.PRESETS[preset], **GPU_BOUND, **extra)
     rep, truth = run(cfg, name + "-gpu-bound")
     _, twin_truth = run(dataclasses.replace(cfg, **knobs), name + "-gpu-bound-twin")
     f = rep.facts

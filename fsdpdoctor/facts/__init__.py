@@ -248,6 +248,7 @@ class FsdpFacts:
             "hooks_off": is_fsdp,
             "hooks_half": is_fsdp,
             "fused_optimizer": self.optimizer_kernels in ("per-parameter", "foreach"),
+            "no_sync": is_fsdp and self.microbatches_per_step >= 2,
         }.get(fix, True)
 
 

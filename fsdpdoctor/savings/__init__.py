@@ -77,11 +77,12 @@ def twins_of(kind: str) -> list[Twin]:
 
 
 def usable_twins(
-    kind: str, device: str | None, family: str, est_ms: float | None = None, exclude: str = ""
+    kind: str, device: str | None, family: str, step_ms: float | None = None, exclude: str = ""
 ) -> list[Twin]:
     """The twins of ``kind`` a range on ``device`` / ``family`` may rest on: the same device class
     and model family, a prediction to compare with, and not the run itself (``exclude`` names a
-    pair; a twin whose prediction equals ``est_ms`` on the same device is this run)."""
+    pair; a twin whose problem run has this run's step clock ``step_ms`` on the same device is
+    this run)."""
     cls = device_class(device)
     out = []
     for t in twins_of(kind):
@@ -89,7 +90,7 @@ def usable_twins(
             continue
         if t.pair == exclude:
             continue
-        if est_ms is not None and t.device == device and abs(t.predicted_ms - est_ms) < 0.005:
+        if step_ms is not None and t.device == device and abs(t.problem_step_ms - step_ms) < 0.005:
             continue  # the twin's own run: never its own basis
         out.append(t)
     return out
@@ -104,14 +105,16 @@ def saving_range(
     family: str = "transformer",
     assumptions: str = "",
     exclude: str = "",
+    step_ms: float | None = None,
 ) -> SavingRange:
     """The range of a saving ``est_ms`` of kind ``kind`` (see the module doc). ``low_ms`` /
     ``high_ms``: the saving's span over the fix's assumptions (this run's own uncertainty,
-    ``assumptions`` says which); ``device`` / ``family``: the run's, for the twins."""
+    ``assumptions`` says which); ``device`` / ``family``: the run's, for the twins; ``step_ms``:
+    the run's step clock (a twin recorded on this very run is left out)."""
     lo = min(est_ms, low_ms if low_ms is not None else est_ms)
     hi = max(est_ms, high_ms if high_ms is not None else est_ms)
     parts = [assumptions] if assumptions else []
-    twins = usable_twins(kind, device, family, est_ms, exclude)
+    twins = usable_twins(kind, device, family, step_ms, exclude)
     if twins:
         errs = [t.measured_ms / t.predicted_ms - 1 for t in twins]
         lo *= 1 + min(min(errs), 0.0)

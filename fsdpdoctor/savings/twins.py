@@ -21,14 +21,31 @@ class Twin:
     measured_ms: float
     why: str = ""  # what the twin showed that the model does not see
     family: str = "transformer"  # the model family (fsdpdoctor.savings.run_family)
+    # the problem run's step clock as the tool reads it (RunFacts.step_clock_ms): which run a
+    # finding is on, so that a twin is never part of its own run's range (leave-one-out)
+    problem_step_ms: float = 0.0
 
 
 TWINS: tuple[Twin, ...] = (
     Twin(
-        "matmul-wrong-engine", "gpu/fsdp2 -> gpu/fsdp2-bf16", "NVIDIA H100 80GB HBM3", 35.116, 37.896, "", "transformer"
+        "matmul-wrong-engine",
+        "gpu/fsdp2 -> gpu/fsdp2-bf16",
+        "NVIDIA H100 80GB HBM3",
+        35.116,
+        37.896,
+        "",
+        "transformer",
+        72.140,
     ),
     Twin(
-        "matmul-wrong-engine", "gpu-h200/fsdp2 -> gpu-h200/fsdp2-bf16", "NVIDIA H200", 35.952, 46.022, "", "transformer"
+        "matmul-wrong-engine",
+        "gpu-h200/fsdp2 -> gpu-h200/fsdp2-bf16",
+        "NVIDIA H200",
+        35.952,
+        46.022,
+        "",
+        "transformer",
+        70.914,
     ),
     Twin(
         "matmul-wrong-engine/tf32",
@@ -38,9 +55,17 @@ TWINS: tuple[Twin, ...] = (
         9.760,
         "the bf16 twin's CPU span is 7.9 ms shorter; the replay moves only the fp32 attention kernels",
         "transformer",
+        34.618,
     ),
     Twin(
-        "activation-recompute", "gpu/fsdp2-ac -> gpu/fsdp2", "NVIDIA H100 80GB HBM3", 14.314, 14.116, "", "transformer"
+        "activation-recompute",
+        "gpu/fsdp2-ac -> gpu/fsdp2",
+        "NVIDIA H100 80GB HBM3",
+        14.314,
+        14.116,
+        "",
+        "transformer",
+        86.256,
     ),
     Twin(
         "activation-recompute",
@@ -50,6 +75,7 @@ TWINS: tuple[Twin, ...] = (
         10.902,
         "",
         "transformer",
+        65.952,
     ),
     Twin(
         "cpu-offload-stall",
@@ -59,6 +85,7 @@ TWINS: tuple[Twin, ...] = (
         539.988,
         "",
         "transformer",
+        612.152,
     ),
     Twin(
         "cpu-offload-stall",
@@ -68,6 +95,7 @@ TWINS: tuple[Twin, ...] = (
         521.205,
         "",
         "transformer",
+        593.373,
     ),
     Twin(
         "pageable-memcpy/cpu-offload",
@@ -77,5 +105,6 @@ TWINS: tuple[Twin, ...] = (
         -18.783,
         "the pinned twin's CPU AdamW step ran 525 vs 333 ms per step (pinned host memory), which the replay does not see",
         "transformer",
+        593.373,
     ),
 )

@@ -70,6 +70,53 @@ def fix_prefetch(g: Graph) -> Fix | None:
     return fx if fx.move else None
 
 
+def fix_no_sync(g: Graph) -> Fix | None:
+    """Gradient sync on the last micro-batch only (FSDP2 ``set_requires_gradient_sync(False)`` /
+    FSDP1 ``no_sync()`` on the others): the reduce-scatters of every micro-batch of a step but
+    its last, and the copies launched just before each (FSDP's chunk-cat of the gradients), are
+    dropped."""
+    fx = Fix("no_sync")
+    order = np.argsort(g.key, kind="stable")
+    pos = np.empty_like(order)
+    pos[order] = np.arange(order.size)
+    comp_stream = _compute_stream(g)
+    last: dict[int, int] = {}
+    for c in g.colls:
+        if c.step >= 0:
+            last[c.step] = max(last.get(c.step, -1), c.microbatch)
+    n = 0
+    for i in np.flatnonzero(g.coll >= 0).tolist():
+        c = g.colls[int(g.coll[i])]
+        if c.kind != "reduce_scatter" or c.step < 0 or c.microbatch < 0 or c.microbatch >= last.get(c.step, -1):
+            continue
+        drop = [i, *_pre_ops(g, i, order, pos, comp_stream)]
+        # FSDP's reduce: the gradients' chunk-cat on the compute stream just before it, the cast
+        # of its output after it on its own stream (up to the next collective there)
+        p = int(pos[i]) - 1
+        while p >= 0 and g.step[int(order[p])] == g.step[i] and not g.comm[int(order[p])]:
+            j = int(order[p])
+            if g.stream[j] == comp_stream:
+                if "chunk_cat" in g.names[j]:
+                    drop.append(j)
+                break
+            p -= 1
+        p = int(pos[i]) + 1
+        while p < order.size and g.step[int(order[p])] == g.step[i] and not g.comm[int(order[p])]:
+            j = int(order[p])
+            if g.stream[j] == g.stream[i]:
+                drop.append(j)
+            elif g.stream[j] == comp_stream:
+                break
+            p += 1
+        for j in drop:
+            fx.scale[j] = 0.0
+        n += 1
+    if not n:
+        return None
+    fx.note = f"{n / max(len(g.steps), 1):g} reduce-scatters a step dropped (every micro-batch's but the last)"
+    return fx
+
+
 def _in_ranges(t: float, ranges: list[tuple[float, float]]) -> bool:
     return any(a <= t < b for a, b in ranges)
 
@@ -691,6 +738,7 @@ FIXES = {
     "hooks_off": fix_hooks_off,
     "hooks_half": fix_hooks_half,
     "fused_optimizer": fix_fused_optimizer,
+    "no_sync": fix_no_sync,
 }
 
 #: each fix's stated assumptions: (what is assumed, the keyword arguments of its transformation

@@ -51,9 +51,10 @@ def _step_clocks(g: Graph, marks: np.ndarray, E: np.ndarray) -> np.ndarray:
 
 def replay(
     g: Graph, fix: Fix | None = None, replays: int = 1, blind: bool = False
-) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """Replayed (start, end) of every op, the step times (ms) of ``g.steps`` and both step clocks
-    they come from (rows: CPU intervals, completion intervals; see :func:`_step_clocks`).
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Replayed (start, end) of every op, the step times (ms) of ``g.steps``, both step clocks
+    they come from (rows: CPU intervals, completion intervals; see :func:`_step_clocks`) and the
+    steps' replayed CPU (start, end) marks (µs, flat).
 
     The arrays are prepared here with numpy; the event loop, a list schedule that does not
     vectorize (each start depends on ends just computed), runs compiled once the work is worth
@@ -150,8 +151,33 @@ def replay(
         S, E, marks = _compiled_loop()(*args)
     else:  # little work so far: the same loop in Python over lists costs less than loading numba
         S, E, marks = _replay_loop(*[a.tolist() if isinstance(a, np.ndarray) else a for a in args])
-    clocks = _step_clocks(g, np.asarray(marks, dtype=np.float64), np.asarray(E, dtype=np.float64))
-    return S, E, _slower(clocks), clocks
+    marks = np.asarray(marks, dtype=np.float64)
+    clocks = _step_clocks(g, marks, np.asarray(E, dtype=np.float64))
+    return S, E, _slower(clocks), clocks, marks
+
+
+def steady_steps(g: Graph, E, marks: np.ndarray, fix: Fix | None = None) -> np.ndarray:
+    """The steps of a replay with ``fix`` that the backlog does not hold back (bool per step).
+
+    The backlog is the warm-up steps' GPU work, still running when the window opens and written
+    without its launches. A fix that only scales kernels reaches it (:func:`replay` scales the
+    backlog's kernels as their namesakes'); one that moves launches, cuts CPU time or drops waits
+    cannot, so in its replay the backlog drains as slowly as measured, and the steps whose CPU
+    starts before it has drained (their launches wait for room in a queue it fills) run the
+    unchanged run's pace, not the fixed one's. Those steps are left out of such a fix's saving
+    (all steps where none would be left, or there is no backlog)."""
+    ns = len(g.steps)
+    keep = np.ones(ns, dtype=bool)
+    n = g.backlog.size
+    if ns < 2 or not g.backlog.any():
+        return keep
+    if fix is not None and not (
+        fix.move or fix.drop_deps or fix.cpu_cuts or fix.cpu_adds or fix.free_syncs or fix.drop_inferred
+    ):
+        return keep
+    drained = float(np.asarray(E[:n], dtype=np.float64)[g.backlog].max())
+    keep = np.asarray(marks[0::2], dtype=np.float64)[:ns] >= drained
+    return keep if keep.any() else np.ones(ns, dtype=bool)
 
 
 #: loop events (ops, blocking calls, step marks) replayed in a process, those due for this rank

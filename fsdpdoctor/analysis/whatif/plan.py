@@ -24,7 +24,7 @@ from fsdpdoctor.analysis.whatif.fixes import (
     latency_share,
 )
 from fsdpdoctor.analysis.whatif.graph import Fix, Graph, build_graph
-from fsdpdoctor.analysis.whatif.loop import _slower, measured_clocks_ms, replay
+from fsdpdoctor.analysis.whatif.loop import _slower, measured_clocks_ms, replay, steady_steps
 
 
 def _exposed_rs_ms(g: Graph, S: np.ndarray, E: np.ndarray) -> float:
@@ -123,7 +123,7 @@ def run_whatif(plan: WhatIfPlan) -> WhatIfFacts:
     clocks = measured_clocks_ms(g)
     measured = _slower(clocks)
     due = 1 + sum(fx is not None for _, fx in plan.fixes)  # replays of this rank still to run
-    S, E, base, base_clocks = replay(g, replays=due)
+    S, E, base, base_clocks, _ = replay(g, replays=due)
     out = WhatIfFacts(
         measured_step_ms=float(measured.mean()),
         replayed_step_ms=float(base.mean()),
@@ -143,18 +143,30 @@ def run_whatif(plan: WhatIfPlan) -> WhatIfFacts:
             continue
         g2, fx = fx if isinstance(fx, tuple) else (g, fx)
         due -= 1
-        S2, E2, t, _ = replay(g2, fx, due)
-        out.step_ms[name] = float(t.mean())
-        out.saving_ms[name] = float(max(base.mean() - t.mean(), 0.0))
+        S2, E2, _, clocks2, marks2 = replay(g2, fx, due)
+        step, saving = _saving(g2, base_clocks, clocks2, E2, marks2, fx)
+        out.step_ms[name] = step
+        out.saving_ms[name] = saving
         out.exposed_rs_ms[name] = _exposed_rs_ms(g2, S2, E2)
         if fx.note:
             out.evidence[name] = fx.note
     _sensitivity(plan, out)
-    _assumptions(plan, out, base)
+    _assumptions(plan, out, base_clocks)
     return out
 
 
-def _assumptions(plan: WhatIfPlan, out: WhatIfFacts, base: np.ndarray) -> None:
+def _saving(
+    g: Graph, base_clocks: np.ndarray, clocks: np.ndarray, E, marks: np.ndarray, fx: Fix
+) -> tuple[float, float]:
+    """(the replay with ``fx``'s step, its saving) in ms, on the steps the backlog the fix cannot
+    reach does not hold back (:func:`.loop.steady_steps`), the slower clock of the same steps in
+    both replays."""
+    keep = steady_steps(g, E, marks, fx)
+    t = _slower(clocks[:, keep])
+    return float(t.mean()), float(max(_slower(base_clocks[:, keep]).mean() - t.mean(), 0.0))
+
+
+def _assumptions(plan: WhatIfPlan, out: WhatIfFacts, base_clocks: np.ndarray) -> None:
     """Each material fix replayed at both ends of each of its stated assumptions
     (:data:`.fixes.ASSUMPTIONS`): ``assumption_ms[fix]`` = [lowest, highest] saving (the fix's
     own saving included), ``assumptions[fix]`` = each assumption that moved it, with its span."""
@@ -166,9 +178,9 @@ def _assumptions(plan: WhatIfPlan, out: WhatIfFacts, base: np.ndarray) -> None:
     due = len(todo)
     spans: dict[str, dict[str, list[float]]] = {}
     for name, what, _end, fx in todo:
-        S, E, t, _ = replay(plan.g, fx, due)
+        _, E, _, clocks, marks = replay(plan.g, fx, due)
         due -= 1
-        spans.setdefault(name, {}).setdefault(what, []).append(float(max(base.mean() - t.mean(), 0.0)))
+        spans.setdefault(name, {}).setdefault(what, []).append(_saving(plan.g, base_clocks, clocks, E, marks, fx)[1])
     for name, by_what in spans.items():
         est = out.saving_ms[name]
         lo, hi, said = est, est, []
@@ -206,11 +218,12 @@ def _sensitivity(plan: WhatIfPlan, out: WhatIfFacts) -> None:
     if not todo:
         return
     due = 1 + len(todo)
-    base = float(replay(g, replays=due, blind=True)[2].mean())
+    base = replay(g, replays=due, blind=True)[3]
     for name, fx in todo:
         g2, fx = fx if isinstance(fx, tuple) else (g, fx)
         due -= 1
-        blind = max(base - float(replay(g2, fx, due, blind=True)[2].mean()), 0.0)
+        _, E, _, clocks, marks = replay(g2, fx, due, blind=True)
+        blind = _saving(g2, base, clocks, E, marks, fx)[1]
         out.sensitivity_ms[name] = abs(out.saving_ms[name] - blind)
 
 
