@@ -133,10 +133,14 @@ def stage(fn, key, top=True):
                 add(key, time.perf_counter() - w, time.process_time() - c)
     return wrapper
 
+import importlib
 import fsdpdoctor.api as api
-import fsdpdoctor.analysis.ranks.rank as rank
 import fsdpdoctor.ingest.blocks as blocks
 import fsdpdoctor.engine  # noqa: F401
+try:  # the package layout since #44 item 3; a checkout from before it has analysis/rank.py, cli.py
+    rank = importlib.import_module("fsdpdoctor.analysis.ranks.rank")
+except ImportError:
+    rank = importlib.import_module("fsdpdoctor.analysis.rank")
 from fsdpdoctor.cli import main
 
 out["startup"] = {"wall": time.perf_counter() - T0w, "cpu": time.process_time() - T0c, "peak": hwm_mb(), "rss": rss_mb()}
