@@ -63,7 +63,8 @@ class Graph:
 
 @dataclass
 class Fix:
-    """One transformation: what to change before the replay."""
+    """One transformation: what to change before the replay. Built as dicts, sets and lists (or
+    arrays of the same), kept as arrays once built (:func:`compact`); the replay reads either."""
 
     name: str
     move: dict[int, float] = field(default_factory=dict)  # op -> new CPU key (launch moves with it)

@@ -110,11 +110,7 @@ def replay(
     if moved.size:  # a moved op's unseen wait is not carried along
         g_wait[moved] = 0.0
     dep_ptr, dep_op, dep_gap = _deps_csr(g, fix.drop_deps, blind, fix.drop_inferred)
-    free = (
-        np.isin(sy["row"], op_array(fix.free_syncs))
-        if len(fix.free_syncs)
-        else np.zeros(sy["row"].size, dtype=bool)
-    )
+    free = np.isin(sy["row"], op_array(fix.free_syncs)) if len(fix.free_syncs) else np.zeros(sy["row"].size, dtype=bool)
     _, stream_ix = np.unique(g.stream, return_inverse=True)
     args = (
         kinds_a[order],
