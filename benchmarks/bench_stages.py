@@ -308,8 +308,8 @@ def markdown(args, size, sides, e2e, st, bare) -> str:
     bc, bcm = summarise(bare, "cpu")
     load = os.getloadavg()[0]
     rows = [
-        f"{size / 1e6:.0f} MB `.json` ({args.source.name if args.file.parent.name.startswith('fsdpdoctor-') else args.file.name}"
-        f" scaled up), min / median of {args.repeat} runs, the checkouts alternating; {gen_machine()}, "
+        f"{size / 1e6:.0f} MB `.json` (`{_shown(args.source) if args.file.parent.name.startswith('fsdpdoctor-') else args.file.name}`"
+        f" scaled up by `gen_traces.py`), min / median of {args.repeat} runs, the checkouts alternating; {gen_machine()}, "
         f"load average {load:.1f} when done. Bare typed decode: the file read whole and decoded by one "
         "msgspec call into fsdpdoctor's typed `Event` structs (every field `analyze` reads), nothing else; "
         "`analyze`: the CLI end to end, its block decoding in worker processes (their CPU counted).",
@@ -353,6 +353,14 @@ def markdown(args, size, sides, e2e, st, bare) -> str:
         cells += [f"{tw:.2f} / {tc:.2f}", f"{tp:.0f}"]
     rows.append("| **total** | " + " | ".join(cells) + " |")
     return "\n".join(rows)
+
+
+def _shown(path: Path) -> str:
+    """``path`` relative to the repository where it is inside it."""
+    try:
+        return str(path.resolve().relative_to(REPO))
+    except ValueError:
+        return str(path)
 
 
 def gen_machine() -> str:

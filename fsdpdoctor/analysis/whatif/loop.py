@@ -205,29 +205,44 @@ def _sync_arrays(g: Graph) -> dict[str, np.ndarray]:
     return out
 
 
+def _deps_flat(g: Graph) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """``g.deps`` flattened in its order, once per graph (every replay of a plan reads it): each
+    edge's op, awaited op and gap, and its place from the end of its op's list (0: the last)."""
+    cached = getattr(g, "_deps_flat_cache", None)
+    if cached is None:
+        deps = g.deps
+        sizes = np.fromiter(map(len, deps.values()), dtype=np.int64, count=len(deps))
+        owner = np.repeat(np.fromiter(deps.keys(), dtype=np.int64, count=len(deps)), sizes)
+        op = np.fromiter((a for dl in deps.values() for a, _ in dl), dtype=np.int64, count=owner.size)
+        gap = np.fromiter((x for dl in deps.values() for _, x in dl), dtype=np.float64, count=owner.size)
+        ends = np.cumsum(sizes)
+        from_end = np.repeat(ends, sizes) - 1 - np.arange(owner.size)
+        cached = g._deps_flat_cache = (owner, op, gap, from_end)  # type: ignore[attr-defined]
+    return cached
+
+
 def _deps_csr(
     g: Graph, drop: set[int] | np.ndarray, blind: bool = False, drop_inferred: set[int] | np.ndarray | None = None
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """The cross-stream edges as CSR arrays (ptr per op, awaited op, gap), without ``drop``'s
     (and, ``blind``, without the inferred ones; else without those of ``drop_inferred``)."""
     n = g.start.size
-    deps = g.deps
+    owner, op, gap, from_end = _deps_flat(g)
     if blind:
-        gone = g.inferred
+        gone = np.asarray(g.inferred, dtype=np.int64)
     elif drop_inferred is not None and len(drop_inferred) and g.inferred:
         inf = np.asarray(g.inferred, dtype=np.int64)
-        gone = inf[np.isin(inf, op_array(drop_inferred))].tolist()
+        gone = inf[np.isin(inf, op_array(drop_inferred))]
     else:
-        gone = []
-    if gone:
-        deps = dict(deps)
-        for i in gone:
-            deps[i] = deps[i][:-1]
-    owner = np.fromiter((i for i, dl in deps.items() for _ in dl), dtype=np.int64)
-    op = np.fromiter((a for dl in deps.values() for a, _ in dl), dtype=np.int64, count=owner.size)
-    gap = np.fromiter((x for dl in deps.values() for _, x in dl), dtype=np.float64, count=owner.size)
+        gone = np.zeros(0, dtype=np.int64)
+    keep = None
+    if gone.size:  # each op of ``gone`` loses its last edge (once per time it is named)
+        times = np.bincount(gone, minlength=n)
+        keep = from_end >= times[owner]
     if len(drop):
-        keep = ~np.isin(owner, op_array(drop))
+        k = ~np.isin(owner, op_array(drop))
+        keep = k if keep is None else keep & k
+    if keep is not None:
         owner, op, gap = owner[keep], op[keep], gap[keep]
     srt = np.argsort(owner, kind="stable")
     ptr = np.zeros(n + 1, dtype=np.int64)
