@@ -11,7 +11,7 @@ from fsdpdoctor.analysis import intervals as iv
 from fsdpdoctor.analysis.comms import Collective
 from fsdpdoctor.analysis.layers import RepeatedBlocks
 from fsdpdoctor.analysis.steps import StepWindow
-from fsdpdoctor.analysis.whatif.graph import CAP_DEP_US, Fix, Graph
+from fsdpdoctor.analysis.whatif.graph import CAP_DEP_US, Fix, Graph, Packed
 
 
 def _backward_all_gathers(g: Graph) -> list[list[int]]:
@@ -410,7 +410,7 @@ def fix_hooks_off(g: Graph) -> Fix | None:
     """Every FSDP hook's CPU time removed (:func:`_hook_cuts`): no fix a user can apply does this;
     it is the ceiling of what fewer hooks can save (the part of the step the hooks hold)."""
     cut = _hook_cuts(g)
-    return Fix("hooks_off", cpu_cuts=cut[0], drop_inferred=cut[1]) if cut else None
+    return Fix("hooks_off", cpu_cuts=Packed(cut[0]), drop_inferred=Packed(cut[1])) if cut else None
 
 
 #: the share of the hooks' CPU time that two blocks per unit keep: half the units, each merged
@@ -431,7 +431,9 @@ def fix_hooks_half(g: Graph, kept: float = HOOKS_KEPT) -> Fix | None:
     a, b = cut[0][:, 0], cut[0][:, 1]
     keep = b > a
     a, b = a[keep], b[keep]
-    fx = Fix("hooks_half", cpu_cuts=np.column_stack((a, a + (1.0 - kept) * (b - a))), drop_inferred=cut[1])
+    fx = Fix(
+        "hooks_half", cpu_cuts=Packed(np.column_stack((a, a + (1.0 - kept) * (b - a)))), drop_inferred=Packed(cut[1])
+    )
     fx.note = (
         f"two blocks per unit: each hook's CPU time between its launches cut to {100 * kept:.0f}% "
         "(half the hooks, a merged unit's costing what one unit's did)"

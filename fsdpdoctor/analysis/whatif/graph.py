@@ -63,8 +63,9 @@ class Graph:
 
 @dataclass
 class Fix:
-    """One transformation: what to change before the replay. Built as dicts, sets and lists (or
-    arrays of the same), kept as arrays once built (:func:`compact`); the replay reads either."""
+    """One transformation: what to change before the replay. Built as dicts, sets and lists, kept
+    as arrays once built (:func:`compact`: :class:`OpMap`, :class:`Packed`); the replay reads
+    either, and either has the length and truth of the dict, set or list."""
 
     name: str
     move: dict[int, float] = field(default_factory=dict)  # op -> new CPU key (launch moves with it)
@@ -106,6 +107,22 @@ class OpMap:
         return zip(self.k.tolist(), self.v.tolist())
 
 
+class Packed:
+    """A fix's set of ops (or rows) or its (a, b) pairs once built: one array (sorted ops, or
+    (k, 2) floats). Read-only; its length, truth and iteration are the set's or list's."""
+
+    __slots__ = ("a",)
+
+    def __init__(self, a: np.ndarray) -> None:
+        self.a = a
+
+    def __len__(self) -> int:
+        return int(self.a.shape[0])
+
+    def __iter__(self):
+        return iter(self.a.tolist()) if self.a.ndim == 1 else map(tuple, self.a.tolist())
+
+
 def map_arrays(m: dict[int, float] | OpMap) -> tuple[np.ndarray, np.ndarray]:
     """(ops, values) of a fix's map, dict or :class:`OpMap`."""
     if isinstance(m, OpMap):
@@ -114,13 +131,17 @@ def map_arrays(m: dict[int, float] | OpMap) -> tuple[np.ndarray, np.ndarray]:
 
 
 def op_array(s) -> np.ndarray:
-    """The ops (or rows) of a fix's set, set or array, as an int64 array."""
-    return s if isinstance(s, np.ndarray) else np.fromiter(s, dtype=np.int64, count=len(s))
+    """The ops (or rows) of a fix's set, set or :class:`Packed`, as an int64 array."""
+    if isinstance(s, Packed):
+        return s.a
+    return np.fromiter(s, dtype=np.int64, count=len(s))
 
 
 def pair_array(pairs) -> np.ndarray:
-    """A fix's (a, b) pairs (``cpu_cuts``, ``cpu_adds``), list or array, as a (k, 2) float array."""
-    return pairs if isinstance(pairs, np.ndarray) else np.array(pairs, dtype=np.float64).reshape(-1, 2)
+    """A fix's (a, b) pairs (``cpu_cuts``, ``cpu_adds``), list or :class:`Packed`, as a (k, 2) float array."""
+    if isinstance(pairs, Packed):
+        return pairs.a
+    return np.array(pairs, dtype=np.float64).reshape(-1, 2)
 
 
 def compact(fx):
@@ -137,9 +158,9 @@ def compact(fx):
         if isinstance(m, dict):
             setattr(fx, name, OpMap(m))
     for name in ("drop_deps", "free_syncs", "drop_inferred"):
-        setattr(fx, name, np.unique(op_array(getattr(fx, name))))
+        setattr(fx, name, Packed(np.unique(op_array(getattr(fx, name)))))
     for name in ("cpu_cuts", "cpu_adds"):
-        setattr(fx, name, pair_array(getattr(fx, name)))
+        setattr(fx, name, Packed(pair_array(getattr(fx, name))))
     return fx
 
 
