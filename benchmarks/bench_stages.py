@@ -2,12 +2,13 @@
 
 Measures one trace file (``--size-mb N`` generates one from the H100 FSDP2 recording with
 ``gen_traces.py``, as ``bench_ingest.py`` does; or pass ``--file``) with this checkout and,
-with ``--against DIR`` (a checkout of another commit: ``git worktree add /tmp/base 9449817``),
-with that one, the two alternating run by run so that the shared machine's load falls on both:
+with ``--against DIR`` (a checkout of another commit: ``git worktree add /tmp/base 9449817``;
+may be repeated) with those, the checkouts alternating run by run so that the shared machine's load falls on both:
 
 * end to end: ``fsdpdoctor analyze FILE --format json -o /dev/null`` as a user runs it (block
-  decoding in worker processes), and a bare typed msgspec decode of the same file (read it, one
-  ``Decoder.decode`` with fsdpdoctor's ``Event`` schema). Wall time, CPU time (user + sys of the
+  decoding in worker processes), and a bare typed msgspec decode of the same file: read it whole,
+  one ``msgspec.json.Decoder(Union[_TraceDoc, list[Event]]).decode`` into fsdpdoctor's own typed
+  ``Event`` / ``Args`` structs (the fields ``analyze`` reads), no columns and no analysis. Wall time, CPU time (user + sys of the
   command and its worker processes: steadier than wall time on a busy machine) and peak RSS (of the
   command and its workers together, sampled every 20 ms, at least the largest process's
   ``ru_maxrss``);
@@ -133,10 +134,14 @@ def stage(fn, key, top=True):
                 add(key, time.perf_counter() - w, time.process_time() - c)
     return wrapper
 
+import importlib
 import fsdpdoctor.api as api
-import fsdpdoctor.analysis.ranks.rank as rank
 import fsdpdoctor.ingest.blocks as blocks
 import fsdpdoctor.engine  # noqa: F401
+try:  # the package layout since #44 item 3; a checkout from before it has analysis/rank.py, cli.py
+    rank = importlib.import_module("fsdpdoctor.analysis.ranks.rank")
+except ImportError:
+    rank = importlib.import_module("fsdpdoctor.analysis.rank")
 from fsdpdoctor.cli import main
 
 out["startup"] = {"wall": time.perf_counter() - T0w, "cpu": time.process_time() - T0c, "peak": hwm_mb(), "rss": rss_mb()}
@@ -252,9 +257,15 @@ def main() -> int:
     ap.add_argument("--file", type=Path, help="trace to measure (default: generate one of --size-mb)")
     ap.add_argument("--size-mb", type=float, default=300)
     ap.add_argument("--source", type=Path, default=FSDP2_SOURCE, help="real trace gen_traces scales up")
-    ap.add_argument("--against", type=Path, help="another checkout (e.g. a git worktree of the base commit)")
+    ap.add_argument(
+        "--against",
+        type=Path,
+        action="append",
+        default=[],
+        help="another checkout (e.g. a git worktree of the base commit); may be given more than once",
+    )
     ap.add_argument("--label", default="this checkout")
-    ap.add_argument("--against-label", default=None)
+    ap.add_argument("--against-label", action="append", default=[], help="a label per --against (default: its name)")
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--timeout", type=float, default=600)
     ap.add_argument("--update-docs", action="store_true", help="rewrite the stage table in docs/performance.md")
@@ -265,9 +276,9 @@ def main() -> int:
         args.file = work / "rank-0.json"
         gen_traces.write_trace(args.file, int(args.size_mb * 1e6), rank=0, tpl=gen_traces.load_template(args.source))
     size = args.file.stat().st_size
-    sides: list[tuple[str, Path | None]] = [(args.label, None)]
-    if args.against is not None:
-        sides.insert(0, (args.against_label or args.against.name, args.against.resolve()))
+    labels = args.against_label + [co.name for co in args.against[len(args.against_label) :]]
+    sides: list[tuple[str, Path | None]] = [(lb, co.resolve()) for lb, co in zip(labels, args.against)]
+    sides.append((args.label, None))
     try:
         for label, co in sides:  # warm-up: byte code and numba's cache, untimed
             run(ANALYZE, str(args.file), co, args.timeout)
@@ -297,9 +308,11 @@ def markdown(args, size, sides, e2e, st, bare) -> str:
     bc, bcm = summarise(bare, "cpu")
     load = os.getloadavg()[0]
     rows = [
-        f"{size / 1e6:.0f} MB `.json` ({args.source.name if args.file.parent.name.startswith('fsdpdoctor-') else args.file.name}"
-        f" scaled up), min / median of {args.repeat} runs, the checkouts alternating; {gen_machine()}, "
-        f"load average {load:.1f} when done.",
+        f"{size / 1e6:.0f} MB `.json` (`{_shown(args.source) if args.file.parent.name.startswith('fsdpdoctor-') else args.file.name}`"
+        f" scaled up by `gen_traces.py`), min / median of {args.repeat} runs, the checkouts alternating; {gen_machine()}, "
+        f"load average {load:.1f} when done. Bare typed decode: the file read whole and decoded by one "
+        "msgspec call into fsdpdoctor's typed `Event` structs (every field `analyze` reads), nothing else; "
+        "`analyze`: the CLI end to end, its block decoding in worker processes (their CPU counted).",
         "",
         "| | `analyze` wall s | CPU s | ÷ bare decode (wall / CPU) | peak RSS MB | RSS ÷ file |",
         "|---|---:|---:|---:|---:|---:|",
@@ -340,6 +353,14 @@ def markdown(args, size, sides, e2e, st, bare) -> str:
         cells += [f"{tw:.2f} / {tc:.2f}", f"{tp:.0f}"]
     rows.append("| **total** | " + " | ".join(cells) + " |")
     return "\n".join(rows)
+
+
+def _shown(path: Path) -> str:
+    """``path`` relative to the repository where it is inside it."""
+    try:
+        return str(path.resolve().relative_to(REPO))
+    except ValueError:
+        return str(path)
 
 
 def gen_machine() -> str:

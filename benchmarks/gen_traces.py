@@ -2,9 +2,11 @@
 
 The source is a real PyTorch profiler trace (by default the public A100 NCCL all-reduce trace in
 ``../shared/traces/public/``). Its event array is repeated as often as needed to reach the target
-size; each repetition shifts timestamps by a fixed span, shifts every id that links events
-(``External id``, ``correlation``, flow ``id``, ``Record function id``, ``Ev Idx``) so that links
-stay within their repetition, and renumbers ``ProfilerStep#N``. Metadata events (thread names,
+size; each repetition shifts timestamps by a fixed span, shifts every id that links or numbers events
+(``External id``, ``correlation``, flow ``id``, ``Record function id``, ``Ev Idx``) by the span of
+that id in the source (``correlation`` and flow ``id`` together: a flow's id is its correlation),
+so that links stay within their repetition and the profiler's op numbers run on without gaps, as
+in one long recording, and renumbers ``ProfilerStep#N``. Metadata events (thread names,
 ``ph == "M"``/``"i"``) and the profiler span appear once. Kineto's own text formatting (one event
 over a few lines, ``},\\n  {`` between events) is kept byte for byte, so the files look to a
 parser exactly like what the profiler writes.
@@ -27,12 +29,13 @@ DEFAULT_SOURCE = SHARED / "traces" / "public" / "hta-nccl-allreduce-a100-2ranks"
 
 _EVENT_SPLIT = re.compile(r"(?<=\n  \}),(?=\n  \{)")
 _TS = re.compile(r'("ts": )(\d+)')
-_IDS = re.compile(r'("(?:External id|correlation|id|Record function id|Ev Idx)": )(\d+)')
+_IDS = re.compile(r'"(External id|correlation|id|Record function id|Ev Idx)": (\d+)')
+# fields shifted together: a flow event's ``id`` is the correlation id of the launch it links
+_ID_GROUP = {"External id": "External id", "correlation": "correlation", "id": "correlation"}
 _STEP = re.compile(r"(ProfilerStep#)(\d+)")
 _RANK = re.compile(r'("rank": )\d+')
 
 SPAN_US = 1_000_000  # timestamp shift per repetition (the source spans < 1 s)
-ID_SHIFT = 1_000_000  # id shift per repetition (the source's ids are < 1e6)
 
 
 @dataclass
@@ -42,6 +45,7 @@ class Template:
     once: str  # metadata events, written once after the repetitions ("" when none)
     tail: str  # from the array's closing "]" to the end
     steps: int  # ProfilerStep annotations per repetition
+    id_spans: dict[str, int]  # per id group: max - min + 1 over the repeated events, the shift per repetition
 
 
 def load_template(source: Path = DEFAULT_SOURCE) -> Template:
@@ -56,16 +60,29 @@ def load_template(source: Path = DEFAULT_SOURCE) -> Template:
     once_marks = ('"ph": "M"', '"ph": "i"', '"pid": "Spans"', '"pid": "Traces"')
     repeated = [e for e in events if not any(m in e for m in once_marks)]
     once = [e for e in events if any(m in e for m in once_marks)]
-    steps = len({m.group(2) for m in _STEP.finditer("".join(repeated))})
-    return Template(text[:start], ",".join(repeated), ",".join(once), text[end:], max(steps, 1))
+    joined = ",".join(repeated)
+    steps = len({m.group(2) for m in _STEP.finditer(joined)})
+    lo: dict[str, int] = {}
+    hi: dict[str, int] = {}
+    for m in _IDS.finditer(joined):
+        g, v = _ID_GROUP.get(m.group(1), m.group(1)), int(m.group(2))
+        lo[g] = min(lo.get(g, v), v)
+        hi[g] = max(hi.get(g, v), v)
+    spans = {g: hi[g] - lo[g] + 1 for g in lo}
+    return Template(text[:start], joined, ",".join(once), text[end:], max(steps, 1), spans)
 
 
-def _shift(text: str, k: int, steps: int) -> str:
+def _shift(text: str, k: int, steps: int, id_spans: dict[str, int]) -> str:
     if k == 0:
         return text
-    dt, di, ds = k * SPAN_US, k * ID_SHIFT, k * steps
+    dt, ds = k * SPAN_US, k * steps
+    di = {
+        f: k * id_spans[_ID_GROUP.get(f, f)]
+        for f in ("External id", "correlation", "id", "Record function id", "Ev Idx")
+        if _ID_GROUP.get(f, f) in id_spans
+    }
     text = _TS.sub(lambda m: f"{m.group(1)}{int(m.group(2)) + dt}", text)
-    text = _IDS.sub(lambda m: f"{m.group(1)}{int(m.group(2)) + di}", text)
+    text = _IDS.sub(lambda m: f'"{m.group(1)}": {int(m.group(2)) + di[m.group(1)]}', text)
     return _STEP.sub(lambda m: f"{m.group(1)}{int(m.group(2)) + ds}", text)
 
 
@@ -95,7 +112,7 @@ def write_trace(path: Path, size_bytes: int, rank: int = 0, gz: bool = False, tp
 def _pieces(head: str, tpl: Template, reps: int):
     yield head
     for k in range(reps):
-        yield ("," if k else "") + _shift(tpl.repeated, k, tpl.steps)
+        yield ("," if k else "") + _shift(tpl.repeated, k, tpl.steps, tpl.id_spans)
     if tpl.once:
         yield "," + tpl.once
     yield tpl.tail

@@ -11,7 +11,7 @@ from fsdpdoctor.analysis import intervals as iv
 from fsdpdoctor.analysis.comms import Collective
 from fsdpdoctor.analysis.layers import RepeatedBlocks
 from fsdpdoctor.analysis.steps import StepWindow
-from fsdpdoctor.analysis.whatif.graph import CAP_DEP_US, Fix, Graph
+from fsdpdoctor.analysis.whatif.graph import CAP_DEP_US, Fix, Graph, Packed
 
 
 def _backward_all_gathers(g: Graph) -> list[list[int]]:
@@ -394,7 +394,19 @@ def _hook_own(g: Graph) -> tuple[np.ndarray, np.ndarray]:
 CUT_EPS_US = 1e-3
 
 
-def _hook_cuts(g: Graph) -> tuple[list[tuple[float, float]], set[int]] | None:
+def _hook_cuts(g: Graph) -> tuple[np.ndarray, np.ndarray] | None:
+    """:func:`_hook_cuts_of` ``g`` as arrays ((k, 2) cuts, the ops that lose their inferred edge),
+    computed once per graph: hooks_off, hooks_half and its assumption's two variants read the
+    same cuts. Read-only."""
+    cached = getattr(g, "_hook_cuts_cache", False)
+    if cached is False:
+        cut = _hook_cuts_of(g)
+        cached = None if cut is None else (np.array(cut[0], dtype=np.float64), np.fromiter(cut[1], dtype=np.int64))
+        g._hook_cuts_cache = cached  # type: ignore[attr-defined]
+    return cached
+
+
+def _hook_cuts_of(g: Graph) -> tuple[list[tuple[float, float]], set[int]] | None:
     """FSDP hooks free on the CPU: the CPU time of the outermost FSDP hook ranges is cut where it
     is spent — every gap between the launches and blocking calls inside a hook, so that what the
     hook launches goes out at its start — except the blocking calls themselves, which wait for the
@@ -445,7 +457,7 @@ def fix_hooks_off(g: Graph) -> Fix | None:
     """Every FSDP hook's CPU time removed (:func:`_hook_cuts`): no fix a user can apply does this;
     it is the ceiling of what fewer hooks can save (the part of the step the hooks hold)."""
     cut = _hook_cuts(g)
-    return Fix("hooks_off", cpu_cuts=cut[0], drop_inferred=cut[1]) if cut else None
+    return Fix("hooks_off", cpu_cuts=Packed(cut[0]), drop_inferred=Packed(cut[1])) if cut else None
 
 
 #: the share of the hooks' CPU time that two blocks per unit keep: half the units, each merged
@@ -463,8 +475,12 @@ def fix_hooks_half(g: Graph, kept: float = HOOKS_KEPT) -> Fix | None:
     cut = _hook_cuts(g)
     if not cut:
         return None
-    cuts = [(a, a + (1.0 - kept) * (b - a)) for a, b in cut[0] if b > a]
-    fx = Fix("hooks_half", cpu_cuts=cuts, drop_inferred=cut[1])
+    a, b = cut[0][:, 0], cut[0][:, 1]
+    keep = b > a
+    a, b = a[keep], b[keep]
+    fx = Fix(
+        "hooks_half", cpu_cuts=Packed(np.column_stack((a, a + (1.0 - kept) * (b - a)))), drop_inferred=Packed(cut[1])
+    )
     fx.note = (
         f"two blocks per unit: each hook's CPU time between its launches cut to {100 * kept:.0f}% "
         "(half the hooks, a merged unit's costing what one unit's did)"
@@ -514,15 +530,14 @@ def fix_tensor_cores(
             fx.scale[i] = min(1.0, f32 / cf.peak_tflops)
     else:
         rate = share * cf.peak_tflops * 1e6  # FLOPs per µs
-        pos = {int(r): i for i, r in enumerate(g.rows.tolist())}
-        dur = g.end - g.start
-        for r, fl, eng in zip(kf.rows.tolist(), kf.flops.tolist(), kf.engine):
-            i = pos.get(int(r))
-            if i is None:
-                continue
-            gemm_ops.add(i)
-            if eng in ("fp32-simt", "fp32") and dur[i] > 0 and fl > 0:
-                fx.scale[i] = min(1.0, fl / rate / dur[i])
+        i, hit = _kernel_ops(g, kf)
+        gemm_ops = set(i.tolist())
+        dur = (g.end - g.start)[i]
+        fl = np.asarray(kf.flops, dtype=np.float64)[hit]
+        fp32_engine = np.fromiter((e in ("fp32-simt", "fp32") for e in kf.engine), dtype=bool, count=len(kf.engine))
+        ok = fp32_engine[hit] & (dur > 0) & (fl > 0)
+        # as a dict filled kernel by kernel: the last kernel of an op gives its factor
+        fx.scale.update(zip(i[ok].tolist(), np.minimum(1.0, fl[ok] / rate / dur[ok]).tolist()))
     if not fx.scale:
         return None
     fp32 = _name_mask(g, lambda n: any(t in n for t in _FP32) and not any(t in n for t in _LOW))
@@ -531,6 +546,24 @@ def fix_tensor_cores(
         if i not in gemm_ops:
             fx.scale[i] = elementwise
     return fx
+
+
+def _kernel_ops(g: Graph, kf) -> tuple[np.ndarray, np.ndarray]:
+    """The op of each kernel of ``kf`` that is in the graph (the op whose trace row it is; the
+    last such op where rows repeat, as a dict of row -> op would give), in ``kf``'s order, and
+    which of ``kf``'s kernels have one (bool per kernel)."""
+    rows = np.asarray(g.rows, dtype=np.int64)
+    order = np.argsort(rows, kind="stable")
+    srt = rows[order]
+    last = np.ones(srt.size, dtype=bool)  # the last op of each run of equal rows
+    last[:-1] = srt[1:] != srt[:-1]
+    srt, order = srt[last], order[last]
+    want = np.asarray(kf.rows, dtype=np.int64)
+    if srt.size == 0:
+        return np.zeros(0, dtype=np.int64), np.zeros(want.size, dtype=bool)
+    pos = np.minimum(np.searchsorted(srt, want), srt.size - 1)
+    hit = srt[pos] == want
+    return order[pos[hit]].astype(np.int64), hit
 
 
 def latency_share(colls: list[Collective]) -> float | None:

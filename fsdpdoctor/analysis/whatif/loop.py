@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 
 from fsdpdoctor.analysis.steps import step_clocks_ms
-from fsdpdoctor.analysis.whatif.graph import CAP_SYNC_US, MIN_SYNC_US, Fix, Graph
+from fsdpdoctor.analysis.whatif.graph import CAP_SYNC_US, MIN_SYNC_US, Fix, Graph, map_arrays, op_array, pair_array
 
 
 def measured_step_ms(g: Graph) -> np.ndarray:
@@ -63,14 +63,14 @@ def replay(
     fix = fix or Fix("none")
     n = g.start.size
     key = g.key.copy()
-    if fix.move:
-        mv = np.fromiter(fix.move.keys(), dtype=np.int64, count=len(fix.move))
-        key[mv] = np.fromiter(fix.move.values(), dtype=np.float64, count=len(fix.move))
+    if len(fix.move):
+        mv, to = map_arrays(fix.move)
+        key[mv] = to
     dur = g.end - g.start
-    if fix.scale:
-        sc = np.fromiter(fix.scale.keys(), dtype=np.int64, count=len(fix.scale))
+    if len(fix.scale):
+        sc, by = map_arrays(fix.scale)
         f = np.ones(n)
-        f[sc] = np.fromiter(fix.scale.values(), dtype=np.float64, count=len(fix.scale))
+        f[sc] = by
         if g.backlog.any() and g.name_code is not None:
             # the backlog is earlier steps' work: the same kernels, changed as the fix changes
             # theirs (the mean factor of the launched ops of the same name; unchanged if none)
@@ -85,7 +85,8 @@ def replay(
     sy = _sync_arrays(g)
     ns = len(g.steps)
     # a cut (a, b) removes b − a at b; an insertion of d at t is the cut (t + d, t)
-    cuts = np.array(fix.cpu_cuts + [(t + d, t) for t, d in fix.cpu_adds], dtype=np.float64).reshape(-1, 2)
+    adds = pair_array(fix.cpu_adds)
+    cuts = np.concatenate((pair_array(fix.cpu_cuts), np.column_stack((adds[:, 0] + adds[:, 1], adds[:, 0]))))
     # the CPU-side event list: ops, blocking calls, step boundaries, cuts; one order: the backlog
     # first (launched before the window), then everything by CPU time
     kinds_a = np.concatenate(
@@ -106,15 +107,11 @@ def replay(
     # blind: without what the trace does not show (the waits kept as measured, the inferred
     # cross-stream edges): the replay's sensitivity to them (plan.run_whatif)
     g_wait = g.g_wait.copy() if g.g_wait is not None and not blind else np.zeros(n)
-    moved = [*fix.move, *fix.drop_deps]
-    if moved:  # a moved op's unseen wait is not carried along
-        g_wait[np.array(moved, dtype=np.int64)] = 0.0
+    moved = np.concatenate((map_arrays(fix.move)[0], op_array(fix.drop_deps)))
+    if moved.size:  # a moved op's unseen wait is not carried along
+        g_wait[moved] = 0.0
     dep_ptr, dep_op, dep_gap = _deps_csr(g, fix.drop_deps, blind, fix.drop_inferred)
-    free = (
-        np.isin(sy["row"], np.fromiter(fix.free_syncs, dtype=np.int64, count=len(fix.free_syncs)))
-        if fix.free_syncs
-        else np.zeros(sy["row"].size, dtype=bool)
-    )
+    free = np.isin(sy["row"], op_array(fix.free_syncs)) if len(fix.free_syncs) else np.zeros(sy["row"].size, dtype=bool)
     _, stream_ix = np.unique(g.stream, return_inverse=True)
     args = (
         kinds_a[order],
@@ -234,23 +231,44 @@ def _sync_arrays(g: Graph) -> dict[str, np.ndarray]:
     return out
 
 
+def _deps_flat(g: Graph) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """``g.deps`` flattened in its order, once per graph (every replay of a plan reads it): each
+    edge's op, awaited op and gap, and its place from the end of its op's list (0: the last)."""
+    cached = getattr(g, "_deps_flat_cache", None)
+    if cached is None:
+        deps = g.deps
+        sizes = np.fromiter(map(len, deps.values()), dtype=np.int64, count=len(deps))
+        owner = np.repeat(np.fromiter(deps.keys(), dtype=np.int64, count=len(deps)), sizes)
+        op = np.fromiter((a for dl in deps.values() for a, _ in dl), dtype=np.int64, count=owner.size)
+        gap = np.fromiter((x for dl in deps.values() for _, x in dl), dtype=np.float64, count=owner.size)
+        ends = np.cumsum(sizes)
+        from_end = np.repeat(ends, sizes) - 1 - np.arange(owner.size)
+        cached = g._deps_flat_cache = (owner, op, gap, from_end)  # type: ignore[attr-defined]
+    return cached
+
+
 def _deps_csr(
-    g: Graph, drop: set[int], blind: bool = False, drop_inferred: set[int] | None = None
+    g: Graph, drop: set[int] | np.ndarray, blind: bool = False, drop_inferred: set[int] | np.ndarray | None = None
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """The cross-stream edges as CSR arrays (ptr per op, awaited op, gap), without ``drop``'s
     (and, ``blind``, without the inferred ones; else without those of ``drop_inferred``)."""
     n = g.start.size
-    deps = g.deps
-    gone = g.inferred if blind else [i for i in g.inferred if i in drop_inferred] if drop_inferred else []
-    if gone:
-        deps = dict(deps)
-        for i in gone:
-            deps[i] = deps[i][:-1]
-    owner = np.fromiter((i for i, dl in deps.items() for _ in dl), dtype=np.int64)
-    op = np.fromiter((a for dl in deps.values() for a, _ in dl), dtype=np.int64, count=owner.size)
-    gap = np.fromiter((x for dl in deps.values() for _, x in dl), dtype=np.float64, count=owner.size)
-    if drop:
-        keep = ~np.isin(owner, np.fromiter(drop, dtype=np.int64, count=len(drop)))
+    owner, op, gap, from_end = _deps_flat(g)
+    if blind:
+        gone = np.asarray(g.inferred, dtype=np.int64)
+    elif drop_inferred is not None and len(drop_inferred) and g.inferred:
+        inf = np.asarray(g.inferred, dtype=np.int64)
+        gone = inf[np.isin(inf, op_array(drop_inferred))]
+    else:
+        gone = np.zeros(0, dtype=np.int64)
+    keep = None
+    if gone.size:  # each op of ``gone`` loses its last edge (once per time it is named)
+        times = np.bincount(gone, minlength=n)
+        keep = from_end >= times[owner]
+    if len(drop):
+        k = ~np.isin(owner, op_array(drop))
+        keep = k if keep is None else keep & k
+    if keep is not None:
         owner, op, gap = owner[keep], op[keep], gap[keep]
     srt = np.argsort(owner, kind="stable")
     ptr = np.zeros(n + 1, dtype=np.int64)

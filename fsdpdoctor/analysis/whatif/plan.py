@@ -23,7 +23,7 @@ from fsdpdoctor.analysis.whatif.fixes import (
     fix_tensor_cores,
     latency_share,
 )
-from fsdpdoctor.analysis.whatif.graph import Fix, Graph, build_graph
+from fsdpdoctor.analysis.whatif.graph import Fix, Graph, build_graph, compact
 from fsdpdoctor.analysis.whatif.loop import _slower, measured_clocks_ms, replay, steady_steps
 
 
@@ -96,12 +96,12 @@ def plan_whatif(
         return None
     applies = _applies(fsdp)
     fixes = [
-        (name, make(g, lambda: repeated_blocks(rt, steps)) if name == "wrap" else make(g))
+        (name, compact(make(g, lambda: repeated_blocks(rt, steps)) if name == "wrap" else make(g)))
         for name, make in FIXES.items()
         if applies.get(name, True)
     ]
     if kflops is not None and compute is not None and compute.fp32_share_pct >= TENSOR_CORE_MIN_SHARE:
-        fixes.append(("tensor_cores", fix_tensor_cores(g, kflops, compute)))
+        fixes.append(("tensor_cores", compact(fix_tensor_cores(g, kflops, compute))))
     variants = []
     built = {name for name, fx in fixes if fx is not None}
     for name, specs in ASSUMPTIONS.items():
@@ -110,10 +110,10 @@ def plan_whatif(
         for what, low, high in specs:
             for end, kw in (("low", low), ("high", high)):
                 fx = fix_tensor_cores(g, kflops, compute, **kw) if name == "tensor_cores" else FIXES[name](g, **kw)
-                variants.append((name, what, end, fx))
-    fixes += [(f"compute×{f}", fix_compute_scale(g, f)) for f in STRAGGLER_FACTORS]
+                variants.append((name, what, end, compact(fx)))
+    fixes += [(f"compute×{f}", compact(fix_compute_scale(g, f))) for f in STRAGGLER_FACTORS]
     # the step's sensitivity to each side (the GPU's: compute×SIDE_FACTOR, one of the straggler's)
-    fixes.append((f"cpu×{SIDE_FACTOR}", fix_cpu_scale(g, SIDE_FACTOR)))
+    fixes.append((f"cpu×{SIDE_FACTOR}", compact(fix_cpu_scale(g, SIDE_FACTOR))))
     return WhatIfPlan(g, len(steps), latency_share(colls), fixes, variants)
 
 
