@@ -98,6 +98,11 @@ class StepFacts:
     # other steps' GPU work ("other_steps") and nothing running ("idle"); the parts add up to
     # step_ms. Unlike the GPU window it never runs into the next step's interval.
     clock_parts_ms: dict[str, float] = field(default_factory=dict)
+    # the idle on the step clock (clock_parts_ms["idle"]: the step's interval with the GPU running
+    # nothing at all) outside the step's host-bound idle (the gaps in its GPU window in which the CPU
+    # was not in a blocking call): the step's edges, other steps' windows, idle under a CPU sync.
+    # Measured from its intervals; None in facts saved before it was (compare says so)
+    idle_not_host_bound_ms: float | None = None
     exposed_by_role: dict[str, float] = field(default_factory=dict)  # process-group role → exposed ms
     microbatches: int = 1  # forward passes in this step (gradient accumulation)
     microbatch_phase_ms: list[dict[str, float]] = field(

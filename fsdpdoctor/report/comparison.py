@@ -28,6 +28,7 @@ LABELS = {
     "memcpy": "exposed memcpy/memset",
     "host_bound_idle": "host-bound idle (gaps inside the GPU window)",
     "other_idle": "idle outside the GPU window",
+    "gpu_unattributed": "unattributed (the step less the measured GPU parts)",
     "cpu_fsdp_hooks": "FSDP hook CPU time",
     "cpu_forward": "forward outside FSDP hooks (CPU)",
     "cpu_backward": "backward outside FSDP hooks (CPU)",
@@ -40,6 +41,7 @@ _SHORT = {
     "compute": "GPU compute",
     "memcpy": "exposed memcpy/memset",
     "host_bound_idle": "host-bound idle",
+    "gpu_unattributed": "step time no measured GPU part covers",
     "cpu_forward": "CPU time in forward outside FSDP hooks",
     "cpu_backward": "CPU time in backward outside FSDP hooks",
     "cpu_optimizer": "CPU time in the optimizer step",
@@ -61,6 +63,8 @@ HINTS = {
     "host_bound_idle": "The GPU waits for the host inside the step: launch, Python or FSDP hook "
     "overhead (torch.compile, fewer units, larger batches).",
     "other_idle": "Time without GPU work at the step's edges: data loading, CPU-side optimizer, synchronisation.",
+    "gpu_unattributed": "Step time no measured GPU part covers: other steps' GPU work running in this step's "
+    "interval (the GPU runs behind the CPU) less this step's own work that runs outside it.",
     "cpu_fsdp_hooks": "FSDP's hooks (unsharding, resharding, gradient reduction bookkeeping) cost CPU time per unit "
     "and per call: fewer or larger units, or torch.compile, make them cheaper.",
     "cpu_forward": "The forward pass outside FSDP's hooks takes longer on the CPU (the model's own ops).",

@@ -91,6 +91,7 @@ GPU_COMPONENTS = (
     "memcpy",
     "host_bound_idle",
     "other_idle",
+    "gpu_unattributed",
 )
 CPU_COMPONENTS = ("cpu_fsdp_hooks", "cpu_forward", "cpu_backward", "cpu_optimizer", "cpu_other", "cpu_unattributed")
 
@@ -99,7 +100,9 @@ GPU_BASIS = (
     "rank's steps then over ranks; "
     "split per step as compute + exposed all-gather + exposed reduce-scatter + other exposed comm + "
     "exposed memcpy + host-bound idle (GPU idle inside the step's GPU window, the CPU not blocked on it) + "
-    "other idle (step time minus GPU window, and idle inside CPU synchronizations), which add up exactly; "
+    "other idle (the GPU idle in the step's interval outside those gaps: the step's edges, idle inside CPU "
+    "synchronizations), each measured on its own; what they leave of the step time is shown as unattributed "
+    "(other steps' GPU work in the step's interval less the step's own work outside it); "
     "exposed comm is split by phase"
 )
 CPU_BASIS = (
@@ -240,7 +243,12 @@ def _rank_cells(r: RankFacts, basis: str, hooks: bool = False) -> dict[tuple[str
         add(("compute", ALL), s.compute_ms)
         add(("memcpy", ALL), s.memcpy_ms)
         add(("host_bound_idle", ALL), s.idle_ms - s.idle_cpu_blocked_ms)
-        add(("other_idle", ALL), s.step_ms - s.gpu_window_ms + s.other_steps_ms + s.idle_cpu_blocked_ms)
+        # other idle measured on its own intervals (the step clock's idle outside the host-bound
+        # gaps); what the parts leave of the step is unattributed, named as such, in no cause
+        other = s.idle_not_host_bound_ms or 0.0  # None: facts saved before it was measured
+        add(("other_idle", ALL), other)
+        known = s.compute_ms + s.exposed_comm_ms + s.memcpy_ms + s.idle_ms - s.idle_cpu_blocked_ms + other
+        add(("gpu_unattributed", ALL), s.step_ms - known)
         exposed_total += s.exposed_comm_ms
         for p, v in s.exposed_by_phase.items():
             exposed_phase[p if p in exposed_phase else "other"] += v
@@ -418,6 +426,11 @@ def compare(
                 f"{label}: saved by an fsdpdoctor whose step time was the CPU ProfilerStep span (schema "
                 f"{f.schema_version} < {STEP_CLOCK_SCHEMA}); where the GPU runs behind the CPU the two runs are "
                 "on different clocks: regenerate it with 'fsdpdoctor analyze TRACES --save-baseline FILE'"
+            )
+        if basis == "gpu" and any(s.idle_not_host_bound_ms is None for r in _ranks_for(f, basis) for s in r.steps):
+            notes.append(
+                f"{label}: saved before fsdpdoctor measured the idle outside the host-bound gaps: its other idle "
+                "is shown as unattributed (regenerate it with 'fsdpdoctor analyze TRACES --save-baseline FILE')"
             )
     hooks = basis == "cpu" and hooks_split(before) and hooks_split(after)
     if basis == "cpu" and not hooks:

@@ -176,7 +176,8 @@ def primary(causes: list[Cause], total_delta: float, significant: bool) -> Cause
     if not significant or abs(total_delta) < 1e-12:
         return None
     sign = 1.0 if total_delta > 0 else -1.0
-    top = next((c for c in causes if c.measurable), None)
+    # what no measured part covers is never a cause of its own
+    top = next((c for c in causes if c.measurable and not c.slug.endswith("unattributed")), None)
     return top if top is not None and sign * top.delta_ms > 0 else None
 
 

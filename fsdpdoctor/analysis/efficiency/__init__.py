@@ -408,7 +408,7 @@ def split(eff: EfficiencyFacts, peak_tflops: float | None) -> EfficiencyFacts:
     p["unattributed"] = rest if abs(rest) >= UNATTRIBUTED_MIN_MS else 0.0
     if not eff.other_kernels_ms and p["other_kernels"] > 0:
         eff.other_kernels_ms = {"other": p["other_kernels"]}
-    _fit_idle(eff)
+    _idle_unattributed(eff)
     return eff
 
 
@@ -417,27 +417,14 @@ def split(eff: EfficiencyFacts, peak_tflops: float | None) -> EfficiencyFacts:
 UNATTRIBUTED_MIN_MS = 1e-3
 
 
-def _fit(d: dict[str, float], total: float, rest: str) -> dict[str, float]:
-    """``d`` scaled to sum to ``total`` (all of it under ``rest`` when ``d`` is empty)."""
-    have = sum(d.values())
-    if have <= 0:
-        return {rest: total} if total > 0 else {}
-    return {k: v * total / have for k, v in d.items()}
-
-
-def _fit_idle(eff: EfficiencyFacts) -> None:
-    """Scale the idle's contributors (``idle_ms``, the hooks' and syncs' GPU waits) to sum to
-    the idle part."""
-    new = eff.parts_ms["gpu_idle"]
-    total = sum(eff.idle_ms.values())
-    eff.idle_ms = _fit(eff.idle_ms, new, "unattributed")
-    if total <= 0 or abs(new / total - 1.0) < 1e-12:
-        return
-    f = new / total
-    for h in eff.hooks:
-        h.gpu_wait_ms_per_step *= f
-    for s in eff.syncs:
-        s.gpu_idle_ms_per_step *= f
+def _idle_unattributed(eff: EfficiencyFacts) -> None:
+    """What the idle's measured causes (``idle_ms``, each the gaps of its kind) leave of the idle
+    part, as the cause ``unattributed`` (with its size, where it is 1 µs or more): the causes are
+    never scaled to fill the part (#42.5; they tiled it on every input measured)."""
+    eff.idle_ms.pop("unattributed", None)
+    rest = eff.parts_ms["gpu_idle"] - sum(eff.idle_ms.values())
+    if abs(rest) >= UNATTRIBUTED_MIN_MS:
+        eff.idle_ms["unattributed"] = rest
 
 
 _SCALARS = (

@@ -169,6 +169,7 @@ def step_timeline_backlog(
     blocked = blocking_calls(rt)  # the CPU waiting for the GPU
     out: list[StepFacts] = []
     own_parts: dict[int, tuple] = {}  # step → its compute, exposed comm, exposed memcpy intervals
+    host_bound_iv: dict[int, tuple | None] = {}  # step → its host-bound idle intervals (None: none)
     # rows of each step in one stable sort instead of one full-length comparison per step
     by_step = np.argsort(step_idx, kind="stable")
     bounds = np.searchsorted(step_idx[by_step], np.arange(len(steps) + 1), side="left")
@@ -207,9 +208,15 @@ def step_timeline_backlog(
             span = iv.merge(np.array([w0]), np.array([w1]))
             busy_here = iv.window(busy_all, w0, w1)  # the GPU running anything, inside [w0, w1]
             sf.idle_ms = min(max((w1 - w0 - iv.total(busy_here)) / 1e3, 0.0), max(own, 0.0))
-            if sf.idle_ms > 0 and blocked[0].size:
+            host_bound = None  # the window's gaps outside blocking CPU calls (host-bound idle)
+            if sf.idle_ms > 0:
                 idle_iv = iv.subtract(span, busy_here)
-                sf.idle_cpu_blocked_ms = min(iv.intersect_len(idle_iv, iv.window(blocked, w0, w1)) / 1e3, sf.idle_ms)
+                host_bound = idle_iv
+                if blocked[0].size:
+                    in_sync = iv.window(blocked, w0, w1)
+                    sf.idle_cpu_blocked_ms = min(iv.intersect_len(idle_iv, in_sync) / 1e3, sf.idle_ms)
+                    host_bound = iv.subtract(idle_iv, in_sync)
+            host_bound_iv[k] = host_bound
             sf.other_steps_ms = max(own - sf.idle_ms, 0.0)
             own_parts[k] = (comp, exposed, iv.subtract(mem, busy_cc))
             # the GPU busy with this step's work, each instant counted once: time the step's own work
@@ -253,7 +260,7 @@ def step_timeline_backlog(
             bl.gpu_ms = iv.total(iv.merge(s_all[b], e_all[b])) / 1e3
             bl.end_us = float(e_all[b].max())
     step_clock(out, steps, bl.end_us)
-    clock_parts(out, own_parts, busy_all)
+    clock_parts(out, own_parts, busy_all, host_bound_iv)
     return out, bl
 
 
@@ -268,17 +275,24 @@ def outside_phases_us(st: StepWindow) -> float:
     return max(float(st.dur) - inside, 0.0)
 
 
-def clock_parts(out: list[StepFacts], own_parts: dict[int, tuple], busy_all) -> None:
+def clock_parts(out: list[StepFacts], own_parts: dict[int, tuple], busy_all, host_bound_iv=None) -> None:
     """Each step's time split on the step clock (``StepFacts.clock_parts_ms``): in the interval of
     length ``step_ms`` ending at its completion, its own compute, exposed comm and exposed
     memcpy, the other steps' GPU work and idle; they add up to the step time. The GPU window
     (first to last activity the step launched) runs over into later steps' intervals when the
-    GPU runs behind the CPU; this split does not."""
+    GPU runs behind the CPU; this split does not. Also the clock's idle outside the step's
+    host-bound idle intervals (``host_bound_iv``, step → intervals): ``idle_not_host_bound_ms``."""
     for k, sf in enumerate(out):
-        if sf.end_us is None or k not in own_parts:
+        if sf.end_us is None:
             continue
         hi = sf.end_us
         lo = hi - sf.step_ms * 1e3
+        idle_clk = iv.subtract(iv.merge(np.array([lo]), np.array([hi])), iv.window(busy_all, lo, hi))
+        hb = (host_bound_iv or {}).get(k)
+        not_hb = iv.total(idle_clk) - (iv.intersect_len(idle_clk, hb) if hb is not None else 0.0)
+        sf.idle_not_host_bound_ms = max(not_hb, 0.0) / 1e3
+        if k not in own_parts:
+            continue
         comp, exposed, mem = (iv.window(x, lo, hi) for x in own_parts[k])
         parts = {"compute": iv.total(comp), "exposed_comm": iv.total(exposed), "memcpy": iv.total(mem)}
         busy = iv.total(iv.window(busy_all, lo, hi))
