@@ -20,6 +20,7 @@ LEVERS = (
     "mixed_precision_fp16",  # GPUs without bf16 (V100): fp16 with loss scaling
     "fused_optimizer",
     "dataloader",
+    "pin_memory",  # input batches in pinned host memory
     "compile",
     "wrap_policy",
     "prefetch",
@@ -63,6 +64,15 @@ def name_blocks(facts: RunFacts, code: str) -> str:
     if cls is None:
         return UNNAMED_NOTE + code.replace("TransformerBlock", UNNAMED)
     return code.replace("TransformerBlock", cls)
+
+
+def blocks_text(facts: RunFacts) -> str:
+    """The model's blocks in prose: ``GPT2Block blocks``, ``blocks of model.transformer.h``, ``blocks``."""
+    fw = framework(facts)
+    where = facts.fsdp.block_container or fw.block_container
+    if fw.block_class:
+        return f"{fw.block_class} blocks"
+    return f"blocks of model.{where}" if where else "blocks"
 
 
 def _cls(facts: RunFacts) -> str:
@@ -127,6 +137,8 @@ def _transformers(facts: RunFacts, lever: str, fw: FrameworkFacts, dtype: str) -
             "args = TrainingArguments(..., dataloader_num_workers=8, dataloader_pin_memory=True,\n"
             "                         dataloader_persistent_workers=True)\n"
         )
+    if lever == "pin_memory":
+        return "args = TrainingArguments(..., dataloader_pin_memory=True)   # the default: check nothing turns it off\n"
     if lever == "compile":
         return "args = TrainingArguments(..., torch_compile=True)\n"
     if lever == "wrap_policy":
@@ -169,6 +181,16 @@ def _lightning(facts: RunFacts, lever: str, dtype: str) -> str | None:
         return (
             "def train_dataloader(self):   # in your LightningModule / LightningDataModule\n"
             "    return DataLoader(ds, batch_size=bs, num_workers=8, pin_memory=True, persistent_workers=True)\n"
+        )
+    if lever == "pin_memory":
+        return (
+            "def train_dataloader(self):   # in your LightningModule / LightningDataModule\n"
+            "    return DataLoader(ds, batch_size=bs, pin_memory=True)   # batches in pinned memory\n"
+        )
+    if lever == "compile":
+        return (
+            "model = torch.compile(model)   # your LightningModule, before trainer.fit(model, ...)\n"
+            "trainer.fit(model, ...)\n"
         )
     if lever == "wrap_policy":
         return note + f"trainer = Trainer(..., strategy=FSDPStrategy(auto_wrap_policy={{{cls}}}))\n"
@@ -247,6 +269,8 @@ def _accelerate(facts: RunFacts, lever: str, dtype: str) -> str | None:
             "from accelerate import Accelerator\n\n"
             f'accelerator = Accelerator(mixed_precision="{"fp16" if dtype == "float16" else "bf16"}")\n'
         )
+    if lever == "compile":
+        return 'from accelerate import Accelerator\n\naccelerator = Accelerator(dynamo_backend="inductor")   # compiles in prepare()\n'
     if lever == "wrap_policy":
         return _cls_note(facts) + (
             plugin + 'plugin = FullyShardedDataParallelPlugin(auto_wrap_policy="transformer_based_wrap",\n'
@@ -299,3 +323,28 @@ def idiom_fix(
         idiom = framework(facts).idiom
         return {idiom if idiom != "pytorch" else "any": name_blocks(facts, code)}
     return {k: name_blocks(facts, v) for k, v in plain.items()}
+
+
+def idiom_parts(facts: RunFacts, parts: list[tuple[str | None, str]], plain: dict[str, str]) -> dict[str, str]:
+    """A fix that mixes levers with advice no framework setting carries: in a training run driven
+    by a framework with its own setting for at least one of the levers, each part in turn as that
+    framework writes it (``render``), else the part's own text (an explanation, or code the user
+    writes whatever the framework); a part whose text is empty is dropped where it does not
+    render. Otherwise ``plain`` (the rule's keyed snippets), the blocks named (:func:`name_blocks`)."""
+    idiom = framework(facts).idiom
+    if facts.workload != "inference" and idiom != "pytorch":
+        codes = [(render(facts, lever) if lever else None, text) for lever, text in parts]
+        if any(c is not None for c, _ in codes):
+            return {idiom: name_blocks(facts, "".join(c if c is not None else text for c, text in codes))}
+    return {k: name_blocks(facts, v) for k, v in plain.items()}
+
+
+def batch_line(facts: RunFacts, k: int, grow: float) -> str:
+    """A k× larger per-GPU batch, as the run's framework sets it."""
+    why = f"# activations could grow ~{grow:.0f}x before 80% of memory; grow in steps\n"
+    idiom = framework(facts).idiom if facts.workload != "inference" else "pytorch"
+    if idiom == "transformers" and framework(facts).trainer == "Trainer":
+        return why + f"args = TrainingArguments(..., per_device_train_batch_size=bs * {k})\n"
+    if idiom == "torchtitan":
+        return why + f"torchrun ... -m torchtitan.train ... --training.local-batch-size <{k}x yours>\n"
+    return f"batch_size = bs * {k}  " + why

@@ -34,6 +34,7 @@ Known problems
 
 from fsdpdoctor.fmt import ms
 
+from ._idiom import idiom_parts
 from ._util import REPLAY_MAX_ERROR_PCT, finding, fix_for, is_fsdp, of_step, replay_evidence
 
 CODE = "FSD006"
@@ -55,11 +56,13 @@ FIX_OFFLOAD = """from torch.distributed.fsdp import CPUOffloadPolicy, fully_shar
 fully_shard(module, offload_policy=CPUOffloadPolicy(pin_memory=True))  # offloaded shards in pinned memory
 """
 
-FIX_DATA = """loader = torch.utils.data.DataLoader(dataset, batch_size=bs, pin_memory=True)  # batches in pinned memory
+FIX_LOADER = """loader = torch.utils.data.DataLoader(dataset, batch_size=bs, pin_memory=True)  # batches in pinned memory
 batch = batch.to(device, non_blocking=True)                                     # asynchronous copy
-# a host tensor copied every step: allocate it once in pinned memory
+"""
+FIX_BUFFERS = """# a host tensor copied every step: allocate it once in pinned memory
 buf = torch.empty(shape, dtype=dtype, pin_memory=True)
 """
+FIX_DATA = FIX_LOADER + FIX_BUFFERS
 
 FIX_INFERENCE = """inputs = inputs.pin_memory()                   # or allocate host buffers with pin_memory=True once
 inputs = inputs.to(device, non_blocking=True)
@@ -91,7 +94,9 @@ def check(facts, cfg):
         )
         cause = "FSDP offloads to pageable host memory (CPUOffloadPolicy(pin_memory=False))"
     else:
-        fix = fix_for(facts, training=FIX_DATA, inference=FIX_INFERENCE)
+        # the loader's pinning as the run's framework sets it; buffers the user copies stay torch code
+        plain = fix_for(facts, training=FIX_DATA, inference=FIX_INFERENCE)
+        fix = idiom_parts(facts, [("pin_memory", FIX_LOADER), (None, FIX_BUFFERS)], plain)
         cause = "host tensors copied to or from the GPU are not pinned (input batches, .cpu() results)"
     # the saving: the replay of pinned copies; without it (CPU-only, or a replay that misses the
     # measured steps), half the copy time (a pinned copy is asynchronous and several times faster)

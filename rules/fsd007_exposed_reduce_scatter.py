@@ -26,6 +26,7 @@ Known problems
 
 from fsdpdoctor.fmt import ms
 
+from ._idiom import idiom_parts
 from ._util import REPLAY_MAX_ERROR_PCT, finding, fix_for, is_fsdp, of_step, step_ms
 
 FOLD_SHARE = 0.5  # folded into the finding whose fix removes at least this share of it (what-if replay)
@@ -63,6 +64,13 @@ model = FSDP(model, auto_wrap_policy=policy,
 """
 
 
+#: under a framework that wraps the units itself: what to keep small, then its bf16 setting
+WHY_IDIOM = (
+    "# keep the unit that runs last in backward small: the embeddings and output layer as units of their\n"
+    "# own (not left in the root, whose reduce-scatter is issued last), and bf16 reduce-scatters:\n"
+)
+
+
 def check(facts, cfg):
     if not is_fsdp(facts) or not facts.gpu_present:
         return []
@@ -95,7 +103,9 @@ def check(facts, cfg):
             folded_into=folded,
             evidence=evidence,
             cause="the last units of backward have no remaining gradient compute to overlap their reduce-scatter",
-            fix=fix_for(facts, fsdp2=FIX_FSDP2, fsdp1=FIX_FSDP1),
+            fix=idiom_parts(
+                facts, [(None, WHY_IDIOM), ("mixed_precision", "")], fix_for(facts, fsdp2=FIX_FSDP2, fsdp1=FIX_FSDP1)
+            ),
             confidence=0.7,
             est_saving_ms=exp,
             # the assumption: the fix hides all of it; the low end leaves the worst unit's exposed

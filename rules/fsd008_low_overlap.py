@@ -200,6 +200,8 @@ def _fix(facts, top_kind: str | None) -> dict[str, str]:
             facts,
             fsdp2=FIX_FSDP2,
             fsdp1=FIX_FSDP1,
+            # as the run's framework sets them (HF Trainer, Lightning, Accelerate)
+            lever=("prefetch", "mixed_precision") if is_fsdp(facts) else None,
             none_known=f"exposed {(top_kind or 'communication').replace('_', '-')} outside FSDP and DDP",
         )
     return no_fix_known(

@@ -40,6 +40,7 @@ Known problems
 
 from fsdpdoctor.fmt import mib, ms, pct
 
+from ._idiom import batch_line, idiom_parts
 from ._util import finding, fix_for, is_ddp, is_fsdp, of_cpu_step, of_window, step_ms
 
 CODE = "FSD010"
@@ -120,7 +121,9 @@ def check(facts, cfg):
     saving = max(host_idle - 0.05 * t.gpu_window_ms, 0.0)
     span = [max(host_idle - 0.10 * t.gpu_window_ms, 0.0), host_idle]
     inference = facts.workload == "inference"
-    fix = fix_for(facts, training="".join(parts) or FIX_PLAIN, inference=FIX_INFERENCE)
+    plain = fix_for(facts, training="".join(parts) or FIX_PLAIN, inference=FIX_INFERENCE)
+    # each part the run's framework has a setting for (loader, compile, fused optimizer) in its idiom
+    fix = idiom_parts(facts, [(_lever(p), p) for p in parts], plain)
     grow = facts.memory_pressure.batch_headroom if facts.memory_pressure is not None else None
     if grow is not None and grow >= 1.5 and not inference:
         p, act = facts.memory_pressure, facts.memory.categories.get("activations", 0)
@@ -131,11 +134,7 @@ def check(facts, cfg):
             f"({mib(act)} at the peak) growing with the batch, a micro-batch up to ~{grow:.0f}× larger stays "
             f"under {p.threshold_pct:g}%: more GPU work per launch and per FSDP hook"
         )
-        fix = {
-            key: f"batch_size = bs * {k}  # activations could grow ~{grow:.0f}x before 80% of memory; grow in steps\n"
-            + code
-            for key, code in fix.items()
-        }
+        fix = {key: batch_line(facts, k, grow) + code for key, code in fix.items()}
     return [
         finding(
             __name__,
@@ -152,6 +151,17 @@ def check(facts, cfg):
             saving_assumptions="the GPU still idle after the fix: 5% of its window (assumed), 0-10%",
         )
     ]
+
+
+def _lever(part: str) -> str | None:
+    """The idiom lever (rules/_idiom.py) a fix part pulls, None for advice no framework setting carries."""
+    if part == FIX_LOADER:
+        return "dataloader"
+    if part == FIX_COMPILE:
+        return "compile"
+    if part.startswith("opt = torch.optim.") and "fused=True" in part:
+        return "fused_optimizer"
+    return None
 
 
 def _cause(facts, parts: list[str]) -> str:

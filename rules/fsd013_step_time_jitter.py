@@ -25,6 +25,7 @@ import statistics
 
 from fsdpdoctor.fmt import ms, pct
 
+from ._idiom import idiom_parts
 from ._util import finding, fix_for
 
 CODE = "FSD013"
@@ -35,10 +36,11 @@ THRESHOLDS = ("jitter_cv_pct", "jitter_min_steps")
 SAVES_ON = "step"  # a stall of the whole step, CPU side included
 
 
-FIX = """import gc
+FIX_GC = """import gc
 gc.freeze()   # after model and optimizer are built: no full collections over them
-loader = DataLoader(ds, num_workers=8, pin_memory=True, persistent_workers=True)
 """
+FIX_LOADER = "loader = DataLoader(ds, num_workers=8, pin_memory=True, persistent_workers=True)\n"
+FIX = FIX_GC + FIX_LOADER
 
 FIX_INFERENCE = """import gc
 gc.freeze()   # after the model is loaded: no full collections over it
@@ -72,7 +74,12 @@ def check(facts, cfg):
                 f"rank {rank}: steps {', '.join(f'{t:.1f}' for t in times)} ms; median {ms(med)}, max {ms(max(times))}"
             ],
             cause="an intermittent stall: data loading, garbage collection, checkpointing or recompilation",
-            fix=fix_for(facts, training=FIX, inference=FIX_INFERENCE),
+            # the loader's workers as the run's framework sets them; gc.freeze() is the user's code anywhere
+            fix=idiom_parts(
+                facts,
+                [(None, FIX_GC), ("dataloader", FIX_LOADER)],
+                fix_for(facts, training=FIX, inference=FIX_INFERENCE),
+            ),
             confidence=0.5,
             est_saving_ms=est,
             saving_span_ms=[low, high],

@@ -34,6 +34,7 @@ Known problems
 
 from fsdpdoctor.fmt import mib, ms, pct
 
+from ._idiom import batch_line, blocks_text, idiom_parts
 from ._util import finding, fix_for, is_fsdp, of_step, replay_evidence, replayed_saving, step_ms
 
 CODE = "FSD016"
@@ -76,6 +77,13 @@ model = FSDP(model, auto_wrap_policy=lambda module, recurse, nonwrapped_numel: r
 model = torch.compile(model)  # fewer, fused kernels between the hooks
 """
 
+#: the hooks' levers no framework setting carries, under a framework that wraps the units itself
+WHY_IDIOM = (
+    "# fewer, larger units: one FSDP unit per two {blocks} halves the hooks (a module holding\n"
+    "# two, wrapped instead of each block); more GPU work per hook: a larger micro-batch where memory allows;\n"
+    '# static shapes: CUDA graphs remove the launch overhead (torch.compile(mode="reduce-overhead"))\n'
+)
+
 
 def check(facts, cfg):
     e = facts.efficiency
@@ -113,7 +121,13 @@ def check(facts, cfg):
             replay_evidence(facts, REPLAY_FIX, "two blocks per unit (half the hooks)")
             + f"; at most {ms(ceiling)} per step with no hook CPU at all (the part of the step the hooks hold)"
         )
-    fix = fix_for(facts, fsdp2=FIX_FSDP2, fsdp1=FIX_FSDP1)
+    # under a framework that wraps the units itself: its compile setting, then what to wrap (no setting
+    # of theirs puts two blocks in one unit) and the larger micro-batch
+    fix = idiom_parts(
+        facts,
+        [("compile", ""), (None, WHY_IDIOM.format(blocks=blocks_text(facts)))],
+        fix_for(facts, fsdp2=FIX_FSDP2, fsdp1=FIX_FSDP1),
+    )
     grow = facts.memory_pressure.batch_headroom if facts.memory_pressure is not None else None
     if grow is not None and grow >= 1.5:
         p = facts.memory_pressure
@@ -123,11 +137,7 @@ def check(facts, cfg):
             f"~{grow:.0f}× larger fits (more GPU work per hook)"
         )
         k = min(int(grow), 8)
-        fix = {
-            key: f"batch_size = bs * {k}  # activations could grow ~{grow:.0f}x before 80% of memory; grow in steps\n"
-            + code
-            for key, code in fix.items()
-        }
+        fix = {key: batch_line(facts, k, grow) + code for key, code in fix.items()}
     top = max(e.hooks, key=lambda h: h.gpu_wait_ms_per_step, default=None)
     where = {"unit": top.unit, "hook": top.hook} if top is not None else {}
     return [

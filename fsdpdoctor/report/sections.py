@@ -206,6 +206,32 @@ def ticket_headline(f: RunFacts) -> list[tuple[str, str]]:
     return hang_headline(f) + items + memory_headline(f)
 
 
+#: a framework as the Run line names it (FrameworkFacts.name; libraries not listed by their own name)
+_FRAMEWORKS = {
+    "transformers": "HF Transformers",
+    "lightning": "Lightning Trainer",
+    "accelerate": "Accelerate",
+    "torchtitan": "torchtitan",
+}
+#: FrameworkFacts.evidence's source prefixes as the Run line names them
+_SOURCES = {"sidecar": "sidecar", "folder": "dump folder", "trace": "Python frames", "memory snapshot": "snapshot stacks"}
+
+
+def framework_text(f: RunFacts) -> str:
+    """`` · HF Transformers Trainer (sidecar)``: the framework that drove the run and what said so,
+    where evidence named one; nothing for plain PyTorch (the default, not a finding)."""
+    fw = f.framework
+    if fw is None or fw.name == "pytorch" or not fw.evidence:
+        return ""
+    name = _FRAMEWORKS.get(fw.name, fw.name)
+    if fw.name == "transformers" and fw.trainer == "Trainer":
+        name += " Trainer"
+    if fw.peft:
+        name += " + PEFT"
+    seen = [v for k, v in _SOURCES.items() if any(e.startswith(k + ":") for e in fw.evidence)]
+    return f" · {name}" + (f" ({', '.join(seen)})" if seen else "")
+
+
 def headline(f: RunFacts) -> list[tuple[str, str]]:
     """Key/value lines for the top of every report."""
     if not f.rank_facts:
@@ -247,7 +273,7 @@ def headline(f: RunFacts) -> list[tuple[str, str]]:
     else:
         gpu_txt = " · no GPU activity"
     lines = [
-        ("Run", rank_txt + (f" · {dev}" if dev else "") + gpu_txt),
+        ("Run", rank_txt + (f" · {dev}" if dev else "") + gpu_txt + framework_text(f)),
         ("Steps", steps_text(f)),
         ("FSDP", fsdp_txt),
     ]
