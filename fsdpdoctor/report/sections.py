@@ -214,7 +214,12 @@ _FRAMEWORKS = {
     "torchtitan": "torchtitan",
 }
 #: FrameworkFacts.evidence's source prefixes as the Run line names them
-_SOURCES = {"sidecar": "sidecar", "folder": "dump folder", "trace": "Python frames", "memory snapshot": "snapshot stacks"}
+_SOURCES = {
+    "sidecar": "sidecar",
+    "folder": "dump folder",
+    "trace": "Python frames",
+    "memory snapshot": "snapshot stacks",
+}
 
 
 def framework_text(f: RunFacts) -> str:
