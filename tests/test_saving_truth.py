@@ -61,7 +61,8 @@ def _finding(rep, slug):
 #: micro-batch FSD014 1.01, 1.00 (0.72 before the no-sync replay); host-bound FSD010 0.93, 0.89
 #: and its ceiling 0.99, 0.95; pageable offload FSD006's model 0.90, 0.90; root-only FSDP2 on a
 #: 50 GB/s link against its DDP twin FSD031 0.99, 0.99 (23x on the 100 GB/s run before the DDP
-#: optimizer step was scaled to every parameter)
+#: optimizer step was scaled to every parameter); the typical run with an .item() after each of 4
+#: blocks against its twin without FSD018 0.99, 0.99 (0.66 when it claimed the drained idle only)
 TWINNED = {
     "too-fine": ("too-fine", {}, {"wrap": "block"}, "auto-wrap-too-fine", "est", 0.15),
     "ga-sync": (
@@ -77,6 +78,14 @@ TWINNED = {
         {"link_bandwidth_gbps": 50.0},
         {"parallelism": "ddp"},
         "ddp-would-be-faster",
+        "est",
+        0.1,
+    ),
+    "item-readback": (
+        "typical",
+        {"sync_items_per_step": 4},
+        {"sync_items_per_step": 0},
+        "sync-in-step",
         "est",
         0.1,
     ),
