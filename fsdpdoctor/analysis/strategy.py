@@ -86,6 +86,10 @@ class PlanInputs:
     compute_forward_ms: float = 0.0
     compute_backward_ms: float = 0.0
     compute_other_ms: float = 0.0  # optimizer step and anything else on the GPU
+    # the optimizer step's GPU time per step (part of compute_other_ms), as measured under the
+    # current strategy: each rank steps the parameters it holds, so it scales with 1 / the number
+    # of ranks the parameters are sharded over (W under FULL/SHARD_GRAD_OP, G under HYBRID, 1 under DDP)
+    optimizer_ms: float = 0.0
     other_ms: float = 0.0  # measured idle / memcpy that no strategy changes
     intra_busbw_gbps: float = DEFAULT_INTRA_BUSBW
     inter_busbw_gbps: float = DEFAULT_INTER_BUSBW
@@ -114,7 +118,10 @@ def estimate(inp: PlanInputs) -> list[Candidate]:
     unit = inp.largest_unit_params or P / 32
     act = inp.activation_bytes
     cf, cb = inp.compute_forward_ms, inp.compute_backward_ms
-    base = cf + cb + inp.compute_other_ms + inp.other_ms
+    shards = {"FULL_SHARD": W, "SHARD_GRAD_OP": W, "HYBRID_SHARD": G, "NO_SHARD": 1}
+    opt_all = inp.optimizer_ms * shards.get(inp.current or "", 1)  # the whole model's optimizer step
+    base0 = cf + cb + inp.compute_other_ms - inp.optimizer_ms + inp.other_ms
+    base_of = lambda name: base0 + opt_all / max(shards[name], 1)  # noqa: E731
     bw_world = inp.intra_busbw_gbps if W <= G else inp.inter_busbw_gbps
     ag = lambda n, bw: _t(P * inp.comm_bytes, (n - 1) / n, bw) if n > 1 else 0.0  # noqa: E731
     rs = lambda n, bw: _t(P * inp.reduce_bytes, (n - 1) / n, bw) if n > 1 else 0.0  # noqa: E731
@@ -129,13 +136,29 @@ def estimate(inp: PlanInputs) -> list[Candidate]:
     mem = b * P / W + 2 * unit * inp.comm_bytes + act
     e = exposed(f_ag, f_ag + f_rs, share * f_ag, share * f_rs)
     out.append(
-        Candidate("FULL_SHARD", mem, False, 2 * f_ag + f_rs, e, base + e, P * (2 * inp.comm_bytes + inp.reduce_bytes))
+        Candidate(
+            "FULL_SHARD",
+            mem,
+            False,
+            2 * f_ag + f_rs,
+            e,
+            base_of("FULL_SHARD") + e,
+            P * (2 * inp.comm_bytes + inp.reduce_bytes),
+        )
     )
     # SHARD_GRAD_OP
     mem = b * P / W + P * inp.comm_bytes + act
     e = exposed(f_ag, f_rs, share * f_ag, share * f_rs)
     out.append(
-        Candidate("SHARD_GRAD_OP", mem, False, f_ag + f_rs, e, base + e, P * (inp.comm_bytes + inp.reduce_bytes))
+        Candidate(
+            "SHARD_GRAD_OP",
+            mem,
+            False,
+            f_ag + f_rs,
+            e,
+            base_of("SHARD_GRAD_OP") + e,
+            P * (inp.comm_bytes + inp.reduce_bytes),
+        )
     )
     # HYBRID_SHARD: shard group = one node
     if n_nodes > 1:
@@ -150,7 +173,7 @@ def estimate(inp: PlanInputs) -> list[Candidate]:
                 False,
                 2 * h_ag + h_rs + h_ar,
                 e,
-                base + e,
+                base_of("HYBRID_SHARD") + e,
                 P * (2 * inp.comm_bytes + inp.reduce_bytes) + P / G * inp.reduce_bytes,
                 note=f"shard group {G} GPUs, replicated over {n_nodes} nodes",
             )
@@ -159,7 +182,7 @@ def estimate(inp: PlanInputs) -> list[Candidate]:
     d_ar = _t(P * inp.reduce_bytes, 2 * (W - 1) / W, bw_world) if W > 1 else 0.0
     mem = b * P + DDP_BUCKETS_BYTES + act
     e = max(0.0, d_ar - cb) + _t(25 * 2**20, 2 * (W - 1) / max(W, 1), bw_world)
-    out.append(Candidate("NO_SHARD", mem, False, d_ar, e, base + e, P * inp.reduce_bytes))
+    out.append(Candidate("NO_SHARD", mem, False, d_ar, e, base_of("NO_SHARD") + e, P * inp.reduce_bytes))
     for c in out:
         c.fits = c.memory_bytes <= DEFAULT_MEMORY_HEADROOM * inp.gpu_memory_bytes
     return out
@@ -322,8 +345,9 @@ def inputs_from_facts(facts: RunFacts, gpus_per_node: int | None = None) -> Plan
     inp.compute_forward_ms = per_step(lambda s: s.compute_by_phase.get("forward", 0.0))
     inp.compute_backward_ms = per_step(lambda s: s.compute_by_phase.get("backward", 0.0))
     inp.compute_other_ms = per_step(lambda s: s.compute_ms) - inp.compute_forward_ms - inp.compute_backward_ms
+    inp.optimizer_ms = per_step(lambda s: s.compute_by_phase.get("optimizer", 0.0))
     inp.other_ms = facts.timeline.idle_ms + facts.timeline.memcpy_ms
-    src["compute_forward_ms"] = src["compute_backward_ms"] = "measured (GPU timeline)"
+    src["compute_forward_ms"] = src["compute_backward_ms"] = src["optimizer_ms"] = "measured (GPU timeline)"
     intra, inter = [], []
     for r in facts.rank_facts:
         for c in r.collectives:
