@@ -36,6 +36,10 @@ TRACE_SUFFIXES = (".json.gz", ".json")
 PUBLIC_MARK = "<!-- public traces -->"
 
 
+#: the reports public_inputs made while sorting the folders, kept for section() (analysed once)
+_REPORTS: dict[tuple[Path, ...], "fsdpdoctor.Report"] = {}
+
+
 def public_inputs() -> list[tuple[str, list[Path]]]:
     """(label, paths) per public trace folder; a folder of different runs gives one per file."""
     if not PUBLIC.is_dir():
@@ -44,7 +48,7 @@ def public_inputs() -> list[tuple[str, list[Path]]]:
     for d in sorted(p for p in PUBLIC.iterdir() if p.is_dir()):
         files = sorted(f for f in d.iterdir() if f.name.endswith(TRACE_SUFFIXES))
         try:
-            fsdpdoctor.analyze(d, jobs=1)
+            _REPORTS[(d,)] = fsdpdoctor.analyze(d, jobs=1)
             out.append((d.name, [d]))
         except InputError:  # different runs side by side: each file on its own
             out.extend((f"{d.name}/{f.name}", [f]) for f in files)
@@ -58,7 +62,7 @@ def recorded_inputs() -> list[tuple[str, list[Path]]]:
 
 def section(label: str, paths: list[Path]) -> str:
     try:
-        rep = fsdpdoctor.analyze(paths, jobs=1)
+        rep = _REPORTS.pop(tuple(paths), None) or fsdpdoctor.analyze(paths, jobs=1)
     except InputError as e:
         return f"### {label}\n\nnot analysed: {e}\n"
     f = rep.facts

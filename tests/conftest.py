@@ -70,6 +70,23 @@ def scenario_case(tmp_path_factory):
     return get
 
 
+@pytest.fixture(scope="session")
+def public_report():
+    """path -> ``fsdpdoctor.analyze(path)`` of a public trace file, analysed once per process and
+    shared by the modules that read every public trace (test_rules, test_shapes,
+    test_finding_coherence). A report is shared: read it, never change it."""
+    import fsdpdoctor
+
+    cache: dict[Path, object] = {}
+
+    def get(path: Path):
+        if path not in cache:
+            cache[path] = fsdpdoctor.analyze(path)
+        return cache[path]
+
+    return get
+
+
 @pytest.fixture
 def shared_traces() -> Path:
     if not PUBLIC_TRACES.is_dir():

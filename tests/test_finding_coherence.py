@@ -121,8 +121,8 @@ def check_report(rep: fsdpdoctor.Report, what: str, files=None) -> None:
 
 
 @pytest.mark.parametrize("path", public_trace_files(), ids=lambda p: f"{p.parent.name}/{p.name}")
-def test_public_trace_files(path):
-    check_report(fsdpdoctor.analyze(path), str(path), [path])
+def test_public_trace_files(path, public_report):
+    check_report(public_report(path), str(path), [path])  # (conftest: analysed once per process)
 
 
 @pytest.mark.parametrize("name", MULTI_RANK_PUBLIC)

@@ -3,6 +3,7 @@ Analysis on the same file. Skipped when ../shared is absent."""
 
 from __future__ import annotations
 
+import functools
 import gzip
 import json
 import logging
@@ -104,8 +105,10 @@ GPU_CATS = {"kernel", "gpu_memcpy", "gpu_memset", "Kernel", "Memcpy", "Memset"}
 LAUNCH_CATS = {"cuda_runtime", "cuda_driver", "Runtime"}
 
 
+@functools.lru_cache(maxsize=None)
 def _raw(path: Path):
-    """(every GPU activity (start, end, correlation), ProfilerStep spans, launch ts by correlation)."""
+    """(every GPU activity (start, end, correlation), ProfilerStep spans, launch ts by correlation);
+    read once per file (two tests use it; they only read it)."""
     with gzip.open(path, "rb") as f:
         events = json.load(f)["traceEvents"]
     gpu, steps, launch = [], [], {}

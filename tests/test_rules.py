@@ -142,7 +142,7 @@ def _patched_report(base: "fsdpdoctor.Report", patch: dict) -> "fsdpdoctor.Repor
 
 
 @pytest.fixture(scope="module")
-def analyzed(recorded_run, hang_recording, tmp_path_factory):
+def analyzed(recorded_run, hang_recording, tmp_path_factory, public_report):
     cache: dict[tuple[str, str], list] = {}
 
     def get(source: str, name: str, patch: dict | None = None, knobs: dict | None = None):
@@ -160,7 +160,7 @@ def analyzed(recorded_run, hang_recording, tmp_path_factory):
                 files = public_trace_files()
                 if not files:
                     pytest.skip("../shared/traces/public is absent")
-                cache[key] = [fsdpdoctor.analyze(f) for f in files]
+                cache[key] = [public_report(f) for f in files]  # (conftest: once per process)
             elif source == "snapshot":
                 from fixtures.snapshots import gen_snapshot as gen
 
@@ -218,7 +218,7 @@ def test_rule_case(module_stem, case, analyzed):
             assert not fired, f"{slug} fired on {case.source}:{case.input} ({case.why}): {fired[0].summary}"
 
 
-def test_nothing_fsdp_specific_fires_on_public_traces():
+def test_nothing_fsdp_specific_fires_on_public_traces(public_report):
     files = public_trace_files()
     if not files:
         pytest.skip("../shared/traces/public is absent")
@@ -241,7 +241,7 @@ def test_nothing_fsdp_specific_fires_on_public_traces():
         "tensor-parallel-on-critical-path",
     }
     for f in files:
-        rep = fsdpdoctor.analyze(f)
+        rep = public_report(f)
         slugs = {x.slug for x in rep.findings}
         assert "fsdp-not-detected" in slugs, f
         assert not slugs & fsdp_specific, (f, slugs & fsdp_specific)

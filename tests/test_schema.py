@@ -58,6 +58,30 @@ def test_schema_is_closed_a_stray_key_is_refused():
         validate(doc)
 
 
+def test_the_compiled_validator_agrees_with_jsonschema():
+    """validate() trusts jsonschema_rs when it accepts a document: it must refuse what jsonschema
+    refuses (a stray key, a wrong type, a missing field) and accept what jsonschema accepts."""
+    from fsdpdoctor.schema import _fast_validator, _validator
+
+    fast, ref = _fast_validator(), _validator()
+    assert fast is not None, "jsonschema_rs is in the test extra"
+    good = json.loads(fsdpdoctor.analyze(PER_BLOCK).to_json())
+    assert fast.is_valid(good) and ref.is_valid(good)
+    bad = []
+    for patch in (
+        lambda d: d["fsdp"].__setitem__("made_up", 1),
+        lambda d: d["steps"].__setitem__("count", "3"),
+        lambda d: d["steps"].__setitem__("count", 2.5),
+        lambda d: d["steps"].pop("count"),
+        lambda d: d.__setitem__("schema_version", 1),
+        lambda d: d["rank_facts"][0].__setitem__("rank", None),
+    ):
+        d = json.loads(json.dumps(good))
+        patch(d)
+        bad.append(d)
+    assert [fast.is_valid(d) for d in bad] == [ref.is_valid(d) for d in bad] == [False] * len(bad)
+
+
 def test_report_round_trips_as_a_baseline(tmp_path):
     rep = fsdpdoctor.analyze(PER_BLOCK)
     p = tmp_path / "baseline.json"

@@ -321,7 +321,7 @@ def test_checkpointing_found_in_the_public_resnet_act_checkpoint_trace():
     assert "aten::conv2d" in fs.activation_checkpointing_evidence
 
 
-def test_public_traces_keep_one_forward_pass_per_step_and_group_sizes():
+def test_public_traces_keep_one_forward_pass_per_step_and_group_sizes(public_report):
     """No public trace runs gradient accumulation; every collective's group size is the
     ``Group size`` its record_param_comms recorded (none of them exceeds the world size)."""
     from conftest import public_trace_files
@@ -330,7 +330,7 @@ def test_public_traces_keep_one_forward_pass_per_step_and_group_sizes():
     if not files:
         pytest.skip("../shared/traces/public is absent")
     for f in files:
-        rep = fsdpdoctor.analyze(f)
+        rep = public_report(f)  # (conftest: analysed once per process)
         assert rep.facts.fsdp.microbatches_per_step == 1, f
         for r in rep.facts.rank_facts:
             for c in r.collectives:
