@@ -33,6 +33,33 @@ def _union_us(intervals) -> float:
     return total + (cur_e - cur_s if cur_e is not None else 0.0)
 
 
+def union(iv) -> list[tuple[float, float]]:
+    """The union of intervals (a, b), sorted and merged."""
+    out: list[list[float]] = []
+    for a, b in sorted(iv):
+        if out and a <= out[-1][1]:
+            out[-1][1] = max(out[-1][1], b)
+        else:
+            out.append([a, b])
+    return [(a, b) for a, b in out]
+
+
+def subtract(a, b) -> list[tuple[float, float]]:
+    """The merged intervals ``a`` less the merged, sorted intervals ``b``."""
+    out = []
+    for x, y in a:
+        cur = x
+        for p, q in b:
+            if q <= cur or p >= y:
+                continue
+            if p > cur:
+                out.append((cur, p))
+            cur = max(cur, q)
+        if cur < y:
+            out.append((cur, y))
+    return out
+
+
 def read(path: str | Path) -> dict:
     """kernels, steps (ProfilerStep# events), gpu_busy_ms and comm_busy_ms (unions over the whole
     trace), backend_span_ms (gloo:* / hccl:* CPU spans, summed), events by (ph, cat), notable

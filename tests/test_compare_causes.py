@@ -26,6 +26,8 @@ from pathlib import Path
 
 import pytest
 
+from _stdlib_reading import subtract, union
+
 import fsdpdoctor
 from fsdpdoctor.analysis.compare import compare
 from fsdpdoctor.report.comparison import render_markdown, render_terminal, to_dict
@@ -41,31 +43,6 @@ INTERNAL = re.compile(
 # ------------------------------------------------------------------------------------------
 # raw trace readings (plain json)
 # ------------------------------------------------------------------------------------------
-
-
-def _union(iv):
-    out: list[list[float]] = []
-    for a, b in sorted(iv):
-        if out and a <= out[-1][1]:
-            out[-1][1] = max(out[-1][1], b)
-        else:
-            out.append([a, b])
-    return out
-
-
-def _subtract(a, b):
-    out = []
-    for x, y in a:
-        cur = x
-        for p, q in b:
-            if q <= cur or p >= y:
-                continue
-            if p > cur:
-                out.append((cur, p))
-            cur = max(cur, q)
-        if cur < y:
-            out.append((cur, y))
-    return out
 
 
 def _inside(iv, lo, hi) -> float:
@@ -91,7 +68,7 @@ def _cpu_rank(path: Path) -> dict[str, float]:
             hooks.setdefault(e["tid"], []).append((e["ts"], e["ts"] + e["dur"]))
         elif e["name"].startswith("c10d::") and e.get("cat") == "cpu_op":
             c10d.setdefault(e["tid"], []).append((e["ts"], e["ts"] + e["dur"]))
-    iv = [x for t, h in hooks.items() for x in _subtract(_union(h), _union(c10d.get(t, [])))]
+    iv = [x for t, h in hooks.items() for x in subtract(union(h), union(c10d.get(t, [])))]
     out = {"hooks": 0.0, "hooks_forward": 0.0, "hooks_backward": 0.0, "forward": 0.0, "backward": 0.0}
     steps = _cpu_steps(ev)
     for s in steps:
@@ -133,7 +110,7 @@ def _gpu_run(run: str) -> dict[str, float]:
         outside += s["dur"] - (max(g["ts"] + g["dur"] for g in mine) - min(g["ts"] for g in mine))
     n = len(steps)
     return {
-        "compute": sum(y - x for x, y in _union([(e["ts"], e["ts"] + e["dur"]) for e in kernels])) / 1e3 / n,
+        "compute": sum(y - x for x, y in union([(e["ts"], e["ts"] + e["dur"]) for e in kernels])) / 1e3 / n,
         "pageable": sum(1 for e in ev if e.get("cat") == "gpu_memcpy" and "Pageable" in e["name"]) / n,
         "optimizer": sum(e["dur"] for e in ev if e["name"].startswith("Optimizer.step#")) / 1e3 / n,
         "outside_window": outside / 1e3 / n,

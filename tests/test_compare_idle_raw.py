@@ -24,6 +24,8 @@ from functools import lru_cache
 
 import pytest
 
+from _stdlib_reading import subtract, union
+
 from conftest import REPO
 
 import fsdpdoctor
@@ -36,31 +38,6 @@ PAIRS = [
     ("gpu-h200/gpt2-bf16-b96", "gpu-h200/gpt2-bf16-b96-ac"),
     ("gpu/fsdp2", "gpu/fsdp2-bf16"),
 ]
-
-
-def _union(iv):
-    out: list[list[float]] = []
-    for a, b in sorted(iv):
-        if out and a <= out[-1][1]:
-            out[-1][1] = max(out[-1][1], b)
-        else:
-            out.append([a, b])
-    return [(a, b) for a, b in out]
-
-
-def _subtract(a, b):
-    out = []
-    for x, y in a:
-        cur = x
-        for p, q in b:
-            if q <= cur or p >= y:
-                continue
-            if p > cur:
-                out.append((cur, p))
-            cur = max(cur, q)
-        if cur < y:
-            out.append((cur, y))
-    return out
 
 
 def _len(iv) -> float:
@@ -77,8 +54,8 @@ def raw_other_idle(path, frame: list[tuple[float, float]]) -> float:
         if e.get("cat") in ("cuda_runtime", "cuda_driver") and "correlation" in e.get("args", {})
     }
     gpu = [e for e in ev if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")]
-    busy = _union([(e["ts"], e["ts"] + e["dur"]) for e in gpu])
-    blocked = _union(
+    busy = union([(e["ts"], e["ts"] + e["dur"]) for e in gpu])
+    blocked = union(
         [
             (e["ts"], e["ts"] + e["dur"])
             for e in ev
@@ -96,13 +73,13 @@ def raw_other_idle(path, frame: list[tuple[float, float]]) -> float:
         own.append((min(g["ts"] for g in mine), max(g["ts"] + g["dur"] for g in mine)) if mine else None)
     total = 0.0
     for k, (lo, hi) in enumerate(frame):
-        idle = _subtract([(lo, hi)], busy)
+        idle = subtract([(lo, hi)], busy)
         if own[k] is not None:
             w0, w1 = own[k]
             nxt = next((o[0] for o in own[k + 1 :] if o is not None), None)
             w1 = w1 if nxt is None else min(w1, max(nxt, w0))
-            host_bound = _subtract(_subtract([(w0, w1)], busy), blocked)
-            idle = _subtract(idle, host_bound)
+            host_bound = subtract(subtract([(w0, w1)], busy), blocked)
+            idle = subtract(idle, host_bound)
         total += _len(idle)
     return total / len(frame) / 1e3
 

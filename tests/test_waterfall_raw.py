@@ -25,7 +25,7 @@ from pathlib import Path
 
 import pytest
 
-from _stdlib_reading import COMM_KERNEL
+from _stdlib_reading import COMM_KERNEL, union
 from conftest import PUBLIC_TRACES, REPO
 
 import fsdpdoctor
@@ -52,16 +52,6 @@ COMPUTE = (
     "recompute",
     "other_kernels",
 )
-
-
-def _union(iv: list[tuple[float, float]]) -> list[tuple[float, float]]:
-    out: list[list[float]] = []
-    for a, b in sorted(iv):
-        if out and a <= out[-1][1]:
-            out[-1][1] = max(out[-1][1], b)
-        else:
-            out.append([a, b])
-    return [(a, b) for a, b in out]
 
 
 def _inside(u: list[tuple[float, float]], wins: list[tuple[float, float]]) -> float:
@@ -97,11 +87,11 @@ def raw_parts(path: Path, steps: list[tuple[float, float]]) -> dict[str, float]:
             comm.append((a, b))
         else:
             comp.append((a, b))
-    wins = _union(steps)
+    wins = union(steps)
     n = len(steps)
-    c = _inside(_union(comp), wins)
-    cc = _inside(_union(comp + comm), wins)
-    al = _inside(_union(comp + comm + copy), wins)
+    c = _inside(union(comp), wins)
+    cc = _inside(union(comp + comm), wins)
+    al = _inside(union(comp + comm + copy), wins)
     w = sum(b - a for a, b in wins)
     step = sum(b - a for a, b in steps)
     return {
