@@ -20,7 +20,7 @@ PUBLIC_SNAPSHOTS = SHARED / "snapshots" / "public"
 if str(REPO) not in sys.path:  # lets tests import fixtures.* (recorders, generators)
     sys.path.insert(0, str(REPO))
 
-pytest_plugins = ["_recording"]
+pytest_plugins = ["_recording", "_presets"]
 
 # Every report produced while testing (in this process and in CLI subprocesses, which inherit
 # the environment) is validated against the published JSON Schema (fsdpdoctor.api._checked).
@@ -51,20 +51,15 @@ def public_trace_files() -> list[Path]:
 
 
 @pytest.fixture(scope="session")
-def scenario_case(tmp_path_factory):
-    """preset name -> (fsdpdoctor.analyze() of the generated run, its truth.json), once per session."""
-    import fsdpdoctor
+def scenario_case(generated_run, analyzed_run):
+    """preset name -> (fsdpdoctor.analyze() of the generated run, its truth.json), analysed once per
+    process (``_presets.analyzed_run``); the run is generated once per session
+    (``_presets.generated_run``). Both are shared: read them, never change them."""
     from fixtures.scenarios import generator as gen
 
-    cache: dict[str, tuple] = {}
-
     def get(name: str):
-        if name not in cache:
-            out = tmp_path_factory.mktemp(name)
-            gen.generate(gen.PRESETS[name], out)
-            cache[name] = (fsdpdoctor.analyze(out), gen.read_truth(out))
-            get.dirs[name] = out  # the generated rank files, for tests that read them raw
-        return cache[name]
+        get.dirs[name] = generated_run(gen.PRESETS[name])  # the rank files, for tests that read them raw
+        return analyzed_run(gen.PRESETS[name])
 
     get.dirs = {}
     return get

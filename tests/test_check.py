@@ -50,15 +50,16 @@ def cli(*args, cwd=None):
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory):
-    """name → (trace dir, saved baseline JSON) for the healthy run and each regression."""
+def runs(tmp_path_factory, generated_run, analyzed_run):
+    """name → (trace dir, saved baseline JSON) for the healthy run and each regression (the trace
+    dirs are shared by the session: read only)."""
     base = gen.PRESETS["healthy-fsdp2"]
     root = tmp_path_factory.mktemp("check")
     out = {}
     for name, cfg in [("healthy", base)] + [(n, dataclasses.replace(base, **kw)) for n, kw in REGRESSIONS.items()]:
-        d = gen.generate(cfg, root / name)
+        d = generated_run(cfg)
         saved = root / f"{name}.json"
-        saved.write_text(fsdpdoctor.analyze(d).to_json())
+        saved.write_text(analyzed_run(cfg)[0].to_json())
         out[name] = (d, saved)
     return out
 
@@ -383,14 +384,14 @@ def test_exposed_comm_noise_floor(runs):
 
 
 @pytest.mark.parametrize("queue", [96, 0], ids=["queue-fills", "queue-never-fills"])
-def test_a_gpu_twice_as_slow_fails_the_step_gate_on_a_gpu_bound_run(tmp_path, iso, queue):
+def test_a_gpu_twice_as_slow_fails_the_step_gate_on_a_gpu_bound_run(tmp_path, iso, queue, generated_run):
     """GPU-bound (the generator's gpu-bound preset: no per-step sync, a warm-up backlog), the
     same run with the GPU at half its throughput. With a launch queue that fills, the CPU spans
     grow with the GPU; with one that never fills (queue 0) the CPU runs ahead and its spans barely
     move: the step clock sees the GPU either way. The generator's truth gives the rise."""
     base = dataclasses.replace(gen.PRESETS["gpu-bound"], launch_queue_depth=queue)
     slow = dataclasses.replace(base, gpu_tflops=base.gpu_tflops / 2)
-    d0, d1 = gen.generate(base, tmp_path / "base"), gen.generate(slow, tmp_path / "slow")
+    d0, d1 = generated_run(base), generated_run(slow)
     saved = tmp_path / "base.json"
     saved.write_text(fsdpdoctor.analyze(d0).to_json())
 

@@ -16,7 +16,6 @@ import sys
 
 import pytest
 
-import fsdpdoctor
 from fsdpdoctor.analysis.compare import CPU_COMPONENTS, GPU_COMPONENTS, compare
 from fsdpdoctor.api import load_run
 from fsdpdoctor.report.comparison import render_markdown, to_json
@@ -32,16 +31,15 @@ PAIRS = {
 
 
 @pytest.fixture(scope="module")
-def generated(tmp_path_factory):
-    """name → (dir, Report, truth) for the healthy run and each one-knob variant."""
+def generated(generated_run, analyzed_run):
+    """name → (dir, Report, truth) for the healthy run and each one-knob variant (the dirs are
+    shared by the session: read only)."""
     from fixtures.scenarios import generator as gen
 
     base = gen.PRESETS["healthy-fsdp2"]
     out = {}
-    root = tmp_path_factory.mktemp("pairs")
     for name, cfg in [("healthy", base)] + [(n, dataclasses.replace(base, **kw)) for n, (kw, _) in PAIRS.items()]:
-        d = gen.generate(cfg, root / name)
-        out[name] = (d, fsdpdoctor.analyze(d), gen.read_truth(d))
+        out[name] = (generated_run(cfg), *analyzed_run(cfg))
     return out
 
 

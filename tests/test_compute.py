@@ -342,7 +342,7 @@ def _raw_other_kernels_ms(path) -> float:
     return total / 1e3 / len(spans)
 
 
-def test_compare_splits_the_compute_change(run, tmp_path):
+def test_compare_splits_the_compute_change(run, generated_run):
     """compare's compute split, its parts adding up to the GPU compute change: the bf16 → fp32 pair
     is the engine; fsdp2 → fsdp2-ac is the recompute (the recomputed kernels' own time); a
     generated pair whose batch doubles is FLOPs (the generator's FLOPs truth doubles)."""
@@ -364,8 +364,8 @@ def test_compare_splits_the_compute_change(run, tmp_path):
     c = compare(b, a)
     assert c.compute_split["recompute"] > 0.9 * (a.timeline.compute_ms - b.timeline.compute_ms)
     base = gen.PRESETS["healthy-fsdp2"]
-    d0 = gen.generate(base, tmp_path / "b1")
-    d1 = gen.generate(dataclasses.replace(base, batch_size=2 * base.batch_size), tmp_path / "b2")
+    d0 = generated_run(base)
+    d1 = generated_run(dataclasses.replace(base, batch_size=2 * base.batch_size))
     t0, t1 = gen.read_truth(d0)["model"]["flops_per_step"], gen.read_truth(d1)["model"]["flops_per_step"]
     assert t1["matmul"] == pytest.approx(2 * t0["matmul"])
     b, a = fsdpdoctor.analyze(d0).facts, fsdpdoctor.analyze(d1).facts

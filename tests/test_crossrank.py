@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from fixtures.scenarios.generator import PRESETS, generate
+from fixtures.scenarios.generator import PRESETS
 from fsdpdoctor.analysis.ranks.crossrank import CrossRankFold
 from fsdpdoctor.api import analyze
 
@@ -23,11 +23,11 @@ WORLD = 4
 
 
 @pytest.fixture(scope="module")
-def slow_run(tmp_path_factory) -> tuple[Path, object]:
+def slow_run(generated_run) -> tuple[Path, object]:
     cfg = dataclasses.replace(
         PRESETS["slow-rank"], world_size=WORLD, num_layers=2, steps=3, hidden_size=512, seq_len=512, vocab_size=1024
     )
-    return generate(cfg, tmp_path_factory.mktemp("slow4")), cfg
+    return generated_run(cfg), cfg
 
 
 def _raw_arrivals(d: Path) -> dict[int, dict[tuple[str, int], float]]:

@@ -63,12 +63,12 @@ def gpu_report():
 
 
 @pytest.fixture(scope="module")
-def fsdp_gpu_dir(tmp_path_factory) -> Path:
+def fsdp_gpu_dir(generated_run) -> Path:
     """A generated 2-rank GPU FSDP2 run without backward prefetch (exposed all-gathers)."""
-    from fixtures.scenarios.generator import PRESETS, generate
+    from fixtures.scenarios.generator import PRESETS
 
     cfg = dataclasses.replace(PRESETS["no-backward-prefetch-fsdp2"], world_size=2, num_layers=4, steps=3)
-    return generate(cfg, tmp_path_factory.mktemp("fsdp2-gpu"))
+    return generated_run(cfg)
 
 
 @pytest.fixture(scope="module")
@@ -460,13 +460,10 @@ def test_render_real_comparison_cpu():
     assert '"forward outside FSDP hooks (CPU)"' in page and '"FSDP hook CPU time"' in page
 
 
-def test_render_real_comparison_gpu(fsdp_gpu_dir, tmp_path_factory):
-    from fixtures.scenarios.generator import PRESETS, generate
+def test_render_real_comparison_gpu(fsdp_gpu_dir, generated_run):
+    from fixtures.scenarios.generator import PRESETS
 
-    healthy = generate(
-        dataclasses.replace(PRESETS["healthy-fsdp2"], world_size=2, num_layers=4, steps=3),
-        tmp_path_factory.mktemp("healthy"),
-    )
+    healthy = generated_run(dataclasses.replace(PRESETS["healthy-fsdp2"], world_size=2, num_layers=4, steps=3))
     cmp = _real_comparison(healthy, fsdp_gpu_dir)
     page = _check_real_comparison(cmp)
     assert comparison_dict(cmp)["step_time_delta_ms"] > 0

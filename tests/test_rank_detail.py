@@ -60,10 +60,10 @@ def _raw_waits(d: Path) -> dict[int, float]:
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory) -> dict:
+def runs(tmp_path_factory, generated_run) -> dict:
     base = tmp_path_factory.mktemp("detail")
     cfg_a, cfg_b = _cfg(), _cfg(slow_factor=1.0)
-    a, b = generate(cfg_a, base / "a"), generate(cfg_b, base / "b")
+    a, b = generated_run(cfg_a), generated_run(cfg_b)  # shared by the session: read only
     rep_a, rep_b = analyze([a]), analyze([b])
     out = {"cfg": cfg_a, "dir": a, "waits": _raw_waits(a), "report": rep_a}
     for name, rep in (("a", rep_a), ("b", rep_b)):

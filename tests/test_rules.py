@@ -142,7 +142,7 @@ def _patched_report(base: "fsdpdoctor.Report", patch: dict) -> "fsdpdoctor.Repor
 
 
 @pytest.fixture(scope="module")
-def analyzed(recorded_run, hang_recording, tmp_path_factory, public_report):
+def analyzed(recorded_run, hang_recording, tmp_path_factory, public_report, generated_run):
     cache: dict[tuple[str, str], list] = {}
 
     def get(source: str, name: str, patch: dict | None = None, knobs: dict | None = None):
@@ -187,8 +187,7 @@ def analyzed(recorded_run, hang_recording, tmp_path_factory, public_report):
 
                 from fixtures.scenarios import generator as gen
 
-                out = tmp_path_factory.mktemp(f"scn-{name}")
-                gen.generate(dataclasses.replace(gen.PRESETS[name], **(knobs or {})), out)
+                out = generated_run(dataclasses.replace(gen.PRESETS[name], **(knobs or {})))
                 cache[key] = [fsdpdoctor.analyze(out)]
             else:
                 raise ValueError(source)

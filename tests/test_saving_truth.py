@@ -25,18 +25,8 @@ REGIMES = {"synced": {}, "gpu-bound": GPU_BOUND}
 
 
 @pytest.fixture(scope="module")
-def run(tmp_path_factory):
-    cache: dict = {}
-
-    def get(cfg: gen.ScenarioConfig):
-        key = repr(cfg)
-        if key not in cache:
-            out = tmp_path_factory.mktemp(cfg.name)
-            gen.generate(cfg, out)
-            cache[key] = (fsdpdoctor.analyze(out), gen.read_truth(out))
-        return cache[key]
-
-    return get
+def run(analyzed_run):
+    return analyzed_run  # (report, truth) per config, shared by the session's modules: read only
 
 
 def _step(truth) -> float:

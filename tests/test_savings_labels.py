@@ -7,7 +7,6 @@ times read from the raw traces with plain ``json`` (never fsdpdoctor's step read
 
 from __future__ import annotations
 
-import dataclasses
 import gzip
 import json
 import math
@@ -100,11 +99,11 @@ def test_check_step_gate_passes_a_rise_within_noise(runs):
 
 
 @pytest.mark.parametrize("preset,side", [("gpu-bound", "gpu"), ("host-bound", "cpu")])
-def test_bound_label_is_the_side_whose_speed_up_shortens_the_step(preset, side, tmp_path):
+def test_bound_label_is_the_side_whose_speed_up_shortens_the_step(preset, side, analyzed_run):
     """The generator builds the regime: a slow GPU with a full launch queue (GPU-bound), 150 µs of
     Python per op on a small model (host-bound). The label is the side whose 25% speed-up in the
     replay shortens the step more, the other side's by less than half of it."""
-    rep = fsdpdoctor.analyze(gen.generate(dataclasses.replace(gen.PRESETS[preset]), tmp_path))
+    rep = analyzed_run(gen.PRESETS[preset])[0]
     w = rep.facts.whatif
     g, c = w.saving_ms["compute×0.75"], w.saving_ms["cpu×0.75"]
     assert rep.facts.timeline.bound == side, (g, c)

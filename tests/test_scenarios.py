@@ -88,9 +88,9 @@ def ranks_of(d: Path) -> list[Rank]:
 
 
 @pytest.fixture(scope="module")
-def cases(tmp_path_factory) -> dict[str, Path]:
-    root = tmp_path_factory.mktemp("scenarios")
-    return {name: generate(cfg, root / name) for name, cfg in PRESETS.items()}
+def cases(generated_run) -> dict[str, Path]:
+    """preset name -> its generated run, generated once per session (shared: read only)."""
+    return {name: generated_run(cfg) for name, cfg in PRESETS.items()}
 
 
 # ------------------------------------------------------------------------------------------
@@ -246,7 +246,7 @@ def test_raw_text_is_kineto_formatted(cases):
     assert kernel.endswith('"Process Group Ranks": "[0, 1, 2, 3]"')
 
 
-def test_event_names_per_fsdp_version(cases):
+def test_event_names_per_fsdp_version(cases, generated_run):
     r2 = Rank(cases["healthy-fsdp2"] / "rank0.json.gz")
     names2 = {e["name"] for e in r2.cpu}
     for n in (
@@ -326,10 +326,7 @@ def test_event_names_per_fsdp_version(cases):
     assert {e["args"]["dtype"] for e in fp32.nccl} == {"Float"}
     assert any("ReduceScatter_Sum_f32" in e["name"] for e in fp32.nccl)
     old = Rank(
-        generate(
-            dataclasses.replace(PRESETS["healthy-fsdp2"], nccl_version="2.17.1", steps=1, num_layers=2),
-            cases["healthy-fsdp2"].parent / "nccl217",
-        )
+        generated_run(dataclasses.replace(PRESETS["healthy-fsdp2"], nccl_version="2.17.1", steps=1, num_layers=2))
         / "rank0.json.gz"
     )
     assert {e["name"] for e in old.nccl} == {

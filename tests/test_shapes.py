@@ -234,17 +234,11 @@ GENERATED = ["ga-fsdp2", "ga-fsdp2-sync", "ac-fsdp2", "hsdp", "tp-fsdp"]
 
 
 @pytest.fixture(scope="module")
-def generated(tmp_path_factory):
+def generated(analyzed_run):
     from fixtures.scenarios import generator as gen
 
-    cache = {}
-
     def get(name):
-        if name not in cache:
-            out = tmp_path_factory.mktemp(f"gen-{name}")
-            gen.generate(gen.PRESETS[name], out)
-            cache[name] = (gen.PRESETS[name], fsdpdoctor.analyze(out), gen.read_truth(out))
-        return cache[name]
+        return (gen.PRESETS[name], *analyzed_run(gen.PRESETS[name]))  # shared: read only
 
     return get
 

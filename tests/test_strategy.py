@@ -54,11 +54,9 @@ def test_communication_follows_nccl_tests_convention():
 
 
 @pytest.fixture(scope="module")
-def scenario(tmp_path_factory):
+def scenario(analyzed_run):
     def make(preset, **knobs):
-        out = tmp_path_factory.mktemp(preset)
-        gen.generate(dataclasses.replace(gen.PRESETS[preset], **knobs), out)
-        return fsdpdoctor.analyze(out)
+        return analyzed_run(dataclasses.replace(gen.PRESETS[preset], **knobs))[0]  # shared: read only
 
     return make
 

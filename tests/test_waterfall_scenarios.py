@@ -14,7 +14,6 @@ import dataclasses
 
 import pytest
 
-import fsdpdoctor
 from fixtures.scenarios import generator as gen
 from fsdpdoctor.facts.efficiency import PARTS
 
@@ -61,7 +60,7 @@ def test_truth_at_peak_is_the_models_flops(scenario_case):
 
 
 @pytest.fixture(scope="module")
-def twins(tmp_path_factory):
+def twins(analyzed_run):
     """regime → (the run, its twin with half the hooks' Python per unit (two blocks per unit: half
     the hooks), its twin with AdamW(fused=True))."""
     out = {}
@@ -73,7 +72,7 @@ def twins(tmp_path_factory):
             ("hooks", dataclasses.replace(base, hook_overhead_us=base.hook_overhead_us / 2)),
             ("fused", dataclasses.replace(base, optimizer_kernels="fused")),
         ):
-            runs.append(fsdpdoctor.analyze(gen.generate(cfg, tmp_path_factory.mktemp(f"{name}-{tag}"))))
+            runs.append(analyzed_run(cfg)[0])
         out[name] = runs
     return out
 

@@ -12,7 +12,6 @@ from pathlib import Path
 
 import pytest
 
-import fsdpdoctor
 from fixtures.scenarios import generator as gen
 from fsdpdoctor.facts import RunFacts
 
@@ -48,15 +47,9 @@ GPT2_SMALL = gen.ScenarioConfig(
 
 
 @pytest.fixture(scope="module")
-def run(tmp_path_factory):
-    cache: dict = {}
-
+def run(analyzed_run):
     def get(cfg: gen.ScenarioConfig, tag: str):
-        if tag not in cache:
-            out = tmp_path_factory.mktemp(tag)
-            gen.generate(cfg, out)
-            cache[tag] = (fsdpdoctor.analyze(out), gen.read_truth(out))
-        return cache[tag]
+        return analyzed_run(cfg)  # (report, truth), shared by the session's modules: read only
 
     return get
 
@@ -226,7 +219,7 @@ def test_exposed_reduce_scatter_is_folded_into_missing_prefetch(run):
     assert "goes away with prefetch" in ev
 
 
-def test_prefetch_replay_of_a_prefetched_run_saves_nothing(run, tmp_path):
+def test_prefetch_replay_of_a_prefetched_run_saves_nothing(run, generated_run):
     """The transformation on the healthy twin (its all-gathers are already one unit ahead)
     changes nothing; the analysis does not even replay it there."""
     from fsdpdoctor.analysis import whatif
@@ -240,8 +233,7 @@ def test_prefetch_replay_of_a_prefetched_run_saves_nothing(run, tmp_path):
     rep, _ = run(cfg, "no-backward-prefetch-fsdp1-twin")
     assert "prefetch" not in rep.facts.whatif.saving_ms
     assert "missing-backward-prefetch" not in [f.slug for f in rep.findings]
-    gen.generate(cfg, tmp_path)
-    rt = load_trace(str(tmp_path / "rank0.json.gz"))
+    rt = load_trace(str(generated_run(cfg) / "rank0.json.gz"))
     info = find_steps(rt)
     colls = find_collectives(rt, enclosing(rt, label_rows(rt), issue_rows(rt)), group_size=rt.world_size)
     step_timeline(rt, info.steps, colls)
