@@ -107,6 +107,11 @@ def _worker(out: Path) -> None:
         "model_class": type(trainer.strategy.model).__name__,
     }
     (out / f"result{rank}.json").write_text(json.dumps(result))
+    import torch.distributed as dist
+
+    if dist.is_initialized():  # an orderly end: gloo's threads stopped before the interpreter exits
+        dist.barrier()
+        dist.destroy_process_group()
 
 
 def _free_port() -> int:
