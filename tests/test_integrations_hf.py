@@ -17,12 +17,12 @@ from __future__ import annotations
 import gzip
 import json
 import os
-import socket
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from _ranks import end_process_group, run_ranks
 
 N_LAYER, N_EMBD, VOCAB, N_POSITIONS = 2, 64, 128, 64  # the GPT2Config the worker builds
 WAIT, WARMUP, ACTIVE = 1, 1, 3
@@ -94,17 +94,7 @@ def _worker(out: Path) -> None:
         "model_class": type(trainer.model).__name__,
     }
     (out / f"result{rank}.json").write_text(json.dumps(result))
-    import torch.distributed as dist
-
-    if dist.is_initialized():  # an orderly end: gloo's threads stopped before the interpreter exits
-        dist.barrier()
-        dist.destroy_process_group()
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    end_process_group()
 
 
 @pytest.fixture(scope="session")
@@ -112,35 +102,7 @@ def hf_run(tmp_path_factory):
     pytest.importorskip("transformers")
     pytest.importorskip("accelerate")
     out = tmp_path_factory.mktemp("hf-fsdp")
-    port = str(_free_port())
-    procs = []
-    for rank in range(WORLD):
-        env = dict(
-            os.environ,
-            RANK=str(rank),
-            LOCAL_RANK=str(rank),
-            WORLD_SIZE=str(WORLD),
-            LOCAL_WORLD_SIZE=str(WORLD),
-            MASTER_ADDR="127.0.0.1",
-            MASTER_PORT=port,
-            OMP_NUM_THREADS="1",
-            TOKENIZERS_PARALLELISM="false",
-            HF_HUB_OFFLINE="1",
-        )
-        log = open(out / f"stdout{rank}.txt", "w")
-        procs.append(
-            (subprocess.Popen([sys.executable, __file__, str(out)], env=env, stdout=log, stderr=subprocess.STDOUT), log)
-        )
-    for p, log in procs:
-        try:
-            p.wait(timeout=240)
-        finally:
-            p.kill()
-            log.close()
-    for rank, (p, _) in enumerate(procs):
-        assert p.returncode == 0, (out / f"stdout{rank}.txt").read_text()[-3000:]
-    results = [json.loads((out / f"result{r}.json").read_text()) for r in range(WORLD)]
-    stdout = [(out / f"stdout{r}.txt").read_text() for r in range(WORLD)]
+    results, stdout = run_ranks(__file__, out, WORLD, TOKENIZERS_PARALLELISM="false", HF_HUB_OFFLINE="1")
     return out, results, stdout
 
 

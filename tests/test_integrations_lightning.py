@@ -18,12 +18,12 @@ import csv
 import gzip
 import json
 import os
-import socket
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from _ranks import end_process_group, run_ranks
 
 N_BLOCKS, DIM, IN = 3, 64, 16  # the module the worker builds
 WAIT, WARMUP, ACTIVE = 1, 1, 3
@@ -107,51 +107,21 @@ def _worker(out: Path) -> None:
         "model_class": type(trainer.strategy.model).__name__,
     }
     (out / f"result{rank}.json").write_text(json.dumps(result))
-    import torch.distributed as dist
-
-    if dist.is_initialized():  # an orderly end: gloo's threads stopped before the interpreter exits
-        dist.barrier()
-        dist.destroy_process_group()
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    end_process_group()
 
 
 @pytest.fixture(scope="session")
 def pl_run(tmp_path_factory):
     pytest.importorskip("lightning")
     out = tmp_path_factory.mktemp("lightning-fsdp")
-    port = str(_free_port())
-    procs = []
-    for rank in range(WORLD):
-        env = dict(
-            os.environ,
-            RANK=str(rank),
-            LOCAL_RANK=str(rank),
-            GROUP_RANK="0",
-            WORLD_SIZE=str(WORLD),
-            LOCAL_WORLD_SIZE=str(WORLD),
-            MASTER_ADDR="127.0.0.1",
-            MASTER_PORT=port,
-            TORCHELASTIC_RUN_ID="fsdpdoctor-test",  # Lightning: processes made outside, as by torchrun
-            OMP_NUM_THREADS="1",
-        )
-        log = open(out / f"stdout{rank}.txt", "w")
-        cmd = [sys.executable, __file__, str(out)]
-        procs.append((subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT), log))
-    for p, log in procs:
-        try:
-            p.wait(timeout=240)
-        finally:
-            p.kill()
-            log.close()
-    for rank, (p, _) in enumerate(procs):
-        assert p.returncode == 0, (out / f"stdout{rank}.txt").read_text()[-3000:]
-    results = [json.loads((out / f"result{r}.json").read_text()) for r in range(WORLD)]
-    stdout = [(out / f"stdout{r}.txt").read_text() for r in range(WORLD)]
+    results, stdout = run_ranks(
+        __file__,
+        out,
+        WORLD,
+        GROUP_RANK="0",
+        # Lightning: processes made outside, as by torchrun
+        TORCHELASTIC_RUN_ID="fsdpdoctor-test",
+    )
     return out, results, stdout
 
 

@@ -1,0 +1,62 @@
+"""One real multi-process run of a framework's training script, as ``torchrun`` would start it:
+``world`` processes of ``script`` (with ``out`` as its argument) on gloo, each with the rank
+variables and a free local port, their output in ``out/stdout<rank>.txt``; each rank writes
+``out/result<rank>.json``. Used by the HF Trainer and Lightning integration tests."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run_ranks(script: str, out: Path, world: int, timeout: float = 240, **env: str) -> tuple[list, list]:
+    """Run the ranks to their end; assert each exited 0 (its output's tail as the message) and
+    return (each rank's result JSON, each rank's output)."""
+    port = str(_free_port())
+    procs = []
+    for rank in range(world):
+        rank_env = dict(
+            os.environ,
+            RANK=str(rank),
+            LOCAL_RANK=str(rank),
+            WORLD_SIZE=str(world),
+            LOCAL_WORLD_SIZE=str(world),
+            MASTER_ADDR="127.0.0.1",
+            MASTER_PORT=port,
+            OMP_NUM_THREADS="1",
+            **env,
+        )
+        log = open(out / f"stdout{rank}.txt", "w")
+        cmd = [sys.executable, script, str(out)]
+        procs.append((subprocess.Popen(cmd, env=rank_env, stdout=log, stderr=subprocess.STDOUT), log))
+    for p, log in procs:
+        try:
+            p.wait(timeout=timeout)
+        finally:
+            p.kill()
+            log.close()
+    for rank, (p, _) in enumerate(procs):
+        assert p.returncode == 0, (out / f"stdout{rank}.txt").read_text()[-3000:]
+    results = [json.loads((out / f"result{r}.json").read_text()) for r in range(world)]
+    stdout = [(out / f"stdout{r}.txt").read_text() for r in range(world)]
+    return results, stdout
+
+
+def end_process_group() -> None:
+    """An orderly end for a rank: gloo's threads stopped before the interpreter exits (a rank
+    left with them running aborted at exit, 'terminate called without an active exception')."""
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()
