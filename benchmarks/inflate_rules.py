@@ -70,7 +70,10 @@ TRUTH: dict[str, list[str]] = {
         f"{W}test_primary_saving_matches_the_twin_within_15pct[fp32-collectives]",
         f"{W}test_gpu_bound_twins[fp32-collectives]",
     ],
-    "FSD012": [],
+    "FSD012": [
+        f"{T}test_saving_matches_the_generated_twin[rate-limiter-synced]",
+        f"{T}test_saving_matches_the_generated_twin[rate-limiter-gpu-bound]",
+    ],
     "FSD013": [f"{T}test_jitter_saving_is_the_mean_step_above_the_median"],
     "FSD014": [
         f"{T}test_saving_matches_the_generated_twin[ga-sync-synced]",
@@ -84,20 +87,22 @@ TRUTH: dict[str, list[str]] = {
         f"{T}test_saving_matches_the_generated_twin[item-readback-gpu-bound]",
     ],
     "FSD019": [f"{S}test_the_range_is_out_of_sample_and_holds_its_estimate"],
-    "FSD030": [],
+    "FSD030": [
+        f"{T}test_saving_matches_the_generated_twin[inter-node-synced]",
+        f"{T}test_saving_matches_the_generated_twin[inter-node-gpu-bound]",
+    ],
     "FSD031": [
         f"{T}test_saving_matches_the_generated_twin[ddp-slow-link-synced]",
         f"{T}test_saving_matches_the_generated_twin[ddp-slow-link-gpu-bound]",
     ],
-    "FSD032": [],
+    "FSD032": [
+        f"{T}test_saving_matches_the_generated_twin[vocab-unpadded-synced]",
+        f"{T}test_saving_matches_the_generated_twin[vocab-unpadded-gpu-bound]",
+    ],
     "FSD033": ["tests/test_run_kinds.py::test_dataloader_bound_on_the_dlrm_run"],
 }
 #: why a rule has no test with an independent truth yet (what was measured instead)
-MISSING = {
-    "FSD012": "no generated run where the FSDP1 rate limiter costs time (the one that blocks the CPU costs nothing: no finding)",
-    "FSD030": "a modelled step of another sharding strategy; no generated twin of the strategy change",
-    "FSD032": "no generated run with padded matmul shapes and its twin",
-}
+MISSING: dict[str, str] = {}
 
 
 #: what a rule's failing test says, where it is not plain
