@@ -15,10 +15,13 @@ Fix
 
 Known problems
     Not yet seen firing on a real trace: the recorded FSDP1 CPU run spends 0.18 ms per step in the
-    limiter (under ``rate_limiter_min_ms``), the H100 FSDP1 recording none, and the generator does
-    not model the limiter starving the GPU, so its firing case is a real recording's facts with the
-    limiter time set. Without a replay the cost is the limiter's CPU time capped at the GPU's idle
-    time, which may have other causes. CPU-only traces cannot tell whether the blocked CPU costs
+    limiter (under ``rate_limiter_min_ms``), the H100 FSDP1 recording none. It is held to a
+    generated twin (preset ``rate-limited-fsdp1``: per-``nn.Linear`` units, 8k-token sequences whose
+    attention holds no parameters, a 20 GB/s link, where the limiter keeps the FFN's and the
+    output's all-gathers from running ahead): its twin with ``limit_all_gathers=False`` is 2.29 ms
+    (12%) faster per step, the replay estimates 2.48 ms (1.08x; GPU-bound, no per-step sync:
+    2.27 ms, estimated 2.54 ms, 1.12x). Without a replay the cost is the limiter's CPU time capped
+    at the GPU's idle time, which may have other causes. CPU-only traces cannot tell whether the blocked CPU costs
     anything and report its CPU time with no saving, while a limiter that blocks a CPU running
     ahead of the GPU costs nothing (a generated FSDP1 run with 20 µs of Python per op: about 40 ms
     per step blocked, and its twin without the limiter no faster, tests/test_whatif.py).
