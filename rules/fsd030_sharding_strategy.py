@@ -57,8 +57,12 @@ def check(facts, cfg):
     if cur is None or best is None:
         return []
     measured = step_ms(facts) or cur.step_ms
-    saving = measured - best.step_ms  # the measured step, less the recommended strategy's modelled one
-    modelled = cur.step_ms - best.step_ms  # the model's own difference: the span's other end
+    modelled = cur.step_ms - best.step_ms  # the model's own difference
+    # the smaller of the model's own difference and the measured step less the recommended one:
+    # what the model puts above the measured step is not saved, and what it does not see in the
+    # measured step (a CPU that sets the step) is not the strategy's to save
+    saving = min(measured - best.step_ms, modelled)
+    other = max(measured - best.step_ms, modelled)  # the span's other end
     if saving <= 0 or 100 * saving / measured < cfg["strategy_min_saving_pct"]:
         return []
     return [
@@ -75,11 +79,11 @@ def check(facts, cfg):
             fix=fix_for(facts, fsdp2=st.fix.get("fsdp2"), fsdp1=st.fix.get("fsdp1")),
             confidence=0.6,
             est_saving_ms=saving,
-            saving_span_ms=[min(saving, modelled), max(saving, modelled)],
+            saving_span_ms=[saving, other],
             saving_assumptions=(
                 f"{best.name}'s step modelled from this run's compute and measured bus bandwidths (assumed where "
                 f"no collective measured them); the span: the current step as measured ({ms(measured)}) or as "
-                f"modelled ({ms(cur.step_ms)})"
+                f"modelled ({ms(cur.step_ms)}), the smaller difference the estimate"
             ),
         )
     ]
