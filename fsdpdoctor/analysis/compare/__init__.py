@@ -237,6 +237,8 @@ def _rank_cells(r: RankFacts, basis: str, hooks: bool = False) -> dict[tuple[str
             key = ("cpu_other" if p not in ("forward", "backward", "optimizer") else f"cpu_{p}", ALL)
             cells[key] = cells.get(key, 0.0) - v
         return cells
+    if all(s.clock_split_ms for s in r.steps):
+        return _clock_cells(r)
     exposed_total = 0.0
     exposed_phase = {p: 0.0 for p in PHASES}
     for s in r.steps:
@@ -277,6 +279,36 @@ def _rank_cells(r: RankFacts, basis: str, hooks: bool = False) -> dict[tuple[str
                     add(("exposed_other_comm", p), rest * v / tot)
         else:
             add(("exposed_other_comm", "other"), rest)
+    return cells
+
+
+#: the step-clock split's parts that are compare's parts as they are (resolved per step only)
+_CLOCK_PARTS = ("compute", "memcpy", "host_bound_idle", "other_idle")
+
+
+def _clock_cells(r: RankFacts) -> dict[tuple[str, str], float]:
+    """A rank's cells (means per step) from its steps' ``clock_split_ms``: every instant of each
+    step's interval on the step clock in one part (:mod:`fsdpdoctor.analysis.timeline.split`),
+    exposed comm by kind and phase; what they leave of the step (float rounding) is unattributed,
+    named as such."""
+    n = len(r.steps)
+    cells: dict[tuple[str, str], float] = {}
+
+    def add(key: tuple[str, str], v: float) -> None:
+        cells[key] = cells.get(key, 0.0) + v / n
+
+    for s in r.steps:
+        known = 0.0
+        for part, v in s.clock_split_ms.items():
+            if part.startswith("comm:"):
+                _, kind, ph = part.split(":", 2)
+                add((_comm_component(kind), ph if ph in PHASES else "other"), v)
+            elif part in _CLOCK_PARTS:
+                add((part, ALL), v)
+            else:  # a part this version does not know: left to the remainder, never spread
+                continue
+            known += v
+        add(("gpu_unattributed", ALL), s.step_ms - known)
     return cells
 
 
