@@ -35,6 +35,7 @@ LABELS = {
     "cpu_backward": "backward outside FSDP hooks (CPU)",
     "cpu_optimizer": "optimizer step outside FSDP hooks (CPU)",
     "cpu_other": "rest of the step (CPU)",
+    "cpu_outside_span": "step clock outside the CPU span (between steps)",
     "cpu_unattributed": "unattributed (the step less the measured CPU parts)",
 }
 # the plain name of a part in a phase ("FSDP hook CPU time in backward")
@@ -47,6 +48,7 @@ _SHORT = {
     "cpu_backward": "CPU time in backward outside FSDP hooks",
     "cpu_optimizer": "CPU time in the optimizer step",
     "cpu_other": "CPU time in the rest of the step",
+    "cpu_outside_span": "time between the steps' CPU spans",
     "cpu_unattributed": "step time no measured CPU part covers",
 }
 
@@ -73,8 +75,11 @@ HINTS = {
     "cpu_backward": "The backward pass outside FSDP's hooks takes longer on the CPU (the model's own ops).",
     "cpu_optimizer": "The optimizer step takes longer on the CPU.",
     "cpu_other": "Time in the step outside forward, backward and optimizer (data loading, logging).",
-    "cpu_unattributed": "Step time no measured CPU part covers: the step clock past the CPU span (the step "
-    "completes later than its span ends) or phases whose intervals overlap.",
+    "cpu_outside_span": "The step clock runs outside the step's CPU span: the training loop's own code between "
+    "ProfilerStep spans (prof.step(), logging, data loading outside the step), or the step's GPU work finishing "
+    "after its span.",
+    "cpu_unattributed": "Step time no measured CPU part covers: phases whose intervals overlap, or facts that do "
+    "not place the step on the clock.",
 }
 
 
