@@ -111,3 +111,42 @@ def test_facts_saved_before_the_split_keep_the_window_parts_and_say_so():
     assert b == pytest.approx(sum(x.compute_ms for x in s) / len(s), abs=1e-9)  # the window's own compute
     assert any("saved before fsdpdoctor split the step on the step clock" in n for n in c.notes)
     assert c.components_sum_ms == pytest.approx(c.step_time_delta_ms, abs=1e-6)
+
+
+CPU_PAIRS = [("per-block", "no-backward-prefetch"), ("per-block", "root-only")]
+
+
+def raw_outside_span(run: str) -> float:
+    """The step clock outside the CPU spans, ms per step, mean over ranks, read with json: on a
+    run without a GPU the step clock is the CPU's, each step's interval running from the previous
+    ``ProfilerStep`` span's end (the first: its own start) to its own end, so what lies outside the
+    span is the gap between consecutive spans."""
+    import gzip
+    import json
+
+    per_rank = []
+    for path in sorted((REC / run).glob("rank*.json.gz")):
+        with gzip.open(path, "rt") as fh:
+            ev = json.load(fh)["traceEvents"]
+        spans = sorted(
+            (e["ts"], e["ts"] + e["dur"])
+            for e in ev
+            if e.get("ph") == "X" and e["name"].startswith("ProfilerStep#") and e.get("cat") == "user_annotation"
+        )
+        gaps = [max(spans[k][0] - spans[k - 1][1], 0.0) for k in range(1, len(spans))]
+        per_rank.append(sum(gaps) / len(spans) / 1e3)
+    return sum(per_rank) / len(per_rank)
+
+
+@pytest.mark.parametrize("before,after", CPU_PAIRS, ids=[a for _, a in CPU_PAIRS])
+def test_cpu_outside_span_is_the_raw_gap_between_steps(before, after):
+    b, a = _report(REC / before), _report(REC / after)
+    c = compare(b.facts, a.facts, b.findings, a.findings)
+    assert c.basis == "cpu"
+    tot = c.component_totals()
+    for i, run in enumerate((before, after)):
+        want = raw_outside_span(run)
+        assert want > 0.01  # the recordings' loops spend 20-60 µs between steps
+        assert tot["cpu_outside_span"][i] == pytest.approx(want, abs=1e-3), run
+        assert abs(tot["cpu_unattributed"][i]) < 1e-3, run  # the phases tile the span: rounding only
+    assert c.components_sum_ms == pytest.approx(c.step_time_delta_ms, abs=1e-6)
