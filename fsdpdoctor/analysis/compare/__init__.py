@@ -421,8 +421,9 @@ COMPUTE_SPLIT = {
 }
 
 
-def compute_split(before: RunFacts, after: RunFacts) -> dict[str, float]:
-    """The change in GPU compute per step (``timeline.compute_ms``) split by what changed (ms):
+def compute_split(before: RunFacts, after: RunFacts, total: float | None = None) -> dict[str, float]:
+    """The change in GPU compute per step (``total``: compare's compute part, measured on the step
+    clock; else ``timeline.compute_ms``, the steps' own compute) split by what changed (ms):
 
     * *recompute*: the change in activation checkpointing's re-run forward, every re-run kernel
       (the efficiency waterfall's ``recompute`` part, the figure FSD019 and the headline give;
@@ -452,7 +453,8 @@ def compute_split(before: RunFacts, after: RunFacts) -> dict[str, float]:
     if wf:
         recompute = after.efficiency.parts_ms["recompute"] - before.efficiency.parts_ms["recompute"]
     kind = "engine" if (a.compute_dtype or "") != (b.compute_dtype or "") else "efficiency"
-    total = after.timeline.compute_ms - before.timeline.compute_ms
+    if total is None:
+        total = after.timeline.compute_ms - before.timeline.compute_ms
     out = {"flops": flops, "recompute": recompute, kind: ga - gb - flops}
     if wf:
         out["other_kernels"] = after.efficiency.parts_ms["other_kernels"] - before.efficiency.parts_ms["other_kernels"]
@@ -563,7 +565,8 @@ def compare(
     else:  # too few steps to measure the spread
         significant = bool(any_finding_change or (sb and abs(delta) / sb >= 0.01) or (not sb and abs(delta) > 0))
     prim = primary(causes, delta, significant)
-    split = compute_split(before, after) if basis == "gpu" else {}
+    comp = [c for c in components if c.name == "compute"]
+    split = compute_split(before, after, sum(c.delta_ms for c in comp) if comp else None) if basis == "gpu" else {}
     parts, why = (
         waterfall_split(
             before, after, [r.rank for r in _ranks_for(before, basis)], [r.rank for r in _ranks_for(after, basis)]
