@@ -29,6 +29,7 @@ from conftest import REPO, SHARED
 
 import fsdpdoctor
 from fsdpdoctor.analysis.compare import compare
+from fsdpdoctor.report.comparison import render_markdown
 
 REC = REPO / "fixtures" / "recorded"
 PUB = SHARED / "traces" / "public"
@@ -92,6 +93,9 @@ def test_every_gpu_part_is_the_raw_step_clock_split(before, after):
     assert c.primary_cause != "gpu_unattributed"
     assert c.components_sum_ms == pytest.approx(c.step_time_delta_ms, abs=1e-6)
     assert not any("saved before fsdpdoctor split" in n for n in c.notes)
+    # a rounding remainder of -1e-14 ms prints as 0.00 ms, never as a negative zero
+    md = render_markdown(c)
+    assert "-0.00" not in md and "−0.00" not in md
 
 
 def test_facts_saved_before_the_split_keep_the_window_parts_and_say_so():
