@@ -9,8 +9,9 @@ never with fsdpdoctor's code:
   communication), inside each ``ProfilerStep``; the backward phase runs from the first backward op
   (``autograd::engine::evaluate_function`` / ``FSDP::pre_backward`` / ``FSDP::post_backward``) to the
   ``Optimizer.step#`` annotation, the forward from the step's start to it;
-* GPU runs: GPU compute per step = the union of the kernels launched from the trace
-  (``cuda_runtime`` / ``cuda_driver`` correlation), per ``ProfilerStep``; copies from or to
+* GPU runs: GPU compute per step = the union of the compute kernels (any step's) inside each
+  step's interval on the step clock (the tool's frame, ``step_ms`` ending at ``end_us``;
+  ``_stdlib_reading.clock_split``), mean per step; copies from or to
   pageable memory = ``Memcpy`` events with ``Pageable`` in the name; the CPU optimizer step = the
   ``Optimizer.step#`` annotations' durations; idle outside the GPU window = each step's CPU span
   less the span of the GPU work its CPU launched.
@@ -26,7 +27,7 @@ from pathlib import Path
 
 import pytest
 
-from _stdlib_reading import subtract, union
+from _stdlib_reading import clock_split, subtract, union
 
 import fsdpdoctor
 from fsdpdoctor.analysis.compare import compare
@@ -101,7 +102,6 @@ def _gpu_run(run: str) -> dict[str, float]:
         if e.get("cat") in ("cuda_runtime", "cuda_driver") and "correlation" in e.get("args", {})
     }
     steps = _cpu_steps(ev)
-    kernels = [e for e in ev if e.get("cat") == "kernel" and e.get("args", {}).get("correlation") in launches]
     gpu = [e for e in ev if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")]
     outside = 0.0
     for s in steps:
@@ -110,7 +110,7 @@ def _gpu_run(run: str) -> dict[str, float]:
         outside += s["dur"] - (max(g["ts"] + g["dur"] for g in mine) - min(g["ts"] for g in mine))
     n = len(steps)
     return {
-        "compute": sum(y - x for x, y in union([(e["ts"], e["ts"] + e["dur"]) for e in kernels])) / 1e3 / n,
+        "compute": clock_split(REC / run / "rank0.json.gz", _frame(run))["compute"],
         "pageable": sum(1 for e in ev if e.get("cat") == "gpu_memcpy" and "Pageable" in e["name"]) / n,
         "optimizer": sum(e["dur"] for e in ev if e["name"].startswith("Optimizer.step#")) / 1e3 / n,
         "outside_window": outside / 1e3 / n,
@@ -125,6 +125,11 @@ def _gpu_run(run: str) -> dict[str, float]:
 @lru_cache(maxsize=None)
 def _report(run: str):
     return fsdpdoctor.analyze(str(REC / run))
+
+
+def _frame(run: str) -> list[tuple[float, float]]:
+    """The tool's step intervals on the step clock (held to the raw trace by test_step_clock)."""
+    return [(s.end_us - s.step_ms * 1e3, s.end_us) for s in _report(run).facts.rank_facts[0].steps]
 
 
 def _cmp(before: str, after: str):
@@ -246,7 +251,7 @@ def test_bf16_gpu_compute_shrinks_and_the_offset_is_named():
     """gpu/fsdp2 → gpu/fsdp2-bf16: GPU compute −61 ms (matmuls leave fp32 CUDA cores), the step only
     −38 ms: the host-bound idle that grew is named as what offsets it, no 161.8% share."""
     rb, ra = _gpu_run("gpu/fsdp2"), _gpu_run("gpu/fsdp2-bf16")
-    want = ra["compute"] - rb["compute"]  # 70.71 → 9.39 ms
+    want = ra["compute"] - rb["compute"]  # 70.55 → 9.42 ms
     c = _cmp("gpu/fsdp2", "gpu/fsdp2-bf16")
     p = c.primary
     assert p.slug == "matmul-wrong-engine" and p.status == "disappeared" and p.parts == ["compute@all"]
@@ -262,7 +267,7 @@ def test_bf16_gpu_compute_shrinks_and_the_offset_is_named():
 def test_activation_checkpointing_adds_gpu_compute():
     """gpu/fsdp2 → gpu/fsdp2-ac: the recompute's GPU time is the change."""
     rb, ra = _gpu_run("gpu/fsdp2"), _gpu_run("gpu/fsdp2-ac")
-    want = ra["compute"] - rb["compute"]  # 70.71 → 84.58 ms
+    want = ra["compute"] - rb["compute"]  # 70.55 → 84.58 ms
     c = _cmp("gpu/fsdp2", "gpu/fsdp2-ac")
     p = c.primary
     assert p.slug == "activation-recompute" and p.parts == ["compute@all"]

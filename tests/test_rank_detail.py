@@ -162,8 +162,9 @@ def test_auto_report_grows_by_the_summary_only(runs):
         none_b - len(json.dumps({k: v for k, v in d.items() if k not in ("rank_summaries", "rank_facts")}, indent=2))
     ) / WORLD
     # bytes of one summary line (its RankFacts is several times that); 3,127 since its mean step
-    # carries the step-clock split (StepFacts.clock_parts_ms) and the op-number coverage
-    assert per_rank < 3500
+    # carries the step-clock split (StepFacts.clock_parts_ms) and the op-number coverage, 3,702
+    # since it also carries compare's instant-by-instant split (StepFacts.clock_split_ms)
+    assert per_rank < 4000
     assert auto_b < all_b / 2
 
 

@@ -103,6 +103,12 @@ class StepFacts:
     # was not in a blocking call): the step's edges, other steps' windows, idle under a CPU sync.
     # Measured from its intervals; None in facts saved before it was (compare says so)
     idle_not_host_bound_ms: float | None = None
+    # the same interval split instant by instant, each GPU instant to the first part that covers
+    # it whichever step launched the work (fsdpdoctor.analysis.timeline.split): "compute", exposed
+    # comm by collective kind and issuing phase ("comm:<kind>:<phase>"), "memcpy", then the idle:
+    # "host_bound_idle" (in the step's host-bound gaps) and "other_idle" (= idle_not_host_bound_ms).
+    # The parts add up to step_ms; compare's GPU split. Empty in facts saved before it was measured
+    clock_split_ms: dict[str, float] = field(default_factory=dict)
     exposed_by_role: dict[str, float] = field(default_factory=dict)  # process-group role → exposed ms
     microbatches: int = 1  # forward passes in this step (gradient accumulation)
     microbatch_phase_ms: list[dict[str, float]] = field(

@@ -10,7 +10,8 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 
-from fsdpdoctor.fmt import mib, ms
+from fsdpdoctor.fmt import mib
+from fsdpdoctor.fmt import ms as _ms
 from fsdpdoctor.report.markdown import table as md_table
 from fsdpdoctor.report.sections import Table
 from fsdpdoctor.report.terminal import rich_table
@@ -34,6 +35,7 @@ LABELS = {
     "cpu_backward": "backward outside FSDP hooks (CPU)",
     "cpu_optimizer": "optimizer step outside FSDP hooks (CPU)",
     "cpu_other": "rest of the step (CPU)",
+    "cpu_outside_span": "step clock outside the CPU span (between steps)",
     "cpu_unattributed": "unattributed (the step less the measured CPU parts)",
 }
 # the plain name of a part in a phase ("FSDP hook CPU time in backward")
@@ -46,6 +48,7 @@ _SHORT = {
     "cpu_backward": "CPU time in backward outside FSDP hooks",
     "cpu_optimizer": "CPU time in the optimizer step",
     "cpu_other": "CPU time in the rest of the step",
+    "cpu_outside_span": "time between the steps' CPU spans",
     "cpu_unattributed": "step time no measured CPU part covers",
 }
 
@@ -63,16 +66,20 @@ HINTS = {
     "host_bound_idle": "The GPU waits for the host inside the step: launch, Python or FSDP hook "
     "overhead (torch.compile, fewer units, larger batches).",
     "other_idle": "Time without GPU work at the step's edges: data loading, CPU-side optimizer, synchronisation.",
-    "gpu_unattributed": "Step time no measured GPU part covers: other steps' GPU work running in this step's "
-    "interval (the GPU runs behind the CPU) less this step's own work that runs outside it.",
+    "gpu_unattributed": "Step time no measured GPU part covers: float rounding where the step is split on the "
+    "step clock; in facts saved before that split, other steps' GPU work running in this step's interval (the GPU "
+    "runs behind the CPU) less this step's own work that runs outside it.",
     "cpu_fsdp_hooks": "FSDP's hooks (unsharding, resharding, gradient reduction bookkeeping) cost CPU time per unit "
     "and per call: fewer or larger units, or torch.compile, make them cheaper.",
     "cpu_forward": "The forward pass outside FSDP's hooks takes longer on the CPU (the model's own ops).",
     "cpu_backward": "The backward pass outside FSDP's hooks takes longer on the CPU (the model's own ops).",
     "cpu_optimizer": "The optimizer step takes longer on the CPU.",
     "cpu_other": "Time in the step outside forward, backward and optimizer (data loading, logging).",
-    "cpu_unattributed": "Step time no measured CPU part covers: the step clock past the CPU span (the step "
-    "completes later than its span ends) or phases whose intervals overlap.",
+    "cpu_outside_span": "The step clock runs outside the step's CPU span: the training loop's own code between "
+    "ProfilerStep spans (prof.step(), logging, data loading outside the step), or the step's GPU work finishing "
+    "after its span.",
+    "cpu_unattributed": "Step time no measured CPU part covers: phases whose intervals overlap, or facts that do "
+    "not place the step on the clock.",
 }
 
 
@@ -119,7 +126,7 @@ def cause_summary(k: Cause) -> str:
     """A finding's own summary; for a part of the step, its name and how it moved."""
     if k.kind == "finding":
         return k.summary
-    return f"{LABELS.get(k.slug, k.slug)} {'+' if k.delta_ms >= 0 else '−'}{abs(k.delta_ms):.2f} ms per step"
+    return f"{LABELS.get(k.slug, k.slug)} {dms(k.delta_ms)} per step"
 
 
 def primary_text(c: Comparison) -> str:
@@ -215,6 +222,11 @@ def to_dict(c: Comparison) -> dict[str, Any]:
 
 def to_json(c: Comparison, indent: int = 2) -> str:
     return msgspec.json.format(msgspec.json.encode(to_dict(c)), indent=indent).decode()
+
+
+def ms(v: float | None, digits: int = 2) -> str:
+    """A duration: 1.23 ms; a value that rounds to zero prints 0.00 ms, never "-0.00 ms"."""
+    return _ms(0.0 if v is not None and abs(v) < 0.5 * 10**-digits else v, digits)
 
 
 def dms(v: float | None, digits: int = 2) -> str:

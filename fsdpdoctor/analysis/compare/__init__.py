@@ -16,34 +16,41 @@ output):
   one).
 * **GPU runs** (both runs have GPU activity): per step,
   ``step_ms = compute + exposed all-gather + exposed reduce-scatter + other exposed comm +
-  memcpy + host-bound idle + other idle`` where compute, exposed comm and memcpy are the
-  analysis' merged-interval figures (``StepFacts``), exposed comm is split by kind and phase with
-  each collective's ``exposed_us`` (pieces not covered by a known collective count as other
-  exposed comm), and
+  memcpy + host-bound idle + other idle + unattributed``, read from ``StepFacts.clock_split_ms``
+  (:mod:`fsdpdoctor.analysis.timeline.split`): the step's interval on the step clock (one step
+  time ending at its completion) split instant by instant, each instant to the first part that
+  covers it, whichever step launched the work running then:
 
-  - *host-bound idle* = ``StepFacts.idle_ms``, gaps *inside* the step's GPU window in which
-    nothing ran. A collective waiting for a slower rank is a running NCCL kernel, so waiting for
-    other ranks shows as exposed comm, never here: an empty GPU queue mid-step means the host
-    had not launched the next work yet (launch/Python/FSDP-hook overhead, the FSDP1 rate
-    limiter, blocking syncs).
-    Idle while the CPU sits in a blocking call (both sides waiting on something the trace does
-    not show: another rank, an event) is not host-bound and goes to *other idle*.
-  - *other idle* = ``step_ms - gpu_window_ms + other_steps_ms + idle_cpu_blocked_ms``, the part
-    of the step with none of the step's GPU work running: before the first and after the last
-    kernel (data loading, a CPU optimizer step, host synchronisation), inside the window where
-    only other steps' work runs, and idle inside CPU synchronizations. It is negative when a
-    step's GPU window is longer than its step time, which keeps the sum exact.
+  1. *compute*: a compute kernel runs;
+  2. *exposed comm*: a collective kernel runs, to its collective's kind (all-gather,
+     reduce-scatter, anything else as other comm) and the phase it was issued in; a kernel no
+     collective claims is other comm of the phase its launch lies in;
+  3. *memcpy*: a memcpy / memset runs;
+  4. nothing runs: *host-bound idle* inside the step's own GPU-window gaps in which the CPU was
+     not in a blocking call (an empty GPU queue mid-step: the host had not launched the next work
+     yet: launch/Python/FSDP-hook overhead, the FSDP1 rate limiter); *other idle* elsewhere (the
+     step's edges: data loading, a CPU optimizer step; idle while the CPU sits in a blocking
+     call, both sides waiting on something the trace does not show). A collective waiting for a
+     slower rank is a running NCCL kernel, so waiting for other ranks shows as exposed comm,
+     never as idle.
+
+  The parts tile the interval, so they add up to the step by measurement; *unattributed* is what
+  they leave (float rounding, under 1e-9 ms a step), named as such, in no cause. Facts saved
+  before the split was measured are read as before (the step's GPU-window compute, exposed comm
+  and memcpy, host-bound idle from the window, other idle on the clock; a note says so) and what
+  they leave is unattributed.
 
   Exposed comm is resolved by phase (forward / backward / optimizer / other, from the CPU time
-  each collective was issued); compute, memcpy and idle are per step only (``phase == "all"``),
-  because RunFacts holds no per-phase GPU compute or idle.
+  each collective was issued); compute, memcpy and idle are per step only (``phase == "all"``).
 * **CPU-only runs** (gloo, no GPU timeline): ``step_ms = FSDP hooks + forward + backward +
-  optimizer + other + unattributed``: the CPU phase durations (``StepFacts.phase_ms``) with the
+  optimizer + other + outside the span + unattributed``: the CPU phase durations (``StepFacts.phase_ms``) with the
   FSDP hook CPU time inside each (``FsdpFacts.hook_cpu_ms_by_phase``, collective calls inside the
   hooks left out) taken out into a part of its own, resolved by phase; *other* is the CPU span's
-  time outside every phase's interval (``StepFacts.cpu_outside_phases_ms``), measured; what the
-  parts leave of the step time is *unattributed*, named as such (0 where the step is the CPU span
-  and the phases do not overlap). The GPU split is unavailable.
+  time outside every phase's interval (``StepFacts.cpu_outside_phases_ms``), measured; *outside
+  the span* is the step's interval on the step clock outside its CPU span (:func:`outside_span_ms`:
+  between the previous span and this one, or after it until its GPU work is done), measured; what
+  the parts leave of the step time is *unattributed*, named as such (0 to float rounding where the
+  phases' intervals do not overlap). The GPU split is unavailable.
 
 Causes (:mod:`.compare_causes`): every finding that appeared takes the parts of the step it
 explains that grew, every finding that went away those that shrank, and the rest stays with the
@@ -93,24 +100,33 @@ GPU_COMPONENTS = (
     "other_idle",
     "gpu_unattributed",
 )
-CPU_COMPONENTS = ("cpu_fsdp_hooks", "cpu_forward", "cpu_backward", "cpu_optimizer", "cpu_other", "cpu_unattributed")
+CPU_COMPONENTS = (
+    "cpu_fsdp_hooks",
+    "cpu_forward",
+    "cpu_backward",
+    "cpu_optimizer",
+    "cpu_other",
+    "cpu_outside_span",
+    "cpu_unattributed",
+)
 
 GPU_BASIS = (
     "step time = interval between step completions (CPU span and its GPU work both done), mean over each "
     "rank's steps then over ranks; "
-    "split per step as compute + exposed all-gather + exposed reduce-scatter + other exposed comm + "
-    "exposed memcpy + host-bound idle (GPU idle inside the step's GPU window, the CPU not blocked on it) + "
-    "other idle (the GPU idle in the step's interval outside those gaps: the step's edges, idle inside CPU "
-    "synchronizations), each measured on its own; what they leave of the step time is shown as unattributed "
-    "(other steps' GPU work in the step's interval less the step's own work outside it); "
-    "exposed comm is split by phase"
+    "split per step on the step clock, instant by instant: each instant of the step's interval (one step time "
+    "ending at its completion) goes to the first of compute (a compute kernel of any step runs), exposed "
+    "all-gather / reduce-scatter / other comm (a collective kernel runs, by its collective's kind), exposed "
+    "memcpy/memset, host-bound idle (nothing runs, inside the step's GPU-window gaps with the CPU not blocked) and "
+    "other idle (nothing runs: the step's edges, idle inside CPU synchronizations); the parts tile the interval, "
+    "so what they leave (unattributed) is float rounding; exposed comm is split by phase"
 )
 CPU_BASIS = (
     "step time = interval between step completions (the CPU ProfilerStep spans), mean over each rank's steps then over ranks; no GPU "
     "timeline, so it is split on the CPU: FSDP hook CPU time (collective calls inside the hooks left out) + forward, "
-    "backward and optimizer outside the hooks + the rest of the CPU span (outside every phase's interval), each "
-    "measured on its own; what they leave of the step time is shown as unattributed; the GPU split (compute / "
-    "exposed comm / idle) is unavailable"
+    "backward and optimizer outside the hooks + the rest of the CPU span (outside every phase's interval) + the "
+    "step's interval on the step clock outside its CPU span (between the spans, or until its GPU work is done), each "
+    "measured on its own; what they leave of the step time is shown as unattributed (phases whose intervals "
+    "overlap); the GPU split (compute / exposed comm / idle) is unavailable"
 )
 
 # ------------------------------------------------------------------------------------------
@@ -211,6 +227,20 @@ def _comm_component(kind: str) -> str:
     return "exposed_other_comm"
 
 
+def outside_span_ms(s) -> float:
+    """The step's interval on the step clock (``step_ms`` ending at ``end_us``) outside its CPU
+    ``ProfilerStep`` span, measured as intervals: the time between the previous step's span and
+    this one (the loop's own code around ``prof.step()``), and after the span until the step
+    completes (its GPU work finishing). 0 where the facts do not place the step (no ``end_us`` or
+    span)."""
+    if s.end_us is None or s.cpu_span_ms <= 0:
+        return 0.0
+    lo, hi = s.end_us - s.step_ms * 1e3, s.end_us
+    a, b = s.start_us, s.start_us + s.cpu_span_ms * 1e3
+    inside = max(min(hi, b) - max(lo, a), 0.0)
+    return (hi - lo - inside) / 1e3
+
+
 def _rank_cells(r: RankFacts, basis: str, hooks: bool = False) -> dict[tuple[str, str], float]:
     """Mean per step of each (component, phase) of one rank; they add up to its mean step_ms.
     ``hooks`` (CPU runs): FSDP hook CPU time taken out of each phase into its own part."""
@@ -231,12 +261,16 @@ def _rank_cells(r: RankFacts, basis: str, hooks: bool = False) -> dict[tuple[str
             # the parts leave of the step (the step clock past the CPU span, phases that overlap,
             # facts saved before the rest was measured) is unattributed, named as such
             add(("cpu_other", ALL), s.cpu_outside_phases_ms)
-            add(("cpu_unattributed", ALL), s.step_ms - known - s.cpu_outside_phases_ms)
+            outside = outside_span_ms(s)
+            add(("cpu_outside_span", ALL), outside)
+            add(("cpu_unattributed", ALL), s.step_ms - known - s.cpu_outside_phases_ms - outside)
         for p, v in (r.fsdp.hook_cpu_ms_by_phase if hooks else {}).items():
             cells[("cpu_fsdp_hooks", p)] = cells.get(("cpu_fsdp_hooks", p), 0.0) + v
             key = ("cpu_other" if p not in ("forward", "backward", "optimizer") else f"cpu_{p}", ALL)
             cells[key] = cells.get(key, 0.0) - v
         return cells
+    if all(s.clock_split_ms for s in r.steps):
+        return _clock_cells(r)
     exposed_total = 0.0
     exposed_phase = {p: 0.0 for p in PHASES}
     for s in r.steps:
@@ -277,6 +311,36 @@ def _rank_cells(r: RankFacts, basis: str, hooks: bool = False) -> dict[tuple[str
                     add(("exposed_other_comm", p), rest * v / tot)
         else:
             add(("exposed_other_comm", "other"), rest)
+    return cells
+
+
+#: the step-clock split's parts that are compare's parts as they are (resolved per step only)
+_CLOCK_PARTS = ("compute", "memcpy", "host_bound_idle", "other_idle")
+
+
+def _clock_cells(r: RankFacts) -> dict[tuple[str, str], float]:
+    """A rank's cells (means per step) from its steps' ``clock_split_ms``: every instant of each
+    step's interval on the step clock in one part (:mod:`fsdpdoctor.analysis.timeline.split`),
+    exposed comm by kind and phase; what they leave of the step (float rounding) is unattributed,
+    named as such."""
+    n = len(r.steps)
+    cells: dict[tuple[str, str], float] = {}
+
+    def add(key: tuple[str, str], v: float) -> None:
+        cells[key] = cells.get(key, 0.0) + v / n
+
+    for s in r.steps:
+        known = 0.0
+        for part, v in s.clock_split_ms.items():
+            if part.startswith("comm:"):
+                _, kind, ph = part.split(":", 2)
+                add((_comm_component(kind), ph if ph in PHASES else "other"), v)
+            elif part in _CLOCK_PARTS:
+                add((part, ALL), v)
+            else:  # a part this version does not know: left to the remainder, never spread
+                continue
+            known += v
+        add(("gpu_unattributed", ALL), s.step_ms - known)
     return cells
 
 
@@ -357,8 +421,9 @@ COMPUTE_SPLIT = {
 }
 
 
-def compute_split(before: RunFacts, after: RunFacts) -> dict[str, float]:
-    """The change in GPU compute per step (``timeline.compute_ms``) split by what changed (ms):
+def compute_split(before: RunFacts, after: RunFacts, total: float | None = None) -> dict[str, float]:
+    """The change in GPU compute per step (``total``: compare's compute part, measured on the step
+    clock; else ``timeline.compute_ms``, the steps' own compute) split by what changed (ms):
 
     * *recompute*: the change in activation checkpointing's re-run forward, every re-run kernel
       (the efficiency waterfall's ``recompute`` part, the figure FSD019 and the headline give;
@@ -388,7 +453,8 @@ def compute_split(before: RunFacts, after: RunFacts) -> dict[str, float]:
     if wf:
         recompute = after.efficiency.parts_ms["recompute"] - before.efficiency.parts_ms["recompute"]
     kind = "engine" if (a.compute_dtype or "") != (b.compute_dtype or "") else "efficiency"
-    total = after.timeline.compute_ms - before.timeline.compute_ms
+    if total is None:
+        total = after.timeline.compute_ms - before.timeline.compute_ms
     out = {"flops": flops, "recompute": recompute, kind: ga - gb - flops}
     if wf:
         out["other_kernels"] = after.efficiency.parts_ms["other_kernels"] - before.efficiency.parts_ms["other_kernels"]
@@ -427,7 +493,14 @@ def compare(
                 f"{f.schema_version} < {STEP_CLOCK_SCHEMA}); where the GPU runs behind the CPU the two runs are "
                 "on different clocks: regenerate it with 'fsdpdoctor analyze TRACES --save-baseline FILE'"
             )
-        if basis == "gpu" and any(s.idle_not_host_bound_ms is None for r in _ranks_for(f, basis) for s in r.steps):
+        old_split = basis == "gpu" and any(not s.clock_split_ms for r in _ranks_for(f, basis) for s in r.steps)
+        if old_split:
+            notes.append(
+                f"{label}: saved before fsdpdoctor split the step on the step clock instant by instant: its compute, "
+                "exposed comm and memcpy are the step's GPU-window figures, and what they leave of the step is "
+                "unattributed (regenerate it with 'fsdpdoctor analyze TRACES --save-baseline FILE')"
+            )
+        if old_split and any(s.idle_not_host_bound_ms is None for r in _ranks_for(f, basis) for s in r.steps):
             notes.append(
                 f"{label}: saved before fsdpdoctor measured the idle outside the host-bound gaps: its other idle "
                 "is shown as unattributed (regenerate it with 'fsdpdoctor analyze TRACES --save-baseline FILE')"
@@ -492,7 +565,8 @@ def compare(
     else:  # too few steps to measure the spread
         significant = bool(any_finding_change or (sb and abs(delta) / sb >= 0.01) or (not sb and abs(delta) > 0))
     prim = primary(causes, delta, significant)
-    split = compute_split(before, after) if basis == "gpu" else {}
+    comp = [c for c in components if c.name == "compute"]
+    split = compute_split(before, after, sum(c.delta_ms for c in comp) if comp else None) if basis == "gpu" else {}
     parts, why = (
         waterfall_split(
             before, after, [r.rank for r in _ranks_for(before, basis)], [r.rank for r in _ranks_for(after, basis)]

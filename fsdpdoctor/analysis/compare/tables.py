@@ -205,6 +205,9 @@ def _rank_rows(b: RunFacts, a: RunFacts, basis: str) -> list[RankRow]:
     def m(r: RankFacts | None, attr: str) -> float | None:
         if r is None or not r.steps:
             return None
+        if attr != "step_ms" and all(s.clock_split_ms for s in r.steps):  # compare's parts, on the step clock
+            keep = (lambda k: k == "compute") if attr == "compute_ms" else (lambda k: k.startswith("comm:"))
+            return _mean([sum(v for k, v in s.clock_split_ms.items() if keep(k)) for s in r.steps])
         return _mean([getattr(s, attr) for s in r.steps])
 
     rows = []

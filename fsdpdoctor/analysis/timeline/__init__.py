@@ -32,6 +32,7 @@ from fsdpdoctor.analysis.comms import (
 )
 from fsdpdoctor.analysis.labels import phase_from_labels
 from fsdpdoctor.analysis.steps import PHASES, StepWindow, locate, microbatch_of, step_times_ms
+from fsdpdoctor.analysis.timeline.split import ClockClasses
 
 GPU_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
 
@@ -260,7 +261,15 @@ def step_timeline_backlog(
             bl.gpu_ms = iv.total(iv.merge(s_all[b], e_all[b])) / 1e3
             bl.end_us = float(e_all[b].max())
     step_clock(out, steps, bl.end_us)
-    clock_parts(out, own_parts, busy_all, host_bound_iv)
+    comm_labels = {}  # each collective kernel (index into g.rows) → (kind, phase) of its collective
+    for i in np.flatnonzero(g.comm).tolist():
+        ci = kernel_to_coll.get(int(g.rows[i]), -1)
+        if ci >= 0:
+            comm_labels[i] = (colls[ci].kind, colls[ci].phase)
+        else:
+            comm_labels[i] = ("other", PHASES[int(phase_idx[i])] if step_idx[i] >= 0 else "other")
+    classes = ClockClasses(s_all, e_all, g.compute, g.memory, comm_labels)
+    clock_parts(out, own_parts, busy_all, host_bound_iv, classes)
     return out, bl
 
 
@@ -275,13 +284,17 @@ def outside_phases_us(st: StepWindow) -> float:
     return max(float(st.dur) - inside, 0.0)
 
 
-def clock_parts(out: list[StepFacts], own_parts: dict[int, tuple], busy_all, host_bound_iv=None) -> None:
+def clock_parts(
+    out: list[StepFacts], own_parts: dict[int, tuple], busy_all, host_bound_iv=None, classes: ClockClasses | None = None
+) -> None:
     """Each step's time split on the step clock (``StepFacts.clock_parts_ms``): in the interval of
     length ``step_ms`` ending at its completion, its own compute, exposed comm and exposed
     memcpy, the other steps' GPU work and idle; they add up to the step time. The GPU window
     (first to last activity the step launched) runs over into later steps' intervals when the
     GPU runs behind the CPU; this split does not. Also the clock's idle outside the step's
-    host-bound idle intervals (``host_bound_iv``, step → intervals): ``idle_not_host_bound_ms``."""
+    host-bound idle intervals (``host_bound_iv``, step → intervals): ``idle_not_host_bound_ms``,
+    and with ``classes`` the interval split instant by instant (``clock_split_ms``,
+    :mod:`fsdpdoctor.analysis.timeline.split`)."""
     for k, sf in enumerate(out):
         if sf.end_us is None:
             continue
@@ -291,6 +304,8 @@ def clock_parts(out: list[StepFacts], own_parts: dict[int, tuple], busy_all, hos
         hb = (host_bound_iv or {}).get(k)
         not_hb = iv.total(idle_clk) - (iv.intersect_len(idle_clk, hb) if hb is not None else 0.0)
         sf.idle_not_host_bound_ms = max(not_hb, 0.0) / 1e3
+        if classes is not None:
+            sf.clock_split_ms = {p: v / 1e3 for p, v in classes.split(lo, hi, idle_clk, hb).items()}
         if k not in own_parts:
             continue
         comp, exposed, mem = (iv.window(x, lo, hi) for x in own_parts[k])
