@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import os
 from collections import Counter
-from itertools import repeat
-from operator import attrgetter, ne
+from itertools import compress, repeat
+from operator import attrgetter, eq, ne
 from typing import Any, Union
 
 import msgspec
@@ -112,6 +112,7 @@ _RARE = attrgetter("collective", "nbytes", "out_nelems")
 _NONE3 = (None, None, None)
 _KEY = attrgetter("cat", "name", "pid", "tid")
 _CAT = attrgetter("cat")
+_NAME = attrgetter("name")
 
 
 class _Lenient(Exception):
@@ -220,8 +221,9 @@ def extract(evs: list, table: KeyTable, counted: int | None = None) -> Part:
         nx = [e for e in evs if e.__class__ is not _X]
         by_class = Counter(zip(map(type, nx), map(_CAT, nx)))
         if any(c is _M for c, _ in by_class):
-            for e in [e for e in nx if e.__class__ is _M]:
-                if e.name == "thread_name" and e.args is not None and e.args.name:
+            ms = [e for e in nx if e.__class__ is _M]  # (process names, sort indices, labels... too)
+            for e in compress(ms, map(eq, map(_NAME, ms), repeat("thread_name"))):
+                if e.args is not None and e.args.name:
                     thread_names[(e.pid, e.tid)] = e.args.name
         if any(c is _I for c, _ in by_class):
             mem_rows = [r for r in map(K.memory_row, (e for e in nx if e.__class__ is _I)) if r is not None]

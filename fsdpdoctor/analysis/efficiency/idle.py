@@ -281,13 +281,13 @@ def _nesting(s: np.ndarray, e: np.ndarray, codes: np.ndarray) -> tuple[np.ndarra
     n = s.size
     if not np.all(e > s):  # (NaN too)
         return None
-    idx = np.arange(n)
-    depth = idx - np.searchsorted(np.sort(e), s, side="right")
-    by_depth = np.lexsort((idx, depth))
+    depth = np.arange(n) - np.searchsorted(np.sort(e), s, side="right")
+    by_depth = np.argsort(depth, kind="stable")  # by depth, then index
     keyed = depth[by_depth] * (n + 1) + by_depth
     up = np.full(n, -1, dtype=np.int64)
-    deep = np.flatnonzero(depth > 0)
-    pos = np.searchsorted(keyed, (depth[deep] - 1) * (n + 1) + deep) - 1
+    deep = by_depth[depth[by_depth] > 0]
+    # each deep range's (depth - 1, index): in this order, ascending like ``keyed`` itself
+    pos = np.searchsorted(keyed, keyed[n - deep.size :] - (n + 1)) - 1
     if deep.size:
         if pos.min() < 0:
             return None
