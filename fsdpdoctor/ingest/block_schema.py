@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import os
 from collections import Counter
-from itertools import repeat
-from operator import attrgetter, ne
+from itertools import compress, repeat
+from operator import attrgetter, eq, ne
 from typing import Any, Union
 
 import msgspec
@@ -112,6 +112,7 @@ _RARE = attrgetter("collective", "nbytes", "out_nelems")
 _NONE3 = (None, None, None)
 _KEY = attrgetter("cat", "name", "pid", "tid")
 _CAT = attrgetter("cat")
+_NAME = attrgetter("name")
 
 
 class _Lenient(Exception):
@@ -155,12 +156,14 @@ class KeyTable:
         self.dropped: list[int] = []  # codes of keys whose category is not kept
         self.shapes: list[int] = []  # codes of keys whose rows keep their shapes (events.keeps_shapes)
 
-    def codes(self, keys: list) -> np.ndarray:
+    def codes(self, xs: list) -> np.ndarray:
+        """The codes of the keys of events ``xs``."""
         idx = self.index
-        try:
-            return np.fromiter(map(idx.__getitem__, keys), dtype=np.int32, count=len(keys))
+        try:  # most blocks hold no new key: no list of keys
+            return np.fromiter(map(idx.__getitem__, map(_KEY, xs)), dtype=np.int32, count=len(xs))
         except KeyError:
             pass
+        keys = list(map(_KEY, xs))
         got = list(map(idx.get, keys))
         i = -1
         try:
@@ -215,15 +218,20 @@ def extract(evs: list, table: KeyTable, counted: int | None = None) -> Part:
     mem_rows = []
     other: dict = {}
     if len(xs) != len(evs):
-        for e in [e for e in evs if e.__class__ is _M]:
-            if e.name == "thread_name" and e.args is not None and e.args.name:
-                thread_names[(e.pid, e.tid)] = e.args.name
-        mem_rows = [r for r in map(K.memory_row, (e for e in evs if e.__class__ is _I)) if r is not None]
         nx = [e for e in evs if e.__class__ is not _X]
-        other = Counter(zip(map(_TAG, map(type, nx)), map(_CAT, nx)))
+        by_class = Counter(zip(map(type, nx), map(_CAT, nx)))
+        if any(c is _M for c, _ in by_class):
+            ms = [e for e in nx if e.__class__ is _M]  # (process names, sort indices, labels... too)
+            for e in compress(ms, map(eq, map(_NAME, ms), repeat("thread_name"))):
+                if e.args is not None and e.args.name:
+                    thread_names[(e.pid, e.tid)] = e.args.name
+        if any(c is _I for c, _ in by_class):
+            mem_rows = [r for r in map(K.memory_row, (e for e in nx if e.__class__ is _I)) if r is not None]
+        other = {(_TAG(c), cat): k for (c, cat), k in by_class.items()}
+        del nx
     count = len(evs) if counted is None else counted
     frames: dict = {}  # Python frames of dropped rows (events.add_frame)
-    key = table.codes(list(map(_KEY, xs)))
+    key = table.codes(xs)
     if table.dropped:
         drop = np.isin(key, table.dropped)
         if drop.any():

@@ -241,10 +241,23 @@ def _inside(rt: RankTrace, target: iv.Intervals, rows: np.ndarray, out: dict) ->
     rows, s, e, got = rows[keep], s[keep], e[keep], got[keep]
     order = np.lexsort((-e, s))
     rows, s, e, got = rows[order], s[order], e[order], got[order]
-    codes = rt.name[rows].tolist()
+    codes = rt.name[rows].astype(np.int64)
     idle, parent = out.setdefault("idle", {}), out.setdefault("parent", {})
+    nest = _nesting(s, e, codes)
+    if nest is None:  # ranges that overlap without nesting: the stack walk itself
+        _inside_loop(codes.tolist(), s.tolist(), e.tolist(), got.tolist(), idle, parent)
+        return
+    up, same = nest
+    child = np.flatnonzero(up >= 0)
+    child = child[codes[up[child]] != codes[child]]
+    _accumulate(parent, codes[child] << 32 | codes[up[child]], got[child], pairs=True)
+    _accumulate(idle, codes[~same], got[~same])
+
+
+def _inside_loop(codes: list, s: list, e: list, got: list, idle: dict, parent: dict) -> None:
+    """:func:`_inside`'s walk, range by range, with a stack of the open ranges."""
     stack: list[tuple[float, int]] = []  # (end, name code) of the open ranges
-    for c, a, b, us in zip(codes, s.tolist(), e.tolist(), got.tolist()):
+    for c, a, b, us in zip(codes, s, e, got):
         while stack and stack[-1][0] <= a:
             stack.pop()
         if stack and stack[-1][1] != c:
@@ -252,6 +265,60 @@ def _inside(rt: RankTrace, target: iv.Intervals, rows: np.ndarray, out: dict) ->
         if all(pc != c for _, pc in stack):
             idle[c] = idle.get(c, 0.0) + us
         stack.append((b, c))
+
+
+def _nesting(s: np.ndarray, e: np.ndarray, codes: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
+    """For ranges sorted by start (then longest first), each of non-zero length: the index of
+    the range that :func:`_inside_loop`'s stack has on top when it comes to each one (-1: none)
+    and whether a range of its own name is on the stack, or None where the ranges do not nest
+    (a range that ends after the one it starts in), which the walk alone defines.
+
+    Where every range ends no later than the range on top of the stack, the stack holds exactly
+    the earlier ranges that end after a range's start (their ends fall from bottom to top, so
+    the pops remove exactly the others): a range's depth is how many they are, and the top is
+    the last earlier range one level up. Checked range by range, in order, so the first range
+    that breaks it is found before anything depends on it."""
+    n = s.size
+    if not np.all(e > s):  # (NaN too)
+        return None
+    depth = np.arange(n) - np.searchsorted(np.sort(e), s, side="right")
+    by_depth = np.argsort(depth, kind="stable")  # by depth, then index
+    keyed = depth[by_depth] * (n + 1) + by_depth
+    up = np.full(n, -1, dtype=np.int64)
+    deep = by_depth[depth[by_depth] > 0]
+    # each deep range's (depth - 1, index): in this order, ascending like ``keyed`` itself
+    pos = np.searchsorted(keyed, keyed[n - deep.size :] - (n + 1)) - 1
+    if deep.size:
+        if pos.min() < 0:
+            return None
+        top = by_depth[pos]
+        if np.any(depth[top] != depth[deep] - 1) or np.any(e[deep] > e[top]):
+            return None
+        up[deep] = top
+    same = np.zeros(n, dtype=bool)
+    act, anc = deep, up[deep]
+    while act.size:  # up the chain of enclosing ranges, one level a round
+        hit = codes[anc] == codes[act]
+        same[act[hit]] = True
+        on = ~hit & (up[anc] >= 0)
+        act, anc = act[on], up[anc[on]]
+    return up, same
+
+
+def _accumulate(out: dict, keys: np.ndarray, values: np.ndarray, pairs: bool = False) -> None:
+    """``out[k] = out.get(k, 0.0) + v`` for each (k, v) in order, keys new to ``out`` added in
+    order of first appearance: the same sums, to the last bit (``np.bincount`` adds its weights
+    in order, each key's from its earlier value). ``pairs``: keys are ``a << 32 | b`` for (a, b)."""
+    if keys.size == 0:
+        return
+    uniq, first, inv = np.unique(keys, return_index=True, return_inverse=True)
+    names = [(int(k) >> 32, int(k) & 0xFFFFFFFF) for k in uniq.tolist()] if pairs else uniq.tolist()
+    prior = np.array([out.get(k, 0.0) for k in names], dtype=np.float64)
+    sums = np.bincount(
+        np.concatenate((np.arange(uniq.size), inv.ravel())), np.concatenate((prior, values)), minlength=uniq.size
+    ).tolist()
+    for j in np.argsort(first, kind="stable").tolist():
+        out[names[j]] = sums[j]
 
 
 TOP_IDLE_OPS = 12

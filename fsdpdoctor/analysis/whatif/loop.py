@@ -4,6 +4,8 @@ and the step clocks it reads back (as the analysis counts steps)."""
 from __future__ import annotations
 
 
+import gc
+
 import numpy as np
 
 from fsdpdoctor.analysis.steps import step_clocks_ms
@@ -145,7 +147,13 @@ def replay(
         CAP_SYNC_US,
     )
     if _use_compiled(kinds_a.size, replays):
+        loading = _COMPILED is None
         S, E, marks = _compiled_loop()(*args)
+        if loading:
+            # numba's modules, its typing registries and the machine code it loaded: ~70,000
+            # objects that live as long as the process, left out of the cyclic GC's passes
+            # (each full pass over them cost ~0.1 s)
+            gc.freeze()
     else:  # little work so far: the same loop in Python over lists costs less than loading numba
         S, E, marks = _replay_loop(*[a.tolist() if isinstance(a, np.ndarray) else a for a in args])
     marks = np.asarray(marks, dtype=np.float64)
