@@ -101,10 +101,16 @@ def gpu_field_paths(doc: dict) -> list[tuple]:
 
 
 def _set_all(doc: dict, pred: Callable[[dict], bool], key: str, value: Any, in_args: bool = True) -> dict:
-    d = copy.deepcopy(doc)
-    for e in d["traceEvents"]:
+    """``doc`` with ``key`` (of ``args``, else of the event) set to ``value`` in every event
+    ``pred`` picks; those events are copies, the others ``doc``'s own (the result is written out,
+    never changed)."""
+    d = dict(doc)
+    d["traceEvents"] = evs = []
+    for e in doc["traceEvents"]:
         if pred(e):
+            e = copy.deepcopy(e)
             (e.setdefault("args", {}) if in_args else e)[key] = copy.deepcopy(value)
+        evs.append(e)
     return d
 
 
@@ -123,7 +129,8 @@ def gpu_cases(work: Path) -> list[Case]:
         cases.append(Case(name, ["analyze", str(p), "-j", "1", "--format", "json"], str(p), family))
 
     def dev(name: str, fn: Callable[[dict], None]) -> None:
-        d = copy.deepcopy(doc)
+        d = dict(doc)  # fn changes deviceProperties or the top level only
+        d["deviceProperties"] = copy.deepcopy(doc["deviceProperties"])
         fn(d)
         trace(name, d, "deviceProperties")
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import os
+import pickle
 import subprocess
 import sys
 from pathlib import Path
@@ -27,7 +28,19 @@ import pytest
 from conftest import cli_in_process
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _fuzz_cases import RECORDED, Case, fr_field_cases, gpu_cases, named_cases, seeded_cases, trace_doc  # noqa: E402
+from _fuzz_cases import (  # noqa: E402
+    RECORDED,
+    Case,
+    fr_dump_obj,
+    fr_field_cases,
+    gpu_cases,
+    gpu_trace_doc,
+    named_cases,
+    seeded_cases,
+    snapshot_obj,
+    trace_doc,
+)
+from _suitefuzz_quiet import quiet_dir  # noqa: E402
 
 RUNNER = Path(__file__).resolve().parent / "_fuzz_runner.py"
 MAX_SECONDS = 10.0
@@ -70,9 +83,30 @@ def baseline(work) -> Path:
     return p
 
 
-def run_cases(cases: list[Case], work: Path) -> list[dict]:
+@pytest.fixture(scope="module")
+def warm(work, baseline) -> dict[str, list[str]]:
+    """kind -> the CLI arguments of a clean input of that kind (the unmutated seeds of the cases),
+    which the runner analyses once before it forks the cases (``_fuzz_runner``: warm)."""
+    d = quiet_dir(work, "warm")
+    (d / "rank0.json").write_text(json.dumps(trace_doc()))
+    (d / "gpu").mkdir(exist_ok=True)
+    (d / "gpu" / "rank0.json").write_text(json.dumps(gpu_trace_doc()))
+    (d / "snap.pickle").write_bytes(pickle.dumps(snapshot_obj(), protocol=4))
+    (d / "nccl_trace_rank_0").write_bytes(pickle.dumps(fr_dump_obj(), protocol=2))
+    good = str(RECORDED / "per-block" / "rank0.json.gz")
+    return {
+        "trace": ["analyze", str(d / "rank0.json"), "-j", "1", "--format", "json"],
+        "gpu": ["analyze", str(d / "gpu" / "rank0.json"), "-j", "1", "--format", "json"],
+        "memory": ["memory", str(d / "snap.pickle"), "--format", "json"],
+        "fr": ["analyze", str(d / "nccl_trace_rank_0"), "-j", "1", "--format", "json"],
+        "compare": ["compare", str(baseline), good, "-j", "1", "--format", "json"],
+        "check": ["check", good, "-j", "1", "--baseline", str(baseline)],
+    }
+
+
+def run_cases(cases: list[Case], work: Path, warm: list[list[str]] = ()) -> list[dict]:
     cases_file, results_file = work / "cases.json", work / "results.json"
-    cases_file.write_text(json.dumps([{"id": c.id, "argv": c.argv} for c in cases]))
+    cases_file.write_text(json.dumps({"warm": list(warm), "cases": [{"id": c.id, "argv": c.argv} for c in cases]}))
     subprocess.run([sys.executable, str(RUNNER), str(cases_file), str(results_file)], check=True, timeout=900)
     return json.loads(results_file.read_text())
 
@@ -93,11 +127,11 @@ def problems(case: Case, r: dict, must_refuse: bool) -> list[str]:
     return [f"{case.id}: {', '.join(out)} :: {(lines[-1] if lines else '')[:160]}"] if out else []
 
 
-def test_named_hostile_inputs(work, baseline):
-    cases = named_cases(work, baseline)
+def test_named_hostile_inputs(work, baseline, warm):
+    cases = named_cases(quiet_dir(work, "named"), baseline)
     families = {c.family for c in cases}
     assert {"utf8", "bigint", "deep", "bomb", "special", "snapshot", "pickle", "baseline"} <= families
-    results = run_cases(cases, work)
+    results = run_cases(cases, work, [warm[k] for k in ("trace", "memory", "fr", "compare", "check")])
     assert len(results) == len(cases)
     bad = [p for c, r in zip(cases, results) for p in problems(c, r, must_refuse=c.id not in MAY_PASS)]
     assert not bad, "\n".join(bad)
@@ -114,13 +148,13 @@ def test_named_hostile_inputs(work, baseline):
     assert "regenerate it with 'fsdpdoctor analyze" in by_id["schema_str.json:check"]["stderr"]
 
 
-def test_gpu_trace_fields(work):
+def test_gpu_trace_fields(work, warm):
     """Every field of a real GPU trace that the compute, MFU and waterfall analyses and the kernel
     classes read, hostile: read (exit 0) or refused in one line naming the file, never an internal
     error. A ``deviceProperties`` name that is not a string (issue 44: exit 3) is an unknown device."""
-    cases = gpu_cases(work)
+    cases = gpu_cases(quiet_dir(work, "gpu"))
     assert {"gpu", "deviceProperties", "shapes", "labels"} <= {c.family for c in cases}
-    results = run_cases(cases, work)
+    results = run_cases(cases, work, [warm["gpu"]])
     assert len(results) == len(cases)
     bad = [p for c, r in zip(cases, results) for p in problems(c, r, must_refuse=False)]
     assert not bad, "\n".join(bad)
@@ -136,11 +170,11 @@ def test_gpu_trace_fields(work):
     assert rf["device_name"] == "NVIDIA H100 80GB HBM3" and rf["device_memory_bytes"] is None
 
 
-def test_flight_recorder_fields(work):
+def test_flight_recorder_fields(work, warm):
     """Every field of a Flight Recorder dump, hostile, one at a time: the hang diagnosis reads
     it or refuses it in one line naming the dump, never an internal error."""
-    cases = fr_field_cases(work)
-    results = run_cases(cases, work)
+    cases = fr_field_cases(quiet_dir(work, "fr"))
+    results = run_cases(cases, work, [warm["fr"]])
     assert len(results) == len(cases)
     bad = [p for c, r in zip(cases, results) for p in problems(c, r, must_refuse=False)]
     assert not bad, "\n".join(bad)
@@ -148,11 +182,11 @@ def test_flight_recorder_fields(work):
     assert codes.count(2) > 0 and codes.count(0) + codes.count(1) > 0
 
 
-def test_seeded_mutations(work, baseline):
+def test_seeded_mutations(work, baseline, warm):
     seed = int(os.environ.get("FSDPDOCTOR_FUZZ_SEED", "15"))
     count = int(os.environ.get("FSDPDOCTOR_FUZZ_CASES", str(CI_SEEDED)))
-    cases = seeded_cases(work, seed, count, baseline)
-    results = run_cases(cases, work)
+    cases = seeded_cases(quiet_dir(work, "seeded"), seed, count, baseline)
+    results = run_cases(cases, work, [warm[k] for k in ("trace", "memory", "fr", "compare", "check")])
     bad = [p for c, r in zip(cases, results) for p in problems(c, r, must_refuse=False)]
     assert not bad, "\n".join(bad)
     codes = [r["code"] for r in results]
@@ -184,12 +218,11 @@ def test_invalid_utf8_in_labels_keeps_every_event(work):
 
 import copy  # noqa: E402
 import gzip  # noqa: E402
-import pickle  # noqa: E402
+import itertools  # noqa: E402
+import shutil  # noqa: E402
 
 from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
-
-from _fuzz_cases import snapshot_obj  # noqa: E402
 
 EXAMPLES = int(os.environ.get("FSDPDOCTOR_FUZZ_EXAMPLES", "25"))
 _LONG = "FSDPDOCTOR_FUZZ_EXAMPLES" in os.environ
@@ -239,18 +272,33 @@ def small_snapshot():
     return s
 
 
+@pytest.fixture(scope="module")
+def example_dir(work):
+    """A fresh, empty folder for each example (``.../q/eN``, in a quiet folder: _suitefuzz_quiet),
+    removed once the example passed (a failing one's input stays for a look)."""
+    root, n = quiet_dir(work, "hyp"), itertools.count()
+
+    def fresh() -> Path:
+        d = root / f"e{next(n)}"
+        d.mkdir()
+        return d
+
+    return fresh
+
+
 def _check(code: int, err: str, path) -> None:
     assert code in (0, 1, 2), err
     assert "internal error" not in err and "Traceback" not in err, err
     if code == 2:
         lines = [ln for ln in err.splitlines() if ln.strip()]
         assert len(lines) == 1 and str(path) in lines[0], err
+    shutil.rmtree(Path(path).parent)
 
 
 @PROPERTY
 @given(choice=st.integers(min_value=0), value=json_values, gz=st.booleans())
-def test_property_trace_field_replaced(tmp_path_factory, small_doc, choice, value, gz):
-    p = tmp_path_factory.mktemp("hyp") / ("rank0.json.gz" if gz else "rank0.json")
+def test_property_trace_field_replaced(example_dir, small_doc, choice, value, gz):
+    p = example_dir() / ("rank0.json.gz" if gz else "rank0.json")
     data = json.dumps(_replace(small_doc, choice, value)).encode()
     p.write_bytes(gzip.compress(data, 1) if gz else data)
     _check(*_cli_code(["analyze", str(p), "-j", "1", "--format", "json"]), p)
@@ -258,26 +306,26 @@ def test_property_trace_field_replaced(tmp_path_factory, small_doc, choice, valu
 
 @PROPERTY
 @given(at=st.floats(min_value=0, max_value=1), junk=st.binary(max_size=16), drop=st.integers(0, 64))
-def test_property_trace_bytes_spliced(tmp_path_factory, small_doc, at, junk, drop):
+def test_property_trace_bytes_spliced(example_dir, small_doc, at, junk, drop):
     data = json.dumps(small_doc, indent=1).encode()
     k = int(at * len(data))
-    p = tmp_path_factory.mktemp("hyp") / "rank0.json"
+    p = example_dir() / "rank0.json"
     p.write_bytes(data[:k] + junk + data[k + drop :])
     _check(*_cli_code(["analyze", str(p), "-j", "1", "--format", "json"]), p)
 
 
 @PROPERTY
 @given(choice=st.integers(min_value=0), value=json_values)
-def test_property_snapshot_field_replaced(tmp_path_factory, small_snapshot, choice, value):
-    p = tmp_path_factory.mktemp("hyp") / "snap.pickle"
+def test_property_snapshot_field_replaced(example_dir, small_snapshot, choice, value):
+    p = example_dir() / "snap.pickle"
     p.write_bytes(pickle.dumps(_replace(small_snapshot, choice, value), protocol=4))
     _check(*_cli_code(["memory", str(p), "--format", "json"]), p)
 
 
 @PROPERTY
 @given(choice=st.integers(min_value=0), value=json_values)
-def test_property_baseline_field_replaced(tmp_path_factory, baseline, choice, value):
-    p = tmp_path_factory.mktemp("hyp") / "base.json"
+def test_property_baseline_field_replaced(example_dir, baseline, choice, value):
+    p = example_dir() / "base.json"
     p.write_text(json.dumps(_replace(json.loads(baseline.read_text()), choice, value)))
     good = RECORDED / "per-block" / "rank0.json.gz"
     _check(*_cli_code(["compare", str(p), str(good), "-j", "1", "--format", "json"]), p)
@@ -285,7 +333,7 @@ def test_property_baseline_field_replaced(tmp_path_factory, baseline, choice, va
 
 @pytest.fixture(scope="module")
 def gpu_doc_and_paths():
-    from _fuzz_cases import gpu_field_paths, gpu_trace_doc
+    from _fuzz_cases import gpu_field_paths
 
     doc = gpu_trace_doc()
     return doc, gpu_field_paths(doc)
@@ -302,10 +350,10 @@ def _with(obj, path: tuple, value):
 
 @settings(PROPERTY, max_examples=EXAMPLES if _LONG else 10)
 @given(choice=st.integers(min_value=0), value=json_values)
-def test_property_gpu_field_replaced(tmp_path_factory, gpu_doc_and_paths, choice, value):
+def test_property_gpu_field_replaced(example_dir, gpu_doc_and_paths, choice, value):
     """Any value in any field of a real GPU trace that the compute / waterfall / kernel-class code
     reads (``_fuzz_cases.gpu_field_paths``: deviceProperties, kernels, launches, FLOP ops' shapes)."""
     doc, paths = gpu_doc_and_paths
-    p = tmp_path_factory.mktemp("hyp") / "rank0.json"
+    p = example_dir() / "rank0.json"
     p.write_bytes(json.dumps(_with(doc, paths[choice % len(paths)], value)).encode())
     _check(*_cli_code(["analyze", str(p), "-j", "1", "--format", "json"]), p)
