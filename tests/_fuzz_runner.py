@@ -7,7 +7,7 @@ costs milliseconds of start-up, not a Python start). The ``warm`` commands (vali
 cases' kinds) run first in this process, output discarded: the modules an analysis imports on the
 way and the rules' registry are then loaded once here, not again in every child (~0.1 s a case).
 For each case the result holds the exit code (negative: killed by that signal), stdout and stderr,
-the wall time, and the child's peak RSS as the kernel reports it to ``wait4`` (``ru_maxrss``,
+the wall and CPU time, and the child's peak RSS as the kernel reports it to ``wait4`` (``ru_maxrss``,
 children of the child included). The child runs under an address-space limit and an alarm, so a
 case that runs away is killed rather than taking the machine with it; both show in the result.
 """
@@ -67,7 +67,15 @@ def run_case(argv: list[str], workdir: str) -> dict:
         stdout = f.read(1 << 20).decode("utf-8", "replace")
     with open(err_path, "rb") as f:
         stderr = f.read(1 << 20).decode("utf-8", "replace")
-    return {"code": code, "stdout": stdout, "stderr": stderr, "wall_s": wall, "maxrss_kb": usage.ru_maxrss}
+    cpu = usage.ru_utime + usage.ru_stime
+    return {
+        "code": code,
+        "stdout": stdout,
+        "stderr": stderr,
+        "wall_s": wall,
+        "cpu_s": cpu,
+        "maxrss_kb": usage.ru_maxrss,
+    }
 
 
 def _warm(argv: list[str]) -> None:
