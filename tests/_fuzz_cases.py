@@ -54,11 +54,12 @@ def trace_doc(variant: str = "per-block", rank: int = 0, max_events: int | None 
 GPU_TRACE = RECORDED / "gpu" / "fsdp2" / "rank0.json.gz"
 
 
-def gpu_trace_doc() -> dict:
+def gpu_trace_doc(whole_step: bool = False) -> dict:
     """The real H100 FSDP2 trace (torch 2.11, ``record_shapes=True``: GEMM and attention ops with
     their ``Input Dims`` / ``Input type`` / ``Concrete Inputs``, cuBLAS / CUTLASS / fmha kernels,
     ``deviceProperties``), cut to its last step to keep each case fast: what the compute, MFU and
-    waterfall analyses and the kernel classes read, which the CPU recordings do not have."""
+    waterfall analyses and the kernel classes read, which the CPU recordings do not have. Unless
+    ``whole_step``, the step is trimmed to a few events of each kind (``_suitefuzz_gpu``)."""
     with gzip.open(GPU_TRACE, "rb") as f:
         doc = json.loads(f.read())
     evs = doc["traceEvents"]
@@ -66,12 +67,18 @@ def gpu_trace_doc() -> dict:
         e["ts"] for e in evs if e.get("cat") == "user_annotation" and str(e.get("name")).startswith("ProfilerStep")
     )
     doc["traceEvents"] = [e for e in evs if e.get("ph") == "M" or e.get("ts", 0) >= last]
-    return doc
+    if whole_step:
+        return doc
+    from _suitefuzz_gpu import trim_step
+
+    return trim_step(doc, GPU_FLOP_OPS + GPU_SYNC_OPS)
 
 
 #: ops whose shapes give FLOPs (fsdpdoctor.ingest.events.FLOP_OPS on this trace)
 GPU_FLOP_OPS = ("aten::mm", "aten::addmm", "aten::_scaled_dot_product_efficient_attention")
 GPU_FLOP_OPS += tuple(n + "_backward" for n in GPU_FLOP_OPS[2:])
+#: ops whose read-backs synchronize (fsdpdoctor.ingest.events.SYNC_OPS)
+GPU_SYNC_OPS = ("aten::to", "aten::item", "aten::_local_scalar_dense", "aten::cpu")
 
 
 def gpu_field_paths(doc: dict) -> list[tuple]:
@@ -114,13 +121,14 @@ def _set_all(doc: dict, pred: Callable[[dict], bool], key: str, value: Any, in_a
     return d
 
 
-def gpu_cases(work: Path) -> list[Case]:
-    """Hostile values in every field of a real GPU trace that the compute / MFU / waterfall
-    analyses and the kernel classes read: ``deviceProperties``, kernel names and args, the shapes,
-    types and concrete inputs of the FLOP ops, the step, optimizer and FSDP labels."""
+def gpu_cases(work: Path, doc: dict | None = None) -> list[Case]:
+    """Hostile values in every field of a real GPU trace (``doc``, else :func:`gpu_trace_doc`)
+    that the compute / MFU / waterfall analyses and the kernel classes read:
+    ``deviceProperties``, kernel names and args, the shapes, types and concrete inputs of the
+    FLOP ops, the step, optimizer and FSDP labels."""
     t = work / "gpu"
     t.mkdir(parents=True, exist_ok=True)
-    doc = gpu_trace_doc()
+    doc = gpu_trace_doc() if doc is None else doc
     cases: list[Case] = []
 
     def trace(name: str, d: dict, family: str = "gpu") -> None:

@@ -84,24 +84,38 @@ def baseline(work) -> Path:
 
 
 @pytest.fixture(scope="module")
-def warm(work, baseline) -> dict[str, list[str]]:
+def warm(work, request):
     """kind -> the CLI arguments of a clean input of that kind (the unmutated seeds of the cases),
-    which the runner analyses once before it forks the cases (``_fuzz_runner``: warm)."""
+    which the runner analyses once before it forks the cases (``_fuzz_runner``: warm). Each
+    input is written when first asked for; the baseline kinds build the ``baseline`` fixture."""
     d = quiet_dir(work, "warm")
-    (d / "rank0.json").write_text(json.dumps(trace_doc()))
-    (d / "gpu").mkdir(exist_ok=True)
-    (d / "gpu" / "rank0.json").write_text(json.dumps(gpu_trace_doc()))
-    (d / "snap.pickle").write_bytes(pickle.dumps(snapshot_obj(), protocol=4))
-    (d / "nccl_trace_rank_0").write_bytes(pickle.dumps(fr_dump_obj(), protocol=2))
     good = str(RECORDED / "per-block" / "rank0.json.gz")
-    return {
-        "trace": ["analyze", str(d / "rank0.json"), "-j", "1", "--format", "json"],
-        "gpu": ["analyze", str(d / "gpu" / "rank0.json"), "-j", "1", "--format", "json"],
-        "memory": ["memory", str(d / "snap.pickle"), "--format", "json"],
-        "fr": ["analyze", str(d / "nccl_trace_rank_0"), "-j", "1", "--format", "json"],
-        "compare": ["compare", str(baseline), good, "-j", "1", "--format", "json"],
-        "check": ["check", good, "-j", "1", "--baseline", str(baseline)],
-    }
+
+    def write(name: str, data: bytes) -> str:
+        p = d / name
+        p.parent.mkdir(exist_ok=True)
+        if not p.exists():
+            p.write_bytes(data)
+        return str(p)
+
+    def get(kind: str) -> list[str]:
+        if kind == "trace":
+            return ["analyze", write("rank0.json", json.dumps(trace_doc()).encode()), "-j", "1", "--format", "json"]
+        if kind == "gpu":
+            p = write("gpu/rank0.json", json.dumps(gpu_trace_doc()).encode())
+            return ["analyze", p, "-j", "1", "--format", "json"]
+        if kind == "memory":
+            return ["memory", write("snap.pickle", pickle.dumps(snapshot_obj(), protocol=4)), "--format", "json"]
+        if kind == "fr":
+            p = write("nccl_trace_rank_0", pickle.dumps(fr_dump_obj(), protocol=2))
+            return ["analyze", p, "-j", "1", "--format", "json"]
+        baseline = str(request.getfixturevalue("baseline"))
+        if kind == "compare":
+            return ["compare", baseline, good, "-j", "1", "--format", "json"]
+        assert kind == "check", kind
+        return ["check", good, "-j", "1", "--baseline", baseline]
+
+    return get
 
 
 def run_cases(cases: list[Case], work: Path, warm: list[list[str]] = ()) -> list[dict]:
@@ -131,7 +145,7 @@ def test_named_hostile_inputs(work, baseline, warm):
     cases = named_cases(quiet_dir(work, "named"), baseline)
     families = {c.family for c in cases}
     assert {"utf8", "bigint", "deep", "bomb", "special", "snapshot", "pickle", "baseline"} <= families
-    results = run_cases(cases, work, [warm[k] for k in ("trace", "memory", "fr", "compare", "check")])
+    results = run_cases(cases, work, [warm(k) for k in ("trace", "memory", "fr", "compare", "check")])
     assert len(results) == len(cases)
     bad = [p for c, r in zip(cases, results) for p in problems(c, r, must_refuse=c.id not in MAY_PASS)]
     assert not bad, "\n".join(bad)
@@ -154,7 +168,7 @@ def test_gpu_trace_fields(work, warm):
     error. A ``deviceProperties`` name that is not a string (issue 44: exit 3) is an unknown device."""
     cases = gpu_cases(quiet_dir(work, "gpu"))
     assert {"gpu", "deviceProperties", "shapes", "labels"} <= {c.family for c in cases}
-    results = run_cases(cases, work, [warm["gpu"]])
+    results = run_cases(cases, work, [warm("gpu")])
     assert len(results) == len(cases)
     bad = [p for c, r in zip(cases, results) for p in problems(c, r, must_refuse=False)]
     assert not bad, "\n".join(bad)
@@ -174,7 +188,7 @@ def test_flight_recorder_fields(work, warm):
     """Every field of a Flight Recorder dump, hostile, one at a time: the hang diagnosis reads
     it or refuses it in one line naming the dump, never an internal error."""
     cases = fr_field_cases(quiet_dir(work, "fr"))
-    results = run_cases(cases, work, [warm["fr"]])
+    results = run_cases(cases, work, [warm("fr")])
     assert len(results) == len(cases)
     bad = [p for c, r in zip(cases, results) for p in problems(c, r, must_refuse=False)]
     assert not bad, "\n".join(bad)
@@ -186,7 +200,7 @@ def test_seeded_mutations(work, baseline, warm):
     seed = int(os.environ.get("FSDPDOCTOR_FUZZ_SEED", "15"))
     count = int(os.environ.get("FSDPDOCTOR_FUZZ_CASES", str(CI_SEEDED)))
     cases = seeded_cases(quiet_dir(work, "seeded"), seed, count, baseline)
-    results = run_cases(cases, work, [warm[k] for k in ("trace", "memory", "fr", "compare", "check")])
+    results = run_cases(cases, work, [warm(k) for k in ("trace", "memory", "fr", "compare", "check")])
     bad = [p for c, r in zip(cases, results) for p in problems(c, r, must_refuse=False)]
     assert not bad, "\n".join(bad)
     codes = [r["code"] for r in results]
@@ -335,7 +349,9 @@ def test_property_baseline_field_replaced(example_dir, baseline, choice, value):
 def gpu_doc_and_paths():
     from _fuzz_cases import gpu_field_paths
 
-    doc = gpu_trace_doc()
+    # the whole last step (not trimmed as test_gpu_trace_fields' is): hostile values also meet
+    # the full step's cross-stream dependencies and interval growth
+    doc = gpu_trace_doc(whole_step=True)
     return doc, gpu_field_paths(doc)
 
 
