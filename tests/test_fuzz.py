@@ -106,6 +106,11 @@ def warm(work, request):
             return ["analyze", p, "-j", "1", "--format", "json"]
         if kind == "memory":
             return ["memory", write("snap.pickle", pickle.dumps(snapshot_obj(), protocol=4)), "--format", "json"]
+        if kind == "fsdp1":
+            from _suitefuzz_fields import fsdp1_step_doc
+
+            p = write("fsdp1/rank0.json", json.dumps(fsdp1_step_doc()).encode())
+            return ["analyze", p, "-j", "1", "--format", "json"]
         if kind == "fr":
             p = write("nccl_trace_rank_0", pickle.dumps(fr_dump_obj(), protocol=2))
             return ["analyze", p, "-j", "1", "--format", "json"]
@@ -182,6 +187,28 @@ def test_gpu_trace_fields(work, warm):
     assert rf["device_name"] is None and rf["device_memory_bytes"] == 85_017_493_504
     rf = json.loads(by_id["dp_mem_str.json"]["stdout"])["rank_facts"][0]
     assert rf["device_name"] == "NVIDIA H100 80GB HBM3" and rf["device_memory_bytes"] is None
+
+
+def test_collective_memory_and_metadata_fields(work, warm):
+    """The fields the GPU field cases do not reach (issue 44 item 5; ``_suitefuzz_fields``): a
+    real FSDP1 H100 step's collective fields (Collective name, message sizes, group size, dtype,
+    process group name, description and ranks, their shapes), the launch grid, the lowercase
+    external id, ``[memory]`` events, metadata names, distributedInfo and its process groups and
+    the other top-level keys: each hostile in turn is read (exit 0) or refused in one line naming
+    the file, never an internal error. A negative Total Allocated was one (exit 3)."""
+    from _suitefuzz_fields import field_cases
+
+    cases = field_cases(quiet_dir(work, "fields"))
+    assert {"collectives", "kernels", "memory", "meta"} <= {c.family for c in cases}
+    results = run_cases(cases, work, [warm("fsdp1")])
+    assert len(results) == len(cases)
+    bad = [p for c, r in zip(cases, results) for p in problems(c, r, must_refuse=False)]
+    assert not bad, "\n".join(bad)
+    by_id = {c.id: r for c, r in zip(cases, results)}
+    # sizes past 64 bits are refused for what they are; an unknown collective is read
+    for cid in ("coll_in_msg_nelems_big.json", "coll_group_size_big.json", "memory_total_allocated_big.json"):
+        assert by_id[cid]["code"] == 2 and "64-bit" in by_id[cid]["stderr"], by_id[cid]["stderr"]
+    assert by_id["coll_collective_name_unknown.json"]["code"] == 0
 
 
 def test_flight_recorder_fields(work, warm):
