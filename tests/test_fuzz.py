@@ -6,7 +6,10 @@ pickle bombs, wrongly typed snapshot and baseline fields) and seeded structure-a
 the real recorded traces, the real memory snapshot and a saved baseline (truncation, byte flips,
 type swaps, missing keys, huge numbers, deep nesting).
 
-Each case runs ``fsdpdoctor`` in a child forked by ``tests/_fuzz_runner.py`` and must: exit 0
+Each case runs ``fsdpdoctor`` in a child forked by ``tests/_fuzz_runner.py`` (after the runner
+has analysed a clean input of the same kind once, so the children do not import the analysis
+again; the case files lie in ``_suitefuzz_quiet`` folders, whose parents the layout detection
+scans in no time) and must: exit 0
 (a mutation that is still valid input), 1 (a ``check`` gate) or 2; on 2, print exactly one line on
 stderr that names the input; never print a traceback or reach the internal-error handler; finish
 within ``MAX_SECONDS`` with a peak RSS under ``MAX_RSS_MB`` (the kernel's ``ru_maxrss``).
