@@ -1,10 +1,13 @@
 """Run fsdpdoctor CLI cases, one forked process each, and measure every one.
 
 Usage: ``python tests/_fuzz_runner.py CASES.json RESULTS.json``. ``CASES.json`` is a list of
-``{"id": ..., "argv": [...]}``; each case runs ``fsdpdoctor <argv>`` in a child forked from this
-process after the CLI is imported (so a case costs milliseconds of start-up, not a Python start).
+``{"id": ..., "argv": [...]}``, or ``{"warm": [argv, ...], "cases": [...]}``; each case runs
+``fsdpdoctor <argv>`` in a child forked from this process after the CLI is imported (so a case
+costs milliseconds of start-up, not a Python start). The ``warm`` commands (valid inputs of the
+cases' kinds) run first in this process, output discarded: the modules an analysis imports on the
+way and the rules' registry are then loaded once here, not again in every child (~0.1 s a case).
 For each case the result holds the exit code (negative: killed by that signal), stdout and stderr,
-the wall time, and the child's peak RSS as the kernel reports it to ``wait4`` (``ru_maxrss``,
+the wall and CPU time, and the child's peak RSS as the kernel reports it to ``wait4`` (``ru_maxrss``,
 children of the child included). The child runs under an address-space limit and an alarm, so a
 case that runs away is killed rather than taking the machine with it; both show in the result.
 """
@@ -64,12 +67,38 @@ def run_case(argv: list[str], workdir: str) -> dict:
         stdout = f.read(1 << 20).decode("utf-8", "replace")
     with open(err_path, "rb") as f:
         stderr = f.read(1 << 20).decode("utf-8", "replace")
-    return {"code": code, "stdout": stdout, "stderr": stderr, "wall_s": wall, "maxrss_kb": usage.ru_maxrss}
+    cpu = usage.ru_utime + usage.ru_stime
+    return {
+        "code": code,
+        "stdout": stdout,
+        "stderr": stderr,
+        "wall_s": wall,
+        "cpu_s": cpu,
+        "maxrss_kb": usage.ru_maxrss,
+    }
+
+
+def _warm(argv: list[str]) -> None:
+    """``fsdpdoctor <argv>`` in this process: a valid input, so exit 0 (or 1, a ``check`` gate)."""
+    import contextlib
+    import io
+
+    from fsdpdoctor.cli import main
+
+    err = io.StringIO()
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(err):
+        try:
+            main.main(args=argv, prog_name="fsdpdoctor", standalone_mode=True)
+        except SystemExit as exc:
+            if exc.code not in (0, 1, None):
+                raise RuntimeError(f"warm-up {argv} exited {exc.code}: {err.getvalue()}") from None
 
 
 def main(cases_file: str, results_file: str) -> None:
     with open(cases_file) as f:
         cases = json.load(f)
+    warm = cases.get("warm", []) if isinstance(cases, dict) else []
+    cases = cases["cases"] if isinstance(cases, dict) else cases
     import fsdpdoctor.cli  # noqa: F401 - imported once, before forking
     import fsdpdoctor.api  # noqa: F401
     import fsdpdoctor.analysis.compare  # noqa: F401
@@ -79,6 +108,9 @@ def main(cases_file: str, results_file: str) -> None:
 
         _fast_validator()  # built once here, not in every case
         _validator()  # (the reference, for a document the fast one refuses): 1.3 s of CPU a case otherwise
+
+    for argv in warm:
+        _warm(argv)
 
     results = []
     with tempfile.TemporaryDirectory() as work:

@@ -6,7 +6,10 @@ pickle bombs, wrongly typed snapshot and baseline fields) and seeded structure-a
 the real recorded traces, the real memory snapshot and a saved baseline (truncation, byte flips,
 type swaps, missing keys, huge numbers, deep nesting).
 
-Each case runs ``fsdpdoctor`` in a child forked by ``tests/_fuzz_runner.py`` and must: exit 0
+Each case runs ``fsdpdoctor`` in a child forked by ``tests/_fuzz_runner.py`` (after the runner
+has analysed a clean input of the same kind once, so the children do not import the analysis
+again; the case files lie in ``_suitefuzz_quiet`` folders, whose parents the layout detection
+scans in no time) and must: exit 0
 (a mutation that is still valid input), 1 (a ``check`` gate) or 2; on 2, print exactly one line on
 stderr that names the input; never print a traceback or reach the internal-error handler; finish
 within ``MAX_SECONDS`` with a peak RSS under ``MAX_RSS_MB`` (the kernel's ``ru_maxrss``).
@@ -19,6 +22,7 @@ from __future__ import annotations
 
 import json
 import os
+import pickle
 import subprocess
 import sys
 from pathlib import Path
@@ -27,7 +31,19 @@ import pytest
 from conftest import cli_in_process
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _fuzz_cases import RECORDED, Case, fr_field_cases, gpu_cases, named_cases, seeded_cases, trace_doc  # noqa: E402
+from _fuzz_cases import (  # noqa: E402
+    RECORDED,
+    Case,
+    fr_dump_obj,
+    fr_field_cases,
+    gpu_cases,
+    gpu_trace_doc,
+    named_cases,
+    seeded_cases,
+    snapshot_obj,
+    trace_doc,
+)
+from _suitefuzz_quiet import quiet_dir  # noqa: E402
 
 RUNNER = Path(__file__).resolve().parent / "_fuzz_runner.py"
 MAX_SECONDS = 10.0
@@ -70,9 +86,49 @@ def baseline(work) -> Path:
     return p
 
 
-def run_cases(cases: list[Case], work: Path) -> list[dict]:
+@pytest.fixture(scope="module")
+def warm(work, request):
+    """kind -> the CLI arguments of a clean input of that kind (the unmutated seeds of the cases),
+    which the runner analyses once before it forks the cases (``_fuzz_runner``: warm). Each
+    input is written when first asked for; the baseline kinds build the ``baseline`` fixture."""
+    d = quiet_dir(work, "warm")
+    good = str(RECORDED / "per-block" / "rank0.json.gz")
+
+    def write(name: str, data: bytes) -> str:
+        p = d / name
+        p.parent.mkdir(exist_ok=True)
+        if not p.exists():
+            p.write_bytes(data)
+        return str(p)
+
+    def get(kind: str) -> list[str]:
+        if kind == "trace":
+            return ["analyze", write("rank0.json", json.dumps(trace_doc()).encode()), "-j", "1", "--format", "json"]
+        if kind == "gpu":
+            p = write("gpu/rank0.json", json.dumps(gpu_trace_doc()).encode())
+            return ["analyze", p, "-j", "1", "--format", "json"]
+        if kind == "memory":
+            return ["memory", write("snap.pickle", pickle.dumps(snapshot_obj(), protocol=4)), "--format", "json"]
+        if kind == "fsdp1":
+            from _suitefuzz_fields import fsdp1_step_doc
+
+            p = write("fsdp1/rank0.json", json.dumps(fsdp1_step_doc()).encode())
+            return ["analyze", p, "-j", "1", "--format", "json"]
+        if kind == "fr":
+            p = write("nccl_trace_rank_0", pickle.dumps(fr_dump_obj(), protocol=2))
+            return ["analyze", p, "-j", "1", "--format", "json"]
+        baseline = str(request.getfixturevalue("baseline"))
+        if kind == "compare":
+            return ["compare", baseline, good, "-j", "1", "--format", "json"]
+        assert kind == "check", kind
+        return ["check", good, "-j", "1", "--baseline", baseline]
+
+    return get
+
+
+def run_cases(cases: list[Case], work: Path, warm: list[list[str]] = ()) -> list[dict]:
     cases_file, results_file = work / "cases.json", work / "results.json"
-    cases_file.write_text(json.dumps([{"id": c.id, "argv": c.argv} for c in cases]))
+    cases_file.write_text(json.dumps({"warm": list(warm), "cases": [{"id": c.id, "argv": c.argv} for c in cases]}))
     subprocess.run([sys.executable, str(RUNNER), str(cases_file), str(results_file)], check=True, timeout=900)
     return json.loads(results_file.read_text())
 
@@ -93,11 +149,11 @@ def problems(case: Case, r: dict, must_refuse: bool) -> list[str]:
     return [f"{case.id}: {', '.join(out)} :: {(lines[-1] if lines else '')[:160]}"] if out else []
 
 
-def test_named_hostile_inputs(work, baseline):
-    cases = named_cases(work, baseline)
+def test_named_hostile_inputs(work, baseline, warm):
+    cases = named_cases(quiet_dir(work, "named"), baseline)
     families = {c.family for c in cases}
     assert {"utf8", "bigint", "deep", "bomb", "special", "snapshot", "pickle", "baseline"} <= families
-    results = run_cases(cases, work)
+    results = run_cases(cases, work, [warm(k) for k in ("trace", "memory", "fr", "compare", "check")])
     assert len(results) == len(cases)
     bad = [p for c, r in zip(cases, results) for p in problems(c, r, must_refuse=c.id not in MAY_PASS)]
     assert not bad, "\n".join(bad)
@@ -114,13 +170,13 @@ def test_named_hostile_inputs(work, baseline):
     assert "regenerate it with 'fsdpdoctor analyze" in by_id["schema_str.json:check"]["stderr"]
 
 
-def test_gpu_trace_fields(work):
+def test_gpu_trace_fields(work, warm):
     """Every field of a real GPU trace that the compute, MFU and waterfall analyses and the kernel
     classes read, hostile: read (exit 0) or refused in one line naming the file, never an internal
     error. A ``deviceProperties`` name that is not a string (issue 44: exit 3) is an unknown device."""
-    cases = gpu_cases(work)
+    cases = gpu_cases(quiet_dir(work, "gpu"))
     assert {"gpu", "deviceProperties", "shapes", "labels"} <= {c.family for c in cases}
-    results = run_cases(cases, work)
+    results = run_cases(cases, work, [warm("gpu")])
     assert len(results) == len(cases)
     bad = [p for c, r in zip(cases, results) for p in problems(c, r, must_refuse=False)]
     assert not bad, "\n".join(bad)
@@ -136,11 +192,33 @@ def test_gpu_trace_fields(work):
     assert rf["device_name"] == "NVIDIA H100 80GB HBM3" and rf["device_memory_bytes"] is None
 
 
-def test_flight_recorder_fields(work):
+def test_collective_memory_and_metadata_fields(work, warm):
+    """The fields the GPU field cases do not reach (issue 44 item 5; ``_suitefuzz_fields``): a
+    real FSDP1 H100 step's collective fields (Collective name, message sizes, group size, dtype,
+    process group name, description and ranks, their shapes), the launch grid, the lowercase
+    external id, ``[memory]`` events, metadata names, distributedInfo and its process groups and
+    the other top-level keys: each hostile in turn is read (exit 0) or refused in one line naming
+    the file, never an internal error. A negative Total Allocated was one (exit 3)."""
+    from _suitefuzz_fields import field_cases
+
+    cases = field_cases(quiet_dir(work, "fields"))
+    assert {"collectives", "kernels", "memory", "meta"} <= {c.family for c in cases}
+    results = run_cases(cases, work, [warm("fsdp1")])
+    assert len(results) == len(cases)
+    bad = [p for c, r in zip(cases, results) for p in problems(c, r, must_refuse=False)]
+    assert not bad, "\n".join(bad)
+    by_id = {c.id: r for c, r in zip(cases, results)}
+    # sizes past 64 bits are refused for what they are; an unknown collective is read
+    for cid in ("coll_in_msg_nelems_big.json", "coll_group_size_big.json", "memory_total_allocated_big.json"):
+        assert by_id[cid]["code"] == 2 and "64-bit" in by_id[cid]["stderr"], by_id[cid]["stderr"]
+    assert by_id["coll_collective_name_unknown.json"]["code"] == 0
+
+
+def test_flight_recorder_fields(work, warm):
     """Every field of a Flight Recorder dump, hostile, one at a time: the hang diagnosis reads
     it or refuses it in one line naming the dump, never an internal error."""
-    cases = fr_field_cases(work)
-    results = run_cases(cases, work)
+    cases = fr_field_cases(quiet_dir(work, "fr"))
+    results = run_cases(cases, work, [warm("fr")])
     assert len(results) == len(cases)
     bad = [p for c, r in zip(cases, results) for p in problems(c, r, must_refuse=False)]
     assert not bad, "\n".join(bad)
@@ -148,11 +226,11 @@ def test_flight_recorder_fields(work):
     assert codes.count(2) > 0 and codes.count(0) + codes.count(1) > 0
 
 
-def test_seeded_mutations(work, baseline):
+def test_seeded_mutations(work, baseline, warm):
     seed = int(os.environ.get("FSDPDOCTOR_FUZZ_SEED", "15"))
     count = int(os.environ.get("FSDPDOCTOR_FUZZ_CASES", str(CI_SEEDED)))
-    cases = seeded_cases(work, seed, count, baseline)
-    results = run_cases(cases, work)
+    cases = seeded_cases(quiet_dir(work, "seeded"), seed, count, baseline)
+    results = run_cases(cases, work, [warm(k) for k in ("trace", "memory", "fr", "compare", "check")])
     bad = [p for c, r in zip(cases, results) for p in problems(c, r, must_refuse=False)]
     assert not bad, "\n".join(bad)
     codes = [r["code"] for r in results]
@@ -184,12 +262,11 @@ def test_invalid_utf8_in_labels_keeps_every_event(work):
 
 import copy  # noqa: E402
 import gzip  # noqa: E402
-import pickle  # noqa: E402
+import itertools  # noqa: E402
+import shutil  # noqa: E402
 
 from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
-
-from _fuzz_cases import snapshot_obj  # noqa: E402
 
 EXAMPLES = int(os.environ.get("FSDPDOCTOR_FUZZ_EXAMPLES", "25"))
 _LONG = "FSDPDOCTOR_FUZZ_EXAMPLES" in os.environ
@@ -239,18 +316,33 @@ def small_snapshot():
     return s
 
 
+@pytest.fixture(scope="module")
+def example_dir(work):
+    """A fresh, empty folder for each example (``.../q/eN``, in a quiet folder: _suitefuzz_quiet),
+    removed once the example passed (a failing one's input stays for a look)."""
+    root, n = quiet_dir(work, "hyp"), itertools.count()
+
+    def fresh() -> Path:
+        d = root / f"e{next(n)}"
+        d.mkdir()
+        return d
+
+    return fresh
+
+
 def _check(code: int, err: str, path) -> None:
     assert code in (0, 1, 2), err
     assert "internal error" not in err and "Traceback" not in err, err
     if code == 2:
         lines = [ln for ln in err.splitlines() if ln.strip()]
         assert len(lines) == 1 and str(path) in lines[0], err
+    shutil.rmtree(Path(path).parent)
 
 
 @PROPERTY
 @given(choice=st.integers(min_value=0), value=json_values, gz=st.booleans())
-def test_property_trace_field_replaced(tmp_path_factory, small_doc, choice, value, gz):
-    p = tmp_path_factory.mktemp("hyp") / ("rank0.json.gz" if gz else "rank0.json")
+def test_property_trace_field_replaced(example_dir, small_doc, choice, value, gz):
+    p = example_dir() / ("rank0.json.gz" if gz else "rank0.json")
     data = json.dumps(_replace(small_doc, choice, value)).encode()
     p.write_bytes(gzip.compress(data, 1) if gz else data)
     _check(*_cli_code(["analyze", str(p), "-j", "1", "--format", "json"]), p)
@@ -258,26 +350,26 @@ def test_property_trace_field_replaced(tmp_path_factory, small_doc, choice, valu
 
 @PROPERTY
 @given(at=st.floats(min_value=0, max_value=1), junk=st.binary(max_size=16), drop=st.integers(0, 64))
-def test_property_trace_bytes_spliced(tmp_path_factory, small_doc, at, junk, drop):
+def test_property_trace_bytes_spliced(example_dir, small_doc, at, junk, drop):
     data = json.dumps(small_doc, indent=1).encode()
     k = int(at * len(data))
-    p = tmp_path_factory.mktemp("hyp") / "rank0.json"
+    p = example_dir() / "rank0.json"
     p.write_bytes(data[:k] + junk + data[k + drop :])
     _check(*_cli_code(["analyze", str(p), "-j", "1", "--format", "json"]), p)
 
 
 @PROPERTY
 @given(choice=st.integers(min_value=0), value=json_values)
-def test_property_snapshot_field_replaced(tmp_path_factory, small_snapshot, choice, value):
-    p = tmp_path_factory.mktemp("hyp") / "snap.pickle"
+def test_property_snapshot_field_replaced(example_dir, small_snapshot, choice, value):
+    p = example_dir() / "snap.pickle"
     p.write_bytes(pickle.dumps(_replace(small_snapshot, choice, value), protocol=4))
     _check(*_cli_code(["memory", str(p), "--format", "json"]), p)
 
 
 @PROPERTY
 @given(choice=st.integers(min_value=0), value=json_values)
-def test_property_baseline_field_replaced(tmp_path_factory, baseline, choice, value):
-    p = tmp_path_factory.mktemp("hyp") / "base.json"
+def test_property_baseline_field_replaced(example_dir, baseline, choice, value):
+    p = example_dir() / "base.json"
     p.write_text(json.dumps(_replace(json.loads(baseline.read_text()), choice, value)))
     good = RECORDED / "per-block" / "rank0.json.gz"
     _check(*_cli_code(["compare", str(p), str(good), "-j", "1", "--format", "json"]), p)
@@ -285,9 +377,11 @@ def test_property_baseline_field_replaced(tmp_path_factory, baseline, choice, va
 
 @pytest.fixture(scope="module")
 def gpu_doc_and_paths():
-    from _fuzz_cases import gpu_field_paths, gpu_trace_doc
+    from _fuzz_cases import gpu_field_paths
 
-    doc = gpu_trace_doc()
+    # the whole last step (not trimmed as test_gpu_trace_fields' is): hostile values also meet
+    # the full step's cross-stream dependencies and interval growth
+    doc = gpu_trace_doc(whole_step=True)
     return doc, gpu_field_paths(doc)
 
 
@@ -302,10 +396,10 @@ def _with(obj, path: tuple, value):
 
 @settings(PROPERTY, max_examples=EXAMPLES if _LONG else 10)
 @given(choice=st.integers(min_value=0), value=json_values)
-def test_property_gpu_field_replaced(tmp_path_factory, gpu_doc_and_paths, choice, value):
+def test_property_gpu_field_replaced(example_dir, gpu_doc_and_paths, choice, value):
     """Any value in any field of a real GPU trace that the compute / waterfall / kernel-class code
     reads (``_fuzz_cases.gpu_field_paths``: deviceProperties, kernels, launches, FLOP ops' shapes)."""
     doc, paths = gpu_doc_and_paths
-    p = tmp_path_factory.mktemp("hyp") / "rank0.json"
+    p = example_dir() / "rank0.json"
     p.write_bytes(json.dumps(_with(doc, paths[choice % len(paths)], value)).encode())
     _check(*_cli_code(["analyze", str(p), "-j", "1", "--format", "json"]), p)

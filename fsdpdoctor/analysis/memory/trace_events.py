@@ -17,12 +17,14 @@ CUDA_DEVICE_TYPE = 1
 
 
 def memory_from_events(path: str, events: np.ndarray) -> MemoryFacts | None:
-    """MemoryFacts of the GPU with the highest allocated peak; None without GPU events.
+    """MemoryFacts of the GPU with the highest allocated peak; None without GPU events (of a
+    total allocated of 0 or more).
     ``events`` has the columns of ``ingest.events.MEMORY_COLUMNS``."""
     if events.size == 0:
         return None
     ts, dev_type, dev_id, allocated, reserved = events.T
-    gpu = dev_type == CUDA_DEVICE_TYPE
+    # a negative total allocated is no reading of the allocator (the fuzz suite's, not a profiler's)
+    gpu = (dev_type == CUDA_DEVICE_TYPE) & (allocated >= 0)
     if not gpu.any():
         return None
     devices, best, best_peak = [], None, -1.0
