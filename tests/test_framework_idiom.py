@@ -45,6 +45,28 @@ def _module_instances(path: Path) -> dict[str, set[int]]:
     return out
 
 
+def test_a_trace_file_is_placed_by_its_own_folders_not_its_surroundings(tmp_path, monkeypatch):
+    """One rank's file of torchtitan's folder is still torchtitan's (its iteration folder names the
+    series); a trace anywhere else costs no reading of the folders around it (the old search read
+    two levels below each of five ancestors: thousands of folders in a home or /tmp)."""
+    from fsdpdoctor.analysis.framework import _layout
+    from fsdpdoctor.ingest import layouts
+
+    one = RECORDED / "torchtitan-cpu-debugmodel" / "profiling" / "traces" / "iteration_4" / "rank0_trace.json.gz"
+    assert _layout([str(one)]) == "torchtitan"
+    seen: list[Path] = []
+    real = layouts.dump_folder
+    monkeypatch.setattr(layouts, "dump_folder", lambda p, it=None: seen.append(Path(p)) or real(p, it))
+    elsewhere = tmp_path / "a" / "b" / "rank0_trace.json.gz"
+    elsewhere.parent.mkdir(parents=True)
+    elsewhere.write_bytes(one.read_bytes())
+    for i in range(3):
+        (tmp_path / "a" / f"iteration_{i}").mkdir()  # beside the file, not above it: not its series
+    assert _layout([str(elsewhere)]) is None
+    assert seen == []
+    assert fsdpdoctor.analyze(elsewhere, jobs=1).facts.framework.name != "torchtitan"
+
+
 def _ac_code(facts) -> str:
     return "\n".join(_idiom().idiom_fix(facts, "activation_checkpointing", {"any": AC_TEMPLATE}).values())
 

@@ -220,17 +220,12 @@ def repeated_method(py: PythonFrames, block: ModuleClassStats | None, steps: int
 
 
 def _layout(paths: list[str]) -> str | None:
-    """The dump-folder layout a trace lies in (torchtitan's), from the folders above it."""
-    from fsdpdoctor.ingest.layouts import dump_folder
+    """The dump-folder layout a trace lies in (torchtitan's), from its own position."""
+    from fsdpdoctor.ingest.layouts import containing_dump_folder
 
     for path in paths[:1]:
-        p = Path(path)
-        if not p.is_file():
-            continue
-        for up in list(p.parents)[:5]:
-            found = dump_folder(up)
-            if found is not None and any(t.resolve() == p.resolve() for t in found.traces):
-                return found.layout
+        if Path(path).is_file() and (found := containing_dump_folder(path)) is not None:
+            return found.layout
     return None
 
 

@@ -178,3 +178,23 @@ def dump_folder(path: Path | str, iteration: int | None = None) -> DumpFolder | 
         if found is not None:
             return found
     return None
+
+
+def containing_dump_folder(path: Path | str) -> DumpFolder | None:
+    """The dump folder a trace file lies in, read from its own position; None elsewhere.
+
+    A torchtitan trace lies in ``<series>/iteration_<N>/[<leaf>/]<file>``, so only a file with an
+    iteration folder among its two parents is looked at, and only the series folder and the
+    :data:`SERIES_DEPTH` folders above it are read: a trace elsewhere (a home or temporary folder
+    with thousands of folders beside it) costs two name matches, never a scan of its
+    surroundings."""
+    p = Path(path)
+    iteration = next((d for d in list(p.parents)[:2] if _ITERATION.match(d.name)), None)
+    if iteration is None:
+        return None
+    me = p.resolve()
+    for up in list(iteration.parents)[: SERIES_DEPTH + 1]:
+        found = dump_folder(up)
+        if found is not None and any(t.resolve() == me for t in found.traces):
+            return found
+    return None
