@@ -28,7 +28,7 @@ from _stdlib_reading import subtract, union
 
 from conftest import REPO
 
-import fsdpdoctor
+from _suitegen_cache import committed_report
 from fsdpdoctor.analysis.compare import compare
 
 REC = REPO / "fixtures" / "recorded"
@@ -86,7 +86,7 @@ def raw_other_idle(path, frame: list[tuple[float, float]]) -> float:
 
 @lru_cache(maxsize=None)
 def _report(run: str):
-    return fsdpdoctor.analyze(str(REC / run))
+    return committed_report(REC / run)  # fsdpdoctor.analyze, once per process (shared: read only)
 
 
 def _frame(run: str) -> list[tuple[float, float]]:
