@@ -86,18 +86,24 @@ def generated_run(tmp_path_factory) -> Callable[[object], Path]:
 @pytest.fixture(scope="session")
 def analyzed_run(generated_run) -> Callable[[object], tuple]:
     """Factory: ``analyzed_run(cfg) -> (fsdpdoctor.analyze(generated_run(cfg)), its truth.json)``,
-    analysed once per process with the default options and shared by every module that asks for
-    the same config. A report is shared: read it, never change it."""
+    analysed once per session with the default options (``_suitegen_cache``: the first process
+    pickles it, the others read it) and shared by every module that asks for the same config. A
+    report is shared: read it, never change it."""
     import fsdpdoctor
+    from _suitegen_cache import ReportCache
     from fixtures.scenarios import generator as gen
 
+    reports = ReportCache(_GENERATED.base.parent)
     cache: dict[str, tuple] = {}
 
     def get(cfg) -> tuple:
         key = repr(cfg)
         if key not in cache:
             out = generated_run(cfg)
-            cache[key] = (fsdpdoctor.analyze(out), gen.read_truth(out))
+            # the report is made once per session, across processes (_suitegen_cache: keyed by the
+            # analysing code, the generator's source and this config)
+            rep = reports(cfg.name, f"generated {generator_key()} {key}", {}, lambda: fsdpdoctor.analyze(out))
+            cache[key] = (rep, gen.read_truth(out))
         return cache[key]
 
     return get

@@ -12,7 +12,7 @@ from types import SimpleNamespace
 
 import pytest
 
-import fsdpdoctor
+from _suitegen_cache import committed_report
 from fixtures.scenarios import generator as gen
 from fsdpdoctor.check import (
     CHECK_SETTINGS,
@@ -97,8 +97,10 @@ def test_run_against_itself_passes(runs, iso):
 
 @pytest.mark.parametrize("name", list(REGRESSIONS))
 def test_each_regression_fails(runs, iso, name):
-    d, _ = runs[name]
-    r = cli("check", d, "--baseline", runs["healthy"][1], "--format", "json", cwd=iso)
+    # the regressed run as its saved report (the session's analysis of its traces, written by
+    # ``runs``): check on trace folders is run end to end by the tests above and below
+    _, saved = runs[name]
+    r = cli("check", saved, "--baseline", runs["healthy"][1], "--format", "json", cwd=iso)
     assert r.returncode == 1, r.stdout + r.stderr
     res = json.loads(r.stdout)
     assert res["passed"] is False and res["exit_code"] == 1
@@ -114,8 +116,8 @@ def test_each_regression_fails(runs, iso, name):
 
 
 def test_improvement_passes(runs, iso):
-    """The healthy run checked against a regressed baseline: everything got better."""
-    r = cli("check", runs["healthy"][0], "--baseline", runs["prefetch-lost"][1], cwd=iso)
+    """The healthy run (its saved report) checked against a regressed baseline: everything got better."""
+    r = cli("check", runs["healthy"][1], "--baseline", runs["prefetch-lost"][1], cwd=iso)
     assert r.returncode == 0, r.stdout + r.stderr
 
 
@@ -178,15 +180,18 @@ def test_absolute_gates(runs, iso):
     # the thresholds below sit between the two runs' true figures
     assert _hta_window_overlap(th) > 80 > _hta_window_overlap(tl)
     assert th["summary"]["exposed_comm_ms_per_step_mean"] < 5 < tl["summary"]["exposed_comm_ms_per_step_mean"]
-    assert cli("check", healthy, "--min-overlap", 80, cwd=iso).returncode == 0
+    # the failing figure from the traces, end to end; the verdicts beside it from the runs' saved
+    # reports (the same analysis, made once by ``runs``)
+    healthy_saved, lost_saved = runs["healthy"][1], runs["prefetch-lost"][1]
+    assert cli("check", healthy_saved, "--min-overlap", 80, cwd=iso).returncode == 0
     r = cli("check", lost, "--min-overlap", 80, "--format", "json", cwd=iso)
     assert r.returncode == 1
     g = {x["name"]: x for x in json.loads(r.stdout)["gates"]}
     assert g["min-overlap"]["status"] == "fail"
     assert g["min-overlap"]["value"] == pytest.approx(_hta_window_overlap(gen.read_truth(lost)), abs=0.1)
     assert g["step-time-regression"]["status"] == "skip"  # no baseline
-    assert cli("check", healthy, "--max-exposed-comm-ms", 5, cwd=iso).returncode == 0
-    assert cli("check", lost, "--max-exposed-comm-ms", 5, cwd=iso).returncode == 1
+    assert cli("check", healthy_saved, "--max-exposed-comm-ms", 5, cwd=iso).returncode == 0
+    assert cli("check", lost_saved, "--max-exposed-comm-ms", 5, cwd=iso).returncode == 1
 
 
 def test_cpu_only_overlap_is_not_measured(recorded_run, iso):
@@ -273,7 +278,8 @@ def test_pyproject_thresholds_and_cli_precedence(runs, tmp_path):
     mfu = next(g for g in res["gates"] if g["name"] == "mfu-drop")
     assert mfu["status"] == "pass" and mfu["value"] > 5
     # the command line wins over pyproject
-    assert cli("check", lost, "--baseline", base, "--max-step-regression-pct", 10, cwd=tmp_path).returncode == 1
+    lost_saved = runs["prefetch-lost"][1]  # the same run's saved report: no second analysis
+    assert cli("check", lost_saved, "--baseline", base, "--max-step-regression-pct", 10, cwd=tmp_path).returncode == 1
 
 
 def test_pyproject_bad_setting_exits_2(runs, tmp_path):
@@ -325,7 +331,7 @@ def test_junit_and_markdown(runs, iso):
     # terminal verdict table for CI logs
     assert "FAILED" in r.stdout and "step-time-regression" in r.stdout
     # a passing run writes a passing JUnit file
-    r = cli("check", runs["healthy"][0], "--baseline", runs["healthy"][1], "--junit", junit, cwd=iso)
+    r = cli("check", runs["healthy"][1], "--baseline", runs["healthy"][1], "--junit", junit, cwd=iso)
     assert r.returncode == 0
     assert ET.parse(junit).getroot().find("testsuite").get("failures") == "0"
 
@@ -384,7 +390,7 @@ def test_exposed_comm_noise_floor(runs):
 
 
 @pytest.mark.parametrize("queue", [96, 0], ids=["queue-fills", "queue-never-fills"])
-def test_a_gpu_twice_as_slow_fails_the_step_gate_on_a_gpu_bound_run(tmp_path, iso, queue, generated_run):
+def test_a_gpu_twice_as_slow_fails_the_step_gate_on_a_gpu_bound_run(tmp_path, iso, queue, generated_run, analyzed_run):
     """GPU-bound (the generator's gpu-bound preset: no per-step sync, a warm-up backlog), the
     same run with the GPU at half its throughput. With a launch queue that fills, the CPU spans
     grow with the GPU; with one that never fills (queue 0) the CPU runs ahead and its spans barely
@@ -393,7 +399,7 @@ def test_a_gpu_twice_as_slow_fails_the_step_gate_on_a_gpu_bound_run(tmp_path, is
     slow = dataclasses.replace(base, gpu_tflops=base.gpu_tflops / 2)
     d0, d1 = generated_run(base), generated_run(slow)
     saved = tmp_path / "base.json"
-    saved.write_text(fsdpdoctor.analyze(d0).to_json())
+    saved.write_text(analyzed_run(base)[0].to_json())  # fsdpdoctor.analyze(d0), once per session
 
     def step(d):
         ranks = gen.read_truth(d)["ranks"]
@@ -441,7 +447,7 @@ def test_mfu_drop_passes_when_the_step_got_faster(tmp_path):
     from fsdpdoctor.check import run_check
     from fsdpdoctor.config import defaults  # noqa: F401  (the gate settings below are check's own)
 
-    rep = fsdpdoctor.analyze(GPU_REC / "fsdp2")
+    rep = committed_report(GPU_REC / "fsdp2")  # fsdpdoctor.analyze, once per process (shared: read only)
     base = LoadedRun(rep.facts, rep.findings, "base", "traces")
     cur_facts = copy.deepcopy(rep.facts)
     cur_facts.compute.mfu_pct = rep.facts.compute.mfu_pct * 0.5
@@ -467,7 +473,7 @@ def test_a_schema_4_baseline_reads_with_the_conventional_mfu(tmp_path):
     figure beside it; read back, mfu_pct is the BF16 one (≈4.7%), the fp32 one is dtype_mfu_pct."""
     from fsdpdoctor.facts import RunFacts
 
-    rep = fsdpdoctor.analyze(GPU_REC / "fsdp2")
+    rep = committed_report(GPU_REC / "fsdp2")  # fsdpdoctor.analyze, once per process (shared: read only)
     doc = json.loads(rep.to_json())
     c = doc["compute"]
     bf16, fp32 = c["mfu_pct"], c["dtype_mfu_pct"]

@@ -227,9 +227,13 @@ def test_cli_compare_traces_and_saved_facts(generated, tmp_path):
         assert d["primary_cause"] == "auto-wrap-too-coarse"
     assert outs[0]["step_time_delta_ms"] == pytest.approx(outs[1]["step_time_delta_ms"], abs=1e-9)
     assert [c["slug"] for c in outs[0]["causes"]] == [c["slug"] for c in outs[1]["causes"]]
+    # the other formats on the same pair, both as saved reports (the after run's: the session's
+    # analysis of its traces; compare on trace folders ran above)
+    saved_after = tmp_path / "after.json"
+    saved_after.write_text(generated["wrap-changed"][1].to_json())
     for fmt in ("terminal", "markdown"):
         r = subprocess.run(
-            [sys.executable, "-m", "fsdpdoctor", "compare", str(saved), str(d_after), "--format", fmt],
+            [sys.executable, "-m", "fsdpdoctor", "compare", str(saved), str(saved_after), "--format", fmt],
             check=False,
             capture_output=True,
             text=True,

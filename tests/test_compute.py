@@ -21,6 +21,7 @@ import torch
 from torch.utils import flop_counter as fc
 from torch.utils.flop_counter import FlopCounterMode
 
+from _suitegen_cache import committed_report
 import fsdpdoctor
 from fixtures import record_gpu as rg
 from fsdpdoctor.analysis.compute import kernel_engine, op_flops
@@ -81,7 +82,7 @@ def run():
 
     def get(v: str):
         if v not in cache:
-            cache[v] = fsdpdoctor.analyze(_dir(v))
+            cache[v] = committed_report(_dir(v))  # fsdpdoctor.analyze, once per process (shared: read only)
         return cache[v]
 
     return get
@@ -342,7 +343,7 @@ def _raw_other_kernels_ms(path) -> float:
     return total / 1e3 / len(spans)
 
 
-def test_compare_splits_the_compute_change(run, generated_run):
+def test_compare_splits_the_compute_change(run, generated_run, analyzed_run):
     """compare's compute split, its parts adding up to the GPU compute change: the bf16 → fp32 pair
     is the engine; fsdp2 → fsdp2-ac is the recompute (the recomputed kernels' own time); a
     generated pair whose batch doubles is FLOPs (the generator's FLOPs truth doubles)."""
@@ -368,7 +369,7 @@ def test_compare_splits_the_compute_change(run, generated_run):
     d1 = generated_run(dataclasses.replace(base, batch_size=2 * base.batch_size))
     t0, t1 = gen.read_truth(d0)["model"]["flops_per_step"], gen.read_truth(d1)["model"]["flops_per_step"]
     assert t1["matmul"] == pytest.approx(2 * t0["matmul"])
-    b, a = fsdpdoctor.analyze(d0).facts, fsdpdoctor.analyze(d1).facts
+    b, a = analyzed_run(base)[0].facts, analyzed_run(dataclasses.replace(base, batch_size=2 * base.batch_size))[0].facts
     c = compare(b, a)
     gemm_delta = (a.compute.gemm_ms_per_step + a.compute.attention_ms_per_step) - (
         b.compute.gemm_ms_per_step + b.compute.attention_ms_per_step

@@ -15,6 +15,7 @@ from pathlib import Path
 import msgspec
 import pytest
 
+from _suitegen_cache import committed_report
 import fsdpdoctor
 import fsdpdoctor.api
 from conftest import public_trace_files
@@ -142,7 +143,7 @@ def _patched_report(base: "fsdpdoctor.Report", patch: dict) -> "fsdpdoctor.Repor
 
 
 @pytest.fixture(scope="module")
-def analyzed(recorded_run, hang_recording, tmp_path_factory, public_report, generated_run):
+def analyzed(recorded_report, hang_recording, tmp_path_factory, public_report, analyzed_run):
     cache: dict[tuple[str, str], list] = {}
 
     def get(source: str, name: str, patch: dict | None = None, knobs: dict | None = None):
@@ -150,12 +151,13 @@ def analyzed(recorded_run, hang_recording, tmp_path_factory, public_report, gene
             return [_patched_report(r, patch or {}) for r in get("recorded", name)]
         key = (source, name, tuple(sorted((knobs or {}).items())))
         if key not in cache:
-            if source == "recorded":
-                cache[key] = [fsdpdoctor.analyze(recorded_run(name))]
+            if source == "recorded":  # (_recording.recorded_report: once per process, shared with other modules)
+                cache[key] = [recorded_report(name)]
             elif source == "gpu-recorded":  # the committed GPU recordings, snapshots beside them: a bare name is
                 # one of the H100 set (fixtures/recorded/gpu), "gpu-h200/NAME" one of the H200 set
                 recorded = Path(__file__).resolve().parents[1] / "fixtures" / "recorded"
-                cache[key] = [fsdpdoctor.analyze(recorded / name if "/" in name else recorded / "gpu" / name)]
+                # (_suitegen_cache.committed_report: fsdpdoctor.analyze, once per process, shared)
+                cache[key] = [committed_report(recorded / name if "/" in name else recorded / "gpu" / name)]
             elif source == "public":
                 files = public_trace_files()
                 if not files:
@@ -187,8 +189,8 @@ def analyzed(recorded_run, hang_recording, tmp_path_factory, public_report, gene
 
                 from fixtures.scenarios import generator as gen
 
-                out = generated_run(dataclasses.replace(gen.PRESETS[name], **(knobs or {})))
-                cache[key] = [fsdpdoctor.analyze(out)]
+                # (_presets.analyzed_run: the same default analysis, once per session, shared)
+                cache[key] = [analyzed_run(dataclasses.replace(gen.PRESETS[name], **(knobs or {})))[0]]
             else:
                 raise ValueError(source)
         return cache[key]
@@ -246,8 +248,8 @@ def test_nothing_fsdp_specific_fires_on_public_traces(public_report):
         assert not slugs & fsdp_specific, (f, slugs & fsdp_specific)
 
 
-def test_findings_json_shape_and_ranking(recorded_run):
-    rep = fsdpdoctor.analyze(recorded_run("per-linear"))
+def test_findings_json_shape_and_ranking(recorded_report):
+    rep = recorded_report("per-linear")  # fsdpdoctor.analyze of the recording, shared: read only
     d = rep.to_dict()
     assert d["findings"], "per-linear has findings"
     for f in d["findings"]:
@@ -267,8 +269,8 @@ def test_findings_json_shape_and_ranking(recorded_run):
         assert savings == sorted(savings, reverse=True)
 
 
-def test_thresholds_override_and_disable(recorded_run):
-    rep = fsdpdoctor.analyze(recorded_run("per-linear"))
+def test_thresholds_override_and_disable(recorded_report):
+    rep = recorded_report("per-linear")  # shared: the rules below run on its facts, never change them
     cfg = defaults()
     assert any(f.slug == "auto-wrap-too-fine" for f in run_rules(rep.facts, cfg))
     cfg["fine_min_units"] = 1000

@@ -25,8 +25,15 @@ REGIMES = {"synced": {}, "gpu-bound": GPU_BOUND}
 
 
 @pytest.fixture(scope="module")
-def run(analyzed_run):
-    return analyzed_run  # (report, truth) per config, shared by the session's modules: read only
+def run(analyzed_run, generated_run):
+    """cfg -> (report, truth), shared by the session's modules: read only; ``run.truth(cfg)``: the
+    truth alone, for a twin whose report no test here reads (generated, never analysed)."""
+
+    def get(cfg):
+        return analyzed_run(cfg)
+
+    get.truth = lambda cfg: gen.read_truth(generated_run(cfg))
+    return get
 
 
 def _step(truth) -> float:
@@ -36,7 +43,7 @@ def _step(truth) -> float:
 
 def _twin_saving(run, cfg, **fix) -> tuple[fsdpdoctor.Report, float]:
     rep, truth = run(cfg)
-    _, twin = run(dataclasses.replace(cfg, **fix))
+    twin = run.truth(dataclasses.replace(cfg, **fix))
     return rep, _step(truth) - _step(twin)
 
 

@@ -9,6 +9,7 @@ import sys
 
 import pytest
 
+from _suitegen_cache import committed_report
 import fsdpdoctor
 from fixtures.scenarios import generator as gen
 from fsdpdoctor.analysis.strategy import PlanInputs, advise, estimate, inputs_from_facts
@@ -97,7 +98,7 @@ def test_healthy_run_keeps_its_strategy(scenario):
 def test_cpu_runs_get_no_strategy_estimate():
     from pathlib import Path
 
-    rep = fsdpdoctor.analyze(Path(__file__).resolve().parents[1] / "fixtures" / "recorded" / "per-block")
+    rep = committed_report(Path(__file__).resolve().parents[1] / "fixtures" / "recorded" / "per-block")  # shared
     assert rep.facts.strategy is None
 
 

@@ -54,6 +54,17 @@ def run(analyzed_run):
     return get
 
 
+@pytest.fixture(scope="module")
+def truth_of(generated_run):
+    """cfg -> the generator's truth.json of its run: a twin whose report the test does not read is
+    generated (once per session), never analysed."""
+
+    def get(cfg: gen.ScenarioConfig):
+        return gen.read_truth(generated_run(cfg))
+
+    return get
+
+
 def _truth_step_ms(truth) -> dict[int, float]:
     """The wall-clock time per step (the CPU step where every step syncs; longer where the GPU
     runs behind the CPU), as the generator reads it back."""
@@ -77,10 +88,10 @@ def test_unchanged_replay_reproduces_the_measured_step_within_2pct(name, run):
 
 
 @pytest.mark.parametrize("name", sorted(TWINS))
-def test_primary_saving_matches_the_twin_within_15pct(name, run):
+def test_primary_saving_matches_the_twin_within_15pct(name, run, truth_of):
     knobs, fix, slug = TWINS[name]
     rep, truth = run(gen.PRESETS[name], name)
-    _, twin_truth = run(dataclasses.replace(gen.PRESETS[name], **knobs), name + "-twin")
+    twin_truth = truth_of(dataclasses.replace(gen.PRESETS[name], **knobs))
     # the slowest rank sets the step
     real = max(_truth_step_ms(truth).values()) - max(_truth_step_ms(twin_truth).values())
     assert real > 1.0
@@ -102,13 +113,18 @@ WRAP_MODELS = {
     "too-coarse-h1024": dataclasses.replace(gen.PRESETS["too-coarse"], hidden_size=1024, ffn_hidden_size=4096),
     "too-coarse-fsdp1": dataclasses.replace(gen.PRESETS["too-coarse"], fsdp_version=1),
 }
+#: the per-block twin of GPT-2 small root-only is GPT2_SMALL itself (the same run under its own
+#: name, which only names the files: generated once, its report read by the test below)
+WRAP_TWINS = {"gpt2-small-root-only": GPT2_SMALL}
 
 
 @pytest.mark.parametrize("name", sorted(WRAP_MODELS))
-def test_wrap_split_matches_the_twin_on_other_models(name, run):
+def test_wrap_split_matches_the_twin_on_other_models(name, run, truth_of):
     cfg = WRAP_MODELS[name]
     rep, truth = run(cfg, name)
-    _, twin_truth = run(dataclasses.replace(cfg, wrap="block"), name + "-twin")
+    twin = WRAP_TWINS.get(name, dataclasses.replace(cfg, wrap="block"))
+    assert dataclasses.replace(twin, name=cfg.name) == dataclasses.replace(cfg, wrap="block")
+    twin_truth = truth_of(twin)
     real = max(_truth_step_ms(truth).values()) - max(_truth_step_ms(twin_truth).values())
     assert real > 1.0
     w = rep.facts.whatif
@@ -118,13 +134,13 @@ def test_wrap_split_matches_the_twin_on_other_models(name, run):
     assert primary.est_saving_ms == pytest.approx(real, rel=0.15)
 
 
-def test_wrap_split_on_a_host_bound_run_pays_for_the_added_hooks(run):
+def test_wrap_split_on_a_host_bound_run_pays_for_the_added_hooks(run, truth_of):
     """GPT-2 small root-only with 40 µs of Python per op: the CPU barely keeps ahead of the GPU,
     and per-block wrapping's 12 more units each run their FSDP hooks on it, so the twin is no
     faster (slower by ~0.2 ms). Without the hooks' CPU time the replay claimed ~1 ms (3% of the step)."""
     cfg = dataclasses.replace(GPT2_SMALL, name="gpt2-small-root-only-host", wrap="root_only", host_overhead_us=40.0)
     rep, truth = run(cfg, "gpt2-host")
-    _, twin_truth = run(dataclasses.replace(cfg, wrap="block"), "gpt2-host-twin")
+    twin_truth = truth_of(dataclasses.replace(cfg, wrap="block"))
     step = max(_truth_step_ms(truth).values())
     real = step - max(_truth_step_ms(twin_truth).values())
     assert real < 0.5  # the regime: wrapping per block does not pay here
@@ -152,12 +168,12 @@ GPU_BOUND_VARIANTS = {
 
 
 @pytest.mark.parametrize("name", GPU_BOUND_TWINS + tuple(sorted(GPU_BOUND_VARIANTS)))
-def test_gpu_bound_twins(name, run):
+def test_gpu_bound_twins(name, run, truth_of):
     preset, extra = GPU_BOUND_VARIANTS.get(name, (name, {}))
     knobs, fix, slug = TWINS[preset]
     cfg = dataclasses.replace(gen.PRESETS[preset], **GPU_BOUND, **extra)
     rep, truth = run(cfg, name + "-gpu-bound")
-    _, twin_truth = run(dataclasses.replace(cfg, **knobs), name + "-gpu-bound-twin")
+    twin_truth = truth_of(dataclasses.replace(cfg, **knobs))
     f = rep.facts
     ranks = truth["ranks"]
     if name.startswith("cpu-offload"):
@@ -183,7 +199,7 @@ def test_gpu_bound_twins(name, run):
 
 
 @pytest.mark.parametrize("regime", ["typical", "typical-gpu-bound"])
-def test_hook_saving_is_two_blocks_per_unit_not_all_hooks_gone(regime, run):
+def test_hook_saving_is_two_blocks_per_unit_not_all_hooks_gone(regime, run, truth_of):
     """FSD016 prices the fix a user can apply: two blocks per unit, half the hooks. Its generated
     twin halves the hooks' Python per unit (the GPU waits the same at each merged unit's hook as
     at half of each block's: (800 - 2w) / 2 = 400 - w); the estimate is within 15% of that twin's
@@ -191,8 +207,8 @@ def test_hook_saving_is_two_blocks_per_unit_not_all_hooks_gone(regime, run):
     ceiling, itself within 15% of the twin without the hooks' Python."""
     base = gen.PRESETS[regime]
     rep, truth = run(base, regime)
-    _, half = run(dataclasses.replace(base, hook_overhead_us=base.hook_overhead_us / 2), regime + "-half-hooks")
-    _, none = run(dataclasses.replace(base, hook_overhead_us=0.0), regime + "-no-hooks")
+    half = truth_of(dataclasses.replace(base, hook_overhead_us=base.hook_overhead_us / 2))
+    none = truth_of(dataclasses.replace(base, hook_overhead_us=0.0))
     step = max(_truth_step_ms(truth).values())
     real = step - max(_truth_step_ms(half).values())
     gone = step - max(_truth_step_ms(none).values())
@@ -241,12 +257,12 @@ def test_prefetch_replay_of_a_prefetched_run_saves_nothing(run, generated_run):
     assert w.saving_ms["prefetch"] < 0.01 * w.replayed_step_ms
 
 
-def test_rate_limiter_that_blocks_the_cpu_but_costs_nothing_draws_no_finding(run):
+def test_rate_limiter_that_blocks_the_cpu_but_costs_nothing_draws_no_finding(run, truth_of):
     """FSDP1 with 20 µs of Python per op: the rate limiter blocks the CPU ~40 ms per step, but
     the CPU is far ahead of the GPU; its twin with limit_all_gathers=False is no faster."""
     cfg = dataclasses.replace(gen.PRESETS["healthy-fsdp1"], host_overhead_us=20.0)
     rep, truth = run(cfg, "rate-limited")
-    _, twin_truth = run(dataclasses.replace(cfg, limit_all_gathers=False), "rate-limited-twin")
+    twin_truth = truth_of(dataclasses.replace(cfg, limit_all_gathers=False))
     real = max(_truth_step_ms(truth).values()) - max(_truth_step_ms(twin_truth).values())
     assert rep.facts.fsdp.rate_limiter_ms_per_step > 10.0
     assert abs(rep.facts.whatif.saving_ms["rate_limiter_off"] - real) < 0.01 * rep.facts.steps.mean_ms
