@@ -11,7 +11,16 @@ none) are dealt to the workers longest first, each to the worker with the least 
 far, and put at the *front* of that worker's slice; every other test keeps its collection order
 and its slice boundaries, so the stealing balances the rest.
 
-Nothing changes without xdist workers (``-n0``, ``-p no:xdist``) or with one worker. A listed
+The Flight Recorder dumps of the hung jobs (``hang_recording``, ``fixtures/record_hang.py``) are
+recorded in the session when ``FSDPDOCTOR_HANG_DIR`` does not hold them (CI): ~20-55 s of wall
+time that is mostly the scenarios' collective timeouts and sleeps, not CPU. The first test that
+asks for them waited that long (test_perfetto's ``test_flight_recorder_dumps_alone_have_nothing_to_draw``
+took 24 s in CI, 0.04 s with the preset), and so did any other worker that asked meanwhile. Here
+the first worker (or the only process) starts that recording in a background thread as soon as
+it has collected a test that uses the fixture; the tests that need the dumps find them made, or
+wait on the same file lock for the rest of it.
+
+The reordering changes nothing without xdist workers (``-n0``, ``-p no:xdist``) or with one worker. A listed
 test that no longer exists is ignored; an unlisted long test only loses the head start.
 Estimates are CPU seconds from ``--durations=0`` of the whole suite (2 workers, pre-recorded runs).
 """
@@ -19,6 +28,7 @@ Estimates are CPU seconds from ``--durations=0`` of the whole suite (2 workers, 
 from __future__ import annotations
 
 import os
+import threading
 
 import pytest
 
@@ -71,8 +81,40 @@ def reorder(items: list, n_workers: int) -> list:
     return out
 
 
+_PREFETCH: threading.Thread | None = None
+
+
+def _prefetch_hangs(config, items) -> None:
+    """Start recording the hung jobs' dumps in the background (see the module's docstring)."""
+    global _PREFETCH
+    if _PREFETCH is not None or config.option.collectonly or os.environ.get("PYTEST_XDIST_WORKER", "gw0") != "gw0":
+        return
+    if not any("hang_recording" in getattr(it, "fixturenames", ()) for it in items):
+        return
+    import _recording
+
+    if _recording._HANGS is None:  # what the hang_recording fixture does on its first use
+        _recording._HANGS = _recording._HangRecordings(_recording.shared_cache_dir(config._tmp_path_factory))
+    factory = _recording._HANGS
+
+    def record() -> None:
+        try:
+            factory("leave-early")  # records every scenario (or returns the preset's at once)
+        except BaseException:  # noqa: BLE001 - a test that asks again records and reports the failure
+            pass
+
+    _PREFETCH = threading.Thread(target=record, name="fsdpdoctor-hang-recording")
+    _PREFETCH.start()
+
+
 @pytest.hookimpl(trylast=True)
 def pytest_collection_modifyitems(session, config, items):
     workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0") or 0)
     if workers >= 2:  # in an xdist worker (there ``config.option.dist`` reads "no", whatever the mode)
         items[:] = reorder(items, workers)
+    _prefetch_hangs(config, items)
+
+
+def pytest_unconfigure(config):
+    if _PREFETCH is not None:
+        _PREFETCH.join()
