@@ -20,7 +20,7 @@ PUBLIC_SNAPSHOTS = SHARED / "snapshots" / "public"
 if str(REPO) not in sys.path:  # lets tests import fixtures.* (recorders, generators)
     sys.path.insert(0, str(REPO))
 
-pytest_plugins = ["_recording", "_presets"]
+pytest_plugins = ["_recording", "_presets", "_suiteweb_order"]
 
 # Every report produced while testing (in this process and in CLI subprocesses, which inherit
 # the environment) is validated against the published JSON Schema (fsdpdoctor.api._checked).

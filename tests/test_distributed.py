@@ -55,6 +55,32 @@ def gpu_run(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="module")
+def gpu_ref(gpu_run):
+    """The reference for ``gpu_run``: ``analyze([gpu_run])`` on the default path (no scheduler,
+    local files), made once for the module. Read it, never change it."""
+    return analyze([gpu_run])
+
+
+@pytest.fixture(scope="module")
+def gpu_glob_ref(gpu_run) -> dict:
+    """The reference JSON for the rank files of ``gpu_run`` named by a glob (default path)."""
+    return _json(analyze([str(gpu_run / "rank*.json.gz")]))
+
+
+@pytest.fixture(scope="module")
+def recorded_ref(recorded_run):
+    """variant -> ``analyze([recorded_run(variant)])`` on the default path, once per module."""
+    cache: dict[str, object] = {}
+
+    def get(variant: str):
+        if variant not in cache:
+            cache[variant] = analyze([recorded_run(variant)])
+        return cache[variant]
+
+    return get
+
+
+@pytest.fixture(scope="module")
 def served(gpu_run):
     """``http://127.0.0.1:PORT/`` serving the generated run's folder; stopped at the end."""
     handler = functools.partial(_QuietHandler, directory=str(gpu_run))
@@ -91,16 +117,16 @@ def test_parse_scheduler():
 
 
 @pytest.mark.parametrize("variant", ["per-block", "fsdp1"])
-def test_dask_matches_default_on_recorded_cpu_runs(cluster, recorded_run, variant):
+def test_dask_matches_default_on_recorded_cpu_runs(cluster, recorded_run, recorded_ref, variant):
     d = recorded_run(variant)
-    ref = analyze([d])
+    ref = recorded_ref(variant)
     got = analyze([d], scheduler=cluster)
     assert len(got.facts.ranks) >= 2
     assert _json(got) == _json(ref)
 
 
-def test_dask_matches_default_on_generated_gpu_run(cluster, gpu_run):
-    ref = analyze([gpu_run])
+def test_dask_matches_default_on_generated_gpu_run(cluster, gpu_run, gpu_ref):
+    ref = gpu_ref
     seen: dict[str, list] = {"bytes": [], "ranks": []}
 
     class progress:  # noqa: N801 - a callable with a ranks() method, as the progress bar is
@@ -133,12 +159,12 @@ def test_dask_leaves_a_truncated_rank_out(cluster, gpu_run, tmp_path):
     assert ei.value.path == str(bad)
 
 
-def test_memory_urls_file_dir_and_glob(gpu_run):
+def test_memory_urls_file_dir_and_glob(gpu_run, gpu_glob_ref):
     mem = fsspec.filesystem("memory")
     for p in gpu_run.glob("rank*.json.gz"):
         mem.pipe(f"/t16/run/{p.name}", p.read_bytes())
     try:
-        ref = _json(analyze([str(gpu_run / "rank*.json.gz")]))  # the rank files that were copied
+        ref = gpu_glob_ref  # the rank files that were copied
         prefix = ("memory:///t16/run", str(gpu_run))
         assert _json(analyze(["memory://t16/run"]), prefix) == ref
         assert _json(analyze(["memory://t16/run/rank*.json.gz"]), prefix) == ref
@@ -152,13 +178,13 @@ def test_memory_urls_file_dir_and_glob(gpu_run):
         mem.rm("/t16", recursive=True)
 
 
-def test_file_urls(gpu_run):
-    assert _json(analyze([f"file://{gpu_run}"])) == _json(analyze([gpu_run]))
-    assert _json(analyze([f"file://{gpu_run}/rank*.json.gz"])) == _json(analyze([str(gpu_run / "rank*.json.gz")]))
+def test_file_urls(gpu_run, gpu_ref, gpu_glob_ref):
+    assert _json(analyze([f"file://{gpu_run}"])) == _json(gpu_ref)
+    assert _json(analyze([f"file://{gpu_run}/rank*.json.gz"])) == gpu_glob_ref
 
 
-def test_http_matches_default_locally_and_on_dask(cluster, gpu_run, served):
-    ref = _json(analyze([gpu_run]))
+def test_http_matches_default_locally_and_on_dask(cluster, gpu_run, gpu_ref, served):
+    ref = _json(gpu_ref)
     prefix = (served, str(gpu_run))
     assert _json(analyze([served + "/"]), (served + "/", str(gpu_run) + "/")) == ref  # a directory listing
     urls = [f"{served}/rank{r}.json.gz" for r in range(4)]
@@ -178,7 +204,7 @@ def test_http_missing_file(served, gpu_run):
 
 
 @pytest.mark.slow
-def test_cli_scheduler_local(gpu_run):
+def test_cli_scheduler_local(gpu_run, gpu_ref):
     """End to end: the CLI starts its own LocalCluster (worker processes) and stops it."""
     proc = subprocess.run(
         [sys.executable, "-m", "fsdpdoctor", "analyze", str(gpu_run), "--format", "json", "--scheduler", "local:2"],
@@ -187,7 +213,7 @@ def test_cli_scheduler_local(gpu_run):
         timeout=300,
     )
     assert proc.returncode == 0, proc.stderr
-    assert json.loads(proc.stdout) == _json(analyze([gpu_run]))
+    assert json.loads(proc.stdout) == _json(gpu_ref)
     bad = subprocess.run(
         [sys.executable, "-m", "fsdpdoctor", "analyze", str(gpu_run), "--scheduler", "nowhere"],
         capture_output=True,
@@ -223,10 +249,9 @@ def test_ranks_beyond_the_detail_limit_keep_every_run_figure(cluster, gpu_run, o
     assert len(pickle.dumps(lean.ranks[3])) < len(pickle.dumps(full.ranks[3]))
 
 
-def test_report_json_equals_its_dict(gpu_run, recorded_run):
+def test_report_json_equals_its_dict(gpu_ref, recorded_ref):
     """to_json encodes the per-rank facts straight from the dataclasses: same JSON as to_dict()."""
-    for d in (gpu_run, recorded_run("fsdp1")):
-        rep = analyze([d])
+    for rep in (gpu_ref, recorded_ref("fsdp1")):
         assert json.loads(rep.to_json()) == rep.to_dict()
         assert rep.facts.rank_facts and json.loads(rep.to_json())["rank_facts"][0]["steps"]
 

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 import fsdpdoctor
-from _fr_peer import run_fr_trace
+from _suiteweb_fr_server import run_fr_trace  # _fr_peer.run_fr_trace, torch imported once per process
 from fixtures import record_hang as rec
 
 REPO = Path(__file__).resolve().parents[1]

@@ -631,29 +631,27 @@ def test_png_decoder_roundtrip():
     assert np.array_equal(decode_png(_encode_png(img)), img)
 
 
-def _probe(page_path: Path, tmp_path: Path) -> dict:
+def _load(page_path: Path, tmp_path: Path) -> tuple[dict, np.ndarray, int, str]:
+    """One chromium launch per page: the probed copy is loaded once, its DOM dumped (the probe's
+    report in the title) and a screenshot taken of the same load, its console logged to stderr."""
     text = page_path.read_text(encoding="utf-8")
     probed = tmp_path / ("probe-" + page_path.name)
     probed.write_text(text.replace("<head>", "<head>" + ERROR_PROBE, 1), encoding="utf-8")
-    res = _browser("--dump-dom", probed.as_uri(), user_dir=tmp_path / "probe-profile")
-    m = re.search(r"<title>PROBE (.*?)</title>", res.stdout, re.S)
-    assert m, f"the page did not finish loading in chromium:\n{res.stderr[-2000:]}"
-    return json.loads(htmlmod.unescape(m.group(1)))
-
-
-def _screenshot(page_path: Path, tmp_path: Path) -> tuple[np.ndarray, int, str]:
     png = tmp_path / (page_path.stem + ".png")
     res = _browser(
         "--enable-logging=stderr",
         "--v=0",
+        "--dump-dom",
         f"--screenshot={png}",
         "--window-size=1400,3000",
-        page_path.as_uri(),
-        user_dir=tmp_path / "shot-profile",
+        probed.as_uri(),
+        user_dir=tmp_path / "profile",
     )
+    m = re.search(r"<title>PROBE (.*?)</title>", res.stdout, re.S)
+    assert m, f"the page did not finish loading in chromium:\n{res.stderr[-2000:]}"
     assert png.exists(), f"no screenshot written:\n{res.stderr[-2000:]}"
     data = png.read_bytes()
-    return decode_png(data), len(data), res.stderr
+    return json.loads(htmlmod.unescape(m.group(1))), decode_png(data), len(data), res.stderr
 
 
 def _page_console_errors(stderr: str) -> list[str]:
@@ -667,10 +665,9 @@ def _page_console_errors(stderr: str) -> list[str]:
 
 def _check_in_browser(page: str, name: str, n_figures: int, tmp_path: Path) -> np.ndarray:
     path = _write(tmp_path, name, page)
-    probe = _probe(path, tmp_path)
+    probe, img, size, stderr = _load(path, tmp_path)
     assert probe["errors"] == [], probe["errors"]
     assert probe["plots"] == n_figures, probe
-    img, size, stderr = _screenshot(path, tmp_path)
     assert _page_console_errors(stderr) == []
     assert img.shape[:2] == (3000, 1400)
     assert size > 30_000, "the screenshot is (nearly) empty"
@@ -721,9 +718,8 @@ def test_browser_comparison(tmp_path):
         _cmp_dict(100.0, 118.0, {"exposed_all_gather": 12.0, "compute": 4.0, "host_bound_idle": 3.0, "memcpy": -1.0})
     )
     path = _write(tmp_path, "compare.html", page)
-    probe = _probe(path, tmp_path)
+    probe, img, size, stderr = _load(path, tmp_path)
     assert probe == {"plots": 1, "errors": []}
-    img, size, stderr = _screenshot(path, tmp_path)
     assert _page_console_errors(stderr) == []
     rgb = img[..., :3].astype(int)
     for hex_colour in ("#E45756", "#54A24B", "#4C78A8"):  # slower, faster and total bars were painted
