@@ -3,9 +3,6 @@ Analysis on the same file. Skipped when ../shared is absent."""
 
 from __future__ import annotations
 
-import functools
-import gzip
-import json
 import logging
 import os
 import warnings
@@ -14,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from _stdlib_reading import _union_us
+from _suitepub_cache import rank_facts, raw, stdlib_reading
 from conftest import PUBLIC_TRACES, public_trace_files
-from fsdpdoctor.analysis.ranks.rank import analyze_rank
 
 FILES = public_trace_files()
 pytestmark = pytest.mark.skipif(not FILES, reason="../shared/traces/public is absent")
@@ -27,14 +24,9 @@ def _id(p: Path) -> str:
 
 @pytest.fixture(scope="module")
 def facts_by_file():
-    cache: dict[Path, object] = {}
-
-    def get(p: Path):
-        if p not in cache:
-            cache[p] = analyze_rank(str(p))
-        return cache[p]
-
-    return get
+    """path -> the file's RankFacts (``analyze_rank``'s, as ``fsdpdoctor.analyze`` returns them),
+    analysed once per session and shared with the other modules (``_suitepub_cache``)."""
+    return rank_facts
 
 
 @pytest.mark.parametrize("path", FILES, ids=_id)
@@ -60,18 +52,17 @@ def test_loads_and_has_steps_collectives_and_gpu_time(path, facts_by_file):
     assert rf.fsdp.version is None  # none of these is an FSDP run
 
 
-_SUMMARIES: dict[Path, dict] = {}
-
-
 def _raw_summary(path: Path) -> dict:
     """GPU activity, collective kernels, gloo collective spans, world size and whether
-    distributedInfo names the rank: plain json + re over the raw file, none of fsdpdoctor."""
-    if path in _SUMMARIES:
-        return _SUMMARIES[path]
+    distributedInfo names the rank: plain json + re over the raw file, none of fsdpdoctor (read
+    in the one stdlib pass over the file, ``_suitepub_cache.raw``)."""
+    return raw(path, _summary_of)
+
+
+@stdlib_reading()
+def _summary_of(doc) -> dict:
     import re
 
-    with gzip.open(path, "rb") as f:
-        doc = json.load(f)
     events = doc["traceEvents"]
     info = doc.get("distributedInfo")
     if isinstance(info, str):  # some writers store the dict's Python repr
@@ -95,7 +86,6 @@ def _raw_summary(path: Path) -> dict:
         "world_size": ws,
         "rank_in_info": has_rank,
     }
-    _SUMMARIES[path] = out
     return out
 
 
@@ -105,12 +95,15 @@ GPU_CATS = {"kernel", "gpu_memcpy", "gpu_memset", "Kernel", "Memcpy", "Memset"}
 LAUNCH_CATS = {"cuda_runtime", "cuda_driver", "Runtime"}
 
 
-@functools.lru_cache(maxsize=None)
 def _raw(path: Path):
     """(every GPU activity (start, end, correlation), ProfilerStep spans, launch ts by correlation);
-    read once per file (two tests use it; they only read it)."""
-    with gzip.open(path, "rb") as f:
-        events = json.load(f)["traceEvents"]
+    read once per session (two tests use it; they only read it)."""
+    return raw(path, _activity_of)
+
+
+@stdlib_reading()
+def _activity_of(doc):
+    events = doc["traceEvents"]
     gpu, steps, launch = [], [], {}
     for e in events:
         if e.get("ph") != "X":
