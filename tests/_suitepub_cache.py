@@ -17,8 +17,9 @@ xdist worker that took one of its tests. Here:
     by the source of the module that defines its reading, of this module and of
     tests/_stdlib_reading.py, and by the file's path, size and modification time.
 
-``report(path)``
-    ``fsdpdoctor.analyze(path)`` with the default arguments, analysed once per session (under a
+``report(path)``, ``read_rank(path)``
+    ``fsdpdoctor.analyze(path)`` with the default arguments (a file's RankFacts without the
+    what-if replay), analysed once per session (under a
     file lock, the first process that asks) and shared by every module and process: kept in this
     process, and pickled into the shared folder keyed by a hash of the whole fsdpdoctor package
     (every file of it), the versions of the libraries it computes with, the test-only rule
@@ -205,24 +206,37 @@ def _package_key() -> str:
     return _SOURCE_KEYS["package"]
 
 
+def _analysed(path: Path, what: str, compute: Callable[[], Any]) -> Any:
+    key = _digest(_package_key().encode(), str(path).encode(), _stat_key(path).encode(), what.encode())
+    if key not in _REPORTS:
+        if _DIR is None:
+            _REPORTS[key] = compute()
+        else:
+            with _lock(f"{what}-{key}"):
+                ok, value = _disk_get(f"{what}-{key}")
+                if not ok:
+                    value = compute()
+                    _disk_put(f"{what}-{key}", value)
+            _REPORTS[key] = value
+    return _REPORTS[key]
+
+
 def report(path: str | Path):
     """``fsdpdoctor.analyze(path)`` (default arguments), once per session (see the module doc)."""
     import fsdpdoctor
 
     path = Path(path)
-    key = _digest(_package_key().encode(), str(path).encode(), _stat_key(path).encode(), b"analyze()")
-    if key in _REPORTS:
-        return _REPORTS[key]
-    if _DIR is None:
-        _REPORTS[key] = fsdpdoctor.analyze(path)
-    else:
-        with _lock(f"report-{key}"):
-            ok, rep = _disk_get(f"report-{key}")
-            if not ok:
-                rep = fsdpdoctor.analyze(path)
-                _disk_put(f"report-{key}", rep)
-        _REPORTS[key] = rep
-    return _REPORTS[key]
+    return _analysed(path, "analyze", lambda: fsdpdoctor.analyze(path))
+
+
+def read_rank(path: str | Path):
+    """A trace file's RankFacts without the what-if replay (``_read_rank(load_trace(path), 0)``,
+    what ``analyze_rank`` computes before its replay), once per session like :func:`report`."""
+    from fsdpdoctor.analysis.ranks.rank import _read_rank
+    from fsdpdoctor.ingest.kineto import load_trace
+
+    path = Path(path)
+    return _analysed(path, "read_rank", lambda: _read_rank(load_trace(path), 0)[0])
 
 
 def rank_facts(path: str | Path):

@@ -16,10 +16,8 @@ import pytest
 
 from _stdlib_reading import summarize
 from _suitepub_cache import RECORDED as RECORDED_DIR
-from _suitepub_cache import rank_facts, raw, stdlib_reading
+from _suitepub_cache import rank_facts, raw, read_rank, stdlib_reading
 from conftest import PUBLIC_TRACES
-from fsdpdoctor.analysis.ranks.rank import _read_rank
-from fsdpdoctor.ingest.kineto import load_trace
 
 REPO = Path(__file__).resolve().parents[1]
 RECORDED = sorted((REPO / "fixtures" / "recorded").rglob("rank*.json.gz"))
@@ -53,10 +51,9 @@ _read = stdlib_reading(PUBLIC_TRACES, RECORDED_DIR)(summarize)
 
 def _check(path: Path, kind: str) -> None:
     raw_ = raw(path, _read)
-    if kind == "public":  # the file's analysis, shared with the other modules that read it
-        rf = rank_facts(path)
-    else:
-        rf, _plan = _read_rank(load_trace(path), 0)  # analyze_rank without its what-if replay (no figure here)
+    # a public file's analysis is shared with the other modules that read it; a recording's facts
+    # are analyze_rank's without its what-if replay (no figure here), shared with test_run_kinds
+    rf = rank_facts(path) if kind == "public" else read_rank(path)
     # docs/inputs.md holds this input's row as docs/gen_inputs.py writes it today
     assert _gen().row(kind, path, raw_, rf) in _page(), "docs/inputs.md is stale: run python docs/gen_inputs.py"
     led = rf.ledger

@@ -15,11 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from _suitepub_cache import rank_facts, raw, report, stdlib_reading
+from _suitepub_cache import rank_facts, raw, read_rank, report, stdlib_reading
 from conftest import PUBLIC_TRACES
-from fsdpdoctor.analysis.ranks.rank import _read_rank
 from fsdpdoctor.facts import RUN_KINDS
-from fsdpdoctor.ingest.kineto import load_trace
 
 MEGATRON = "astrasim-megatron-tp8-a100-8ranks/megatron_kineto_{}.json.gz"
 VLLM = "tracelens-b200-vllm/eager_trace.json.gz"
@@ -337,7 +335,7 @@ def test_every_input_is_named(root, rel, kind, said):
     uses, and what it rests on is in the raw trace."""
     p = _path(rel) if root == P else RECORDED / rel
     # a public file's facts from its analysis shared with the other modules (the same RankFacts)
-    rf = rank_facts(p) if root == P else _read_rank(load_trace(p), 0)[0]
+    rf = rank_facts(p) if root == P else read_rank(p)  # _read_rank(load_trace(p), 0), shared with test_conformance
     assert kind in RUN_KINDS
     assert rf.parallelism.run_kind == kind, (rel, said, rf.parallelism.run_kind, rf.parallelism.run_kind_evidence)
     names, devices = _raw_names(p)
