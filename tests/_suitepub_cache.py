@@ -4,7 +4,7 @@ every test module that reads them (issue #44 item 2: the suite's time).
 Register from ``tests/conftest.py`` with ``pytest_plugins = [..., "_suitepub_cache"]``.
 
 Eight test modules read the same public files: each parsed the raw JSON with the standard library
-(8.3 CPU-s for all of them, mtia_rank_0 alone 2.2 s) and analysed it with fsdpdoctor, in every
+(8-10 CPU-s for all of them, mtia_rank_0 alone 2.2-2.8 s) and analysed it with fsdpdoctor, in every
 xdist worker that took one of its tests. Here:
 
 ``raw(path, reading)``
