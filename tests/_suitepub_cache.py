@@ -14,8 +14,8 @@ xdist worker that took one of its tests. Here:
     once (``json.loads``) and computes every registered reading that applies to it; the results
     (small summaries, never the document) are kept in this process and written to the session's
     shared cache folder, where the other processes of the session find them. A result is keyed
-    by the source of the module that defines its reading, of this module and of
-    tests/_stdlib_reading.py, and by the file's path, size and modification time.
+    by the source of the module that defines its reading and of the modules a reading may use
+    (tests/_*.py, fixtures/scenarios/*.py), and by the file's path, size and modification time.
 
 ``report(path)``, ``read_rank(path)``
     ``fsdpdoctor.analyze(path)`` with the default arguments (a file's RankFacts without the
@@ -79,12 +79,13 @@ def stdlib_reading(*roots: Path):
     roots = tuple(Path(r).resolve() for r in roots or (PUBLIC_TRACES,))
 
     def register(fn):
-        src = Path(inspect.getsourcefile(fn)).resolve()
+        src = Path(inspect.getsourcefile(fn) or "-").resolve()
+        own = _file_digest(src) if src.is_file() else _digest(fn.__code__.co_code, repr(fn.__code__.co_consts).encode())
+        helpers = [*sorted(TESTS.glob("_*.py")), *sorted((REPO / "fixtures" / "scenarios").glob("*.py"))]
         key = _digest(
             f"{fn.__module__}.{fn.__qualname__}".encode(),
-            _file_digest(src).encode(),
-            _file_digest(Path(__file__).resolve()).encode(),
-            _file_digest(TESTS / "_stdlib_reading.py").encode(),
+            own.encode(),
+            *(_file_digest(f).encode() for f in helpers),  # what a reading may import (tests/_*.py, fixtures)
         )
         _READINGS[key] = (fn, roots, f"{fn.__module__}.{fn.__qualname__}")
         fn._suitepub_key = key
