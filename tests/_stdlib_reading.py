@@ -66,7 +66,11 @@ def read(path: str | Path) -> dict:
     events (GPU-work categories, steps and communication names, any spelling)."""
     p = Path(path)
     with gzip.open(p, "rb") if p.read_bytes()[:2] == b"\x1f\x8b" else open(p, "rb") as fh:
-        doc = json.load(fh)
+        return summarize(json.load(fh))
+
+
+def summarize(doc) -> dict:
+    """:func:`read` of a trace's parsed JSON (``json.load`` of the file)."""
     events = doc["traceEvents"] if isinstance(doc, dict) else doc
     kinds: Counter = Counter()
     notable_kinds: Counter = Counter()

@@ -20,7 +20,7 @@ PUBLIC_SNAPSHOTS = SHARED / "snapshots" / "public"
 if str(REPO) not in sys.path:  # lets tests import fixtures.* (recorders, generators)
     sys.path.insert(0, str(REPO))
 
-pytest_plugins = ["_recording", "_presets", "_suiteweb_order"]
+pytest_plugins = ["_recording", "_presets", "_suiteweb_order", "_suitepub_cache"]
 
 # Every report produced while testing (in this process and in CLI subprocesses, which inherit
 # the environment) is validated against the published JSON Schema (fsdpdoctor.api._checked).
@@ -67,19 +67,13 @@ def scenario_case(generated_run, analyzed_run):
 
 @pytest.fixture(scope="session")
 def public_report():
-    """path -> ``fsdpdoctor.analyze(path)`` of a public trace file, analysed once per process and
+    """path -> ``fsdpdoctor.analyze(path)`` of a public trace file, analysed once per session and
     shared by the modules that read every public trace (test_rules, test_shapes,
-    test_finding_coherence). A report is shared: read it, never change it."""
-    import fsdpdoctor
+    test_finding_coherence; ``_suitepub_cache.report``: once per session). A report is shared:
+    read it, never change it."""
+    from _suitepub_cache import report
 
-    cache: dict[Path, object] = {}
-
-    def get(path: Path):
-        if path not in cache:
-            cache[path] = fsdpdoctor.analyze(path)
-        return cache[path]
-
-    return get
+    return report
 
 
 @pytest.fixture

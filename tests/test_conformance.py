@@ -9,14 +9,15 @@ docs/inputs.md is generated from the same readings (docs/gen_inputs.py)."""
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 
 import pytest
 
-from _stdlib_reading import read
+from _stdlib_reading import summarize
+from _suitepub_cache import RECORDED as RECORDED_DIR
+from _suitepub_cache import rank_facts, raw, read_rank, stdlib_reading
 from conftest import PUBLIC_TRACES
-from fsdpdoctor.analysis.ranks.rank import _read_rank
-from fsdpdoctor.ingest.kineto import load_trace
 
 REPO = Path(__file__).resolve().parents[1]
 RECORDED = sorted((REPO / "fixtures" / "recorded").rglob("rank*.json.gz"))
@@ -25,6 +26,7 @@ REL = 0.02
 PAGE = REPO / "docs" / "inputs.md"
 
 
+@functools.lru_cache(maxsize=None)
 def _gen():
     import importlib.util
 
@@ -38,30 +40,39 @@ def _id(p: Path) -> str:
     return f"{p.parent.name}/{p.name[:20]}"
 
 
+@functools.lru_cache(maxsize=None)
+def _page() -> frozenset[str]:
+    return frozenset(PAGE.read_text().splitlines())
+
+
+# tests/_stdlib_reading.py's reading, in the one stdlib pass over each file the session makes
+_read = stdlib_reading(PUBLIC_TRACES, RECORDED_DIR)(summarize)
+
+
 def _check(path: Path, kind: str) -> None:
-    raw = read(path)
-    rf, _plan = _read_rank(load_trace(path), 0)  # analyze_rank without its what-if replay (no figure here)
+    raw_ = raw(path, _read)
+    # a public file's analysis is shared with the other modules that read it; a recording's facts
+    # are analyze_rank's without its what-if replay (no figure here), shared with test_run_kinds
+    rf = rank_facts(path) if kind == "public" else read_rank(path)
     # docs/inputs.md holds this input's row as docs/gen_inputs.py writes it today
-    assert _gen().row(kind, path, raw, rf) in PAGE.read_text().splitlines(), (
-        "docs/inputs.md is stale: run python docs/gen_inputs.py"
-    )
+    assert _gen().row(kind, path, raw_, rf) in _page(), "docs/inputs.md is stale: run python docs/gen_inputs.py"
     led = rf.ledger
-    assert led.events == raw["events"]
+    assert led.events == raw_["events"]
     kernels = sum(r.events for r in led.rows if r.read_as == "kernel")
-    assert kernels == raw["kernels"]
-    if raw["steps"]:
+    assert kernels == raw_["kernels"]
+    if raw_["steps"]:
         assert rf.step_method == "ProfilerStep"
-        assert len(rf.steps) == raw["steps"]
+        assert len(rf.steps) == raw_["steps"]
     else:
         assert rf.step_method != "ProfilerStep"  # a fallback, named in the notes
-    assert (led.gpu_busy_ms or 0.0) == pytest.approx(raw["gpu_busy_ms"], rel=REL, abs=1e-3)
-    assert (led.comm_busy_ms or 0.0) == pytest.approx(raw["comm_busy_ms"], rel=REL, abs=1e-3)
+    assert (led.gpu_busy_ms or 0.0) == pytest.approx(raw_["gpu_busy_ms"], rel=REL, abs=1e-3)
+    assert (led.comm_busy_ms or 0.0) == pytest.approx(raw_["comm_busy_ms"], rel=REL, abs=1e-3)
     spans = sum((c.cpu_comm_ms_per_step or 0.0) for c in rf.collective_stats) * max(len(rf.steps), 1)
-    assert spans == pytest.approx(raw["backend_span_ms"], rel=REL, abs=1e-3)
+    assert spans == pytest.approx(raw_["backend_span_ms"], rel=REL, abs=1e-3)
     # unread share of what the stdlib reading calls GPU work, steps or communication
     unread_rows = {(r.ph, r.cat) for r in led.rows if r.used == 0}
-    unread = {k: n for k, n in raw["notable_kinds"].items() if k in unread_rows}
-    share = sum(unread.values()) / raw["notable"] if raw["notable"] else 0.0
+    unread = {k: n for k, n in raw_["notable_kinds"].items() if k in unread_rows}
+    share = sum(unread.values()) / raw_["notable"] if raw_["notable"] else 0.0
     if share >= 0.01:
         assert led.warning is not None
         top = max(unread, key=unread.get)

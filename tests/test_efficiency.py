@@ -21,6 +21,7 @@ import pytest
 import fsdpdoctor
 from fsdpdoctor.facts.efficiency import PARTS
 
+from _suitepub_cache import PUBLIC_TRACES, RECORDED, raw, report, stdlib_reading
 from conftest import public_trace_files
 from fixtures.scenarios.waterfall_truth import (
     union as _union,
@@ -46,8 +47,18 @@ def raw_idle(path: Path) -> dict | None:
     """Per step, the time in its interval on the step clock with no GPU activity at all, mean over
     steps (ms). The clock is the slower of the CPU's (``ProfilerStep`` spans end to end) and the
     completions' (a step completes when its span and the GPU work it launched, by correlation id,
-    are done; the first step's interval at the mean rate of the others)."""
-    events = _events(path)
+    are done; the first step's interval at the mean rate of the others). Read in the one stdlib
+    pass over the file the session makes (``_suitepub_cache.raw``)."""
+    return raw(path, _idle_of)
+
+
+def _x_events(doc) -> list[dict]:
+    return [e for e in (doc["traceEvents"] if isinstance(doc, dict) else doc) if e.get("ph") == "X"]
+
+
+@stdlib_reading(PUBLIC_TRACES, RECORDED / "gpu", RECORDED / "gpu-h200")
+def _idle_of(doc) -> dict | None:
+    events = _x_events(doc)
     spans: dict[int, tuple[float, float]] = {}
     launch: dict[int, float] = {}
     gpu: list[tuple[float, float, object]] = []
@@ -83,14 +94,8 @@ def raw_idle(path: Path) -> dict | None:
 
 @pytest.fixture(scope="module")
 def analyzed():
-    cache: dict = {}
-
-    def get(path: Path):
-        if path not in cache:
-            cache[path] = fsdpdoctor.analyze(path)
-        return cache[path]
-
-    return get
+    """path -> ``fsdpdoctor.analyze(path)``, once per session (``_suitepub_cache.report``)."""
+    return report
 
 
 def _check_parts(facts) -> None:
@@ -270,14 +275,20 @@ def test_every_launch_call_in_the_public_traces_is_a_launch_to_the_idle_and_the_
 
     names: set[str] = set()
     for path in [*shared_traces.glob("tracelens-mi300-ddp/*.json.gz"), *shared_traces.glob("hta-df-index-v100/*.gz")]:
-        events = _events(path)
-        kernels = {(e.get("args") or {}).get("correlation") for e in events if e.get("cat") == "kernel"}
-        names |= {
-            e["name"]
-            for e in events
-            if e.get("cat") in ("cuda_runtime", "cuda_driver")
-            and (e.get("args") or {}).get("correlation") in kernels
-            and "Launch" in e["name"]
-        }
+        names |= raw(path, _launch_names_of)
     assert {"hipExtModuleLaunchKernel", "hipExtLaunchKernel", "hipLaunchKernel"} <= names
     assert names <= set(LAUNCH_CALLS) and names <= set(LAUNCH_NAMES)
+
+
+@stdlib_reading(*(PUBLIC_TRACES / d for d in ("tracelens-mi300-ddp", "hta-df-index-v100")))
+def _launch_names_of(doc) -> set[str]:
+    """The names of the runtime calls linked to a kernel by correlation id (raw JSON)."""
+    events = _x_events(doc)
+    kernels = {(e.get("args") or {}).get("correlation") for e in events if e.get("cat") == "kernel"}
+    return {
+        e["name"]
+        for e in events
+        if e.get("cat") in ("cuda_runtime", "cuda_driver")
+        and (e.get("args") or {}).get("correlation") in kernels
+        and "Launch" in e["name"]
+    }

@@ -15,7 +15,6 @@ recorded run (CPU shapes and the GPU recordings) and every generated scenario.
 
 from __future__ import annotations
 
-import gzip
 import json
 import re
 import statistics
@@ -26,6 +25,7 @@ from pathlib import Path
 import pytest
 
 import fsdpdoctor
+from _suitepub_cache import raw, report, stdlib_reading
 from conftest import PUBLIC_TRACES, REPO, public_trace_files
 from fixtures.scenarios import generator as gen
 from fsdpdoctor.config import defaults
@@ -53,24 +53,31 @@ def raw_step_bounds(paths) -> tuple[float, float]:
     """(wall ms, GPU ms) per step, read from the raw trace files here with json/gzip and nothing
     of fsdpdoctor: for each rank, its whole span (first event start to last event end) and its
     GPU activity's span, divided by its ProfilerStep count (1 without any); the largest over the
-    ranks. No fix can save more per step than a rank's whole trace per step."""
+    ranks. No fix can save more per step than a rank's whole trace per step. (Each file read
+    once per session, a public one in the stdlib pass the session makes: ``_suitepub_cache.raw``.)"""
     wall = gpu = 0.0
     for p in paths:
-        opener = gzip.open if str(p).endswith(".gz") else open
-        with opener(p, "rb") as f:
-            events = [e for e in json.load(f)["traceEvents"] if e.get("ph") == "X" and "ts" in e]
-        # one ProfilerStep#N per step (Kineto also mirrors it on the GPU timeline: count names)
-        n = len({e["name"] for e in events if str(e.get("name", "")).startswith("ProfilerStep#")}) or 1
-        ends = [e["ts"] + max(e.get("dur", 0), 0) for e in events]
-        wall = max(wall, (max(ends) - min(e["ts"] for e in events)) / 1e3 / n)
-        g = [
-            (e["ts"], e["ts"] + max(e.get("dur", 0), 0))
-            for e in events
-            if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset", "Kernel", "Memcpy", "Memset")
-        ]
-        if g:
-            gpu = max(gpu, (max(b for _, b in g) - min(a for a, _ in g)) / 1e3 / n)
+        w, g = raw(p, _step_bounds_of)
+        wall = max(wall, w)
+        if g is not None:
+            gpu = max(gpu, g)
     return wall, gpu
+
+
+@stdlib_reading()
+def _step_bounds_of(doc) -> tuple[float, float | None]:
+    """One rank's (wall ms, GPU ms or None without GPU activity) per step (:func:`raw_step_bounds`)."""
+    events = [e for e in doc["traceEvents"] if e.get("ph") == "X" and "ts" in e]
+    # one ProfilerStep#N per step (Kineto also mirrors it on the GPU timeline: count names)
+    n = len({e["name"] for e in events if str(e.get("name", "")).startswith("ProfilerStep#")}) or 1
+    ends = [e["ts"] + max(e.get("dur", 0), 0) for e in events]
+    wall = (max(ends) - min(e["ts"] for e in events)) / 1e3 / n
+    g = [
+        (e["ts"], e["ts"] + max(e.get("dur", 0), 0))
+        for e in events
+        if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset", "Kernel", "Memcpy", "Memset")
+    ]
+    return wall, ((max(b for _, b in g) - min(a for a, _ in g)) / 1e3 / n if g else None)
 
 
 def trace_files(path) -> list[Path]:
@@ -130,7 +137,7 @@ def test_public_multi_rank_runs(name):
     d = PUBLIC_TRACES / name
     if not d.is_dir():
         pytest.skip("../shared/traces/public is absent")
-    rep = fsdpdoctor.analyze(d)
+    rep = report(d)  # fsdpdoctor.analyze(d), once per session (shared with test_savings)
     assert not rep.facts.mixed_runs  # one run: nothing refused, nothing flagged
     check_report(rep, name, trace_files(d))
 
@@ -144,7 +151,7 @@ def test_dlrm_rank1_waits_most_and_no_straggler():
     d = PUBLIC_TRACES / "param-dlrm-v100-8ranks"
     if not d.is_dir():
         pytest.skip("../shared/traces/public is absent")
-    rep = fsdpdoctor.analyze(d)
+    rep = report(d)  # fsdpdoctor.analyze(d), once per session
     f = rep.facts
     compute = {r.rank: statistics.fmean(s.compute_ms for s in r.steps) for r in f.rank_facts}
     median = statistics.median(compute.values())

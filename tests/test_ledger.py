@@ -10,7 +10,6 @@ another name.
 from __future__ import annotations
 
 import copy
-import gzip
 import json
 from collections import Counter
 from pathlib import Path
@@ -18,6 +17,7 @@ from pathlib import Path
 import pytest
 
 import fsdpdoctor
+from _suitepub_cache import raw, report, stdlib_reading
 from conftest import PUBLIC_TRACES
 
 OLD = PUBLIC_TRACES / "kineto-tbplugin-2021-computeproperties" / "gpu_metrics_input.json"
@@ -31,19 +31,30 @@ def _need(p: Path) -> None:
         pytest.skip(f"../shared/traces/public: {p.parent.name} is absent")
 
 
-def _raw(p: Path) -> dict:
-    op = gzip.open if p.suffix == ".gz" else open
-    with op(p, "rt") as fh:
-        return json.load(fh)
-
-
-_cache: dict = {}
+@stdlib_reading(OLD, MTIA, CUPTI, GLOO)
+def _read(doc) -> dict:
+    """What the tests below count in the raw JSON (plain Python, none of fsdpdoctor), in the one
+    stdlib pass over each file the session makes (``_suitepub_cache.raw``)."""
+    ev = doc["traceEvents"]
+    kernels = [e for e in ev if e.get("ph") == "X" and e.get("cat") == "Kernel"]
+    gloo = [e for e in ev if e.get("name") == "gloo:all_reduce"]
+    return {
+        "events": len(ev),
+        "by_kind": Counter((e.get("ph", ""), e.get("cat") or "") for e in ev),
+        "x_by_cat": Counter(e.get("cat") for e in ev if e.get("ph") == "X"),
+        "Kernel": (len(kernels), sum(e["dur"] for e in kernels)),
+        "Operator steps": sum(
+            1 for e in ev if e.get("cat") == "Operator" and e.get("name", "").startswith("ProfilerStep#")
+        ),
+        "steps": sum(1 for e in ev if e.get("name", "").startswith("ProfilerStep#")),
+        "gloo:all_reduce": (len(gloo), sum(e["dur"] for e in gloo)),
+        "device": [d.get("name") for d in doc.get("computeProperties", [])],
+    }
 
 
 def _report(p: Path):
-    if p not in _cache:
-        _cache[p] = fsdpdoctor.analyze(str(p))
-    return _cache[p]
+    """``fsdpdoctor.analyze(p)``, once per session (shared with the other modules that read it)."""
+    return report(p)
 
 
 def _ticket(rep) -> str:
@@ -60,10 +71,10 @@ def _ticket(rep) -> str:
 @pytest.mark.parametrize("path", [OLD, MTIA, CUPTI, GLOO], ids=lambda p: p.parent.name)
 def test_ledger_counts_every_event_by_phase_and_category(path):
     _need(path)
-    raw = _raw(path)["traceEvents"]
-    want = Counter((e.get("ph", ""), e.get("cat") or "") for e in raw)
+    r = raw(path, _read)
+    want = r["by_kind"]
     led = _report(path).facts.inputs[0].ledger
-    assert led.events == len(raw)
+    assert led.events == r["events"]
     got = Counter()
     for r in led.rows:
         got[r.ph, r.cat] += r.events
@@ -74,19 +85,17 @@ def test_2021_capitalised_categories_read_as_today():
     """torch 1.9's Kernel / Memcpy / Runtime / Operator (ProfilerStep#2 under Operator) and
     computeProperties: kernels, the step and the GPU are read (main: "no GPU activity")."""
     _need(OLD)
-    raw = _raw(OLD)
-    ev = raw["traceEvents"]
-    kernels = [e for e in ev if e.get("ph") == "X" and e.get("cat") == "Kernel"]
-    steps = [e for e in ev if e.get("cat") == "Operator" and e.get("name", "").startswith("ProfilerStep#")]
+    r = raw(OLD, _read)
+    kernels, kernel_us = r["Kernel"]
     rep = _report(OLD)
     f = rep.facts
     assert f.gpu_present
-    assert f.steps.count == len(steps) == 1
-    assert rep.facts.rank_facts[0].device_name == raw["computeProperties"][0]["name"]
+    assert f.steps.count == r["Operator steps"] == 1
+    assert rep.facts.rank_facts[0].device_name == r["device"][0]
     led = f.inputs[0].ledger
     row = next(r for r in led.rows if r.cat == "Kernel")
-    assert (row.read_as, row.events, row.used) == ("kernel", len(kernels), len(kernels))
-    assert row.dur_ms == pytest.approx(sum(e["dur"] for e in kernels) / 1e3, rel=1e-6)
+    assert (row.read_as, row.events, row.used) == ("kernel", kernels, kernels)
+    assert row.dur_ms == pytest.approx(kernel_us / 1e3, rel=1e-6)
     assert led.warning is None and led.unread_notable == 0
     assert "no GPU activity" not in _ticket(rep)
 
@@ -96,7 +105,7 @@ def test_2021_capitalised_categories_read_as_today():
 )
 def test_unread_device_work_is_a_headline_warning_not_no_gpu_activity(path, cat):
     _need(path)
-    n = sum(1 for e in _raw(path)["traceEvents"] if e.get("ph") == "X" and e.get("cat") == cat)
+    n = raw(path, _read)["x_by_cat"][cat]
     rep = _report(path)
     led = rep.facts.inputs[0].ledger
     assert led.device_events == n > 0
@@ -110,18 +119,18 @@ def test_cpu_only_gloo_trace_reads_every_step_and_collective():
     """300-rank gloo rank: 'no GPU activity' (it has none), 5 steps, the 10 gloo:all_reduce as
     communication by gloo, timed by their spans (stdlib: the annotations' durations)."""
     _need(GLOO)
-    ev = _raw(GLOO)["traceEvents"]
-    steps = [e for e in ev if e.get("name", "").startswith("ProfilerStep#")]
-    spans = [e for e in ev if e.get("name") == "gloo:all_reduce"]
+    r = raw(GLOO, _read)
+    steps = r["steps"]
+    spans, spans_us = r["gloo:all_reduce"]
     rep = _report(GLOO)
     f = rep.facts
     assert not f.gpu_present and f.inputs[0].ledger.device_events == 0
     assert "no GPU activity" in _ticket(rep)
-    assert f.steps.count == len(steps) == 5
+    assert f.steps.count == steps == 5
     (ar,) = f.collectives
-    assert ar.kind == "all_reduce" and ar.count_per_step == len(spans) / len(steps) == 2
+    assert ar.kind == "all_reduce" and ar.count_per_step == spans / steps == 2
     assert ar.libraries == {"gloo": 2.0}
-    truth = sum(e["dur"] for e in spans) / 1e3 / len(steps)
+    truth = spans_us / 1e3 / steps
     assert ar.cpu_comm_ms_per_step == pytest.approx(truth, rel=0.02)
     assert "single process" not in json.dumps([x.summary for x in rep.findings])
 

@@ -4,8 +4,7 @@ Analysis on the same file. Skipped when ../shared is absent."""
 from __future__ import annotations
 
 import functools
-import gzip
-import json
+import hashlib
 import logging
 import os
 import warnings
@@ -14,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from _stdlib_reading import _union_us
+from _suitepub_cache import rank_facts, raw, stdlib_reading
 from conftest import PUBLIC_TRACES, public_trace_files
-from fsdpdoctor.analysis.ranks.rank import analyze_rank
 
 FILES = public_trace_files()
 pytestmark = pytest.mark.skipif(not FILES, reason="../shared/traces/public is absent")
@@ -27,14 +26,9 @@ def _id(p: Path) -> str:
 
 @pytest.fixture(scope="module")
 def facts_by_file():
-    cache: dict[Path, object] = {}
-
-    def get(p: Path):
-        if p not in cache:
-            cache[p] = analyze_rank(str(p))
-        return cache[p]
-
-    return get
+    """path -> the file's RankFacts (``analyze_rank``'s, as ``fsdpdoctor.analyze`` returns them),
+    analysed once per session and shared with the other modules (``_suitepub_cache``)."""
+    return rank_facts
 
 
 @pytest.mark.parametrize("path", FILES, ids=_id)
@@ -60,18 +54,17 @@ def test_loads_and_has_steps_collectives_and_gpu_time(path, facts_by_file):
     assert rf.fsdp.version is None  # none of these is an FSDP run
 
 
-_SUMMARIES: dict[Path, dict] = {}
-
-
 def _raw_summary(path: Path) -> dict:
     """GPU activity, collective kernels, gloo collective spans, world size and whether
-    distributedInfo names the rank: plain json + re over the raw file, none of fsdpdoctor."""
-    if path in _SUMMARIES:
-        return _SUMMARIES[path]
+    distributedInfo names the rank: plain json + re over the raw file, none of fsdpdoctor (read
+    in the one stdlib pass over the file, ``_suitepub_cache.raw``)."""
+    return raw(path, _summary_of)
+
+
+@stdlib_reading()
+def _summary_of(doc) -> dict:
     import re
 
-    with gzip.open(path, "rb") as f:
-        doc = json.load(f)
     events = doc["traceEvents"]
     info = doc.get("distributedInfo")
     if isinstance(info, str):  # some writers store the dict's Python repr
@@ -95,7 +88,6 @@ def _raw_summary(path: Path) -> dict:
         "world_size": ws,
         "rank_in_info": has_rank,
     }
-    _SUMMARIES[path] = out
     return out
 
 
@@ -105,12 +97,15 @@ GPU_CATS = {"kernel", "gpu_memcpy", "gpu_memset", "Kernel", "Memcpy", "Memset"}
 LAUNCH_CATS = {"cuda_runtime", "cuda_driver", "Runtime"}
 
 
-@functools.lru_cache(maxsize=None)
 def _raw(path: Path):
     """(every GPU activity (start, end, correlation), ProfilerStep spans, launch ts by correlation);
-    read once per file (two tests use it; they only read it)."""
-    with gzip.open(path, "rb") as f:
-        events = json.load(f)["traceEvents"]
+    read once per session (two tests use it; they only read it)."""
+    return raw(path, _activity_of)
+
+
+@stdlib_reading()
+def _activity_of(doc):
+    events = doc["traceEvents"]
     gpu, steps, launch = [], [], {}
     for e in events:
         if e.get("ph") != "X":
@@ -178,14 +173,47 @@ def _hta_overlap(path: Path, tmp_path: Path) -> float:
     return float(df["comp_comm_overlap_pctg"].iloc[0])
 
 
+@functools.lru_cache(maxsize=None)
+def _hta_key() -> str:
+    """The hta package: its distribution's version and every file of it."""
+    from importlib.metadata import version
+
+    hta = pytest.importorskip("hta")
+    h = hashlib.sha256(f"traceinsight={version('traceinsight')}".encode())
+    root = Path(hta.__file__).resolve().parent
+    for f in sorted(root.rglob("*")):
+        if f.is_file() and "__pycache__" not in f.parts:
+            h.update(f.relative_to(root).as_posix().encode() + b"\0" + f.read_bytes() + b"\0")
+    return h.hexdigest()[:20]
+
+
+def _hta_overlap_kept(path: Path, tmp_path: Path, config) -> float:
+    """HTA's overlap of ``path``, kept between sessions in pytest's cache (.pytest_cache), keyed
+    by the hta package (:func:`_hta_key`) and the trace file (path, size, modification time):
+    HTA is the independent reference, its answer recomputed whenever either changes (a fresh
+    clone runs HTA on every file). A trace HTA cannot load is not kept: it skips every time."""
+    cache = getattr(config, "cache", None)
+    if cache is None:  # -p no:cacheprovider
+        return _hta_overlap(path, tmp_path)
+    st = path.stat()
+    name = f"{path.resolve()}:{st.st_size}:{st.st_mtime_ns}:ns-rounding-off"
+    key = f"fsdpdoctor/hta-overlap/{_hta_key()}-{hashlib.sha256(name.encode()).hexdigest()[:20]}"
+    kept = cache.get(key, None)
+    if kept is not None:
+        return float(kept)
+    got = _hta_overlap(path, tmp_path)
+    cache.set(key, got)
+    return got
+
+
 @pytest.mark.parametrize("path", FILES, ids=_id)
-def test_overlap_matches_holistic_trace_analysis(path, facts_by_file, tmp_path):
+def test_overlap_matches_holistic_trace_analysis(path, facts_by_file, tmp_path, pytestconfig):
     rf = facts_by_file(path)
     gpu, _, _ = _raw(path)
     if not gpu:  # HTA's overlap needs CUDA kernels: nothing to compare
         assert rf.overlap_pct in (None, 0.0) and not rf.gpu_present
         return
-    expected = _hta_overlap(path, tmp_path)
+    expected = _hta_overlap_kept(path, tmp_path, pytestconfig)
     if expected != expected:  # NaN: HTA finds no communication kernel time to overlap
         assert not _raw_summary(path)["collective_kernels"]
         assert sum(s.comm_ms for s in rf.steps) == 0.0

@@ -10,18 +10,14 @@ the product's code.
 
 from __future__ import annotations
 
-import gzip
-import json
 import re
 from pathlib import Path
 
 import pytest
 
-import fsdpdoctor
+from _suitepub_cache import rank_facts, raw, read_rank, report, stdlib_reading
 from conftest import PUBLIC_TRACES
-from fsdpdoctor.analysis.ranks.rank import _read_rank
 from fsdpdoctor.facts import RUN_KINDS
-from fsdpdoctor.ingest.kineto import load_trace
 
 MEGATRON = "astrasim-megatron-tp8-a100-8ranks/megatron_kineto_{}.json.gz"
 VLLM = "tracelens-b200-vllm/eager_trace.json.gz"
@@ -193,16 +189,12 @@ def _path(rel: str) -> Path:
 
 @pytest.fixture(scope="session")
 def public():
-    """rel path → (Report, raw events): each analysed and read once per session."""
-    cache: dict[str, tuple] = {}
+    """rel path → (Report, what the tests read in the raw events: :func:`_read`): each analysed
+    and read once per session (``_suitepub_cache``), shared with the other modules."""
 
     def get(rel: str):
-        if rel not in cache:
-            p = _path(rel)
-            with gzip.open(p, "rt") if p.suffix == ".gz" else open(p) as fh:
-                raw = json.load(fh)
-            cache[rel] = (fsdpdoctor.analyze(p), raw.get("traceEvents", []))
-        return cache[rel]
+        p = _path(rel)
+        return report(p), raw(p, _read)
 
     return get
 
@@ -264,6 +256,29 @@ def _loader(ev):
     return cpu / 1e3 / len(steps), idle / 1e3 / len(steps), iters
 
 
+#: the public runs the tests below analyse whole and read raw (:func:`_read`)
+READ = sorted({*KINDS, MEGATRON.format(6)})
+
+
+@stdlib_reading(*(PUBLIC_TRACES / rel for rel in READ))
+def _read(doc) -> dict:
+    """What the tests below read in a raw trace, plain Python over its JSON (json + gzip, intervals
+    merged by hand), in the one stdlib pass over the file the session makes."""
+    ev = doc.get("traceEvents", [])
+    kern = _x(ev, ("kernel",))
+    comm = _merge((float(e["ts"]), float(e["ts"]) + float(e["dur"])) for e in kern if "AllReduce" in e["name"])
+    compute = _merge((float(e["ts"]), float(e["ts"]) + float(e["dur"])) for e in kern if "AllReduce" not in e["name"])
+    return {
+        "names": {str(e.get("name", "")) for e in ev},
+        "symm_mem cpu_ops": sum(1 for e in _x(ev, ("cpu_op",)) if e.get("name") == "symm_mem::multimem_all_reduce_"),
+        "tp exposed ms, nccl:all_reduce": (
+            (sum(b - a for a, b in comm) - _overlap(comm, compute)) / 1e3,
+            sum(1 for e in _x(ev, ("user_annotation", "cpu_op")) if e.get("name") == "nccl:all_reduce"),
+        ),
+        "loader": _loader(ev) if _steps(ev) else None,  # per step: only for runs with ProfilerStep spans
+    }
+
+
 # --- the run's kind ---------------------------------------------------------------------------
 
 
@@ -274,9 +289,13 @@ ALL_REDUCE_RX = re.compile(r"all_?reduce", re.I)
 
 
 def _raw_names(p: Path) -> tuple[set[str], set]:
-    """Every event name, and the devices (pids) GPU kernels ran on: json + gzip only."""
-    with gzip.open(p, "rt") if p.suffix == ".gz" else open(p) as fh:
-        doc = json.load(fh)
+    """Every event name, and the devices (pids) GPU kernels ran on: json + gzip only (in the one
+    stdlib pass over the file the session makes, ``_suitepub_cache.raw``)."""
+    return raw(p, _names_of)
+
+
+@stdlib_reading(PUBLIC_TRACES, *(RECORDED / rel for root, rel, *_rest in RUN_KINDS_TABLE if root == R))
+def _names_of(doc) -> tuple[set[str], set]:
     ev = doc["traceEvents"] if isinstance(doc, dict) else doc
     names = {str(e.get("name", "")) for e in ev}
     devices = {e.get("pid") for e in ev if e.get("ph") == "X" and str(e.get("cat", "")).lower() == "kernel"}
@@ -315,7 +334,8 @@ def test_every_input_is_named(root, rel, kind, said):
     its PROVENANCE entry or recording script states (``said``), one of the vocabulary every reader
     uses, and what it rests on is in the raw trace."""
     p = _path(rel) if root == P else RECORDED / rel
-    rf, _plan = _read_rank(load_trace(p), 0)
+    # a public file's facts from its analysis shared with the other modules (the same RankFacts)
+    rf = rank_facts(p) if root == P else read_rank(p)  # _read_rank(load_trace(p), 0), shared with test_conformance
     assert kind in RUN_KINDS
     assert rf.parallelism.run_kind == kind, (rel, said, rf.parallelism.run_kind, rf.parallelism.run_kind_evidence)
     names, devices = _raw_names(p)
@@ -340,8 +360,8 @@ def test_the_table_covers_every_input():
 
 @pytest.mark.parametrize("rel", sorted(KINDS))
 def test_the_runs_kind_is_named(rel, public):
-    rep, ev = public(rel)
-    names = {str(e.get("name", "")) for e in ev}
+    rep, r = public(rel)
+    names = r["names"]
     kind = rep.facts.parallelism.run_kind
     assert kind == KINDS[rel], (rel, kind, rep.facts.parallelism.run_kind_evidence)
     # what the kind rests on is in the raw trace
@@ -359,10 +379,10 @@ def test_the_runs_kind_is_named(rel, public):
 
 
 def test_vllm_tensor_parallel_is_not_ddp_like(public):
-    rep, ev = public(VLLM)
-    cpu = [e for e in _x(ev, ("cpu_op",)) if e.get("name") == "symm_mem::multimem_all_reduce_"]
+    rep, r = public(VLLM)
+    cpu = r["symm_mem cpu_ops"]
     ev_text = rep.facts.parallelism.run_kind_evidence
-    assert f"{len(cpu):g} all-reduces per step inside forward (symm_mem::multimem_all_reduce_)" in ev_text
+    assert f"{cpu:g} all-reduces per step inside forward (symm_mem::multimem_all_reduce_)" in ev_text
     assert not rep.facts.parallelism.data_parallel and rep.facts.parallelism.tensor_parallel
     assert rep.facts.workload == "inference"
 
@@ -371,12 +391,8 @@ def test_vllm_tensor_parallel_is_not_ddp_like(public):
 
 
 def test_megatron_tp_all_reduces_on_the_critical_path(public):
-    rep, ev = public(MEGATRON.format(0))
-    kern = _x(ev, ("kernel",))
-    comm = _merge((float(e["ts"]), float(e["ts"]) + float(e["dur"])) for e in kern if "AllReduce" in e["name"])
-    compute = _merge((float(e["ts"]), float(e["ts"]) + float(e["dur"])) for e in kern if "AllReduce" not in e["name"])
-    exposed_ms = (sum(b - a for a, b in comm) - _overlap(comm, compute)) / 1e3
-    n_ar = sum(1 for e in _x(ev, ("user_annotation", "cpu_op")) if e.get("name") == "nccl:all_reduce")
+    rep, r = public(MEGATRON.format(0))
+    exposed_ms, n_ar = r["tp exposed ms, nccl:all_reduce"]
     slugs = [f.slug for f in rep.findings]
     assert "tensor-parallel-on-critical-path" in slugs and "low-overlap" not in slugs
     f = next(f for f in rep.findings if f.slug == "tensor-parallel-on-critical-path")
@@ -393,8 +409,8 @@ def test_megatron_tp_all_reduces_on_the_critical_path(public):
 
 @pytest.mark.parametrize("rel", [DLRM0, DDP_V100, MEGATRON.format(6)])
 def test_loader_time_and_gpu_idle_per_step(rel, public):
-    rep, ev = public(rel)
-    cpu_ms, idle_ms, iters = _loader(ev)
+    rep, r = public(rel)
+    cpu_ms, idle_ms, iters = r["loader"]
     ld = rep.facts.loader
     assert ld is not None and ld.iterator in iters
     assert ld.ms_per_step == pytest.approx(cpu_ms, rel=0.02, abs=1e-3)
@@ -403,8 +419,8 @@ def test_loader_time_and_gpu_idle_per_step(rel, public):
 
 def test_dataloader_bound_on_the_dlrm_run(public):
     """PARAM DLRM loads in the training process (num_workers=0): the GPU waits for the batch."""
-    rep, ev = public(DLRM0)
-    _cpu, idle_ms, iters = _loader(ev)
+    rep, r = public(DLRM0)
+    _cpu, idle_ms, iters = r["loader"]
     assert iters == {"_SingleProcessDataLoaderIter"}
     f = next(f for f in rep.findings if f.slug == "dataloader-bound")
     assert f.est_saving_ms == pytest.approx(idle_ms, rel=0.02)
@@ -414,6 +430,6 @@ def test_dataloader_bound_on_the_dlrm_run(public):
 
 
 def test_no_loader_no_finding(public):
-    rep, ev = public(VLLM)
-    assert not any(LOADER_RX.fullmatch(str(e.get("name", ""))) for e in ev)
+    rep, r = public(VLLM)
+    assert not any(LOADER_RX.fullmatch(n) for n in r["names"])
     assert rep.facts.loader is None and "dataloader-bound" not in {f.slug for f in rep.findings}

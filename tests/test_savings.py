@@ -12,9 +12,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-import fsdpdoctor
 from fsdpdoctor.savings.twins import TWINS
 
+from _suitepub_cache import PUBLIC_TRACES, raw, report, stdlib_reading
 from test_step_clock import raw_clock
 
 REC = Path(__file__).resolve().parents[1] / "fixtures" / "recorded"
@@ -33,14 +33,9 @@ PAIRS = [
 
 @pytest.fixture(scope="module")
 def analyzed():
-    cache: dict[str, fsdpdoctor.Report] = {}
-
-    def get(run):
-        if str(run) not in cache:
-            cache[str(run)] = fsdpdoctor.analyze(REC / run)
-        return cache[str(run)]
-
-    return get
+    """run (under fixtures/recorded, or a path) -> ``fsdpdoctor.analyze``, once per session
+    (``_suitepub_cache.report``)."""
+    return lambda run: report(REC / run)
 
 
 def _measured(problem: str, fixed: str) -> float:
@@ -167,7 +162,7 @@ def test_sensitivity_replays_drop_what_the_trace_does_not_show():
     assert seen - blind <= kept + 1e-6
     fx = fix_offload_off(g)
     saving, saving_blind = seen - replay(g, fx)[2].mean(), blind - replay(g, fx, blind=True)[2].mean()
-    rep = fsdpdoctor.analyze(REC / "gpu" / "fsdp2-offload-pageable")
+    rep = report(REC / "gpu" / "fsdp2-offload-pageable")
     assert rep.facts.whatif.sensitivity_ms["offload_off"] == pytest.approx(abs(saving - saving_blind), abs=1e-6)
     assert np.isfinite(saving_blind)
 
@@ -213,7 +208,7 @@ def test_dlrm_first_finding_is_not_the_pageable_copy(shared_traces):
     """The public DLRM trace's copies are read-backs or synchronized on at once (each followed by
     cudaStreamSynchronize): pinning them cannot make them non-blocking, so FSD006 (0.01 ms of copy
     time) is not the first finding, nor critical."""
-    rep = fsdpdoctor.analyze(shared_traces / "param-dlrm-v100-8ranks")
+    rep = report(shared_traces / "param-dlrm-v100-8ranks")
     assert rep.findings[0].slug != "pageable-memcpy"
     f = next((x for x in rep.findings if x.slug == "pageable-memcpy"), None)
     assert f is None or f.severity != "critical"
@@ -254,20 +249,12 @@ def test_a_formula_estimate_spans_its_own_assumption(shared_traces):
     outranked the replayed FSD015 on certainty it had not earned. Its range now spans the
     assumption it makes (the stall-free step: the median; the fastest step, or only the slowest
     step's stall gone), read here from the raw step spans; the ranking follows the low ends."""
-    import gzip
-    import json
     import statistics
 
     path = shared_traces / "hta-ddp-v100-2022" / "test-rank-1.json.gz"
-    rep = fsdpdoctor.analyze(path)
+    rep = report(path)
     f = next(x for x in rep.findings if x.slug == "step-time-jitter")
-    ev = json.loads(gzip.open(path).read())["traceEvents"]
-    steps = sorted(
-        (e["ts"], e["dur"] / 1e3)
-        for e in ev
-        if e.get("ph") == "X" and str(e.get("name", "")).startswith("ProfilerStep#")
-    )
-    times = [d for _, d in steps]
+    times = raw(path, _step_durations_of)
     med = statistics.median(times)
     lo, hi = f.saving_range_ms
     assert lo < f.est_saving_ms < hi
@@ -278,3 +265,14 @@ def test_a_formula_estimate_spans_its_own_assumption(shared_traces):
     timed = [x for x in rep.findings if x.est_saving_ms is not None]
     lows = [x.saving_range_ms[0] for x in timed if x.severity == timed[0].severity]
     assert lows == sorted(lows, reverse=True)  # none of them rests on a real twin: the low end decides
+
+
+@stdlib_reading(PUBLIC_TRACES / "hta-ddp-v100-2022" / "test-rank-1.json.gz")
+def _step_durations_of(doc) -> list[float]:
+    """The ProfilerStep spans' durations (ms), in time order, from the raw JSON."""
+    steps = sorted(
+        (e["ts"], e["dur"] / 1e3)
+        for e in doc["traceEvents"]
+        if e.get("ph") == "X" and str(e.get("name", "")).startswith("ProfilerStep#")
+    )
+    return [d for _, d in steps]

@@ -16,8 +16,6 @@ second step's GPU work completes 34.65 ms after the first's: 34.65).
 
 from __future__ import annotations
 
-import gzip
-import json
 import re
 import subprocess
 import sys
@@ -25,8 +23,8 @@ from pathlib import Path
 
 import pytest
 
-import fsdpdoctor
 
+from _suitepub_cache import PUBLIC_TRACES, RECORDED, raw, report, stdlib_reading
 from conftest import public_trace_files
 
 GPU = Path(__file__).resolve().parents[1] / "fixtures" / "recorded" / "gpu"
@@ -38,9 +36,13 @@ GPU_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
 
 
 def raw_clock(path: Path) -> dict | None:
-    """The two rates and the backlog, read from the raw Chrome trace."""
-    with gzip.open(path, "rt") as fh:
-        doc = json.load(fh)
+    """The two rates and the backlog, read from the raw Chrome trace (in the one stdlib pass over
+    the file the session makes: ``_suitepub_cache.raw``)."""
+    return raw(path, _clock_of)
+
+
+@stdlib_reading(PUBLIC_TRACES, RECORDED / "gpu", RECORDED / "gpu-h200")
+def _clock_of(doc) -> dict | None:
     events = doc["traceEvents"] if isinstance(doc, dict) else doc
     steps: dict[int, tuple[float, float]] = {}
     launch: dict[int, float] = {}
@@ -93,14 +95,8 @@ def raw_clock(path: Path) -> dict | None:
 
 @pytest.fixture(scope="module")
 def analyzed():
-    cache: dict[Path, object] = {}
-
-    def get(path: Path):
-        if path not in cache:
-            cache[path] = fsdpdoctor.analyze(path)
-        return cache[path]
-
-    return get
+    """path -> ``fsdpdoctor.analyze(path)``, once per session (``_suitepub_cache.report``)."""
+    return report
 
 
 @pytest.mark.parametrize("run_dir", GPU_RUNS, ids=lambda p: f"{p.parent.name}/{p.name}")
@@ -146,7 +142,7 @@ def test_compare_real_pairs_on_the_step_clock():
     """compare reports the steps as they really finish, not the CPU spans (33.9 / 36.7 ms)."""
     from fsdpdoctor.analysis.compare import compare
 
-    runs = {v: fsdpdoctor.analyze(GPU / v).facts for v in ("fsdp2-bf16", "fsdp2", "fsdp2-ac", "fsdp2-offload")}
+    runs = {v: report(GPU / v).facts for v in ("fsdp2-bf16", "fsdp2", "fsdp2-ac", "fsdp2-offload")}
     clock = {v: raw_clock(GPU / v / "rank0.json.gz")["step_ms"] for v in runs}
     c = compare(runs["fsdp2-bf16"], runs["fsdp2"])
     assert c.step_before_ms == pytest.approx(clock["fsdp2-bf16"], rel=0.03)
