@@ -22,12 +22,11 @@ Fixture (session-scoped):
 from __future__ import annotations
 
 import hashlib
-import os
 from pathlib import Path
 from typing import Callable
 
 import pytest
-from _recording import REPO, once
+from _recording import REPO, once, session_root
 
 GENERATOR_DIR = REPO / "fixtures" / "scenarios"
 
@@ -44,13 +43,7 @@ def generator_key() -> str:
 
 def presets_cache_dir(tmp_path_factory) -> Path:
     """The folder every process of this session shares for generated runs (beside the recordings)."""
-    preset = os.environ.get("FSDPDOCTOR_TEST_CACHE")
-    if preset:
-        root = Path(preset).expanduser()
-    else:
-        root = tmp_path_factory.getbasetemp()
-        if os.environ.get("PYTEST_XDIST_WORKER"):
-            root = root.parent
+    root = session_root(tmp_path_factory)
     out = root / f"fsdpdoctor-generated-{generator_key()}"
     out.mkdir(parents=True, exist_ok=True)
     return out

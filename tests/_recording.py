@@ -102,17 +102,20 @@ def recording_key() -> str:
     return h.hexdigest()[:16]
 
 
-def shared_cache_dir(tmp_path_factory) -> Path:
+def session_root(tmp_path_factory) -> Path:
     """The folder every process of this session shares: ``$FSDPDOCTOR_TEST_CACHE``, else the
-    session's temp root (the parent of each xdist worker's base temp; the base temp without xdist)."""
+    session's temp root (the parent of each xdist worker's base temp; the base temp without xdist).
+    The recordings, the generated runs and the shared reports each keep a keyed folder in it."""
     preset = os.environ.get("FSDPDOCTOR_TEST_CACHE")
     if preset:
-        root = Path(preset).expanduser()
-    else:
-        root = tmp_path_factory.getbasetemp()
-        if os.environ.get("PYTEST_XDIST_WORKER"):
-            root = root.parent
-    out = root / f"fsdpdoctor-recordings-{recording_key()}"
+        return Path(preset).expanduser()
+    root = tmp_path_factory.getbasetemp()
+    return root.parent if os.environ.get("PYTEST_XDIST_WORKER") else root
+
+
+def shared_cache_dir(tmp_path_factory) -> Path:
+    """The session's folder of the CPU recordings (keyed by the recording scripts), in :func:`session_root`."""
+    out = session_root(tmp_path_factory) / f"fsdpdoctor-recordings-{recording_key()}"
     out.mkdir(parents=True, exist_ok=True)
     return out
 

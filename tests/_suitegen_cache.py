@@ -10,7 +10,7 @@ configs); here the first process analyses it, under a file lock, and pickles the
 An entry is keyed by everything that decides its content:
 
 * a hash of the analysing code: every file of the ``fsdpdoctor`` package and of ``rules/``
-  (the built-in rules), the Python and numpy versions;
+  (the built-in rules), the Python version and those of the libraries it computes with;
 * the environment variables that change a report (``FSDPDOCTOR_*``: the rule inflation of
   ``benchmarks/inflate_rules.py``, the schema check, ...), except the folders of the recordings;
 * the input: a name and a digest of what it is (a generated run: the generator's key and the
@@ -40,12 +40,17 @@ _CODE_KEY: str | None = None
 
 def code_key() -> str:
     """A hash of the code that makes a report: the fsdpdoctor package and the built-in rules
-    (every file, not only .py: the schema, the savings tables), Python's and numpy's versions."""
+    (every file, not only .py: the schema, the savings tables), the Python and library versions."""
     global _CODE_KEY
     if _CODE_KEY is None:
-        import numpy
+        from importlib.metadata import PackageNotFoundError, version
 
-        h = hashlib.sha256(f"{sys.version}\0{numpy.__version__}\0".encode())
+        h = hashlib.sha256(sys.version.encode() + b"\0")
+        for dist in ("numpy", "msgspec", "pandas", "numba"):  # the libraries a report is computed with
+            try:
+                h.update(f"{dist}={version(dist)}\0".encode())
+            except PackageNotFoundError:
+                h.update(f"{dist}=-\0".encode())
         for top in ("fsdpdoctor", "rules"):
             for f in sorted((REPO / top).rglob("*")):
                 if not f.is_file() or "__pycache__" in f.parts or f.suffix in (".pyc", ".nbi", ".nbc"):
@@ -73,14 +78,18 @@ class ReportCache:
     (across processes) and once per process (kept in memory) for the key (``what``: a digest of the
     input, ``args``: the call's arguments)."""
 
-    def __init__(self, base: Path) -> None:
-        self.base = base / f"reports-{code_key()}"
-        self.base.mkdir(parents=True, exist_ok=True)
+    def __init__(self, base: Path | None) -> None:
+        self.base = None if base is None else base / f"reports-{code_key()}"  # None: this process only
+        if self.base is not None:
+            self.base.mkdir(parents=True, exist_ok=True)
         self.memory: dict[str, Any] = {}
 
     def __call__(self, name: str, what: str, args: dict[str, Any], make: Callable[[], Any]) -> Any:
         key = hashlib.sha256(f"{what}\0{sorted(args.items())!r}\0{env_key()}".encode()).hexdigest()[:24]
         if key in self.memory:
+            return self.memory[key]
+        if self.base is None:
+            self.memory[key] = make()
             return self.memory[key]
         from filelock import FileLock
 

@@ -39,7 +39,6 @@ import inspect
 import json
 import os
 import pickle
-import sys
 from pathlib import Path
 from typing import Any, Callable
 
@@ -54,7 +53,7 @@ RECORDED = REPO / "fixtures" / "recorded"
 _DIR: Path | None = None  # the session's shared folder, set by the fixture below
 _READINGS: dict[str, tuple[Callable[[Any], Any], tuple[Path, ...], str]] = {}
 _RAW: dict[tuple[str, str], Any] = {}  # (file key, reading key) -> result
-_REPORTS: dict[str, Any] = {}
+_CACHE: Any = None  # the ReportCache, made on first use
 _SOURCE_KEYS: dict[str, str] = {}
 
 
@@ -185,41 +184,16 @@ def _one_pass(path: Path, fkey: str, keys: set[str], asked: str) -> list[str]:
     return done
 
 
-def _package_key() -> str:
-    """Every file of the fsdpdoctor package (source and data), the libraries' versions, the
-    test-only rule inflation."""
-    if "package" not in _SOURCE_KEYS:
-        from importlib.metadata import PackageNotFoundError, version
-
-        import fsdpdoctor
-
-        pkg = Path(fsdpdoctor.__file__).resolve().parent
-        parts = [sys.version.encode(), os.environ.get("FSDPDOCTOR_TEST_INFLATE", "").encode()]
-        for q in sorted(pkg.rglob("*")):
-            if q.is_file() and "__pycache__" not in q.parts:
-                parts.append(q.relative_to(pkg).as_posix().encode() + b"\0" + q.read_bytes())
-        for dist in ("numpy", "msgspec", "pandas", "orjson", "simdjson", "numba"):
-            try:
-                parts.append(f"{dist}={version(dist)}".encode())
-            except PackageNotFoundError:
-                parts.append(f"{dist}=-".encode())
-        _SOURCE_KEYS["package"] = _digest(*parts)
-    return _SOURCE_KEYS["package"]
-
-
 def _analysed(path: Path, what: str, compute: Callable[[], Any]) -> Any:
-    key = _digest(_package_key().encode(), str(path).encode(), _stat_key(path).encode(), what.encode())
-    if key not in _REPORTS:
-        if _DIR is None:
-            _REPORTS[key] = compute()
-        else:
-            with _lock(f"{what}-{key}"):
-                ok, value = _disk_get(f"{what}-{key}")
-                if not ok:
-                    value = compute()
-                    _disk_put(f"{what}-{key}", value)
-            _REPORTS[key] = value
-    return _REPORTS[key]
+    """``compute()``'s report for ``path``, through the session's one report cache
+    (:class:`_suitegen_cache.ReportCache`: keyed by the analysing code, the environment, the input
+    and the call), or this process's alone outside a session."""
+    from _suitegen_cache import ReportCache
+
+    global _CACHE
+    if _CACHE is None:
+        _CACHE = ReportCache(_DIR if _DIR is not None else None)
+    return _CACHE(path.name, _stat_key(path), {"call": what}, compute)
 
 
 def report(path: str | Path):
@@ -251,13 +225,9 @@ def rank_facts(path: str | Path):
 def _suitepub_shared_dir(tmp_path_factory):
     """Point both caches at the session's shared folder (every process of the session)."""
     global _DIR
-    preset = os.environ.get("FSDPDOCTOR_TEST_CACHE")
-    if preset:
-        root = Path(preset).expanduser()
-    else:
-        root = tmp_path_factory.getbasetemp()
-        if os.environ.get("PYTEST_XDIST_WORKER"):
-            root = root.parent
+    from _recording import session_root
+
+    root = session_root(tmp_path_factory)
     _DIR = root / "fsdpdoctor-suitepub"
     _DIR.mkdir(parents=True, exist_ok=True)
     yield
