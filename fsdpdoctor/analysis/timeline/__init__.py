@@ -302,10 +302,12 @@ def clock_parts(
         lo = hi - sf.step_ms * 1e3
         idle_clk = iv.subtract(iv.merge(np.array([lo]), np.array([hi])), iv.window(busy_all, lo, hi))
         hb = (host_bound_iv or {}).get(k)
-        not_hb = iv.total(idle_clk) - (iv.intersect_len(idle_clk, hb) if hb is not None else 0.0)
+        hb_us = iv.intersect_len(idle_clk, hb) if hb is not None else 0.0
+        not_hb = iv.total(idle_clk) - hb_us
         sf.idle_not_host_bound_ms = max(not_hb, 0.0) / 1e3
         if classes is not None:
-            sf.clock_split_ms = {p: v / 1e3 for p, v in classes.split(lo, hi, idle_clk, hb).items()}
+            split = classes.busy(lo, hi) | {"host_bound_idle": hb_us, "other_idle": not_hb}
+            sf.clock_split_ms = {p: v / 1e3 for p, v in split.items()}
         if k not in own_parts:
             continue
         comp, exposed, mem = (iv.window(x, lo, hi) for x in own_parts[k])

@@ -50,9 +50,9 @@ class ClockClasses:
             by.setdefault(lab, []).append(i)
         self.comm = [(lab, iv.merge(s[np.array(by[lab])], e[np.array(by[lab])])) for lab in sorted(by, key=_order)]
 
-    def split(self, lo: float, hi: float, idle: iv.Intervals, host_bound: iv.Intervals | None) -> dict[str, float]:
-        """The interval [lo, hi] (µs) split as the module says, in µs; ``idle``: its instants with
-        no GPU activity of any class, ``host_bound``: the step's host-bound gaps (None: none)."""
+    def busy(self, lo: float, hi: float) -> dict[str, float]:
+        """The busy parts of the interval [lo, hi] (µs) as the module says (1-3), in µs; the caller
+        adds the idle ones (4), which the step clock's own idle reading already gives."""
         covered = iv.window(self.compute, lo, hi)
         out = {"compute": iv.total(covered)}
         for (kind, phase), m in self.comm:
@@ -62,7 +62,4 @@ class ClockClasses:
                 out[f"comm:{kind}:{phase}"] = t
                 covered = iv.union(covered, piece)
         out["memcpy"] = iv.total(iv.subtract(iv.window(self.memory, lo, hi), covered))
-        hb = iv.intersect_len(idle, host_bound) if host_bound is not None and host_bound[0].size else 0.0
-        out["host_bound_idle"] = hb
-        out["other_idle"] = iv.total(idle) - hb
         return out
