@@ -1,7 +1,8 @@
 """One real multi-process run of a framework's training script, as ``torchrun`` would start it:
 ``world`` processes of ``script`` (with ``out`` as its argument) on gloo, each with the rank
 variables and a free local port, their output in ``out/stdout<rank>.txt``; each rank writes
-``out/result<rank>.json``. Used by the HF Trainer and Lightning integration tests."""
+``out/result<rank>.json``. Used by the HF Trainer and Lightning integration tests; the rank
+environment (:func:`rank_env`) and port also by the hang-watchdog test."""
 
 from __future__ import annotations
 
@@ -13,32 +14,39 @@ import sys
 from pathlib import Path
 
 
-def _free_port() -> int:
+def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
 
 
+def rank_env(rank: int, world: int, port: str, **env: str) -> dict[str, str]:
+    """The environment ``torchrun`` gives rank ``rank`` of ``world`` on this machine (gloo on
+    127.0.0.1:``port``, one thread), with ``env`` on top."""
+    return dict(
+        os.environ,
+        RANK=str(rank),
+        LOCAL_RANK=str(rank),
+        WORLD_SIZE=str(world),
+        LOCAL_WORLD_SIZE=str(world),
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=port,
+        OMP_NUM_THREADS="1",
+        **env,
+    )
+
+
 def run_ranks(script: str, out: Path, world: int, timeout: float = 240, **env: str) -> tuple[list, list]:
     """Run the ranks to their end; assert each exited 0 (its output's tail as the message) and
     return (each rank's result JSON, each rank's output)."""
-    port = str(_free_port())
+    port = str(free_port())
     procs = []
     for rank in range(world):
-        rank_env = dict(
-            os.environ,
-            RANK=str(rank),
-            LOCAL_RANK=str(rank),
-            WORLD_SIZE=str(world),
-            LOCAL_WORLD_SIZE=str(world),
-            MASTER_ADDR="127.0.0.1",
-            MASTER_PORT=port,
-            OMP_NUM_THREADS="1",
-            **env,
-        )
         log = open(out / f"stdout{rank}.txt", "w")
         cmd = [sys.executable, script, str(out)]
-        procs.append((subprocess.Popen(cmd, env=rank_env, stdout=log, stderr=subprocess.STDOUT), log))
+        procs.append(
+            (subprocess.Popen(cmd, env=rank_env(rank, world, port, **env), stdout=log, stderr=subprocess.STDOUT), log)
+        )
     for p, log in procs:
         try:
             p.wait(timeout=timeout)

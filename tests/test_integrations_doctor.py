@@ -9,8 +9,6 @@ step's all-reduce."""
 
 from __future__ import annotations
 
-import os
-import socket
 import subprocess
 import sys
 import time
@@ -98,29 +96,17 @@ def _worker(out: Path) -> None:
     print("not hung", flush=True)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_hang_watchdog_ends_a_hung_job_with_the_diagnosis(tmp_path):
     pytest.importorskip("torch")
-    port = str(_free_port())
+    from _ranks import free_port, rank_env
+
+    port = str(free_port())
     procs = []
     for rank in range(WORLD):
-        env = dict(
-            os.environ,
-            RANK=str(rank),
-            WORLD_SIZE=str(WORLD),
-            MASTER_ADDR="127.0.0.1",
-            MASTER_PORT=port,
-            OMP_NUM_THREADS="1",
-        )
         procs.append(
             subprocess.Popen(
                 [sys.executable, __file__, str(tmp_path)],
-                env=env,
+                env=rank_env(rank, WORLD, port),
                 stdout=subprocess.PIPE,
                 stderr=subprocess.STDOUT,
                 text=True,
