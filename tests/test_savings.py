@@ -90,6 +90,8 @@ def test_the_twin_table_is_what_the_tool_predicts_today(analyzed):
         assert t.measured_ms == pytest.approx(_measured(problem, fixed), abs=0.01), t.pair
         slug = t.kind.split("/")[0]
         f = next((x for x in analyzed(problem).findings if x.slug == slug), None)
+        if f is not None and "/" in t.kind and f.saving_kind.startswith(slug + "/") and f.saving_kind != t.kind:
+            f = None  # a rule with two levers (FSD017) predicted for the other one: none for this twin
         predicted = f.model_saving_ms if f is not None and f.model_saving_ms is not None else 0.0
         assert predicted == pytest.approx(t.predicted_ms, abs=0.01), t.pair
 
