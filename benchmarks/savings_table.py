@@ -64,6 +64,14 @@ GPU_PAIRS = [
     ),
     ("gpu-starved-by-hooks", "gpu-starved-by-hooks", f"{LEVERS}/llama-bf16-b64", f"{LEVERS}/llama-bf16-b64-pairs", ""),
     (
+        "matmul-wrong-engine",
+        "matmul-wrong-engine",
+        f"{LEVERS}/llama-fp32-b64",
+        f"{LEVERS}/llama-bf16-b64",
+        "the replay keeps the first step's CPU clock as measured (617.7 ms) and scales the steady steps to 257 ms; bf16 ran 84.7",
+    ),
+    ("matmul-wrong-engine", "matmul-wrong-engine", f"{LEVERS}/llama-tf32-b64", f"{LEVERS}/llama-bf16-b64", ""),
+    (
         "pageable-memcpy/cpu-offload",
         "pageable-memcpy",
         "gpu/fsdp2-offload-pageable",
@@ -91,17 +99,30 @@ LEVER_PAIRS = [
     ("non-matmul-kernels/optimizer", "non-matmul-kernels", "llama-bf16-b64", "llama-bf16-b64-fused"),
     ("gpu-starved-by-hooks", "gpu-starved-by-hooks", "llama-bf16-b64", "llama-bf16-b64-pairs"),
     ("non-matmul-kernels/fusion", "non-matmul-kernels", "llama-bf16-b64", "llama-bf16-b64-compile"),
+    ("matmul-wrong-engine", "matmul-wrong-engine", "llama-fp32-b64", "llama-bf16-b64"),
+    ("matmul-wrong-engine", "matmul-wrong-engine", "llama-tf32-b64", "llama-bf16-b64"),
 ]
 
 
+def _spread(a: list[float], b: list[float]) -> str:
+    """The fix's saving over every call: per call where both runs were recorded in the same calls
+    (paired), else the problem's calls less the twin's mean; mean ± standard error (n)."""
+    d = [x - y for x, y in zip(a, b)] if len(a) == len(b) else [x - sum(b) / len(b) for x in a]
+    m = sum(d) / len(d)
+    if len(d) < 2:
+        return f"{m:+.1f} (1)"
+    se = (sum((x - m) ** 2 for x in d) / (len(d) - 1) / len(d)) ** 0.5
+    return f"{m:+.1f} ± {se:.1f} ({len(d)})"
+
+
 def lever_table() -> str:
-    """The levers' twins, each with both calls' measurements (repeats.json): what each finding predicts
+    """The levers' twins, each with every call's measurements (repeats.json): what each finding predicts
     on the problem run against what the fix saved, traced and without the profiler."""
     import json
 
-    rep_steps = json.loads((REC / LEVERS / "repeats.json").read_text())["variants"]
-    head = ["pair (problem → fixed)", "finding (lever)", "predicted (ms)", "range (ms)"]
-    head += ["saved, traced (ms): committed / other call", "saved, unprofiled (ms): 2nd / 1st call", "in the ranges"]
+    calls = json.loads((REC / LEVERS / "repeats.json").read_text())["variants"]
+    head = ["pair (problem → fixed)", "finding (lever)", "predicted (ms)", "range (ms)", "saved, committed traces (ms)"]
+    head += ["saved, traced, every call (ms)", "saved, unprofiled, every call (ms)", "in the ranges"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     cache: dict = {}
     for kind, slug, problem, fixed in LEVER_PAIRS:
@@ -110,15 +131,15 @@ def lever_table() -> str:
         pred = f.model_saving_ms if f is not None and f.model_saving_ms else None
         rng = f.saving_range_ms if pred and f.saving_range_ms else None
         traced = measured_ms(f"{LEVERS}/{problem}", f"{LEVERS}/{fixed}")
-        a, b = rep_steps[problem], rep_steps[fixed]
-        other = a["trace_step_ms"][0] - b["trace_step_ms"][0]
-        unp = [a["unprofiled_step_ms"][i] - b["unprofiled_step_ms"][i] for i in (1, 0)]
+        a, b = calls[problem], calls[fixed]
         used = any(p == f"{LEVERS}/{problem}" and x == f"{LEVERS}/{fixed}" for _, _, p, x, _ in GPU_PAIRS)
+        lever = kind.split("/")[1] if "/" in kind else {"gpu-starved-by-hooks": "two blocks per unit"}.get(slug, "bf16")
         lines.append(
-            f"| {problem} → {fixed} | {slug} ({kind.split('/')[1] if '/' in kind else 'two blocks per unit'}) | "
+            f"| {problem} → {fixed} | {slug} ({lever}) | "
             + (f"{pred:.1f}" if pred else "– (none)")
-            + f" | {f'{rng[0]:.1f} – {rng[1]:.1f}' if rng else '–'} | {traced:+.1f} / {other:+.1f} | "
-            f"{unp[0]:+.1f} / {unp[1]:+.1f} | {'yes' if used else 'no: the two calls disagree'} |"
+            + f" | {f'{rng[0]:.1f} – {rng[1]:.1f}' if rng else '–'} | {traced:+.1f} | "
+            f"{_spread(a['trace_step_ms'], b['trace_step_ms'])} | {_spread(a['unprofiled_step_ms'], b['unprofiled_step_ms'])} | "
+            f"{'yes' if used else 'no: the calls disagree by more than the effect'} |"
         )
     return "\n".join(lines) + "\n"
 
@@ -293,28 +314,40 @@ LEVER_PROSE = """
 ## The levers' twins (another model, H200, recorded after the savings were built)
 
 `fixtures/recorded/gpu-h200-levers` (its README has the runs): a Llama-shaped model fsdpdoctor had
-not met, each lever a finding names recorded as a twin of the same run, twice. At batch 4 the
-run is CPU-bound and the profiled step of one run varies by 8–40% between two calls minutes apart,
-so those pairs measure the lever only where the effect is larger than that; at batch 64 (GPU-bound)
-the two calls agree within 2.5 ms traced and 0.3 ms unprofiled, and only those pairs enter the
-ranges above. "saved" is the problem run's step less the fixed run's (negative: the fix made it slower).
+not met, each lever a finding names recorded as a twin of the same run, in several calls minutes
+apart (`repeats.json`). At batch 4 the run is CPU-bound and the profiled step of one run varies by
+up to 40% between calls, so a pair there measures a lever only as the mean of its calls (four,
+each call recording both runs: "saved" per call, mean ± standard error); at batch 64 (GPU-bound)
+two calls agree within 2.5 ms traced and 0.3 ms unprofiled, and only the batch-64 pairs enter the
+ranges above. "saved" is the problem run's step less the fixed run's (negative: the fix made it
+slower); the ranges shown are today's (after these twins joined the others).
 
 """
 
 LEVER_AFTER = """
-**The first, untouched check (main at d81d137, before anything was changed against this set)**:
-of the seven pairs, the GPU-bound `block.compile()` twin saved 15.2 ms (14.7 in the other call,
-18% of the step) where fsdpdoctor found nothing: FSD017 priced the foreach optimizer's fused
-step, which saves 3% here, and dropped the finding for being too small, never trying its fusion
-lever. Now the fusion lever takes over where the optimizer's would not pay: 13.9 ms predicted
-(range 6.9–20.8), 1.10× measured, a fix made on this pair, so no longer out of sample. The other
-findings as first seen: two blocks per unit on the CPU-bound run, FSD016 9.3 ms (4.6–9.3)
-against 9.9 / 10.8 ms saved unprofiled (the traced calls, −1.7 / +8.6 ms, are within the noise);
-the fused optimizer on the CPU-bound run, FSD017 4.4 ms against 4.9 / −2.4 ms traced and −2.0 /
-−9.3 ms unprofiled (no saving a user can count on); TF32 → bf16 on the CPU-bound run no
-saving predicted, none measured beyond the noise; FSD016 silent on the GPU-bound run, where two
-blocks per unit saved nothing (−1.7 / +0.2 ms); compile on the CPU-bound run 11–29 ms saved,
-which FSD016 does not price (torch.compile's effect on the hooks is not replayed).
+**The first, untouched check (main at d81d137, nothing yet changed against this set)**:
+
+* `block.compile()`, GPU-bound: saved 15.2 ms (14.7 in the other call, 18% of the step) where
+  fsdpdoctor found nothing. FSD017 priced only the foreach optimizer's fused step (3% here, below
+  its threshold) and then dropped the finding, never trying its fusion lever. Now the fusion lever
+  takes over where the optimizer's would not pay: 13.9 ms predicted, 1.10× measured (a fix made on
+  this pair, so no longer out of sample; no other recording or public trace changed).
+* bf16 instead of fp32 / TF32, GPU-bound (FSD015's replay): predicted 267.7 ms where bf16 saved
+  530.2 ms (1.98×), and 57.5 ms where it saved 102.9 ms (1.79×): **both under-predicted, the
+  largest error of any twin**. Read from the replay: it keeps the first profiled step's CPU clock
+  as measured (617.7 ms: the warm-up step's GPU backlog holds that step's CPU back) and takes the
+  steady steps to 257 ms, where the bf16 twin runs 84.7 ms; its scaled GPU time is ~196 ms a step.
+  Not fixed here: the replay's backlog handling and the kernels the tensor-core rate leaves slow
+  are the next work. These two pairs now widen every Hopper FSD015 range upwards.
+* Two blocks per unit: GPU-bound, FSD016 silent and the fix saved nothing (−1.6 / +0.2 ms traced),
+  right; CPU-bound, FSD016 predicted 9.3 ms (4.6–9.3) where the four calls saved 13.4 ± 2.0 ms
+  unprofiled: under-predicted by about a third.
+* The fused optimizer: CPU-bound, FSD017 predicted 4.4 ms where the four calls saved −1.6 ± 3.0 ms
+  unprofiled (no saving a user can count on); GPU-bound, no finding and 2.6 ms saved (3%).
+* TF32 → bf16 on the CPU-bound run: no saving predicted, none measured beyond the noise
+  (−4.7 ± 4.9 ms unprofiled). `block.compile()` on the CPU-bound run saved 11.7 ± 0.8 ms unprofiled,
+  which FSD016 does not price (torch.compile's effect on the hooks is not replayed).
+* A larger micro-batch (4 → 16, CPU-bound): 4.2–4.5× the sequences per second; no finding prices it.
 """
 
 CPU_PROSE = """

@@ -66,15 +66,15 @@ def test_each_run_is_the_model_and_the_lever_it_says(variant):
     assert f.fsdp.compiled is compiled
 
 
-def test_the_committed_traces_are_the_second_call_of_repeats_json():
-    """repeats.json's committed step times are the committed traces' (read again here)."""
+def test_repeats_json_holds_the_committed_traces_call():
+    """repeats.json's committed call's step times are the committed traces' (read again here)."""
     doc = json.loads((SET / "repeats.json").read_text())["variants"]
-    assert {v for v, d in doc.items() if d["committed"]} == set(VARIANTS)
+    assert {v for v, d in doc.items() if d["committed_call"] is not None} == set(VARIANTS)
     for v in VARIANTS:
-        assert doc[v]["trace_step_ms"][1] == pytest.approx(_step(v), abs=0.002), v
-        assert doc[v]["unprofiled_step_ms"][1] == json.loads((SET / v / "fsdpdoctor_meta.json").read_text())["extra"][
-            "run"
-        ]["unprofiled_step_ms"]
+        c = doc[v]["committed_call"]
+        assert doc[v]["trace_step_ms"][c] == pytest.approx(_step(v), abs=0.002), v
+        meta = json.loads((SET / v / "fsdpdoctor_meta.json").read_text())
+        assert doc[v]["unprofiled_step_ms"][c] == meta["extra"]["run"]["unprofiled_step_ms"]
 
 
 def test_the_fusion_lever_where_a_fused_optimizer_would_not_pay():
@@ -84,8 +84,9 @@ def test_the_fusion_lever_where_a_fused_optimizer_would_not_pay():
     rep = report(SET / "llama-bf16-b64")
     f = next(x for x in rep.findings if x.slug == "non-matmul-kernels")
     assert f.saving_kind == "non-matmul-kernels/fusion" and f.saving_basis == "heuristic"
-    saved_fused, saved_compile = _saved("llama-bf16-b64", "llama-bf16-b64-fused"), _saved(
-        "llama-bf16-b64", "llama-bf16-b64-compile"
+    saved_fused, saved_compile = (
+        _saved("llama-bf16-b64", "llama-bf16-b64-fused"),
+        _saved("llama-bf16-b64", "llama-bf16-b64-compile"),
     )
     assert 0 < saved_fused < 0.05 * _step("llama-bf16-b64") < saved_compile
     lo, hi = f.saving_range_ms
