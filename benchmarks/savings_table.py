@@ -68,7 +68,7 @@ GPU_PAIRS = [
         "matmul-wrong-engine",
         f"{LEVERS}/llama-fp32-b64",
         f"{LEVERS}/llama-bf16-b64",
-        "the replay keeps the first step's CPU clock as measured (617.7 ms) and scales the steady steps to 257 ms; bf16 ran 84.7",
+        "the replay's first two steps wait for the warm-up backlog to drain; its steady steps take ~120 ms where bf16 ran 84.7 (GEMMs at ~75% of the BF16 peak; the replay assumes 50%)",
     ),
     ("matmul-wrong-engine", "matmul-wrong-engine", f"{LEVERS}/llama-tf32-b64", f"{LEVERS}/llama-bf16-b64", ""),
     (
@@ -333,12 +333,18 @@ LEVER_AFTER = """
   takes over where the optimizer's would not pay: 13.9 ms predicted, 1.10× measured (a fix made on
   this pair, so no longer out of sample; no other recording or public trace changed).
 * bf16 instead of fp32 / TF32, GPU-bound (FSD015's replay): predicted 267.7 ms where bf16 saved
-  530.2 ms (1.98×), and 57.5 ms where it saved 102.9 ms (1.79×): **both under-predicted, the
-  largest error of any twin**. Read from the replay: it keeps the first profiled step's CPU clock
-  as measured (617.7 ms: the warm-up step's GPU backlog holds that step's CPU back) and takes the
-  steady steps to 257 ms, where the bf16 twin runs 84.7 ms; its scaled GPU time is ~196 ms a step.
-  Not fixed here: the replay's backlog handling and the kernels the tensor-core rate leaves slow
-  are the next work. These two pairs now widen every Hopper FSD015 range upwards.
+  530.2 ms (1.98×), and 57.5 ms where it saved 102.9 ms (1.79×): both under-predicted, the largest
+  errors of any twin. Two causes, read from the replay and fixed: (1) a `cudaMemcpyAsync` that
+  blocked because the launch queue was full (183 device-to-device copies a step, FSDP2's at world
+  size 1, 141 ms of CPU a step) was replayed as fixed CPU time, since only a copy's own transfer
+  counted as what it waits for; it now waits, like a launch that found the queue full, for the GPU
+  work that freed the queue, and a blocked call may wait for the warm-up backlog too (it was left
+  out as "not launched in the window"); the replayed first step went from the measured 617.7 ms
+  to 207.9, the steady ones from 257 to ~120 ms; (2) a TF32 run's TF32 GEMMs were left at their
+  rate, though bf16 runs them at the BF16 rate (twice TF32's peak). Now 441.5 ms (1.20×) and
+  78.8 ms (1.31×): fixes made on these pairs, so no longer out of sample. The tuned-on H100 / H200
+  fp32 twins did not move (1.08×, 1.28×); FSD015 on the H100 DDP run went from 26.5 to 46.1 ms and
+  on the pageable-offload run from 26.9 to 47.9 ms (no twin of either).
 * Two blocks per unit: GPU-bound, FSD016 silent and the fix saved nothing (−1.6 / +0.2 ms traced),
   right; CPU-bound, FSD016 predicted 9.3 ms (4.6–9.3) where the four calls saved 13.4 ± 2.0 ms
   unprofiled: under-predicted by about a third.

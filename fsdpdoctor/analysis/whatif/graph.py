@@ -440,15 +440,20 @@ def _sync_calls(rt, start, end, key, rows, lr, has):
         a[np.flatnonzero(device)[lo > 0]] = lorder[arg_run[lo[lo > 0] - 1]]
     # the rest (stream / event synchronizations, launches that waited for the queue): the
     # latest-ending GPU work launched before the call that ended while it blocked
-    rest = np.flatnonzero(~copy & ~device)
-    if rest.size and lops.size:
-        by_end = lops[np.argsort(end[lops], kind="stable")]
+    # a copy call that blocked (longer than a launch that waited for the queue) and returned before
+    # its own copy ran waited for room in the launch queue: like the launches, below
+    queued = copy & (a < 0) & (te - ts > LAUNCH_BLOCKED_US)
+    rest = np.flatnonzero((~copy | queued) & ~device)
+    # what a call can wait for: work launched before it, and the backlog (launched before the window)
+    cand = np.arange(has.size) if lops.size else lops
+    if rest.size and cand.size:
+        by_end = cand[np.argsort(end[cand], kind="stable")]
         ends = end[by_end]
         los = np.searchsorted(ends, ts[rest], side="right")
         his = np.searchsorted(ends, te[rest] + 1e-3, side="right")
         for r, lo, hi in zip(rest.tolist(), los.tolist(), his.tolist()):
             for q in range(hi - 1, lo - 1, -1):  # by end, latest first: the first launched before the call
-                if key[by_end[q]] < ts[r]:
+                if not has[by_end[q]] or key[by_end[q]] < ts[r]:
                     a[r] = by_end[q]
                     break
     gap = np.where(a >= 0, te - end[np.maximum(a, 0)], 0.0)
