@@ -415,7 +415,9 @@ def fix_tensor_cores(
         dur = (g.end - g.start)[i]
         fl = np.asarray(kf.flops, dtype=np.float64)[hit]
         # TF32 GEMMs too: in bf16 they run at the BF16 rate (twice TF32's peak on tensor cores)
-        fp32_engine = np.fromiter((e in ("fp32-simt", "fp32", "tf32") for e in kf.engine), dtype=bool, count=len(kf.engine))
+        fp32_engine = np.fromiter(
+            (e in ("fp32-simt", "fp32", "tf32") for e in kf.engine), dtype=bool, count=len(kf.engine)
+        )
         ok = fp32_engine[hit] & (dur > 0) & (fl > 0)
         # as a dict filled kernel by kernel: the last kernel of an op gives its factor
         fx.scale.update(zip(i[ok].tolist(), np.minimum(1.0, fl[ok] / rate / dur[ok]).tolist()))
