@@ -158,6 +158,24 @@ RUN_KINDS_TABLE = [
         (R, f"gpu-h200/{v}/rank0.json.gz", "fsdp2", f"record_gpu.py `{v}` on the H200: fully_shard")
         for v in ("fsdp2", "fsdp2-bf16", "fsdp2-tf32", "gpt2-bf16", "gpt2-bf16-b96", "gpt2-bf16-b96-ac")
     ],
+    # fixtures/recorded/gpu-h200-levers/README.md (record_gpu_levers.py, one GPU)
+    *[
+        (R, f"gpu-h200-levers/{v}/rank0.json.gz", "fsdp2", f"record_gpu_levers.py `{v}` on the H200: fully_shard")
+        for v in (
+            "llama-bf16",
+            "llama-bf16-fused",
+            "llama-bf16-pairs",
+            "llama-bf16-compile",
+            "llama-tf32",
+            "llama-bf16-b16",
+            "llama-bf16-b64",
+            "llama-bf16-b64-fused",
+            "llama-bf16-b64-pairs",
+            "llama-bf16-b64-compile",
+            "llama-fp32-b64",
+            "llama-tf32-b64",
+        )
+    ],
 ]
 #: the public runs that are not FSDP, analysed whole for their FSD001 ticket
 KINDS = {
