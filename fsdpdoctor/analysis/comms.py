@@ -16,6 +16,7 @@ import numpy as np
 from fsdpdoctor.ingest.shapes import decode_list, dtype_bytes
 from fsdpdoctor.ingest.kineto import Args, RankTrace
 from fsdpdoctor.analysis.labels import enclosing
+from fsdpdoctor.analysis.rows import name_rows, trace_cache
 
 # Same rule as Holistic Trace Analysis (hta/common/types.py), so overlap figures agree.
 COMM_NAME_RX = re.compile(r"(^nccl.*)|(^hip)|(^hccl)|(.*ncclKernel.*)")
@@ -213,7 +214,11 @@ class Collective:
 def comm_kernel_mask(rt: RankTrace, hta: bool = False) -> np.ndarray:
     """Collective kernels: by name (NCCL/RCCL/HCCL, and the all-reduce kernels outside NCCL of
     :data:`EXTRA_COMM_NAME_RX` unless ``hta``: Holistic Trace Analysis's rule counts them as
-    compute) or by their collective args."""
+    compute) or by their collective args. Read once per trace (a copy each time)."""
+    return trace_cache(rt, f"comm kernels hta={hta}", lambda: _comm_kernel_mask(rt, hta)).copy()
+
+
+def _comm_kernel_mask(rt: RankTrace, hta: bool) -> np.ndarray:
     kern = rt.mask_cat("kernel")
     by_name = rt.mask_names(
         (lambda n: COMM_NAME_RX.match(n) is not None)
@@ -247,17 +252,22 @@ SYNC_NAMES = (
 def launch_rows(rt: RankTrace, rows: np.ndarray) -> np.ndarray:
     """The runtime/driver row that launched each GPU row (same correlation id), or -1."""
     out = np.full(rows.size, -1, dtype=np.int64)
-    launch = np.flatnonzero(rt.mask_cat(*LAUNCH_CATS) & (rt.correlation >= 0))
+    launch, order, corr_sorted = trace_cache(rt, "launches by correlation", lambda: _launch_index(rt))
     if launch.size == 0 or rows.size == 0:
         return out
-    corr = rt.correlation[launch]
-    order = np.argsort(corr, kind="stable")
-    corr_sorted = corr[order]
     want = rt.correlation[rows]
     pos = np.minimum(np.searchsorted(corr_sorted, want), corr_sorted.size - 1)
     hit = (want >= 0) & (corr_sorted[pos] == want)
     out[hit] = launch[order[pos[hit]]]
     return out
+
+
+def _launch_index(rt: RankTrace) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The runtime/driver rows with a correlation id, their order by it and the sorted ids."""
+    launch = np.flatnonzero(rt.mask_cat(*LAUNCH_CATS) & (rt.correlation >= 0))
+    corr = rt.correlation[launch]
+    order = np.argsort(corr, kind="stable")
+    return launch, order, corr[order]
 
 
 # kinds whose buffer size is the first input's size, so recorded shapes give the bytes
@@ -348,8 +358,7 @@ def is_c10d_collective(name: str) -> bool:
 def issue_rows(rt: RankTrace) -> np.ndarray:
     """Rows that issue a collective on the CPU: ``record_param_comms`` (NCCL, old and new) and
     c10d collective ops (``c10d::_allgather_base_`` …; the only record in gloo traces)."""
-    cpu = rt.mask_cat("cpu_op")
-    return np.flatnonzero(cpu & rt.mask_names(lambda n: n == "record_param_comms" or is_c10d_collective(n)))
+    return name_rows(rt, lambda n: n == "record_param_comms" or is_c10d_collective(n), "cpu_op")
 
 
 def _nelems(dims) -> int:
@@ -420,7 +429,7 @@ def find_collectives(rt: RankTrace, chains: dict[int, list[int]], group_size: in
         else:
             outer_rows.append(r)
     # ``nccl:*`` / ``gloo:*`` annotations recorded inside an issue row name its collective
-    ann = np.flatnonzero(rt.mask_cat("user_annotation") & rt.mask_names(_is_backend_annotation))
+    ann = name_rows(rt, _is_backend_annotation, "user_annotation")
     child_ann: dict[int, str] = {}
     if ann.size and outer_rows:
         for a_row, chain in enclosing(rt, np.array(outer_rows, dtype=np.int64), ann).items():
@@ -493,7 +502,7 @@ def find_collectives(rt: RankTrace, chains: dict[int, list[int]], group_size: in
     # kernels with no CPU op found at all (launched before the trace window, trimmed traces):
     # the GPU-side ``nccl:*`` annotation around the kernel still names the collective
     left = np.array([int(k) for k in comm_k if int(k) not in used_kernels], dtype=np.int64)
-    gpu_ann = np.flatnonzero(rt.mask_cat("gpu_user_annotation") & rt.mask_names(_is_backend_annotation))
+    gpu_ann = name_rows(rt, _is_backend_annotation, "gpu_user_annotation")
     around = enclosing(rt, gpu_ann, left) if left.size and gpu_ann.size else {}
     for k in left:
         k = int(k)

@@ -46,6 +46,7 @@ from fsdpdoctor.analysis import intervals as iv
 from fsdpdoctor.analysis.columns import Columns
 from fsdpdoctor.analysis.comms import comm_kernel_mask, launch_rows
 from fsdpdoctor.analysis.labels import enclosing
+from fsdpdoctor.analysis.rows import name_rows
 from fsdpdoctor.analysis.peaks import ENGINE_PEAK_DTYPE, device_peaks, has_tensor_cores
 from fsdpdoctor.analysis.steps import PHASES, StepWindow, locate
 
@@ -382,12 +383,11 @@ def _from_shapes(
     rt: RankTrace, steps: list[StepWindow], cf: ComputeFacts, n_steps: int
 ) -> tuple[ComputeFacts, KernelFlops]:
     """:func:`analyze_compute` over the ops with recorded shapes."""
-    cpu = rt.mask_cat("cpu_op")
-    counted = np.flatnonzero(cpu & rt.mask_names(lambda n: n in FLOP_OPS))
+    counted = name_rows(rt, lambda n: n in FLOP_OPS, "cpu_op")
     empty = KernelFlops(np.zeros(0, np.int64), np.zeros(0), [], np.zeros(0, bool), np.zeros(0, bool))
     if counted.size == 0:
         return cf, empty
-    names = [rt.row_name(int(r)) for r in counted]
+    names = [rt.names[c] for c in rt.name[counted].tolist()]
     flops = np.zeros(counted.size)
     dtypes: list[str | None] = []
     missing = 0
@@ -419,7 +419,7 @@ def _from_shapes(
     is_attn = np.array([n in ATTN_FWD_OPS or n in ATTN_BWD_OPS for n in names])
     fwd_op = np.array([n not in ATTN_BWD_OPS for n in names])
     # recompute: a forward op under a forward composite, inside the backward pass
-    comp_rows = np.flatnonzero(cpu & rt.mask_names(lambda n: n in FORWARD_COMPOSITES))
+    comp_rows = name_rows(rt, lambda n: n in FORWARD_COMPOSITES, "cpu_op")
     chains = enclosing(rt, comp_rows, counted)
     step_idx, phase_idx = locate(steps, rt.ts[counted])
     backward = phase_idx == PHASES.index("backward")

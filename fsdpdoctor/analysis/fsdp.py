@@ -25,6 +25,7 @@ from fsdpdoctor.facts import FsdpFacts, OffloadFacts, UnitFacts
 from fsdpdoctor.ingest.kineto import RankTrace
 from fsdpdoctor.analysis import intervals as iv
 from fsdpdoctor.analysis.comms import Collective
+from fsdpdoctor.analysis.rows import name_rows
 
 FSDP2_PREFIX = "FSDP::"
 FSDP1_PREFIX = "FullyShardedDataParallel."
@@ -57,7 +58,7 @@ def detect_version(rt: RankTrace) -> tuple[int | None, str]:
 def cpu_label_rows(rt: RankTrace, predicate) -> np.ndarray:
     """CPU-side ranges whose name satisfies ``predicate`` (Kineto also copies record_function
     ranges onto GPU streams as ``gpu_user_annotation``: those must not be counted twice)."""
-    return np.flatnonzero(rt.mask_cat("user_annotation", "cpu_op") & rt.mask_names(predicate))
+    return name_rows(rt, predicate, "user_annotation", "cpu_op")
 
 
 def _fsdp_chain(c: Collective, prefix: str) -> list[str]:
@@ -134,12 +135,9 @@ def _hook_intervals(rt: RankTrace, version: int) -> list[iv.Intervals]:
     issued inside them left out."""
     prefix = FSDP2_PREFIX if version == 2 else FSDP1_PREFIX
     # forward() of FSDP1 wraps the whole module: it is not hook overhead
-    rows = np.flatnonzero(
-        rt.mask_cat("user_annotation", "cpu_op")
-        & rt.mask_names(lambda n: n.startswith(prefix) and n != FSDP1_PREFIX + "forward")
-    )
+    rows = name_rows(rt, lambda n: n.startswith(prefix) and n != FSDP1_PREFIX + "forward", "user_annotation", "cpu_op")
     # collectives issued inside hooks (synchronous on gloo) are communication, not overhead
-    c10d = np.flatnonzero(rt.mask_cat("cpu_op") & rt.mask_names(lambda n: n.startswith("c10d::")))
+    c10d = name_rows(rt, lambda n: n.startswith("c10d::"), "cpu_op")
     out = []
     for t in np.unique(rt.thread[rows]):
         r = rows[rt.thread[rows] == t]
@@ -462,7 +460,7 @@ def _checkpointing(rt: RankTrace, f: FsdpFacts, n_steps: int) -> None:
     nodes = cpu_label_rows(rt, lambda n: n.startswith(BACKWARD_NODE_PREFIX))
     if nodes.size == 0:
         return  # no backward recorded: cannot tell
-    ops = np.flatnonzero(rt.mask_cat("cpu_op") & rt.mask_names(lambda n: n in FORWARD_ONLY_OPS))
+    ops = name_rows(rt, lambda n: n in FORWARD_ONLY_OPS, "cpu_op")
     chains = enclosing(rt, nodes, ops) if ops.size else {}
     inside = np.array(sorted(r for r, ch in chains.items() if ch), dtype=np.int64)
     f.activation_checkpointing = bool(inside.size)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from fsdpdoctor.ingest.kineto import RankTrace
+from fsdpdoctor.analysis.rows import name_rows
 
 # Ranges worth knowing as ancestors. Everything else (aten ops, python functions) is skipped,
 # which keeps the sweep proportional to the number of labels, not of events.
@@ -24,9 +25,7 @@ LABEL_PREFIXES = (
 
 def label_rows(rt: RankTrace) -> np.ndarray:
     """CPU rows whose names make them useful ancestors (FSDP hooks, c10d ops, annotations)."""
-    return np.flatnonzero(
-        rt.mask_cat("cpu_op", "user_annotation") & rt.mask_names(lambda n: n.startswith(LABEL_PREFIXES))
-    )
+    return name_rows(rt, lambda n: n.startswith(LABEL_PREFIXES), "cpu_op", "user_annotation")
 
 
 def enclosing(rt: RankTrace, labels: np.ndarray, queries: np.ndarray) -> dict[int, list[int]]:

@@ -34,6 +34,7 @@ from fsdpdoctor.ingest.kineto import RankTrace
 from fsdpdoctor.analysis import intervals as iv
 from fsdpdoctor.analysis.comms import LAUNCH_CATS, SYNC_NAMES
 from fsdpdoctor.analysis.labels import enclosing
+from fsdpdoctor.analysis.rows import name_rows
 from fsdpdoctor.analysis.steps import StepWindow
 from fsdpdoctor.analysis.timeline import GpuSteps
 
@@ -68,7 +69,7 @@ def hook_of(name: str) -> tuple[str, str]:
 
 
 def _cpu_rows(rt: RankTrace, pred) -> np.ndarray:
-    return np.flatnonzero(rt.mask_cat("cpu_op", "user_annotation") & rt.mask_names(pred))
+    return name_rows(rt, pred, "cpu_op", "user_annotation")
 
 
 def _outermost(rt: RankTrace, rows: np.ndarray) -> np.ndarray:
@@ -173,7 +174,7 @@ def _by_cpu_state(rt, thread, g0, g1, sel, hooks, causes, hook_wait, inside=None
     dl = _cpu_rows(rt, is_data_loading)
     ranges = _cpu_rows(rt, lambda x: not x.startswith("ProfilerStep#")) if inside is not None else None
     opt = _cpu_rows(rt, lambda x: x.startswith("Optimizer.step#"))
-    launches = np.flatnonzero(rt.mask_cat(*LAUNCH_CATS) & rt.mask_names(lambda x: x in LAUNCH_CALLS))
+    launches = name_rows(rt, lambda x: x in LAUNCH_CALLS, *LAUNCH_CATS)
     for th in np.unique(thread[idx]).tolist():
         mine = idx[thread[idx] == th]
         target = iv.merge(g0[mine], g1[mine])
@@ -410,7 +411,7 @@ BLOCKED_COPY_US = 50.0  # a copy call this long waited for the GPU (a launch tak
 def _sync_rows(rt: RankTrace, lo: float, hi: float, explicit: bool = False) -> np.ndarray:
     """Calls that blocked on the GPU in [lo, hi): the explicit synchronizations, and (unless
     ``explicit``) copy calls that lasted BLOCKED_COPY_US or more."""
-    rows = np.flatnonzero(rt.mask_cat(*LAUNCH_CATS) & rt.mask_names(lambda x: x in SYNC_NAMES))
+    rows = name_rows(rt, lambda x: x in SYNC_NAMES, *LAUNCH_CATS)
     rows = rows[(rt.ts[rows] >= lo) & (rt.ts[rows] < hi)]
     sync = np.isin(rt.name[rows], rt.name_codes(lambda x: x in EXPLICIT_SYNCS))
     return rows[sync] if explicit else rows[sync | (rt.dur[rows] >= BLOCKED_COPY_US)]

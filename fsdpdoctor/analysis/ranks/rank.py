@@ -30,6 +30,7 @@ from fsdpdoctor.analysis.fsdp import analyze_fsdp
 from fsdpdoctor.analysis.labels import enclosing, label_rows
 from fsdpdoctor.analysis.loader import analyze_loader
 from fsdpdoctor.analysis.memory.trace_events import memory_from_events
+from fsdpdoctor.analysis.rows import name_rows
 from fsdpdoctor.analysis.runkind import ddp_labels, run_kind
 from fsdpdoctor.analysis.steps import find_steps
 from fsdpdoctor.analysis.timeline import gpu_steps, hta_overlap, step_timeline_backlog
@@ -234,8 +235,8 @@ PIPELINE_MARKS = {
 
 def pipelines(rt: RankTrace) -> list[str]:
     """The training pipelines the trace's annotations show (:data:`PIPELINE_MARKS`)."""
-    seen = rt.mask_cat("user_annotation", "cpu_op") & rt.mask_names(lambda n: n in PIPELINE_MARKS)
-    return sorted({PIPELINE_MARKS[rt.row_name(int(i))] for i in seen.nonzero()[0]})
+    seen = name_rows(rt, lambda n: n in PIPELINE_MARKS, "user_annotation", "cpu_op")
+    return sorted({PIPELINE_MARKS[rt.row_name(int(i))] for i in seen})
 
 
 def workload(steps) -> str | None:

@@ -9,6 +9,7 @@ import numpy as np
 from fsdpdoctor.ingest.events import KERNEL_LAUNCHES
 from fsdpdoctor.ingest.kineto import RankTrace
 from fsdpdoctor.analysis.comms import SYNC_NAMES, Collective, comm_kernel_mask, launch_rows
+from fsdpdoctor.analysis.rows import name_lut, name_rows
 from fsdpdoctor.analysis.steps import PHASES, StepWindow, locate
 
 
@@ -223,14 +224,13 @@ def build_graph(rt: RankTrace, steps: list[StepWindow], colls: list[Collective])
     names = [rt.names[c] for c in rt.name[rows]]
     _, ph = locate(steps, key)
     phase = np.array(PHASES, dtype=object)[ph]
-    cpu = rt.mask_cat("cpu_op", "user_annotation")
     ranges = {}
     for label, pred in (
         ("optimizer", lambda n: n.startswith("Optimizer.step#")),
         ("rate_limiter", lambda n: n == RATE_LIMITER),
         ("hooks", _is_hook),
     ):
-        r = np.flatnonzero(cpu & rt.mask_names(pred))
+        r = name_rows(rt, pred, "cpu_op", "user_annotation")
         ranges[label] = [(float(rt.ts[i]), float(rt.ts[i] + rt.dur[i])) for i in r]
     ranges["hooks"] = _outermost(ranges["hooks"])
     return Graph(
@@ -356,7 +356,7 @@ def _outermost(ranges: list[tuple[float, float]]) -> list[tuple[float, float]]:
 def _wait_edges(rt, steps, start, end, stream, key, has, lr):
     """Cross-stream edges from the ``cudaStreamWaitEvent`` calls (see the module docstring)."""
     deps: dict[int, list[tuple[int, float]]] = {}
-    waits = np.flatnonzero(rt.mask_cat("cuda_runtime", "cuda_driver") & rt.mask_names(lambda n: n in WAIT_NAMES))
+    waits = name_rows(rt, lambda n: n in WAIT_NAMES, "cuda_runtime", "cuda_driver")
     if waits.size == 0:
         return deps, 0
     launched = np.flatnonzero(has)
@@ -418,7 +418,7 @@ def _sync_calls(rt, start, end, key, rows, lr, has):
     a = np.full(calls.size, -1, dtype=np.int64)
     lops = np.flatnonzero(has)
     # synchronous / pageable copies return when their own copy is done
-    copy = rt.mask_names(lambda n: n.startswith(("cudaMemcpy", "hipMemcpy")))[calls]
+    copy = name_lut(rt, lambda n: n.startswith(("cudaMemcpy", "hipMemcpy")))[rt.name[calls]]
     if copy.any() and lops.size:
         corr = rt.correlation[lr[lops]]
         srt = np.argsort(corr, kind="stable")
@@ -429,7 +429,7 @@ def _sync_calls(rt, start, end, key, rows, lr, has):
         own = (corr[k] == cc) & (ts[copy] < end[i]) & (end[i] <= te[copy] + 1e-3)
         a[np.flatnonzero(copy)[own]] = i[own]
     # a device synchronization waits for everything launched before it
-    device = rt.mask_names(lambda n: n.endswith("DeviceSynchronize"))[calls]
+    device = name_lut(rt, lambda n: n.endswith("DeviceSynchronize"))[rt.name[calls]]
     if device.any() and lops.size:
         lorder = lops[np.argsort(key[lops], kind="stable")]
         lend = end[lorder]
