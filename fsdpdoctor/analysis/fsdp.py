@@ -25,7 +25,7 @@ from fsdpdoctor.facts import FsdpFacts, OffloadFacts, UnitFacts
 from fsdpdoctor.ingest.kineto import RankTrace
 from fsdpdoctor.analysis import intervals as iv
 from fsdpdoctor.analysis.comms import Collective
-from fsdpdoctor.analysis.rows import name_rows
+from fsdpdoctor.analysis.rows import name_lut, name_rows
 
 FSDP2_PREFIX = "FSDP::"
 FSDP1_PREFIX = "FullyShardedDataParallel."
@@ -514,26 +514,26 @@ def _offload(rt: RankTrace, n_steps: int) -> OffloadFacts:
     launches = launch_rows(rt, rows)
     fsdp_labels = cpu_label_rows(rt, lambda n: n.startswith((FSDP2_PREFIX, FSDP1_PREFIX)))
     chains = enclosing(rt, fsdp_labels, launches[launches >= 0]) if fsdp_labels.size else {}
-    for r, lr in zip(rows, launches):
-        name = rt.row_name(int(r))
-        a = rt.args.get(int(r))
-        nbytes = int(a.nbytes) if a is not None and isinstance(a.nbytes, int) else 0
-        if "Pageable" in name:
-            o.pageable_count += 1
-            o.pageable_ms += float(rt.dur[r]) / 1e3
-        if lr < 0 or not chains.get(int(lr)):
-            continue  # not launched by an FSDP hook
-        if "Pageable" in name:
-            o.pageable_in_hooks += 1
-        if "HtoD" in name:
-            o.h2d_count += 1
-            o.h2d_bytes += nbytes
-        elif "DtoH" in name:
-            o.d2h_count += 1
-            o.d2h_bytes += nbytes
-        else:
-            continue
-        o.memcpy_gpu_ms += float(rt.dur[r]) / 1e3
+    codes = rt.name[rows]
+    pageable = name_lut(rt, lambda n: "Pageable" in n)[codes]
+    h2d = name_lut(rt, lambda n: "HtoD" in n)[codes]
+    d2h = name_lut(rt, lambda n: "DtoH" in n)[codes] & ~h2d
+    hooked = np.array([lr >= 0 and bool(chains.get(lr)) for lr in launches.tolist()], dtype=bool)
+    dur = rt.dur[rows]
+    # the sums in row order, one row at a time, as they always were
+    o.pageable_count = int(pageable.sum())
+    for d in dur[pageable].tolist():
+        o.pageable_ms += d / 1e3
+    o.pageable_in_hooks = int((pageable & hooked).sum())
+
+    def nbytes(sel: np.ndarray) -> int:
+        got = (rt.args.get(r) for r in rows[sel].tolist())
+        return sum(int(a.nbytes) for a in got if a is not None and isinstance(a.nbytes, int))
+
+    o.h2d_count, o.h2d_bytes = int((hooked & h2d).sum()), nbytes(hooked & h2d)
+    o.d2h_count, o.d2h_bytes = int((hooked & d2h).sum()), nbytes(hooked & d2h)
+    for d in dur[hooked & (h2d | d2h)].tolist():
+        o.memcpy_gpu_ms += d / 1e3
     steps = max(n_steps, 1)
     o.detected = o.h2d_count >= steps and o.d2h_count >= steps
     o.evidence = (

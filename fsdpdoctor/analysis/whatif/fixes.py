@@ -10,7 +10,7 @@ from fsdpdoctor.facts import ComputeFacts
 from fsdpdoctor.analysis import intervals as iv
 from fsdpdoctor.analysis.comms import Collective
 from fsdpdoctor.analysis.layers import RepeatedBlocks
-from fsdpdoctor.analysis.whatif.graph import CAP_DEP_US, Fix, Graph
+from fsdpdoctor.analysis.whatif.graph import CAP_DEP_US, Fix, Graph, OpMap, Packed
 from fsdpdoctor.analysis.whatif.hooks import _hook_own, _hook_us_per_unit, fix_hooks_half, fix_hooks_off
 from fsdpdoctor.facts.compute import TENSOR_CORE_SHARE  # the assumption, stated in the facts
 
@@ -473,7 +473,8 @@ STRAGGLER_FACTORS = (0.75,)
 def fix_compute_scale(g: Graph, f: float) -> Fix:
     """Compute kernels × f: what this rank's step would be with the median rank's compute speed
     (the run summary interpolates between the factors)."""
-    return Fix(f"compute×{f}", scale={int(i): f for i in np.flatnonzero(g.is_compute)})
+    ops = np.flatnonzero(g.is_compute)
+    return Fix(f"compute×{f}", scale=OpMap.of(ops, np.full(ops.size, f, dtype=np.float64)))
 
 
 #: how much faster each side is made to read the step's sensitivity to it ("CPU-bound" /
@@ -501,8 +502,9 @@ def fix_cpu_scale(g: Graph, f: float = SIDE_FACTOR) -> Fix | None:
     j = np.searchsorted(blocked[0], mid, side="right") - 1
     held = (j >= 0) & (mid < blocked[1][np.maximum(j, 0)]) if blocked[0].size else np.zeros(mid.size, dtype=bool)
     ok = (q > p) & ~held
-    cuts = list(zip((p[ok]).tolist(), (p[ok] + (1.0 - f) * (q[ok] - p[ok])).tolist()))
-    return Fix(f"cpu×{f}", cpu_cuts=cuts) if cuts else None
+    if not ok.any():
+        return None
+    return Fix(f"cpu×{f}", cpu_cuts=Packed(np.column_stack((p[ok], p[ok] + (1.0 - f) * (q[ok] - p[ok])))))
 
 
 #: host<->device bandwidth assumed for a pinned copy when the trace has no pinned copy of its own

@@ -92,6 +92,13 @@ class OpMap:
         self.k = np.fromiter(d.keys(), dtype=np.int64, count=len(d))
         self.v = np.fromiter(d.values(), dtype=np.float64, count=len(d))
 
+    @classmethod
+    def of(cls, keys: np.ndarray, values: np.ndarray) -> "OpMap":
+        """The map of distinct ``keys`` to ``values``, in that order, built from the arrays."""
+        m = cls.__new__(cls)
+        m.k, m.v = keys.astype(np.int64), values.astype(np.float64)
+        return m
+
     def __len__(self) -> int:
         return int(self.k.size)
 
@@ -217,11 +224,16 @@ def build_graph(rt: RankTrace, steps: list[StepWindow], colls: list[Collective])
     n_inferred = sum(len(v) for v in deps.values()) - n_deps
     inferred = [i for i, v in deps.items() if len(v) > explicit.get(i, 0)]
     nbytes = np.zeros(rows.size, dtype=np.float64)
-    for k in np.flatnonzero(rt.mask_cat("gpu_memcpy", "gpu_memset")[rows]).tolist():
-        a = rt.args.get(int(rows[k]))
-        if a is not None and isinstance(a.nbytes, int):
-            nbytes[k] = a.nbytes
-    names = [rt.names[c] for c in rt.name[rows]]
+    copies = np.flatnonzero(rt.mask_cat("gpu_memcpy", "gpu_memset")[rows])
+    args = rt.args
+    known = [
+        (k, b)
+        for k, a in zip(copies.tolist(), map(args.get, rows[copies].tolist()))
+        if a is not None and isinstance(b := a.nbytes, int)
+    ]
+    for k, b in known:
+        nbytes[k] = b
+    names = np.array(rt.names, dtype=object)[rt.name[rows]].tolist()
     _, ph = locate(steps, key)
     phase = np.array(PHASES, dtype=object)[ph]
     ranges = {}
@@ -255,7 +267,7 @@ def build_graph(rt: RankTrace, steps: list[StepWindow], colls: list[Collective])
         names,
         phase,
         ranges,
-        {row for *_, row in syncs if rt.row_name(row).endswith("DeviceSynchronize")},
+        _device_syncs(rt, syncs),
         n_wait,
         n_inferred,
         g_wait,
@@ -265,6 +277,15 @@ def build_graph(rt: RankTrace, steps: list[StepWindow], colls: list[Collective])
         inferred,
         nbytes,
     )
+
+
+def _device_syncs(rt: RankTrace, syncs: list[tuple]) -> set[int]:
+    """The rows of the device synchronizations among the blocking calls."""
+    if not syncs:
+        return set()
+    rows = [row for *_, row in syncs]
+    device = name_lut(rt, lambda n: n.endswith("DeviceSynchronize"))[rt.name[np.array(rows, dtype=np.int64)]]
+    return {row for row, d in zip(rows, device.tolist()) if d}
 
 
 def replay_order(key: np.ndarray, backlog: np.ndarray) -> np.ndarray:
