@@ -25,7 +25,7 @@ def merge(starts: np.ndarray, ends: np.ndarray) -> Intervals:
     ends = np.asarray(ends, dtype=np.float64)
     if starts.size == 0:
         return EMPTY
-    order = np.argsort(starts, kind="stable")
+    order = starts.argsort(kind="stable")
     return merge_sorted(starts[order], ends[order])
 
 
@@ -37,12 +37,12 @@ def merge_sorted(s: np.ndarray, e: np.ndarray) -> Intervals:
     new = np.empty(s.size, dtype=bool)
     new[0] = True
     new[1:] = s[1:] > run_max[:-1]
-    idx = np.flatnonzero(new)
+    idx = new.nonzero()[0]
     return s[idx], np.maximum.reduceat(e, idx)
 
 
 def total(iv: Intervals) -> float:
-    return float(np.sum(iv[1] - iv[0])) if iv[0].size else 0.0
+    return float((iv[1] - iv[0]).sum()) if iv[0].size else 0.0
 
 
 def union(*sets: Intervals) -> Intervals:
@@ -57,8 +57,8 @@ def measure_below(iv: Intervals, x: np.ndarray, cum: np.ndarray | None = None) -
     if s.size == 0:
         return np.zeros_like(x)
     if cum is None:
-        cum = np.concatenate(([0.0], np.cumsum(e - s)))
-    k = np.searchsorted(s, x, side="right")  # intervals starting at or before x
+        cum = np.concatenate(([0.0], (e - s).cumsum()))
+    k = s.searchsorted(x, side="right")  # intervals starting at or before x
     full = cum[k]
     # the k-th interval (index k-1) may extend past x: remove that tail
     last_end = np.where(k > 0, e[np.maximum(k - 1, 0)], -np.inf)
@@ -69,7 +69,7 @@ def intersect_len(a: Intervals, b: Intervals) -> float:
     """|a ∩ b| for merged sets."""
     if a[0].size == 0 or b[0].size == 0:
         return 0.0
-    return float(np.sum(measure_below(b, a[1]) - measure_below(b, a[0])))
+    return float((measure_below(b, a[1]) - measure_below(b, a[0])).sum())
 
 
 class Growing:
@@ -99,7 +99,7 @@ class Growing:
         if a[0].size == 0 or self.n == 0:
             return 0.0
         b, cum = self.intervals, self._cum[: self.n + 1]
-        return float(np.sum(measure_below(b, a[1], cum) - measure_below(b, a[0], cum)))
+        return float((measure_below(b, a[1], cum) - measure_below(b, a[0], cum)).sum())
 
     def add(self, a: Intervals) -> None:
         """``self = union(self, a)`` for a merged ``a``."""
@@ -130,8 +130,8 @@ def window(iv: Intervals, lo: float, hi: float) -> Intervals:
     """The part of a merged set inside [lo, hi], found by binary search (cost independent of the
     set's size outside the window)."""
     s, e = iv
-    i = int(np.searchsorted(e, lo, side="right"))
-    j = int(np.searchsorted(s, hi, side="left"))
+    i = int(e.searchsorted(lo, side="right"))
+    j = int(s.searchsorted(hi, side="left"))
     if j <= i:
         return EMPTY
     return np.maximum(s[i:j], lo), np.minimum(e[i:j], hi)
@@ -159,14 +159,15 @@ def intersect(a: Intervals, b: Intervals) -> Intervals:
     if a[0].size == 0 or b[0].size == 0:
         return EMPTY
     # candidate pairs: for each a-interval, the b-intervals that can overlap it
-    lo = np.searchsorted(b[1], a[0], side="right")
-    hi = np.searchsorted(b[0], a[1], side="left")
+    lo = b[1].searchsorted(a[0], side="right")
+    hi = b[0].searchsorted(a[1], side="left")
     counts = np.maximum(hi - lo, 0)
-    if counts.sum() == 0:
+    total_n = int(counts.sum())
+    if total_n == 0:
         return EMPTY
-    ai = np.repeat(np.arange(a[0].size), counts)
-    offs = np.arange(counts.sum()) - np.repeat(np.cumsum(counts) - counts, counts)
-    bi = np.repeat(lo, counts) + offs
+    ai = np.arange(a[0].size).repeat(counts)
+    offs = np.arange(total_n) - (counts.cumsum() - counts).repeat(counts)
+    bi = lo.repeat(counts) + offs
     s = np.maximum(a[0][ai], b[0][bi])
     e = np.minimum(a[1][ai], b[1][bi])
     ok = e > s
@@ -183,8 +184,8 @@ def attribute(target: Intervals, starts: np.ndarray, ends: np.ndarray, labels: n
     out: dict = {}
     if target[0].size == 0:
         return out
-    labels = np.asarray(labels, dtype=object)
-    uniq = list(dict.fromkeys(labels.tolist()))
+    labs = np.asarray(labels, dtype=object).tolist()
+    uniq = list(dict.fromkeys(labs))
     bounds = np.unique(np.concatenate([target[0], target[1], starts, ends]))
     seg_s, seg_e = bounds[:-1], bounds[1:]
     mid = (seg_s + seg_e) / 2
@@ -192,21 +193,21 @@ def attribute(target: Intervals, starts: np.ndarray, ends: np.ndarray, labels: n
     seg_len = np.where(in_target, seg_e - seg_s, 0.0)
     # segments each interval covers (mid in [start, end)), as (label, segment) pairs, once each
     lab_idx = {lab: j for j, lab in enumerate(uniq)}
-    lab_of = np.array([lab_idx[x] for x in labels.tolist()], dtype=np.int64)
-    lo = np.searchsorted(mid, starts, side="left")
-    hi = np.searchsorted(mid, ends, side="left")
+    lab_of = np.fromiter(map(lab_idx.__getitem__, labs), dtype=np.int64, count=len(labs))
+    lo = mid.searchsorted(starts, side="left")
+    hi = mid.searchsorted(ends, side="left")
     cnt = np.maximum(hi - lo, 0)
-    seg = np.repeat(lo, cnt) + (np.arange(cnt.sum()) - np.repeat(np.cumsum(cnt) - cnt, cnt))
-    pairs = np.unique(np.repeat(lab_of, cnt) * seg_s.size + seg)  # sorted by label, then segment
+    seg = lo.repeat(cnt) + (np.arange(cnt.sum()) - (cnt.cumsum() - cnt).repeat(cnt))
+    pairs = np.unique(lab_of.repeat(cnt) * seg_s.size + seg)  # sorted by label, then segment
     p_lab, p_seg = pairs // seg_s.size, pairs % seg_s.size
     n_cover = np.bincount(p_seg, minlength=seg_s.size)
     share = np.where(n_cover > 0, seg_len / np.maximum(n_cover, 1), 0.0)
-    cuts = np.searchsorted(p_lab, np.arange(len(uniq) + 1), side="left")
+    cuts = p_lab.searchsorted(np.arange(len(uniq) + 1), side="left")
     for j, lab in enumerate(uniq):
-        v = float(np.sum(share[p_seg[cuts[j] : cuts[j + 1]]]))
+        v = float(share[p_seg[cuts[j] : cuts[j + 1]]].sum())
         if v:
             out[lab] = v
-    rest = float(np.sum(seg_len[n_cover == 0]))
+    rest = float(seg_len[n_cover == 0].sum())
     if rest:
         out[None] = rest
     return out
