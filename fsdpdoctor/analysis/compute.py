@@ -46,7 +46,7 @@ from fsdpdoctor.analysis import intervals as iv
 from fsdpdoctor.analysis.columns import Columns
 from fsdpdoctor.analysis.comms import comm_kernel_mask, launch_rows
 from fsdpdoctor.analysis.labels import enclosing
-from fsdpdoctor.analysis.rows import name_rows
+from fsdpdoctor.analysis.rows import name_rows, trace_cache
 from fsdpdoctor.analysis.peaks import ENGINE_PEAK_DTYPE, device_peaks, has_tensor_cores
 from fsdpdoctor.analysis.steps import PHASES, StepWindow, locate
 
@@ -291,12 +291,9 @@ def launching_ops(rt: RankTrace, rows: np.ndarray) -> np.ndarray:
     those, the runtime call with the same correlation id, and the innermost CPU op around it on
     its thread (as the collectives' orphan kernels, :func:`fsdpdoctor.analysis.comms.launch_rows`)."""
     out = np.full(rows.size, -1, dtype=np.int64)
-    cpu = rt.mask_cat("cpu_op")
-    ops_all = np.flatnonzero(cpu & (rt.external_id >= 0))
-    if ops_all.size == 0 or rows.size == 0:
+    srt, sext = trace_cache(rt, "cpu ops by external id", lambda: _ops_by_external_id(rt))
+    if srt.size == 0 or rows.size == 0:
         return out
-    srt = ops_all[np.argsort(rt.external_id[ops_all], kind="stable")]
-    sext = rt.external_id[srt]
     want = rt.external_id[rows]
     k = np.minimum(np.searchsorted(sext, want), sext.size - 1)
     hit = (want >= 0) & (sext[k] == want)
@@ -305,12 +302,20 @@ def launching_ops(rt: RankTrace, rows: np.ndarray) -> np.ndarray:
     if by_corr.size:
         launches = launch_rows(rt, rows[by_corr])
         found = launches >= 0
-        chains = enclosing(rt, np.flatnonzero(cpu), np.unique(launches[found]))
+        chains = enclosing(rt, np.flatnonzero(rt.mask_cat("cpu_op")), np.unique(launches[found]))
         for j, lr in zip(by_corr[found].tolist(), launches[found].tolist()):
             chain = chains.get(lr, [])
             if chain:
                 out[j] = chain[-1]
     return out
+
+
+def _ops_by_external_id(rt: RankTrace) -> tuple[np.ndarray, np.ndarray]:
+    """The CPU ops with an ``External id``, in the order of their ids (rows in order among equal
+    ids), and the sorted ids."""
+    ops_all = np.flatnonzero(rt.mask_cat("cpu_op") & (rt.external_id >= 0))
+    srt = ops_all[np.argsort(rt.external_id[ops_all], kind="stable")]
+    return srt, rt.external_id[srt]
 
 
 @dataclass

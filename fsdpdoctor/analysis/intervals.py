@@ -174,6 +174,23 @@ def intersect(a: Intervals, b: Intervals) -> Intervals:
     return s[ok], e[ok]
 
 
+#: (labels x elementary segments) up to which :func:`attribute` marks the segments each label
+#: covers in a table, rather than by sorting the (label, segment) pairs
+DENSE_COVER = 1 << 22
+
+
+def _sorted_unique(x: np.ndarray) -> np.ndarray:
+    """``np.unique(x)`` of a float array, by a stable sort (fast on the nearly sorted times of a
+    trace, where np.unique's quicksort is not)."""
+    a = np.sort(x, kind="stable")
+    if a.size and a[-1] != a[-1]:  # NaN sorts last: np.unique's rules for them
+        return np.unique(x)
+    keep = np.empty(a.size, dtype=bool)
+    keep[:1] = True
+    np.not_equal(a[1:], a[:-1], out=keep[1:])
+    return a[keep]
+
+
 def attribute(target: Intervals, starts: np.ndarray, ends: np.ndarray, labels: np.ndarray) -> dict:
     """Split the measure of ``target`` among labelled intervals that cover it.
 
@@ -186,7 +203,7 @@ def attribute(target: Intervals, starts: np.ndarray, ends: np.ndarray, labels: n
         return out
     labs = np.asarray(labels, dtype=object).tolist()
     uniq = list(dict.fromkeys(labs))
-    bounds = np.unique(np.concatenate([target[0], target[1], starts, ends]))
+    bounds = _sorted_unique(np.concatenate([target[0], target[1], starts, ends]))
     seg_s, seg_e = bounds[:-1], bounds[1:]
     mid = (seg_s + seg_e) / 2
     in_target = (measure_below(target, seg_e) - measure_below(target, seg_s)) > 0
@@ -198,13 +215,22 @@ def attribute(target: Intervals, starts: np.ndarray, ends: np.ndarray, labels: n
     hi = mid.searchsorted(ends, side="left")
     cnt = np.maximum(hi - lo, 0)
     seg = lo.repeat(cnt) + (np.arange(cnt.sum()) - (cnt.cumsum() - cnt).repeat(cnt))
-    pairs = np.unique(lab_of.repeat(cnt) * seg_s.size + seg)  # sorted by label, then segment
-    p_lab, p_seg = pairs // seg_s.size, pairs % seg_s.size
-    n_cover = np.bincount(p_seg, minlength=seg_s.size)
-    share = np.where(n_cover > 0, seg_len / np.maximum(n_cover, 1), 0.0)
-    cuts = p_lab.searchsorted(np.arange(len(uniq) + 1), side="left")
-    for j, lab in enumerate(uniq):
-        v = float(share[p_seg[cuts[j] : cuts[j + 1]]].sum())
+    n_seg = seg_s.size
+    if len(uniq) * n_seg <= DENSE_COVER:  # a table of (label, segment): each pair once
+        cover = np.zeros((len(uniq), n_seg), dtype=bool)
+        cover[lab_of.repeat(cnt), seg] = True
+        n_cover = cover.sum(axis=0)
+        share = np.where(n_cover > 0, seg_len / np.maximum(n_cover, 1), 0.0)
+        of_label = [share[cover[j]] for j in range(len(uniq))]  # by segment, as the pairs' order
+    else:
+        pairs = np.unique(lab_of.repeat(cnt) * n_seg + seg)  # sorted by label, then segment
+        p_lab, p_seg = pairs // n_seg, pairs % n_seg
+        n_cover = np.bincount(p_seg, minlength=n_seg)
+        share = np.where(n_cover > 0, seg_len / np.maximum(n_cover, 1), 0.0)
+        cuts = p_lab.searchsorted(np.arange(len(uniq) + 1), side="left")
+        of_label = [share[p_seg[cuts[j] : cuts[j + 1]]] for j in range(len(uniq))]
+    for lab, sh in zip(uniq, of_label):
+        v = float(sh.sum())
         if v:
             out[lab] = v
     rest = float(seg_len[n_cover == 0].sum())

@@ -234,7 +234,9 @@ def analyze_efficiency(
         eff.other_kernels_ms["other"] = eff.other_kernels_ms.get("other", 0.0) + parts[None] / 1e3 / n
     opt_k = own & g.compute & opt_phase & (fam != "")
     if opt_k.any():
-        kinds, counts = np.unique(fam[opt_k & np.char.startswith(fam.astype(str), "optimizer_")], return_counts=True)
+        in_opt = fam[opt_k]
+        styled = np.fromiter((f.startswith("optimizer_") for f in in_opt.tolist()), dtype=bool, count=in_opt.size)
+        kinds, counts = np.unique(in_opt[styled], return_counts=True)
         if kinds.size:
             eff.optimizer = str(kinds[int(np.argmax(counts))]).removeprefix("optimizer_").replace("_", "-")
             eff.optimizer_kernels_per_step = float(counts.sum()) / n
