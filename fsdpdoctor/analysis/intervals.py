@@ -57,7 +57,7 @@ def measure_below(iv: Intervals, x: np.ndarray, cum: np.ndarray | None = None) -
     if s.size == 0:
         return np.zeros_like(x)
     if cum is None:
-        cum = np.concatenate(([0.0], (e - s).cumsum()))
+        cum = running_total(iv)
     k = s.searchsorted(x, side="right")  # intervals starting at or before x
     full = cum[k]
     # the k-th interval (index k-1) may extend past x: remove that tail
@@ -65,11 +65,17 @@ def measure_below(iv: Intervals, x: np.ndarray, cum: np.ndarray | None = None) -
     return full - np.where(k > 0, np.maximum(last_end - x, 0.0), 0.0)
 
 
+def running_total(iv: Intervals) -> np.ndarray:
+    """``[0, cumsum(e - s)...]`` of a merged set: :func:`measure_below`'s ``cum``."""
+    return np.concatenate(([0.0], (iv[1] - iv[0]).cumsum()))
+
+
 def intersect_len(a: Intervals, b: Intervals) -> float:
     """|a ∩ b| for merged sets."""
     if a[0].size == 0 or b[0].size == 0:
         return 0.0
-    return float((measure_below(b, a[1]) - measure_below(b, a[0])).sum())
+    cum = running_total(b)
+    return float((measure_below(b, a[1], cum) - measure_below(b, a[0], cum)).sum())
 
 
 class Growing:
@@ -206,7 +212,8 @@ def attribute(target: Intervals, starts: np.ndarray, ends: np.ndarray, labels: n
     bounds = _sorted_unique(np.concatenate([target[0], target[1], starts, ends]))
     seg_s, seg_e = bounds[:-1], bounds[1:]
     mid = (seg_s + seg_e) / 2
-    in_target = (measure_below(target, seg_e) - measure_below(target, seg_s)) > 0
+    cum = running_total(target)
+    in_target = (measure_below(target, seg_e, cum) - measure_below(target, seg_s, cum)) > 0
     seg_len = np.where(in_target, seg_e - seg_s, 0.0)
     # segments each interval covers (mid in [start, end)), as (label, segment) pairs, once each
     lab_idx = {lab: j for j, lab in enumerate(uniq)}

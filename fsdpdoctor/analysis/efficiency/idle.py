@@ -237,7 +237,8 @@ def _inside(rt: RankTrace, target: iv.Intervals, rows: np.ndarray, out: dict) ->
     if t0.size == 0 or rows.size == 0:
         return
     s, e = rt.ts[rows].astype(np.float64), (rt.ts[rows] + rt.dur[rows]).astype(np.float64)
-    got = iv.measure_below(target, e) - iv.measure_below(target, s)
+    cum = iv.running_total(target)
+    got = iv.measure_below(target, e, cum) - iv.measure_below(target, s, cum)
     keep = got > 0
     rows, s, e, got = rows[keep], s[keep], e[keep], got[keep]
     order = start_order(s, e)

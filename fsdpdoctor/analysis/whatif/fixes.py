@@ -12,6 +12,7 @@ from fsdpdoctor.analysis.comms import Collective
 from fsdpdoctor.analysis.layers import RepeatedBlocks
 from fsdpdoctor.analysis.whatif.graph import CAP_DEP_US, Fix, Graph, OpMap, Packed
 from fsdpdoctor.analysis.whatif.hooks import _hook_own, _hook_us_per_unit, fix_hooks_half, fix_hooks_off
+from fsdpdoctor.analysis.whatif.loop import _sync_arrays
 from fsdpdoctor.facts.compute import TENSOR_CORE_SHARE  # the assumption, stated in the facts
 
 
@@ -490,8 +491,8 @@ def fix_cpu_scale(g: Graph, f: float = SIDE_FACTOR) -> Fix | None:
         return None
     lo, hi = g.steps[0].start, g.steps[-1].end
     keys = g.key[~g.backlog]
-    sy = np.array([(ts, te) for ts, te, *_ in g.syncs], dtype=np.float64).reshape(-1, 2)
-    blocked = iv.merge(sy[:, 0], sy[:, 1])
+    sy = _sync_arrays(g)
+    blocked = iv.merge(sy["ts"], sy["te"])
     marks = np.array([x for st in g.steps for x in (st.start, st.end)], dtype=np.float64)
     pts = np.unique(np.concatenate((keys, blocked[0], blocked[1], marks)))
     pts = pts[(pts >= lo) & (pts <= hi)]
