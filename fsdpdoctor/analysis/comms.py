@@ -16,7 +16,7 @@ import numpy as np
 from fsdpdoctor.ingest.shapes import decode_list, dtype_bytes
 from fsdpdoctor.ingest.kineto import Args, RankTrace
 from fsdpdoctor.analysis.labels import enclosing
-from fsdpdoctor.analysis.rows import name_rows, trace_cache
+from fsdpdoctor.analysis.rows import name_lut, name_rows, trace_cache
 
 # Same rule as Holistic Trace Analysis (hta/common/types.py), so overlap figures agree.
 COMM_NAME_RX = re.compile(r"(^nccl.*)|(^hip)|(^hccl)|(.*ncclKernel.*)")
@@ -219,17 +219,27 @@ def comm_kernel_mask(rt: RankTrace, hta: bool = False) -> np.ndarray:
 
 
 def _comm_kernel_mask(rt: RankTrace, hta: bool) -> np.ndarray:
-    kern = rt.mask_cat("kernel")
-    by_name = rt.mask_names(
+    """``kernel & (by name | by args)``, read on the kernel rows and the rows with args."""
+    by_name = name_lut(
+        rt,
         (lambda n: COMM_NAME_RX.match(n) is not None)
         if hta
-        else (lambda n: COMM_NAME_RX.match(n) is not None or EXTRA_COMM_NAME_RX.match(n) is not None)
+        else (lambda n: COMM_NAME_RX.match(n) is not None or EXTRA_COMM_NAME_RX.match(n) is not None),
     )
-    by_args = np.zeros(len(rt), dtype=bool)
-    rows_with_coll = [i for i, a in rt.args.items() if a.collective is not None]
-    if rows_with_coll:
-        by_args[rows_with_coll] = True
-    return kern & (by_name | by_args)
+    out = np.zeros(len(rt), dtype=bool)
+    kern_code = rt.cat_code("kernel")
+    if kern_code < 0:
+        return out
+    kern = np.flatnonzero(rt.cat == kern_code)
+    out[kern] = by_name[rt.name[kern]]
+    with_coll = trace_cache(
+        rt,
+        "rows with collective args",
+        lambda: np.array([i for i, a in rt.args.items() if a.collective is not None], dtype=np.int64),
+    )
+    if with_coll.size:
+        out[with_coll[rt.cat[with_coll] == kern_code]] = True
+    return out
 
 
 LAUNCH_CATS = ("cuda_runtime", "cuda_driver")
@@ -251,23 +261,27 @@ SYNC_NAMES = (
 
 def launch_rows(rt: RankTrace, rows: np.ndarray) -> np.ndarray:
     """The runtime/driver row that launched each GPU row (same correlation id), or -1."""
-    out = np.full(rows.size, -1, dtype=np.int64)
-    launch, order, corr_sorted = trace_cache(rt, "launches by correlation", lambda: _launch_index(rt))
-    if launch.size == 0 or rows.size == 0:
-        return out
-    want = rt.correlation[rows]
-    pos = np.minimum(np.searchsorted(corr_sorted, want), corr_sorted.size - 1)
-    hit = (want >= 0) & (corr_sorted[pos] == want)
-    out[hit] = launch[order[pos[hit]]]
-    return out
+    if rows.size == 0:
+        return np.full(0, -1, dtype=np.int64)
+    return trace_cache(rt, "launch of each row", lambda: _launch_of_rows(rt))[rows]
 
 
-def _launch_index(rt: RankTrace) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """The runtime/driver rows with a correlation id, their order by it and the sorted ids."""
+def _launch_of_rows(rt: RankTrace) -> np.ndarray:
+    """For every row of the trace, the runtime/driver row with its correlation id (the first of
+    them in row order), or -1: read once, gathered by each question."""
+    out = np.full(len(rt.ts), -1, dtype=np.int64)
     launch = np.flatnonzero(rt.mask_cat(*LAUNCH_CATS) & (rt.correlation >= 0))
+    if launch.size == 0:
+        return out
     corr = rt.correlation[launch]
     order = np.argsort(corr, kind="stable")
-    return launch, order, corr[order]
+    corr_sorted = corr[order]
+    rows = np.flatnonzero(rt.correlation >= 0)
+    want = rt.correlation[rows]
+    pos = np.minimum(corr_sorted.searchsorted(want), corr_sorted.size - 1)
+    hit = corr_sorted[pos] == want
+    out[rows[hit]] = launch[order[pos[hit]]]
+    return out
 
 
 # kinds whose buffer size is the first input's size, so recorded shapes give the bytes
