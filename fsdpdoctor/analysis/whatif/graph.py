@@ -217,7 +217,7 @@ def build_graph(rt: RankTrace, steps: list[StepWindow], colls: list[Collective])
     g_comm = _prev_gaps(prev_p, start, end)
 
     deps, n_wait = _wait_edges(rt, steps, start, end, stream, key, has, lr)
-    syncs = _sync_calls(rt, start, end, key, rows, lr, has)
+    syncs, device_syncs = _sync_calls(rt, start, end, key, rows, lr, has)
     n_deps = sum(len(v) for v in deps.values())
     explicit = {i: len(v) for i, v in deps.items()}
     g_wait = _unexplained_waits(start, end, key, stream, backlog, g_launch, prev_s, g_stream, prev_p, g_comm, deps)
@@ -226,13 +226,15 @@ def build_graph(rt: RankTrace, steps: list[StepWindow], colls: list[Collective])
     nbytes = np.zeros(rows.size, dtype=np.float64)
     copies = np.flatnonzero(rt.mask_cat("gpu_memcpy", "gpu_memset")[rows])
     args = rt.args
-    known = [
+    known = [  # (op, bytes) of the copies with a byte count
         (k, b)
         for k, a in zip(copies.tolist(), map(args.get, rows[copies].tolist()))
         if a is not None and isinstance(b := a.nbytes, int)
     ]
-    for k, b in known:
-        nbytes[k] = b
+    if known:
+        nbytes[np.fromiter((k for k, _ in known), dtype=np.int64, count=len(known))] = np.fromiter(
+            (b for _, b in known), dtype=np.float64, count=len(known)
+        )
     names = np.array(rt.names, dtype=object)[rt.name[rows]].tolist()
     _, ph = locate(steps, key)
     phase = np.array(PHASES, dtype=object)[ph]
@@ -267,7 +269,7 @@ def build_graph(rt: RankTrace, steps: list[StepWindow], colls: list[Collective])
         names,
         phase,
         ranges,
-        _device_syncs(rt, syncs),
+        device_syncs,
         n_wait,
         n_inferred,
         g_wait,
@@ -277,15 +279,6 @@ def build_graph(rt: RankTrace, steps: list[StepWindow], colls: list[Collective])
         inferred,
         nbytes,
     )
-
-
-def _device_syncs(rt: RankTrace, syncs: list[tuple]) -> set[int]:
-    """The rows of the device synchronizations among the blocking calls."""
-    if not syncs:
-        return set()
-    rows = [row for *_, row in syncs]
-    device = name_lut(rt, lambda n: n.endswith("DeviceSynchronize"))[rt.name[np.array(rows, dtype=np.int64)]]
-    return {row for row, d in zip(rows, device.tolist()) if d}
 
 
 def replay_order(key: np.ndarray, backlog: np.ndarray) -> np.ndarray:
@@ -422,8 +415,9 @@ def _wait_edges(rt, steps, start, end, stream, key, has, lr):
     return deps, int(hit.sum())
 
 
-def _sync_calls(rt, start, end, key, rows, lr, has):
-    """Blocking CPU calls: (ts, end, awaited op, gap, row); awaited -1 when it did not block."""
+def _sync_calls(rt, start, end, key, rows, lr, has) -> tuple[list, set[int]]:
+    """Blocking CPU calls: (ts, end, awaited op, gap, row); awaited -1 when it did not block.
+    Also the rows of the device synchronizations among them."""
     runtime = rt.mask_cat("cuda_runtime", "cuda_driver")
     calls = np.flatnonzero(
         runtime
@@ -433,7 +427,7 @@ def _sync_calls(rt, start, end, key, rows, lr, has):
         )
     )
     if calls.size == 0:
-        return []
+        return [], set()
     ts = rt.ts[calls].astype(np.float64)
     te = ts + rt.dur[calls]
     a = np.full(calls.size, -1, dtype=np.int64)
@@ -467,10 +461,11 @@ def _sync_calls(rt, start, end, key, rows, lr, has):
         ends = end[by_end]
         los = np.searchsorted(ends, ts[rest], side="right")
         his = np.searchsorted(ends, te[rest] + 1e-3, side="right")
+        key_by_end, ts_l, by_end_l = key[by_end].tolist(), ts.tolist(), by_end.tolist()
         for r, lo, hi in zip(rest.tolist(), los.tolist(), his.tolist()):
             for q in range(hi - 1, lo - 1, -1):  # by end, latest first: the first launched before the call
-                if key[by_end[q]] < ts[r]:
-                    a[r] = by_end[q]
+                if key_by_end[q] < ts_l[r]:
+                    a[r] = by_end_l[q]
                     break
     gap = np.where(a >= 0, te - end[np.maximum(a, 0)], 0.0)
-    return list(zip(ts.tolist(), te.tolist(), a.tolist(), gap.tolist(), calls.tolist()))
+    return list(zip(ts.tolist(), te.tolist(), a.tolist(), gap.tolist(), calls.tolist())), set(calls[device].tolist())
