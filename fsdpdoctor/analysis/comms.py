@@ -541,13 +541,17 @@ def find_collectives(rt: RankTrace, chains: dict[int, list[int]], group_size: in
     _backend_spans(rt, out, ann)
     rocm = any(n.startswith("hip") for n in rt.names)
     backend = rt.distributed_info.get("backend") if isinstance(rt.distributed_info.get("backend"), str) else None
+    libraries: dict[tuple, str] = {}
     for c in out:
         names = [rt.row_name(k) for k in c.kernel_rows[:1]] + [c.name, *c.labels]
         if c.cpu_row in child_ann:
             names.append(child_ann[c.cpu_row])
         if c.backend_span:
             names.append(c.backend_span)
-        c.library = library_of(names, bool(c.kernel_rows), rocm, backend)
+        lib_key = (tuple(names), bool(c.kernel_rows))  # collectives repeat every step: each case read once
+        if lib_key not in libraries:
+            libraries[lib_key] = library_of(names, bool(c.kernel_rows), rocm, backend)
+        c.library = libraries[lib_key]
         c.blocks = kernel_blocks(rt, c.kernel_rows)
     out.sort(key=lambda c: c.cpu_ts)
     return out

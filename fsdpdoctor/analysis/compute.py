@@ -291,7 +291,7 @@ def launching_ops(rt: RankTrace, rows: np.ndarray) -> np.ndarray:
     those, the runtime call with the same correlation id, and the innermost CPU op around it on
     its thread (as the collectives' orphan kernels, :func:`fsdpdoctor.analysis.comms.launch_rows`)."""
     out = np.full(rows.size, -1, dtype=np.int64)
-    srt, sext = trace_cache(rt, "cpu ops by external id", lambda: _ops_by_external_id(rt))
+    srt, sext = ops_by_external_id(rt)
     if srt.size == 0 or rows.size == 0:
         return out
     want = rt.external_id[rows]
@@ -310,9 +310,13 @@ def launching_ops(rt: RankTrace, rows: np.ndarray) -> np.ndarray:
     return out
 
 
-def _ops_by_external_id(rt: RankTrace) -> tuple[np.ndarray, np.ndarray]:
+def ops_by_external_id(rt: RankTrace) -> tuple[np.ndarray, np.ndarray]:
     """The CPU ops with an ``External id``, in the order of their ids (rows in order among equal
-    ids), and the sorted ids."""
+    ids), and the sorted ids; read once per trace."""
+    return trace_cache(rt, "cpu ops by external id", lambda: _ops_by_external_id(rt))
+
+
+def _ops_by_external_id(rt: RankTrace) -> tuple[np.ndarray, np.ndarray]:
     ops_all = np.flatnonzero(rt.mask_cat("cpu_op") & (rt.external_id >= 0))
     srt = ops_all[np.argsort(rt.external_id[ops_all], kind="stable")]
     return srt, rt.external_id[srt]
