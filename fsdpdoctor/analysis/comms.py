@@ -261,27 +261,37 @@ SYNC_NAMES = (
 
 def launch_rows(rt: RankTrace, rows: np.ndarray) -> np.ndarray:
     """The runtime/driver row that launched each GPU row (same correlation id), or -1."""
+    out = np.full(rows.size, -1, dtype=np.int64)
     if rows.size == 0:
-        return np.full(0, -1, dtype=np.int64)
-    return trace_cache(rt, "launch of each row", lambda: _launch_of_rows(rt))[rows]
-
-
-def _launch_of_rows(rt: RankTrace) -> np.ndarray:
-    """For every row of the trace, the runtime/driver row with its correlation id (the first of
-    them in row order), or -1: read once, gathered by each question."""
-    out = np.full(len(rt.ts), -1, dtype=np.int64)
-    launch = np.flatnonzero(rt.mask_cat(*LAUNCH_CATS) & (rt.correlation >= 0))
+        return out
+    index = trace_cache(rt, "launches by correlation", lambda: _launch_index(rt))
+    want = rt.correlation[rows]
+    if isinstance(index, np.ndarray):  # a table by correlation id
+        ok = (want >= 0) & (want < index.size)
+        out[ok] = index[want[ok]]
+        return out
+    launch, order, corr_sorted = index
     if launch.size == 0:
         return out
-    corr = rt.correlation[launch]
-    order = np.argsort(corr, kind="stable")
-    corr_sorted = corr[order]
-    rows = np.flatnonzero(rt.correlation >= 0)
-    want = rt.correlation[rows]
     pos = np.minimum(corr_sorted.searchsorted(want), corr_sorted.size - 1)
-    hit = corr_sorted[pos] == want
-    out[rows[hit]] = launch[order[pos[hit]]]
+    hit = (want >= 0) & (corr_sorted[pos] == want)
+    out[hit] = launch[order[pos[hit]]]
     return out
+
+
+def _launch_index(rt: RankTrace) -> np.ndarray | tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The runtime/driver rows by correlation id, read once per trace: a table of the first
+    such row of each id (-1: none) where the ids stay within a few times the trace's rows, else
+    the rows, their order by id and the sorted ids."""
+    launch = np.flatnonzero(rt.mask_cat(*LAUNCH_CATS) & (rt.correlation >= 0))
+    corr = rt.correlation[launch]
+    if launch.size and int(corr.max()) <= 4 * len(rt.ts) < 2**31:
+        table = np.full(int(corr.max()) + 1, len(rt.ts), dtype=np.int32)
+        np.minimum.at(table, corr, launch.astype(np.int32))  # the first row of each id
+        table[table == len(rt.ts)] = -1
+        return table
+    order = np.argsort(corr, kind="stable")
+    return launch, order, corr[order]
 
 
 # kinds whose buffer size is the first input's size, so recorded shapes give the bytes
