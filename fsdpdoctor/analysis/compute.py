@@ -319,7 +319,7 @@ def ops_by_external_id(rt: RankTrace) -> tuple[np.ndarray, np.ndarray]:
 def _ops_by_external_id(rt: RankTrace) -> tuple[np.ndarray, np.ndarray]:
     ops_all = np.flatnonzero(rt.mask_cat("cpu_op") & (rt.external_id >= 0))
     srt = ops_all[np.argsort(rt.external_id[ops_all], kind="stable")]
-    return srt, rt.external_id[srt]
+    return (srt.astype(np.int32) if len(rt.ts) < 2**31 else srt), rt.external_id[srt]
 
 
 @dataclass

@@ -49,6 +49,8 @@ def _by_name(rt: RankTrace) -> tuple[np.ndarray, np.ndarray]:
     n_names = len(rt.names)
     codes = rt.name.astype(np.uint16) if n_names <= 1 << 16 else rt.name  # a radix sort for 16-bit codes
     order = np.argsort(codes, kind="stable")
+    if order.size < 2**31:  # half the memory while the trace lives
+        order = order.astype(np.int32)
     bounds = np.zeros(n_names + 1, dtype=np.int64)
     np.cumsum(np.bincount(rt.name, minlength=n_names), out=bounds[1:])
     return order, bounds
@@ -78,7 +80,7 @@ def name_rows(rt: RankTrace, pred: Callable[[str], bool], *cats: str) -> np.ndar
     parts = [order[a:b] for a, b in zip(lo.tolist(), hi.tolist()) if b > a]
     if not parts:
         return np.zeros(0, dtype=np.int64)
-    rows = parts[0].copy() if len(parts) == 1 else np.sort(np.concatenate(parts))
+    rows = parts[0] if len(parts) == 1 else np.sort(np.concatenate(parts))
     if cat_lut is not None:
         rows = rows[cat_lut[rt.cat[rows]]]
-    return rows.astype(np.int64, copy=False)
+    return rows.astype(np.int64)  # a copy: the index itself is never handed out
