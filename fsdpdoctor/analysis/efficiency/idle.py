@@ -146,7 +146,8 @@ def idle_and_hooks(
         _by_cpu_state(rt, thread, g0, cut, waiting | tail, hooks, causes, hook_wait, inside, spans)
     eff.idle_ms = {c: v / 1e3 / n for c, v in causes.items() if v > 0}
     eff.hooks = _hook_costs(rt, hooks[(rt.ts[hooks] >= c0) & (rt.ts[hooks] < c1)], hook_wait, n)
-    comm = iv.merge(rt.ts[g.rows[g.comm]], (rt.ts + rt.dur)[g.rows[g.comm]])
+    comm_rows = g.rows[g.comm]
+    comm = iv.merge(rt.ts[comm_rows], rt.ts[comm_rows] + rt.dur[comm_rows])
     eff.syncs = _sync_costs(rt, c0, c1, sync_idle, drains, n, busy, comm)
     host = sum(v for k, v in causes.items() if k not in ("sync_drain", "gpu_dependency"))
     eff.idle_ops = _idle_ops(rt, c0, c1, inside, host, n)
