@@ -80,3 +80,27 @@ def test_inside_equals_the_stack_walk():
         _inside(rt, tv, np.arange(len(ranges)), out)
         assert list(out["idle"].items()) == list(want_idle.items()), trial
         assert list(out["parent"].items()) == list(want_parent.items()), trial
+
+
+def test_accumulate_equals_the_dict_loop_for_small_and_large_codes():
+    """Sums by key, new keys in order of first appearance, onto earlier sums: the table of
+    small codes and the sort for large ones (past 2**16 pairs) both give what a dict loop gives,
+    float for float (values with fractions, so the order of the additions shows)."""
+    from fsdpdoctor.analysis.efficiency.idle import _accumulate
+
+    rng = random.Random(7)
+    for top in (5, 300, 70_000):
+        for pairs in (False, True):
+            n = 500
+            a = [rng.randrange(top) for _ in range(n)]
+            b = [rng.randrange(top) for _ in range(n)]
+            vals = [rng.uniform(0, 1e3) for _ in range(n)]
+            keys = [(x, y) for x, y in zip(a, b)] if pairs else a
+            first = keys[n // 2]
+            want = {first: 0.1, "other": 2.0}
+            got = dict(want)
+            for k, v in zip(keys, vals):
+                want[k] = want.get(k, 0.0) + v
+            arr = (np.array(a, dtype=np.int64) << 32 | np.array(b, dtype=np.int64)) if pairs else np.array(a, np.int64)
+            _accumulate(got, arr, np.array(vals), pairs=pairs)
+            assert list(got.items()) == list(want.items()), (top, pairs)

@@ -99,3 +99,26 @@ def test_growing_union_is_the_full_union_float_for_float():
             grow.add(a)
             assert np.array_equal(grow.intervals[0], seen[0]) and np.array_equal(grow.intervals[1], seen[1])
             t += rng.random() * 60
+
+
+@pytest.mark.parametrize("dense", [True, False])
+def test_attribute_matches_a_grid_reference_with_repeated_labels(dense, monkeypatch):
+    """Each grid cell of the target goes in equal shares to the distinct labels covering it
+    (a label's overlapping intervals count once), the rest to None: the same whether the
+    (label, segment) pairs are marked in a table or sorted (DENSE_COVER). Whole microseconds,
+    so that every sum is exact."""
+    monkeypatch.setattr(iv, "DENSE_COVER", 1 << 22 if dense else 0)
+    rng = np.random.default_rng(11)
+    for _ in range(20):
+        ts, te = iv.merge(*(np.floor(x) for x in _random_set(rng, 6)))
+        s, e = (np.floor(x) for x in _random_set(rng, 12))
+        labels = np.array([["a", "b", "c"][i % 3] for i in range(12)], dtype=object)
+        got = iv.attribute((ts, te), s, e, labels)
+        tgt = _grid(ts, te)
+        cover = {lab: _grid(s[labels == lab], e[labels == lab]) for lab in "abc"}
+        n = sum(c.astype(int) for c in cover.values())
+        want = {lab: float(np.sum(np.where(tgt & c, 1.0 / np.maximum(n, 1), 0.0))) / 1000 for lab, c in cover.items()}
+        want[None] = float(np.sum(tgt & (n == 0))) / 1000
+        for lab, v in want.items():
+            assert got.get(lab, 0.0) == pytest.approx(v, abs=1e-6), (lab, got, want)
+        assert sum(got.values()) == pytest.approx(iv.total((ts, te)), rel=1e-12)

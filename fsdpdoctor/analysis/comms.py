@@ -16,6 +16,7 @@ import numpy as np
 from fsdpdoctor.ingest.shapes import decode_list, dtype_bytes
 from fsdpdoctor.ingest.kineto import Args, RankTrace
 from fsdpdoctor.analysis.labels import enclosing
+from fsdpdoctor.analysis.rows import name_lut, name_rows, trace_cache
 
 # Same rule as Holistic Trace Analysis (hta/common/types.py), so overlap figures agree.
 COMM_NAME_RX = re.compile(r"(^nccl.*)|(^hip)|(^hccl)|(.*ncclKernel.*)")
@@ -213,18 +214,32 @@ class Collective:
 def comm_kernel_mask(rt: RankTrace, hta: bool = False) -> np.ndarray:
     """Collective kernels: by name (NCCL/RCCL/HCCL, and the all-reduce kernels outside NCCL of
     :data:`EXTRA_COMM_NAME_RX` unless ``hta``: Holistic Trace Analysis's rule counts them as
-    compute) or by their collective args."""
-    kern = rt.mask_cat("kernel")
-    by_name = rt.mask_names(
+    compute) or by their collective args. Read once per trace (a copy each time)."""
+    return trace_cache(rt, f"comm kernels hta={hta}", lambda: _comm_kernel_mask(rt, hta)).copy()
+
+
+def _comm_kernel_mask(rt: RankTrace, hta: bool) -> np.ndarray:
+    """``kernel & (by name | by args)``, read on the kernel rows and the rows with args."""
+    by_name = name_lut(
+        rt,
         (lambda n: COMM_NAME_RX.match(n) is not None)
         if hta
-        else (lambda n: COMM_NAME_RX.match(n) is not None or EXTRA_COMM_NAME_RX.match(n) is not None)
+        else (lambda n: COMM_NAME_RX.match(n) is not None or EXTRA_COMM_NAME_RX.match(n) is not None),
     )
-    by_args = np.zeros(len(rt), dtype=bool)
-    rows_with_coll = [i for i, a in rt.args.items() if a.collective is not None]
-    if rows_with_coll:
-        by_args[rows_with_coll] = True
-    return kern & (by_name | by_args)
+    out = np.zeros(len(rt), dtype=bool)
+    kern_code = rt.cat_code("kernel")
+    if kern_code < 0:
+        return out
+    kern = np.flatnonzero(rt.cat == kern_code)
+    out[kern] = by_name[rt.name[kern]]
+    with_coll = trace_cache(
+        rt,
+        "rows with collective args",
+        lambda: np.array([i for i, a in rt.args.items() if a.collective is not None], dtype=np.int64),
+    )
+    if with_coll.size:
+        out[with_coll[rt.cat[with_coll] == kern_code]] = True
+    return out
 
 
 LAUNCH_CATS = ("cuda_runtime", "cuda_driver")
@@ -247,17 +262,36 @@ SYNC_NAMES = (
 def launch_rows(rt: RankTrace, rows: np.ndarray) -> np.ndarray:
     """The runtime/driver row that launched each GPU row (same correlation id), or -1."""
     out = np.full(rows.size, -1, dtype=np.int64)
-    launch = np.flatnonzero(rt.mask_cat(*LAUNCH_CATS) & (rt.correlation >= 0))
-    if launch.size == 0 or rows.size == 0:
+    if rows.size == 0:
         return out
-    corr = rt.correlation[launch]
-    order = np.argsort(corr, kind="stable")
-    corr_sorted = corr[order]
+    index = trace_cache(rt, "launches by correlation", lambda: _launch_index(rt))
     want = rt.correlation[rows]
-    pos = np.minimum(np.searchsorted(corr_sorted, want), corr_sorted.size - 1)
+    if isinstance(index, np.ndarray):  # a table by correlation id
+        ok = (want >= 0) & (want < index.size)
+        out[ok] = index[want[ok]]
+        return out
+    launch, order, corr_sorted = index
+    if launch.size == 0:
+        return out
+    pos = np.minimum(corr_sorted.searchsorted(want), corr_sorted.size - 1)
     hit = (want >= 0) & (corr_sorted[pos] == want)
     out[hit] = launch[order[pos[hit]]]
     return out
+
+
+def _launch_index(rt: RankTrace) -> np.ndarray | tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The runtime/driver rows by correlation id, read once per trace: a table of the first
+    such row of each id (-1: none) where the ids stay within a few times the trace's rows, else
+    the rows, their order by id and the sorted ids."""
+    launch = np.flatnonzero(rt.mask_cat(*LAUNCH_CATS) & (rt.correlation >= 0))
+    corr = rt.correlation[launch]
+    if launch.size and int(corr.max()) <= 4 * len(rt.ts) < 2**31:
+        table = np.full(int(corr.max()) + 1, len(rt.ts), dtype=np.int32)
+        np.minimum.at(table, corr, launch.astype(np.int32))  # the first row of each id
+        table[table == len(rt.ts)] = -1
+        return table
+    order = np.argsort(corr, kind="stable")
+    return launch, order, corr[order]
 
 
 # kinds whose buffer size is the first input's size, so recorded shapes give the bytes
@@ -348,8 +382,7 @@ def is_c10d_collective(name: str) -> bool:
 def issue_rows(rt: RankTrace) -> np.ndarray:
     """Rows that issue a collective on the CPU: ``record_param_comms`` (NCCL, old and new) and
     c10d collective ops (``c10d::_allgather_base_`` …; the only record in gloo traces)."""
-    cpu = rt.mask_cat("cpu_op")
-    return np.flatnonzero(cpu & rt.mask_names(lambda n: n == "record_param_comms" or is_c10d_collective(n)))
+    return name_rows(rt, lambda n: n == "record_param_comms" or is_c10d_collective(n), "cpu_op")
 
 
 def _nelems(dims) -> int:
@@ -420,7 +453,7 @@ def find_collectives(rt: RankTrace, chains: dict[int, list[int]], group_size: in
         else:
             outer_rows.append(r)
     # ``nccl:*`` / ``gloo:*`` annotations recorded inside an issue row name its collective
-    ann = np.flatnonzero(rt.mask_cat("user_annotation") & rt.mask_names(_is_backend_annotation))
+    ann = name_rows(rt, _is_backend_annotation, "user_annotation")
     child_ann: dict[int, str] = {}
     if ann.size and outer_rows:
         for a_row, chain in enclosing(rt, np.array(outer_rows, dtype=np.int64), ann).items():
@@ -493,7 +526,7 @@ def find_collectives(rt: RankTrace, chains: dict[int, list[int]], group_size: in
     # kernels with no CPU op found at all (launched before the trace window, trimmed traces):
     # the GPU-side ``nccl:*`` annotation around the kernel still names the collective
     left = np.array([int(k) for k in comm_k if int(k) not in used_kernels], dtype=np.int64)
-    gpu_ann = np.flatnonzero(rt.mask_cat("gpu_user_annotation") & rt.mask_names(_is_backend_annotation))
+    gpu_ann = name_rows(rt, _is_backend_annotation, "gpu_user_annotation")
     around = enclosing(rt, gpu_ann, left) if left.size and gpu_ann.size else {}
     for k in left:
         k = int(k)
@@ -518,13 +551,17 @@ def find_collectives(rt: RankTrace, chains: dict[int, list[int]], group_size: in
     _backend_spans(rt, out, ann)
     rocm = any(n.startswith("hip") for n in rt.names)
     backend = rt.distributed_info.get("backend") if isinstance(rt.distributed_info.get("backend"), str) else None
+    libraries: dict[tuple, str] = {}
     for c in out:
         names = [rt.row_name(k) for k in c.kernel_rows[:1]] + [c.name, *c.labels]
         if c.cpu_row in child_ann:
             names.append(child_ann[c.cpu_row])
         if c.backend_span:
             names.append(c.backend_span)
-        c.library = library_of(names, bool(c.kernel_rows), rocm, backend)
+        lib_key = (tuple(names), bool(c.kernel_rows))  # collectives repeat every step: each case read once
+        if lib_key not in libraries:
+            libraries[lib_key] = library_of(names, bool(c.kernel_rows), rocm, backend)
+        c.library = libraries[lib_key]
         c.blocks = kernel_blocks(rt, c.kernel_rows)
     out.sort(key=lambda c: c.cpu_ts)
     return out

@@ -46,6 +46,7 @@ from fsdpdoctor.analysis import intervals as iv
 from fsdpdoctor.analysis.columns import Columns
 from fsdpdoctor.analysis.comms import comm_kernel_mask, launch_rows
 from fsdpdoctor.analysis.labels import enclosing
+from fsdpdoctor.analysis.rows import name_rows, trace_cache
 from fsdpdoctor.analysis.peaks import ENGINE_PEAK_DTYPE, device_peaks, has_tensor_cores
 from fsdpdoctor.analysis.steps import PHASES, StepWindow, locate
 
@@ -290,12 +291,9 @@ def launching_ops(rt: RankTrace, rows: np.ndarray) -> np.ndarray:
     those, the runtime call with the same correlation id, and the innermost CPU op around it on
     its thread (as the collectives' orphan kernels, :func:`fsdpdoctor.analysis.comms.launch_rows`)."""
     out = np.full(rows.size, -1, dtype=np.int64)
-    cpu = rt.mask_cat("cpu_op")
-    ops_all = np.flatnonzero(cpu & (rt.external_id >= 0))
-    if ops_all.size == 0 or rows.size == 0:
+    srt, sext = ops_by_external_id(rt)
+    if srt.size == 0 or rows.size == 0:
         return out
-    srt = ops_all[np.argsort(rt.external_id[ops_all], kind="stable")]
-    sext = rt.external_id[srt]
     want = rt.external_id[rows]
     k = np.minimum(np.searchsorted(sext, want), sext.size - 1)
     hit = (want >= 0) & (sext[k] == want)
@@ -304,12 +302,24 @@ def launching_ops(rt: RankTrace, rows: np.ndarray) -> np.ndarray:
     if by_corr.size:
         launches = launch_rows(rt, rows[by_corr])
         found = launches >= 0
-        chains = enclosing(rt, np.flatnonzero(cpu), np.unique(launches[found]))
+        chains = enclosing(rt, np.flatnonzero(rt.mask_cat("cpu_op")), np.unique(launches[found]))
         for j, lr in zip(by_corr[found].tolist(), launches[found].tolist()):
             chain = chains.get(lr, [])
             if chain:
                 out[j] = chain[-1]
     return out
+
+
+def ops_by_external_id(rt: RankTrace) -> tuple[np.ndarray, np.ndarray]:
+    """The CPU ops with an ``External id``, in the order of their ids (rows in order among equal
+    ids), and the sorted ids; read once per trace."""
+    return trace_cache(rt, "cpu ops by external id", lambda: _ops_by_external_id(rt))
+
+
+def _ops_by_external_id(rt: RankTrace) -> tuple[np.ndarray, np.ndarray]:
+    ops_all = np.flatnonzero(rt.mask_cat("cpu_op") & (rt.external_id >= 0))
+    srt = ops_all[np.argsort(rt.external_id[ops_all], kind="stable")]
+    return (srt.astype(np.int32) if len(rt.ts) < 2**31 else srt), rt.external_id[srt]
 
 
 @dataclass
@@ -382,12 +392,11 @@ def _from_shapes(
     rt: RankTrace, steps: list[StepWindow], cf: ComputeFacts, n_steps: int
 ) -> tuple[ComputeFacts, KernelFlops]:
     """:func:`analyze_compute` over the ops with recorded shapes."""
-    cpu = rt.mask_cat("cpu_op")
-    counted = np.flatnonzero(cpu & rt.mask_names(lambda n: n in FLOP_OPS))
+    counted = name_rows(rt, lambda n: n in FLOP_OPS, "cpu_op")
     empty = KernelFlops(np.zeros(0, np.int64), np.zeros(0), [], np.zeros(0, bool), np.zeros(0, bool))
     if counted.size == 0:
         return cf, empty
-    names = [rt.row_name(int(r)) for r in counted]
+    names = [rt.names[c] for c in rt.name[counted].tolist()]
     flops = np.zeros(counted.size)
     dtypes: list[str | None] = []
     missing = 0
@@ -419,7 +428,7 @@ def _from_shapes(
     is_attn = np.array([n in ATTN_FWD_OPS or n in ATTN_BWD_OPS for n in names])
     fwd_op = np.array([n not in ATTN_BWD_OPS for n in names])
     # recompute: a forward op under a forward composite, inside the backward pass
-    comp_rows = np.flatnonzero(cpu & rt.mask_names(lambda n: n in FORWARD_COMPOSITES))
+    comp_rows = name_rows(rt, lambda n: n in FORWARD_COMPOSITES, "cpu_op")
     chains = enclosing(rt, comp_rows, counted)
     step_idx, phase_idx = locate(steps, rt.ts[counted])
     backward = phase_idx == PHASES.index("backward")

@@ -25,6 +25,7 @@ from fsdpdoctor.facts import FsdpFacts, OffloadFacts, UnitFacts
 from fsdpdoctor.ingest.kineto import RankTrace
 from fsdpdoctor.analysis import intervals as iv
 from fsdpdoctor.analysis.comms import Collective
+from fsdpdoctor.analysis.rows import name_lut, name_rows
 
 FSDP2_PREFIX = "FSDP::"
 FSDP1_PREFIX = "FullyShardedDataParallel."
@@ -57,7 +58,7 @@ def detect_version(rt: RankTrace) -> tuple[int | None, str]:
 def cpu_label_rows(rt: RankTrace, predicate) -> np.ndarray:
     """CPU-side ranges whose name satisfies ``predicate`` (Kineto also copies record_function
     ranges onto GPU streams as ``gpu_user_annotation``: those must not be counted twice)."""
-    return np.flatnonzero(rt.mask_cat("user_annotation", "cpu_op") & rt.mask_names(predicate))
+    return name_rows(rt, predicate, "user_annotation", "cpu_op")
 
 
 def _fsdp_chain(c: Collective, prefix: str) -> list[str]:
@@ -134,12 +135,9 @@ def _hook_intervals(rt: RankTrace, version: int) -> list[iv.Intervals]:
     issued inside them left out."""
     prefix = FSDP2_PREFIX if version == 2 else FSDP1_PREFIX
     # forward() of FSDP1 wraps the whole module: it is not hook overhead
-    rows = np.flatnonzero(
-        rt.mask_cat("user_annotation", "cpu_op")
-        & rt.mask_names(lambda n: n.startswith(prefix) and n != FSDP1_PREFIX + "forward")
-    )
+    rows = name_rows(rt, lambda n: n.startswith(prefix) and n != FSDP1_PREFIX + "forward", "user_annotation", "cpu_op")
     # collectives issued inside hooks (synchronous on gloo) are communication, not overhead
-    c10d = np.flatnonzero(rt.mask_cat("cpu_op") & rt.mask_names(lambda n: n.startswith("c10d::")))
+    c10d = name_rows(rt, lambda n: n.startswith("c10d::"), "cpu_op")
     out = []
     for t in np.unique(rt.thread[rows]):
         r = rows[rt.thread[rows] == t]
@@ -462,7 +460,7 @@ def _checkpointing(rt: RankTrace, f: FsdpFacts, n_steps: int) -> None:
     nodes = cpu_label_rows(rt, lambda n: n.startswith(BACKWARD_NODE_PREFIX))
     if nodes.size == 0:
         return  # no backward recorded: cannot tell
-    ops = np.flatnonzero(rt.mask_cat("cpu_op") & rt.mask_names(lambda n: n in FORWARD_ONLY_OPS))
+    ops = name_rows(rt, lambda n: n in FORWARD_ONLY_OPS, "cpu_op")
     chains = enclosing(rt, nodes, ops) if ops.size else {}
     inside = np.array(sorted(r for r, ch in chains.items() if ch), dtype=np.int64)
     f.activation_checkpointing = bool(inside.size)
@@ -516,26 +514,26 @@ def _offload(rt: RankTrace, n_steps: int) -> OffloadFacts:
     launches = launch_rows(rt, rows)
     fsdp_labels = cpu_label_rows(rt, lambda n: n.startswith((FSDP2_PREFIX, FSDP1_PREFIX)))
     chains = enclosing(rt, fsdp_labels, launches[launches >= 0]) if fsdp_labels.size else {}
-    for r, lr in zip(rows, launches):
-        name = rt.row_name(int(r))
-        a = rt.args.get(int(r))
-        nbytes = int(a.nbytes) if a is not None and isinstance(a.nbytes, int) else 0
-        if "Pageable" in name:
-            o.pageable_count += 1
-            o.pageable_ms += float(rt.dur[r]) / 1e3
-        if lr < 0 or not chains.get(int(lr)):
-            continue  # not launched by an FSDP hook
-        if "Pageable" in name:
-            o.pageable_in_hooks += 1
-        if "HtoD" in name:
-            o.h2d_count += 1
-            o.h2d_bytes += nbytes
-        elif "DtoH" in name:
-            o.d2h_count += 1
-            o.d2h_bytes += nbytes
-        else:
-            continue
-        o.memcpy_gpu_ms += float(rt.dur[r]) / 1e3
+    codes = rt.name[rows]
+    pageable = name_lut(rt, lambda n: "Pageable" in n)[codes]
+    h2d = name_lut(rt, lambda n: "HtoD" in n)[codes]
+    d2h = name_lut(rt, lambda n: "DtoH" in n)[codes] & ~h2d
+    hooked = np.array([lr >= 0 and bool(chains.get(lr)) for lr in launches.tolist()], dtype=bool)
+    dur = rt.dur[rows]
+    # the sums in row order, one row at a time, as they always were
+    o.pageable_count = int(pageable.sum())
+    for d in dur[pageable].tolist():
+        o.pageable_ms += d / 1e3
+    o.pageable_in_hooks = int((pageable & hooked).sum())
+
+    def nbytes(sel: np.ndarray) -> int:
+        got = (rt.args.get(r) for r in rows[sel].tolist())
+        return sum(int(a.nbytes) for a in got if a is not None and isinstance(a.nbytes, int))
+
+    o.h2d_count, o.h2d_bytes = int((hooked & h2d).sum()), nbytes(hooked & h2d)
+    o.d2h_count, o.d2h_bytes = int((hooked & d2h).sum()), nbytes(hooked & d2h)
+    for d in dur[hooked & (h2d | d2h)].tolist():
+        o.memcpy_gpu_ms += d / 1e3
     steps = max(n_steps, 1)
     o.detected = o.h2d_count >= steps and o.d2h_count >= steps
     o.evidence = (

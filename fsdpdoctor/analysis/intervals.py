@@ -25,7 +25,7 @@ def merge(starts: np.ndarray, ends: np.ndarray) -> Intervals:
     ends = np.asarray(ends, dtype=np.float64)
     if starts.size == 0:
         return EMPTY
-    order = np.argsort(starts, kind="stable")
+    order = starts.argsort(kind="stable")
     return merge_sorted(starts[order], ends[order])
 
 
@@ -37,12 +37,12 @@ def merge_sorted(s: np.ndarray, e: np.ndarray) -> Intervals:
     new = np.empty(s.size, dtype=bool)
     new[0] = True
     new[1:] = s[1:] > run_max[:-1]
-    idx = np.flatnonzero(new)
+    idx = new.nonzero()[0]
     return s[idx], np.maximum.reduceat(e, idx)
 
 
 def total(iv: Intervals) -> float:
-    return float(np.sum(iv[1] - iv[0])) if iv[0].size else 0.0
+    return float((iv[1] - iv[0]).sum()) if iv[0].size else 0.0
 
 
 def union(*sets: Intervals) -> Intervals:
@@ -57,19 +57,25 @@ def measure_below(iv: Intervals, x: np.ndarray, cum: np.ndarray | None = None) -
     if s.size == 0:
         return np.zeros_like(x)
     if cum is None:
-        cum = np.concatenate(([0.0], np.cumsum(e - s)))
-    k = np.searchsorted(s, x, side="right")  # intervals starting at or before x
+        cum = running_total(iv)
+    k = s.searchsorted(x, side="right")  # intervals starting at or before x
     full = cum[k]
     # the k-th interval (index k-1) may extend past x: remove that tail
     last_end = np.where(k > 0, e[np.maximum(k - 1, 0)], -np.inf)
     return full - np.where(k > 0, np.maximum(last_end - x, 0.0), 0.0)
 
 
+def running_total(iv: Intervals) -> np.ndarray:
+    """``[0, cumsum(e - s)...]`` of a merged set: :func:`measure_below`'s ``cum``."""
+    return np.concatenate(([0.0], (iv[1] - iv[0]).cumsum()))
+
+
 def intersect_len(a: Intervals, b: Intervals) -> float:
     """|a ∩ b| for merged sets."""
     if a[0].size == 0 or b[0].size == 0:
         return 0.0
-    return float(np.sum(measure_below(b, a[1]) - measure_below(b, a[0])))
+    cum = running_total(b)
+    return float((measure_below(b, a[1], cum) - measure_below(b, a[0], cum)).sum())
 
 
 class Growing:
@@ -99,7 +105,7 @@ class Growing:
         if a[0].size == 0 or self.n == 0:
             return 0.0
         b, cum = self.intervals, self._cum[: self.n + 1]
-        return float(np.sum(measure_below(b, a[1], cum) - measure_below(b, a[0], cum)))
+        return float((measure_below(b, a[1], cum) - measure_below(b, a[0], cum)).sum())
 
     def add(self, a: Intervals) -> None:
         """``self = union(self, a)`` for a merged ``a``."""
@@ -130,8 +136,8 @@ def window(iv: Intervals, lo: float, hi: float) -> Intervals:
     """The part of a merged set inside [lo, hi], found by binary search (cost independent of the
     set's size outside the window)."""
     s, e = iv
-    i = int(np.searchsorted(e, lo, side="right"))
-    j = int(np.searchsorted(s, hi, side="left"))
+    i = int(e.searchsorted(lo, side="right"))
+    j = int(s.searchsorted(hi, side="left"))
     if j <= i:
         return EMPTY
     return np.maximum(s[i:j], lo), np.minimum(e[i:j], hi)
@@ -159,18 +165,36 @@ def intersect(a: Intervals, b: Intervals) -> Intervals:
     if a[0].size == 0 or b[0].size == 0:
         return EMPTY
     # candidate pairs: for each a-interval, the b-intervals that can overlap it
-    lo = np.searchsorted(b[1], a[0], side="right")
-    hi = np.searchsorted(b[0], a[1], side="left")
+    lo = b[1].searchsorted(a[0], side="right")
+    hi = b[0].searchsorted(a[1], side="left")
     counts = np.maximum(hi - lo, 0)
-    if counts.sum() == 0:
+    total_n = int(counts.sum())
+    if total_n == 0:
         return EMPTY
-    ai = np.repeat(np.arange(a[0].size), counts)
-    offs = np.arange(counts.sum()) - np.repeat(np.cumsum(counts) - counts, counts)
-    bi = np.repeat(lo, counts) + offs
+    ai = np.arange(a[0].size).repeat(counts)
+    offs = np.arange(total_n) - (counts.cumsum() - counts).repeat(counts)
+    bi = lo.repeat(counts) + offs
     s = np.maximum(a[0][ai], b[0][bi])
     e = np.minimum(a[1][ai], b[1][bi])
     ok = e > s
     return s[ok], e[ok]
+
+
+#: (labels x elementary segments) up to which :func:`attribute` marks the segments each label
+#: covers in a table, rather than by sorting the (label, segment) pairs
+DENSE_COVER = 1 << 22
+
+
+def _sorted_unique(x: np.ndarray) -> np.ndarray:
+    """``np.unique(x)`` of a float array, by a stable sort (fast on the nearly sorted times of a
+    trace, where np.unique's quicksort is not)."""
+    a = np.sort(x, kind="stable")
+    if a.size and a[-1] != a[-1]:  # NaN sorts last: np.unique's rules for them
+        return np.unique(x)
+    keep = np.empty(a.size, dtype=bool)
+    keep[:1] = True
+    np.not_equal(a[1:], a[:-1], out=keep[1:])
+    return a[keep]
 
 
 def attribute(target: Intervals, starts: np.ndarray, ends: np.ndarray, labels: np.ndarray) -> dict:
@@ -183,30 +207,40 @@ def attribute(target: Intervals, starts: np.ndarray, ends: np.ndarray, labels: n
     out: dict = {}
     if target[0].size == 0:
         return out
-    labels = np.asarray(labels, dtype=object)
-    uniq = list(dict.fromkeys(labels.tolist()))
-    bounds = np.unique(np.concatenate([target[0], target[1], starts, ends]))
+    labs = np.asarray(labels, dtype=object).tolist()
+    uniq = list(dict.fromkeys(labs))
+    bounds = _sorted_unique(np.concatenate([target[0], target[1], starts, ends]))
     seg_s, seg_e = bounds[:-1], bounds[1:]
     mid = (seg_s + seg_e) / 2
-    in_target = (measure_below(target, seg_e) - measure_below(target, seg_s)) > 0
+    cum = running_total(target)
+    in_target = (measure_below(target, seg_e, cum) - measure_below(target, seg_s, cum)) > 0
     seg_len = np.where(in_target, seg_e - seg_s, 0.0)
     # segments each interval covers (mid in [start, end)), as (label, segment) pairs, once each
     lab_idx = {lab: j for j, lab in enumerate(uniq)}
-    lab_of = np.array([lab_idx[x] for x in labels.tolist()], dtype=np.int64)
-    lo = np.searchsorted(mid, starts, side="left")
-    hi = np.searchsorted(mid, ends, side="left")
+    lab_of = np.fromiter(map(lab_idx.__getitem__, labs), dtype=np.int64, count=len(labs))
+    lo = mid.searchsorted(starts, side="left")
+    hi = mid.searchsorted(ends, side="left")
     cnt = np.maximum(hi - lo, 0)
-    seg = np.repeat(lo, cnt) + (np.arange(cnt.sum()) - np.repeat(np.cumsum(cnt) - cnt, cnt))
-    pairs = np.unique(np.repeat(lab_of, cnt) * seg_s.size + seg)  # sorted by label, then segment
-    p_lab, p_seg = pairs // seg_s.size, pairs % seg_s.size
-    n_cover = np.bincount(p_seg, minlength=seg_s.size)
-    share = np.where(n_cover > 0, seg_len / np.maximum(n_cover, 1), 0.0)
-    cuts = np.searchsorted(p_lab, np.arange(len(uniq) + 1), side="left")
-    for j, lab in enumerate(uniq):
-        v = float(np.sum(share[p_seg[cuts[j] : cuts[j + 1]]]))
+    seg = lo.repeat(cnt) + (np.arange(cnt.sum()) - (cnt.cumsum() - cnt).repeat(cnt))
+    n_seg = seg_s.size
+    if len(uniq) * n_seg <= DENSE_COVER:  # a table of (label, segment): each pair once
+        cover = np.zeros((len(uniq), n_seg), dtype=bool)
+        cover[lab_of.repeat(cnt), seg] = True
+        n_cover = cover.sum(axis=0)
+        share = np.where(n_cover > 0, seg_len / np.maximum(n_cover, 1), 0.0)
+        of_label = [share[cover[j]] for j in range(len(uniq))]  # by segment, as the pairs' order
+    else:
+        pairs = np.unique(lab_of.repeat(cnt) * n_seg + seg)  # sorted by label, then segment
+        p_lab, p_seg = pairs // n_seg, pairs % n_seg
+        n_cover = np.bincount(p_seg, minlength=n_seg)
+        share = np.where(n_cover > 0, seg_len / np.maximum(n_cover, 1), 0.0)
+        cuts = p_lab.searchsorted(np.arange(len(uniq) + 1), side="left")
+        of_label = [share[p_seg[cuts[j] : cuts[j + 1]]] for j in range(len(uniq))]
+    for lab, sh in zip(uniq, of_label):
+        v = float(sh.sum())
         if v:
             out[lab] = v
-    rest = float(np.sum(seg_len[n_cover == 0]))
+    rest = float(seg_len[n_cover == 0].sum())
     if rest:
         out[None] = rest
     return out

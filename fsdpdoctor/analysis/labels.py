@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from fsdpdoctor.ingest.kineto import RankTrace
+from fsdpdoctor.analysis.rows import name_rows
 
 # Ranges worth knowing as ancestors. Everything else (aten ops, python functions) is skipped,
 # which keeps the sweep proportional to the number of labels, not of events.
@@ -24,9 +25,7 @@ LABEL_PREFIXES = (
 
 def label_rows(rt: RankTrace) -> np.ndarray:
     """CPU rows whose names make them useful ancestors (FSDP hooks, c10d ops, annotations)."""
-    return np.flatnonzero(
-        rt.mask_cat("cpu_op", "user_annotation") & rt.mask_names(lambda n: n.startswith(LABEL_PREFIXES))
-    )
+    return name_rows(rt, lambda n: n.startswith(LABEL_PREFIXES), "cpu_op", "user_annotation")
 
 
 def enclosing(rt: RankTrace, labels: np.ndarray, queries: np.ndarray) -> dict[int, list[int]]:
@@ -39,19 +38,20 @@ def enclosing(rt: RankTrace, labels: np.ndarray, queries: np.ndarray) -> dict[in
     out: dict[int, list[int]] = {q: [] for q in queries.tolist()}
     if labels.size == 0 or queries.size == 0:
         return out
-    ts, end, thr = rt.ts, rt.ts + rt.dur, rt.thread
     rows = np.concatenate([labels, queries])
+    ts, thr = rt.ts[rows], rt.thread[rows]
+    end = ts + rt.dur[rows]  # the rows' own, not every row's
     is_query = np.concatenate([np.zeros(labels.size, bool), np.ones(queries.size, bool)])
     # by thread, then start; at equal starts the longer range first, and a label before a query
     # of the same extent so that the label contains it
-    order = np.lexsort((is_query, -end[rows], ts[rows], thr[rows]))
+    order = np.lexsort((is_query, -end, ts, thr))
     eps = 1e-6
     r_o = rows[order]
     stack: list[int] = []
     stack_end: list[float] = []
     cur_thread = -1
     # plain Python values: indexing numpy arrays element by element is several times slower
-    for r, th, e, q in zip(r_o.tolist(), thr[r_o].tolist(), end[r_o].tolist(), is_query[order].tolist()):
+    for r, th, e, q in zip(r_o.tolist(), thr[order].tolist(), end[order].tolist(), is_query[order].tolist()):
         if th != cur_thread:
             stack, stack_end = [], []
             cur_thread = th

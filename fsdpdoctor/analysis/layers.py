@@ -28,6 +28,7 @@ import numpy as np
 
 from fsdpdoctor.ingest.kineto import RankTrace
 from fsdpdoctor.ingest.shapes import decode_list
+from fsdpdoctor.analysis.rows import name_rows
 from fsdpdoctor.analysis.steps import PHASES, StepWindow, locate
 
 WEIGHT_OPS = {"aten::mm": 1, "aten::addmm": 2}  # op → position of the weight among its inputs
@@ -86,8 +87,7 @@ def periodic_run(sigs: list) -> tuple[int, int, int] | None:
 def repeated_blocks(rt: RankTrace, steps: list[StepWindow]) -> RepeatedBlocks | None:
     """The repeated blocks of the first step with recorded GEMM shapes, located in every step
     whose forward GEMMs have the same shapes. None without shapes or repetition."""
-    cpu = rt.mask_cat("cpu_op")
-    gemm = np.flatnonzero(cpu & rt.mask_names(lambda n: n in WEIGHT_OPS))
+    gemm = name_rows(rt, lambda n: n in WEIGHT_OPS, "cpu_op")
     if gemm.size == 0 or not steps:
         return None
     gemm = gemm[np.argsort(rt.ts[gemm], kind="stable")]

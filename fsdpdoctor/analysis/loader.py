@@ -16,6 +16,7 @@ import numpy as np
 from fsdpdoctor.facts.efficiency import LoaderFacts
 from fsdpdoctor.ingest.kineto import RankTrace
 from fsdpdoctor.analysis import intervals as iv
+from fsdpdoctor.analysis.rows import name_rows
 from fsdpdoctor.analysis.timeline import GPU_CATS
 
 LOADER_RX = re.compile(r"enumerate\(DataLoader\)#(_\w+DataLoaderIter)\.__next__")
@@ -25,10 +26,7 @@ def analyze_loader(rt: RankTrace, steps, gpu_present: bool) -> LoaderFacts | Non
     """LoaderFacts of the rank, means over its steps; None without a loader range in a step."""
     if not steps:
         return None
-    rows = np.flatnonzero(
-        rt.mask_cat("user_annotation", "cpu_op", "python_function")
-        & rt.mask_names(lambda n: LOADER_RX.fullmatch(n) is not None)
-    )
+    rows = name_rows(rt, lambda n: LOADER_RX.fullmatch(n) is not None, "user_annotation", "cpu_op", "python_function")
     if not rows.size:
         return None
     gpu_rows = np.flatnonzero(rt.mask_cat(*GPU_CATS)) if gpu_present else np.empty(0, dtype=int)

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from fsdpdoctor.ingest.kineto import RankTrace
+from fsdpdoctor.analysis.rows import name_rows
 
 PHASES = ("forward", "backward", "optimizer", "other")
 _STEP_RX = re.compile(r"^ProfilerStep#(\d+)$")
@@ -78,7 +79,7 @@ def _cpu_rows(rt: RankTrace) -> np.ndarray:
 
 def find_steps(rt: RankTrace) -> StepInfo:
     cpu = _cpu_rows(rt)
-    step_rows = np.flatnonzero(cpu & rt.mask_names(lambda n: n.startswith("ProfilerStep#")))
+    step_rows = name_rows(rt, lambda n: n.startswith("ProfilerStep#"), *CPU_CATS)
     steps: list[StepWindow] = []
     if step_rows.size:
         best: dict[int, int] = {}
@@ -93,7 +94,7 @@ def find_steps(rt: RankTrace) -> StepInfo:
         steps.sort(key=lambda s: s.start)
         method = "ProfilerStep"
     else:
-        opt_rows = np.flatnonzero(cpu & rt.mask_names(lambda n: n.startswith(OPTIMIZER_PREFIX)))
+        opt_rows = name_rows(rt, lambda n: n.startswith(OPTIMIZER_PREFIX), *CPU_CATS)
         cpu_ts = rt.ts[cpu]
         t0 = float(cpu_ts.min()) if cpu_ts.size else float(rt.ts.min())
         t1 = float((rt.ts + rt.dur)[cpu].max()) if cpu_ts.size else float((rt.ts + rt.dur).max())
@@ -110,7 +111,7 @@ def find_steps(rt: RankTrace) -> StepInfo:
 
 
 def _assign_phases(rt: RankTrace, cpu: np.ndarray, steps: list[StepWindow]) -> str:
-    bwd = np.flatnonzero(cpu & rt.mask_names(lambda n: n.startswith(BACKWARD_PREFIXES)))
+    bwd = name_rows(rt, lambda n: n.startswith(BACKWARD_PREFIXES), *CPU_CATS)
     autograd_threads = [
         code
         for code, key in enumerate(rt.threads)
@@ -118,10 +119,10 @@ def _assign_phases(rt: RankTrace, cpu: np.ndarray, steps: list[StepWindow]) -> s
     ]
     if autograd_threads:
         bwd = np.union1d(bwd, np.flatnonzero(cpu & np.isin(rt.thread, autograd_threads)))
-    opt = np.flatnonzero(cpu & rt.mask_names(lambda n: n.startswith(OPTIMIZER_PREFIX)))
+    opt = name_rows(rt, lambda n: n.startswith(OPTIMIZER_PREFIX), *CPU_CATS)
     b_s, b_e = rt.ts[bwd], rt.ts[bwd] + rt.dur[bwd]
     o_s, o_e = rt.ts[opt], rt.ts[opt] + rt.dur[opt]
-    fwd_starts = forward_starts(rt, cpu)
+    fwd_starts = forward_starts(rt)
     found_bwd = found_opt = False
     for st in steps:
         ph: dict[str, tuple[float, float]] = {}
@@ -162,10 +163,13 @@ def _assign_phases(rt: RankTrace, cpu: np.ndarray, steps: list[StepWindow]) -> s
 def forward_starts(rt: RankTrace, cpu: np.ndarray | None = None) -> np.ndarray:
     """Sorted CPU start times of every forward pass: ``FSDP::root_pre_forward`` ranges, else the
     outermost ``FullyShardedDataParallel.forward`` / ``DistributedDataParallel.forward`` ranges."""
-    cpu = _cpu_rows(rt) if cpu is None else cpu
-    rows = np.flatnonzero(cpu & rt.mask_names(lambda n: n in FORWARD_START_NAMES))
+
+    def named(pred) -> np.ndarray:
+        return name_rows(rt, pred, *CPU_CATS) if cpu is None else np.flatnonzero(cpu & rt.mask_names(pred))
+
+    rows = named(lambda n: n in FORWARD_START_NAMES)
     if rows.size == 0:
-        rows = np.flatnonzero(cpu & rt.mask_names(lambda n: n in FORWARD_OUTER_NAMES))
+        rows = named(lambda n: n in FORWARD_OUTER_NAMES)
         if rows.size:
             rows = rows[np.lexsort((-rt.dur[rows], rt.ts[rows]))]
             keep, end = [], -np.inf

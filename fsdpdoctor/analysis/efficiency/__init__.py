@@ -39,6 +39,7 @@ from fsdpdoctor.analysis.compute import KernelFlops, _op_dtype, kernel_class, la
 from fsdpdoctor.analysis.efficiency.idle import TOP_IDLE_OPS, idle_and_hooks
 from fsdpdoctor.analysis.fsdp import BACKWARD_NODE_PREFIX, FORWARD_ONLY_OPS
 from fsdpdoctor.analysis.labels import enclosing
+from fsdpdoctor.analysis.rows import name_lut, name_rows
 from fsdpdoctor.analysis.steps import PHASES, StepWindow
 from fsdpdoctor.analysis.timeline import GpuSteps
 
@@ -99,10 +100,10 @@ def recompute_regions(rt: RankTrace) -> tuple[np.ndarray, np.ndarray, np.ndarray
     backward node that runs forward-only ops (its innermost such node), from the first of them to
     the end of the last, extended over the forward activations right after it."""
     none = (np.zeros(0, np.int64), np.zeros(0), np.zeros(0))
-    nodes = np.flatnonzero(rt.mask_cat("cpu_op") & rt.mask_names(lambda n: n.startswith(BACKWARD_NODE_PREFIX)))
+    nodes = name_rows(rt, lambda n: n.startswith(BACKWARD_NODE_PREFIX), "cpu_op")
     if nodes.size == 0:
         return none
-    ops = np.flatnonzero(rt.mask_cat("cpu_op") & rt.mask_names(lambda n: n in FORWARD_ONLY_OPS))
+    ops = name_rows(rt, lambda n: n in FORWARD_ONLY_OPS, "cpu_op")
     chains = enclosing(rt, nodes, ops) if ops.size else {}
     by_node: dict[int, list[int]] = {}
     for r, ch in chains.items():
@@ -110,7 +111,7 @@ def recompute_regions(rt: RankTrace) -> tuple[np.ndarray, np.ndarray, np.ndarray
             by_node.setdefault(ch[-1], []).append(r)
     if not by_node:
         return none
-    tail = np.flatnonzero(rt.mask_cat("cpu_op") & rt.mask_names(lambda n: n in FORWARD_TAIL_OPS))
+    tail = name_rows(rt, lambda n: n in FORWARD_TAIL_OPS, "cpu_op")
     tail = tail[np.argsort(rt.ts[tail], kind="stable")]
     out = []
     for node, rs in by_node.items():
@@ -182,8 +183,9 @@ def analyze_efficiency(
         is_mm[pos] = ~kf.attention[kfi]
         rec[pos] = kf.recompute[kfi]
         by_name[pos] = False
-    is_attn |= by_name & rt.mask_names(lambda x: kernel_class(x) == "attention")[rows]
-    is_mm |= by_name & rt.mask_names(lambda x: kernel_class(x) == "gemm")[rows]
+    row_names = rt.name[rows]
+    is_attn |= by_name & name_lut(rt, lambda x: kernel_class(x) == "attention")[row_names]
+    is_mm |= by_name & name_lut(rt, lambda x: kernel_class(x) == "gemm")[row_names]
     regions = recompute_regions(rt) if checkpointing is not False else (np.zeros(0, np.int64), np.zeros(0), np.zeros(0))
     lr = g.launch_row if g.launch_row is not None else np.full(rows.size, -1, dtype=np.int64)
     has_l = lr >= 0
@@ -232,7 +234,9 @@ def analyze_efficiency(
         eff.other_kernels_ms["other"] = eff.other_kernels_ms.get("other", 0.0) + parts[None] / 1e3 / n
     opt_k = own & g.compute & opt_phase & (fam != "")
     if opt_k.any():
-        kinds, counts = np.unique(fam[opt_k & np.char.startswith(fam.astype(str), "optimizer_")], return_counts=True)
+        in_opt = fam[opt_k]
+        styled = np.fromiter((f.startswith("optimizer_") for f in in_opt.tolist()), dtype=bool, count=in_opt.size)
+        kinds, counts = np.unique(in_opt[styled], return_counts=True)
         if kinds.size:
             eff.optimizer = str(kinds[int(np.argmax(counts))]).removeprefix("optimizer_").replace("_", "-")
             eff.optimizer_kernels_per_step = float(counts.sum()) / n

@@ -34,6 +34,7 @@ from fsdpdoctor.ingest.kineto import RankTrace
 from fsdpdoctor.analysis import intervals as iv
 from fsdpdoctor.analysis.comms import LAUNCH_CATS, SYNC_NAMES
 from fsdpdoctor.analysis.labels import enclosing
+from fsdpdoctor.analysis.rows import name_rows
 from fsdpdoctor.analysis.steps import StepWindow
 from fsdpdoctor.analysis.timeline import GpuSteps
 
@@ -68,7 +69,7 @@ def hook_of(name: str) -> tuple[str, str]:
 
 
 def _cpu_rows(rt: RankTrace, pred) -> np.ndarray:
-    return np.flatnonzero(rt.mask_cat("cpu_op", "user_annotation") & rt.mask_names(pred))
+    return name_rows(rt, pred, "cpu_op", "user_annotation")
 
 
 def _outermost(rt: RankTrace, rows: np.ndarray) -> np.ndarray:
@@ -145,7 +146,8 @@ def idle_and_hooks(
         _by_cpu_state(rt, thread, g0, cut, waiting | tail, hooks, causes, hook_wait, inside, spans)
     eff.idle_ms = {c: v / 1e3 / n for c, v in causes.items() if v > 0}
     eff.hooks = _hook_costs(rt, hooks[(rt.ts[hooks] >= c0) & (rt.ts[hooks] < c1)], hook_wait, n)
-    comm = iv.merge(rt.ts[g.rows[g.comm]], (rt.ts + rt.dur)[g.rows[g.comm]])
+    comm_rows = g.rows[g.comm]
+    comm = iv.merge(rt.ts[comm_rows], rt.ts[comm_rows] + rt.dur[comm_rows])
     eff.syncs = _sync_costs(rt, c0, c1, sync_idle, drains, n, busy, comm)
     host = sum(v for k, v in causes.items() if k not in ("sync_drain", "gpu_dependency"))
     eff.idle_ops = _idle_ops(rt, c0, c1, inside, host, n)
@@ -173,7 +175,7 @@ def _by_cpu_state(rt, thread, g0, g1, sel, hooks, causes, hook_wait, inside=None
     dl = _cpu_rows(rt, is_data_loading)
     ranges = _cpu_rows(rt, lambda x: not x.startswith("ProfilerStep#")) if inside is not None else None
     opt = _cpu_rows(rt, lambda x: x.startswith("Optimizer.step#"))
-    launches = np.flatnonzero(rt.mask_cat(*LAUNCH_CATS) & rt.mask_names(lambda x: x in LAUNCH_CALLS))
+    launches = name_rows(rt, lambda x: x in LAUNCH_CALLS, *LAUNCH_CATS)
     for th in np.unique(thread[idx]).tolist():
         mine = idx[thread[idx] == th]
         target = iv.merge(g0[mine], g1[mine])
@@ -236,10 +238,11 @@ def _inside(rt: RankTrace, target: iv.Intervals, rows: np.ndarray, out: dict) ->
     if t0.size == 0 or rows.size == 0:
         return
     s, e = rt.ts[rows].astype(np.float64), (rt.ts[rows] + rt.dur[rows]).astype(np.float64)
-    got = iv.measure_below(target, e) - iv.measure_below(target, s)
+    cum = iv.running_total(target)
+    got = iv.measure_below(target, e, cum) - iv.measure_below(target, s, cum)
     keep = got > 0
     rows, s, e, got = rows[keep], s[keep], e[keep], got[keep]
-    order = np.lexsort((-e, s))
+    order = start_order(s, e)
     rows, s, e, got = rows[order], s[order], e[order], got[order]
     codes = rt.name[rows].astype(np.int64)
     idle, parent = out.setdefault("idle", {}), out.setdefault("parent", {})
@@ -252,6 +255,18 @@ def _inside(rt: RankTrace, target: iv.Intervals, rows: np.ndarray, out: dict) ->
     child = child[codes[up[child]] != codes[child]]
     _accumulate(parent, codes[child] << 32 | codes[up[child]], got[child], pairs=True)
     _accumulate(idle, codes[~same], got[~same])
+
+
+def start_order(s: np.ndarray, e: np.ndarray) -> np.ndarray:
+    """``np.lexsort((-e, s))``: by start, the longer first, else as given. A trace's ranges come
+    in start order with the outer first, so one stable sort by start (nearly free on sorted
+    input, where the lexsort costs ~10 ms per 200,000 ranges) is that order unless some starts
+    tie with the shorter first, which the lexsort then orders."""
+    order = np.argsort(s, kind="stable")
+    so, eo = s[order], e[order]
+    if np.any((so[1:] == so[:-1]) & (eo[1:] > eo[:-1])):
+        return np.lexsort((-e, s))
+    return order
 
 
 def _inside_loop(codes: list, s: list, e: list, got: list, idle: dict, parent: dict) -> None:
@@ -282,7 +297,8 @@ def _nesting(s: np.ndarray, e: np.ndarray, codes: np.ndarray) -> tuple[np.ndarra
     if not np.all(e > s):  # (NaN too)
         return None
     depth = np.arange(n) - np.searchsorted(np.sort(e), s, side="right")
-    by_depth = np.argsort(depth, kind="stable")  # by depth, then index
+    # by depth, then index (a small int: numpy's stable sort of 16-bit ints is a radix sort)
+    by_depth = np.argsort(depth.astype(np.int16) if n and depth.max() < 2**15 else depth, kind="stable")
     keyed = depth[by_depth] * (n + 1) + by_depth
     up = np.full(n, -1, dtype=np.int64)
     deep = by_depth[depth[by_depth] > 0]
@@ -308,16 +324,35 @@ def _nesting(s: np.ndarray, e: np.ndarray, codes: np.ndarray) -> tuple[np.ndarra
 def _accumulate(out: dict, keys: np.ndarray, values: np.ndarray, pairs: bool = False) -> None:
     """``out[k] = out.get(k, 0.0) + v`` for each (k, v) in order, keys new to ``out`` added in
     order of first appearance: the same sums, to the last bit (``np.bincount`` adds its weights
-    in order, each key's from its earlier value). ``pairs``: keys are ``a << 32 | b`` for (a, b)."""
+    in order, each key's from its earlier value). ``pairs``: keys are ``a << 32 | b`` for (a, b).
+    Keys (name codes, or pairs of them) are counted in a table as long as the codes are small,
+    else numbered with ``np.unique`` (a sort)."""
     if keys.size == 0:
         return
-    uniq, first, inv = np.unique(keys, return_index=True, return_inverse=True)
-    names = [(int(k) >> 32, int(k) & 0xFFFFFFFF) for k in uniq.tolist()] if pairs else uniq.tolist()
+    if pairs:
+        a, b = keys >> 32, keys & 0xFFFFFFFF
+        width = int(max(a.max(), b.max())) + 1
+        dense, span = a * width + b, width * width
+    else:
+        width, dense, span = 1, keys, int(keys.max()) + 1
+    if keys.min() < 0 or span > max(4 * keys.size, 1 << 16):
+        uniq, first_at, inv = np.unique(keys, return_index=True, return_inverse=True)
+        index = inv.ravel()
+        names = [(int(k) >> 32, int(k) & 0xFFFFFFFF) for k in uniq.tolist()] if pairs else uniq.tolist()
+    else:  # a table of the keys: first appearances by np.minimum.at, no sort
+        first = np.full(span, keys.size, dtype=np.int64)
+        np.minimum.at(first, dense, np.arange(keys.size))
+        uniq = np.flatnonzero(first < keys.size)
+        first_at = first[uniq]
+        lookup = np.zeros(span, dtype=np.int64)
+        lookup[uniq] = np.arange(uniq.size)
+        index = lookup[dense]
+        names = [(k // width, k % width) for k in uniq.tolist()] if pairs else uniq.tolist()
     prior = np.array([out.get(k, 0.0) for k in names], dtype=np.float64)
     sums = np.bincount(
-        np.concatenate((np.arange(uniq.size), inv.ravel())), np.concatenate((prior, values)), minlength=uniq.size
+        np.concatenate((np.arange(uniq.size), index)), np.concatenate((prior, values)), minlength=uniq.size
     ).tolist()
-    for j in np.argsort(first, kind="stable").tolist():
+    for j in np.argsort(first_at, kind="stable").tolist():
         out[names[j]] = sums[j]
 
 
@@ -378,7 +413,7 @@ BLOCKED_COPY_US = 50.0  # a copy call this long waited for the GPU (a launch tak
 def _sync_rows(rt: RankTrace, lo: float, hi: float, explicit: bool = False) -> np.ndarray:
     """Calls that blocked on the GPU in [lo, hi): the explicit synchronizations, and (unless
     ``explicit``) copy calls that lasted BLOCKED_COPY_US or more."""
-    rows = np.flatnonzero(rt.mask_cat(*LAUNCH_CATS) & rt.mask_names(lambda x: x in SYNC_NAMES))
+    rows = name_rows(rt, lambda x: x in SYNC_NAMES, *LAUNCH_CATS)
     rows = rows[(rt.ts[rows] >= lo) & (rt.ts[rows] < hi)]
     sync = np.isin(rt.name[rows], rt.name_codes(lambda x: x in EXPLICIT_SYNCS))
     return rows[sync] if explicit else rows[sync | (rt.dur[rows] >= BLOCKED_COPY_US)]

@@ -14,7 +14,7 @@ from fsdpdoctor.facts.efficiency import FUSED_OPTIMIZERS
 from fsdpdoctor.ingest._io import gc_paused
 from fsdpdoctor.ingest.kineto import RankTrace, load_trace
 from fsdpdoctor.ingest.ledger import trace_ledger
-from fsdpdoctor.analysis.compute import analyze_compute, finish
+from fsdpdoctor.analysis.compute import analyze_compute, finish, ops_by_external_id
 from fsdpdoctor.analysis.efficiency import analyze_efficiency
 from fsdpdoctor.analysis.framework import python_frames
 from fsdpdoctor.analysis import intervals as iv
@@ -30,6 +30,7 @@ from fsdpdoctor.analysis.fsdp import analyze_fsdp
 from fsdpdoctor.analysis.labels import enclosing, label_rows
 from fsdpdoctor.analysis.loader import analyze_loader
 from fsdpdoctor.analysis.memory.trace_events import memory_from_events
+from fsdpdoctor.analysis.rows import name_rows
 from fsdpdoctor.analysis.runkind import ddp_labels, run_kind
 from fsdpdoctor.analysis.steps import find_steps
 from fsdpdoctor.analysis.timeline import gpu_steps, hta_overlap, step_timeline_backlog
@@ -86,8 +87,7 @@ def ops_recorded_pct(rt: RankTrace) -> float | None:
     of them (81-100% on every real recording and public trace), a sampled or trimmed one a small
     share (1.4% on HTA's sampled 128-rank trace: kernels, launches and ops dropped inside the
     window). None with too few numbered ops to tell."""
-    ids = rt.external_id[rt.mask_cat("cpu_op")]
-    ids = np.sort(ids[ids >= 0])  # distinct ones counted on the sorted array: np.unique hashes, ~5x slower here
+    ids = ops_by_external_id(rt)[1]  # the ids sorted: distinct ones counted on it (np.unique hashes, ~5x slower)
     n = int(np.count_nonzero(ids[1:] != ids[:-1])) + 1 if ids.size else 0
     if n < MIN_OPS_FOR_SAMPLING:
         return None
@@ -234,8 +234,8 @@ PIPELINE_MARKS = {
 
 def pipelines(rt: RankTrace) -> list[str]:
     """The training pipelines the trace's annotations show (:data:`PIPELINE_MARKS`)."""
-    seen = rt.mask_cat("user_annotation", "cpu_op") & rt.mask_names(lambda n: n in PIPELINE_MARKS)
-    return sorted({PIPELINE_MARKS[rt.row_name(int(i))] for i in seen.nonzero()[0]})
+    seen = name_rows(rt, lambda n: n in PIPELINE_MARKS, "user_annotation", "cpu_op")
+    return sorted({PIPELINE_MARKS[rt.row_name(int(i))] for i in seen})
 
 
 def workload(steps) -> str | None:

@@ -31,6 +31,7 @@ from fsdpdoctor.analysis.comms import (
     launch_rows,
 )
 from fsdpdoctor.analysis.labels import phase_from_labels
+from fsdpdoctor.analysis.rows import name_lut, name_rows
 from fsdpdoctor.analysis.steps import PHASES, StepWindow, locate, microbatch_of, step_times_ms
 from fsdpdoctor.analysis.timeline.split import ClockClasses
 
@@ -66,11 +67,12 @@ def classify_gpu(rt: RankTrace) -> GpuClasses:
     rows = np.flatnonzero(rt.mask_cat(*GPU_CATS))
     comm_all = comm_kernel_mask(rt)
     is_kernel = rt.mask_cat("kernel")
-    mem_name = rt.mask_names(lambda n: MEMORY_NAME_RX.match(n) is not None)
-    not_compute = rt.mask_names(lambda n: NOT_COMPUTE_RX.match(n) is not None)
+    row_names = rt.name[rows]
+    mem_name = name_lut(rt, lambda n: MEMORY_NAME_RX.match(n) is not None)[row_names]
+    not_compute = name_lut(rt, lambda n: NOT_COMPUTE_RX.match(n) is not None)[row_names]
     comm = comm_all[rows]
-    memory = (mem_name | rt.mask_cat("gpu_memcpy", "gpu_memset"))[rows] & ~comm
-    compute = is_kernel[rows] & ~comm & ~memory & ~not_compute[rows]
+    memory = (mem_name | rt.mask_cat("gpu_memcpy", "gpu_memset")[rows]) & ~comm
+    compute = is_kernel[rows] & ~comm & ~memory & ~not_compute
     lt, lr = launch_times(rt, rows, with_found=True)
     found = lr >= 0
     backlog = ~found if found.any() else np.zeros(rows.size, dtype=bool)
@@ -96,8 +98,9 @@ def hta_overlap(rt: RankTrace, steps: list[StepWindow] | None = None) -> tuple[f
         last_start = max(st.start for st in steps)
         lt, lr = launch_times(rt, rows, with_found=True)
         rows = rows[(lr >= 0) & (lt < last_start)]
-    comm_m = comm_kernel_mask(rt, hta=True)[rows] | rt.mask_names(lambda n: COMM_NAME_RX.match(n) is not None)[rows]
-    comp_m = ~rt.mask_names(lambda n: NOT_COMPUTE_RX.match(n) is not None)[rows] & ~comm_m
+    row_names = rt.name[rows]
+    comm_m = comm_kernel_mask(rt, hta=True)[rows] | name_lut(rt, lambda n: COMM_NAME_RX.match(n) is not None)[row_names]
+    comp_m = ~name_lut(rt, lambda n: NOT_COMPUTE_RX.match(n) is not None)[row_names] & ~comm_m
     s, e = rt.ts[rows], rt.ts[rows] + rt.dur[rows]
     comm = iv.merge(s[comm_m], e[comm_m])
     comp = iv.merge(s[comp_m], e[comp_m])
@@ -321,7 +324,7 @@ def clock_parts(
 def blocking_calls(rt: RankTrace):
     """Merged CPU intervals inside calls that block until GPU work is done (synchronizations,
     synchronous or pageable copies)."""
-    rows = np.flatnonzero(rt.mask_cat(*LAUNCH_CATS) & rt.mask_names(lambda n: n in SYNC_NAMES))
+    rows = name_rows(rt, lambda n: n in SYNC_NAMES, *LAUNCH_CATS)
     return iv.merge(rt.ts[rows].astype(np.float64), (rt.ts[rows] + rt.dur[rows]).astype(np.float64))
 
 

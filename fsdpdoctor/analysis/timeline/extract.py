@@ -34,6 +34,7 @@ from fsdpdoctor.ingest.kineto import RankTrace
 from fsdpdoctor.analysis import intervals as iv
 from fsdpdoctor.analysis.comms import kind_from_collective_name, kind_from_kernel_name
 from fsdpdoctor.analysis.fsdp import placeholder_name
+from fsdpdoctor.analysis.rows import name_rows
 from fsdpdoctor.analysis.steps import StepWindow
 from fsdpdoctor.analysis.timeline import classify_gpu
 
@@ -285,9 +286,8 @@ def _unit_marks(
     comp_rows: np.ndarray,
     unit_names: list[str] | None = None,
 ) -> list[UnitMark]:
-    cpu = rt.mask_cat("cpu_op", "user_annotation")
-    hook = rt.mask_names(lambda n: _HOOK_RX.match(n) is not None)
-    rows = np.flatnonzero(cpu & hook & (rt.ts >= st.start) & (rt.ts < st.end))
+    rows = name_rows(rt, lambda n: _HOOK_RX.match(n) is not None, "cpu_op", "user_annotation")
+    rows = rows[(rt.ts[rows] >= st.start) & (rt.ts[rows] < st.end)]
     if rows.size == 0:
         return []
     rows = rows[np.argsort(rt.ts[rows], kind="stable")]

@@ -10,8 +10,9 @@ from fsdpdoctor.facts import ComputeFacts
 from fsdpdoctor.analysis import intervals as iv
 from fsdpdoctor.analysis.comms import Collective
 from fsdpdoctor.analysis.layers import RepeatedBlocks
-from fsdpdoctor.analysis.whatif.graph import CAP_DEP_US, Fix, Graph
+from fsdpdoctor.analysis.whatif.graph import CAP_DEP_US, Fix, Graph, OpMap, Packed
 from fsdpdoctor.analysis.whatif.hooks import _hook_own, _hook_us_per_unit, fix_hooks_half, fix_hooks_off
+from fsdpdoctor.analysis.whatif.loop import _sync_arrays
 from fsdpdoctor.facts.compute import TENSOR_CORE_SHARE  # the assumption, stated in the facts
 
 
@@ -476,7 +477,8 @@ STRAGGLER_FACTORS = (0.75,)
 def fix_compute_scale(g: Graph, f: float) -> Fix:
     """Compute kernels × f: what this rank's step would be with the median rank's compute speed
     (the run summary interpolates between the factors)."""
-    return Fix(f"compute×{f}", scale={int(i): f for i in np.flatnonzero(g.is_compute)})
+    ops = np.flatnonzero(g.is_compute)
+    return Fix(f"compute×{f}", scale=OpMap.of(ops, np.full(ops.size, f, dtype=np.float64)))
 
 
 #: how much faster each side is made to read the step's sensitivity to it ("CPU-bound" /
@@ -492,8 +494,8 @@ def fix_cpu_scale(g: Graph, f: float = SIDE_FACTOR) -> Fix | None:
         return None
     lo, hi = g.steps[0].start, g.steps[-1].end
     keys = g.key[~g.backlog]
-    sy = np.array([(ts, te) for ts, te, *_ in g.syncs], dtype=np.float64).reshape(-1, 2)
-    blocked = iv.merge(sy[:, 0], sy[:, 1])
+    sy = _sync_arrays(g)
+    blocked = iv.merge(sy["ts"], sy["te"])
     marks = np.array([x for st in g.steps for x in (st.start, st.end)], dtype=np.float64)
     pts = np.unique(np.concatenate((keys, blocked[0], blocked[1], marks)))
     pts = pts[(pts >= lo) & (pts <= hi)]
@@ -504,8 +506,9 @@ def fix_cpu_scale(g: Graph, f: float = SIDE_FACTOR) -> Fix | None:
     j = np.searchsorted(blocked[0], mid, side="right") - 1
     held = (j >= 0) & (mid < blocked[1][np.maximum(j, 0)]) if blocked[0].size else np.zeros(mid.size, dtype=bool)
     ok = (q > p) & ~held
-    cuts = list(zip((p[ok]).tolist(), (p[ok] + (1.0 - f) * (q[ok] - p[ok])).tolist()))
-    return Fix(f"cpu×{f}", cpu_cuts=cuts) if cuts else None
+    if not ok.any():
+        return None
+    return Fix(f"cpu×{f}", cpu_cuts=Packed(np.column_stack((p[ok], p[ok] + (1.0 - f) * (q[ok] - p[ok])))))
 
 
 #: host<->device bandwidth assumed for a pinned copy when the trace has no pinned copy of its own

@@ -9,6 +9,7 @@ import numpy as np
 from fsdpdoctor.ingest.events import KERNEL_LAUNCHES
 from fsdpdoctor.ingest.kineto import RankTrace
 from fsdpdoctor.analysis.comms import SYNC_NAMES, Collective, comm_kernel_mask, launch_rows
+from fsdpdoctor.analysis.rows import name_lut, name_rows
 from fsdpdoctor.analysis.steps import PHASES, StepWindow, locate
 
 
@@ -90,6 +91,13 @@ class OpMap:
     def __init__(self, d: dict[int, float]) -> None:
         self.k = np.fromiter(d.keys(), dtype=np.int64, count=len(d))
         self.v = np.fromiter(d.values(), dtype=np.float64, count=len(d))
+
+    @classmethod
+    def of(cls, keys: np.ndarray, values: np.ndarray) -> "OpMap":
+        """The map of distinct ``keys`` to ``values``, in that order, built from the arrays."""
+        m = cls.__new__(cls)
+        m.k, m.v = keys.astype(np.int64), values.astype(np.float64)
+        return m
 
     def __len__(self) -> int:
         return int(self.k.size)
@@ -209,28 +217,34 @@ def build_graph(rt: RankTrace, steps: list[StepWindow], colls: list[Collective])
     g_comm = _prev_gaps(prev_p, start, end)
 
     deps, n_wait = _wait_edges(rt, steps, start, end, stream, key, has, lr)
-    syncs = _sync_calls(rt, start, end, key, rows, lr, has)
+    syncs, device_syncs = _sync_calls(rt, start, end, key, rows, lr, has)
     n_deps = sum(len(v) for v in deps.values())
     explicit = {i: len(v) for i, v in deps.items()}
     g_wait = _unexplained_waits(start, end, key, stream, backlog, g_launch, prev_s, g_stream, prev_p, g_comm, deps)
     n_inferred = sum(len(v) for v in deps.values()) - n_deps
     inferred = [i for i, v in deps.items() if len(v) > explicit.get(i, 0)]
     nbytes = np.zeros(rows.size, dtype=np.float64)
-    for k in np.flatnonzero(rt.mask_cat("gpu_memcpy", "gpu_memset")[rows]).tolist():
-        a = rt.args.get(int(rows[k]))
-        if a is not None and isinstance(a.nbytes, int):
-            nbytes[k] = a.nbytes
-    names = [rt.names[c] for c in rt.name[rows]]
+    copies = np.flatnonzero(rt.mask_cat("gpu_memcpy", "gpu_memset")[rows])
+    args = rt.args
+    known = [  # (op, bytes) of the copies with a byte count
+        (k, b)
+        for k, a in zip(copies.tolist(), map(args.get, rows[copies].tolist()))
+        if a is not None and isinstance(b := a.nbytes, int)
+    ]
+    if known:
+        nbytes[np.fromiter((k for k, _ in known), dtype=np.int64, count=len(known))] = np.fromiter(
+            (b for _, b in known), dtype=np.float64, count=len(known)
+        )
+    names = np.array(rt.names, dtype=object)[rt.name[rows]].tolist()
     _, ph = locate(steps, key)
     phase = np.array(PHASES, dtype=object)[ph]
-    cpu = rt.mask_cat("cpu_op", "user_annotation")
     ranges = {}
     for label, pred in (
         ("optimizer", lambda n: n.startswith("Optimizer.step#")),
         ("rate_limiter", lambda n: n == RATE_LIMITER),
         ("hooks", _is_hook),
     ):
-        r = np.flatnonzero(cpu & rt.mask_names(pred))
+        r = name_rows(rt, pred, "cpu_op", "user_annotation")
         ranges[label] = [(float(rt.ts[i]), float(rt.ts[i] + rt.dur[i])) for i in r]
     ranges["hooks"] = _outermost(ranges["hooks"])
     return Graph(
@@ -255,7 +269,7 @@ def build_graph(rt: RankTrace, steps: list[StepWindow], colls: list[Collective])
         names,
         phase,
         ranges,
-        {row for *_, row in syncs if rt.row_name(row).endswith("DeviceSynchronize")},
+        device_syncs,
         n_wait,
         n_inferred,
         g_wait,
@@ -356,7 +370,7 @@ def _outermost(ranges: list[tuple[float, float]]) -> list[tuple[float, float]]:
 def _wait_edges(rt, steps, start, end, stream, key, has, lr):
     """Cross-stream edges from the ``cudaStreamWaitEvent`` calls (see the module docstring)."""
     deps: dict[int, list[tuple[int, float]]] = {}
-    waits = np.flatnonzero(rt.mask_cat("cuda_runtime", "cuda_driver") & rt.mask_names(lambda n: n in WAIT_NAMES))
+    waits = name_rows(rt, lambda n: n in WAIT_NAMES, "cuda_runtime", "cuda_driver")
     if waits.size == 0:
         return deps, 0
     launched = np.flatnonzero(has)
@@ -401,8 +415,9 @@ def _wait_edges(rt, steps, start, end, stream, key, has, lr):
     return deps, int(hit.sum())
 
 
-def _sync_calls(rt, start, end, key, rows, lr, has):
-    """Blocking CPU calls: (ts, end, awaited op, gap, row); awaited -1 when it did not block."""
+def _sync_calls(rt, start, end, key, rows, lr, has) -> tuple[list, set[int]]:
+    """Blocking CPU calls: (ts, end, awaited op, gap, row); awaited -1 when it did not block.
+    Also the rows of the device synchronizations among them."""
     runtime = rt.mask_cat("cuda_runtime", "cuda_driver")
     calls = np.flatnonzero(
         runtime
@@ -412,13 +427,13 @@ def _sync_calls(rt, start, end, key, rows, lr, has):
         )
     )
     if calls.size == 0:
-        return []
+        return [], set()
     ts = rt.ts[calls].astype(np.float64)
     te = ts + rt.dur[calls]
     a = np.full(calls.size, -1, dtype=np.int64)
     lops = np.flatnonzero(has)
     # synchronous / pageable copies return when their own copy is done
-    copy = rt.mask_names(lambda n: n.startswith(("cudaMemcpy", "hipMemcpy")))[calls]
+    copy = name_lut(rt, lambda n: n.startswith(("cudaMemcpy", "hipMemcpy")))[rt.name[calls]]
     if copy.any() and lops.size:
         corr = rt.correlation[lr[lops]]
         srt = np.argsort(corr, kind="stable")
@@ -429,7 +444,7 @@ def _sync_calls(rt, start, end, key, rows, lr, has):
         own = (corr[k] == cc) & (ts[copy] < end[i]) & (end[i] <= te[copy] + 1e-3)
         a[np.flatnonzero(copy)[own]] = i[own]
     # a device synchronization waits for everything launched before it
-    device = rt.mask_names(lambda n: n.endswith("DeviceSynchronize"))[calls]
+    device = name_lut(rt, lambda n: n.endswith("DeviceSynchronize"))[rt.name[calls]]
     if device.any() and lops.size:
         lorder = lops[np.argsort(key[lops], kind="stable")]
         lend = end[lorder]
@@ -451,10 +466,12 @@ def _sync_calls(rt, start, end, key, rows, lr, has):
         ends = end[by_end]
         los = np.searchsorted(ends, ts[rest], side="right")
         his = np.searchsorted(ends, te[rest] + 1e-3, side="right")
+        key_by_end, ts_l, by_end_l = key[by_end].tolist(), ts.tolist(), by_end.tolist()
+        backlog_by_end = (~has[by_end]).tolist()  # the backlog: launched before the window, so before any call
         for r, lo, hi in zip(rest.tolist(), los.tolist(), his.tolist()):
             for q in range(hi - 1, lo - 1, -1):  # by end, latest first: the first launched before the call
-                if not has[by_end[q]] or key[by_end[q]] < ts[r]:
-                    a[r] = by_end[q]
+                if backlog_by_end[q] or key_by_end[q] < ts_l[r]:
+                    a[r] = by_end_l[q]
                     break
     gap = np.where(a >= 0, te - end[np.maximum(a, 0)], 0.0)
-    return list(zip(ts.tolist(), te.tolist(), a.tolist(), gap.tolist(), calls.tolist()))
+    return list(zip(ts.tolist(), te.tolist(), a.tolist(), gap.tolist(), calls.tolist())), set(calls[device].tolist())
