@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 from collections import Counter
 from itertools import compress, repeat
-from operator import attrgetter, eq, ne
+from operator import attrgetter, eq, is_not
 from typing import Any, Union
 
 import msgspec
@@ -31,7 +31,10 @@ IntOrStr = Union[int, str]
 
 
 _ID_FIELDS = ("external_id", "correlation", "stream")  # NA in _A, None in events.Args
-_A = K.args_struct("_A", K.ARG_FIELDS, dict.fromkeys(_ID_FIELDS, NA), gc=False, frozen=True, module=__name__)
+# omit_defaults: a kept row's args are encoded with only the fields its event had (see _kept)
+_A = K.args_struct(
+    "_A", K.ARG_FIELDS, dict.fromkeys(_ID_FIELDS, NA), gc=False, frozen=True, omit_defaults=True, module=__name__
+)
 
 
 _EMPTY = _A()  # shared; never mutated
@@ -102,15 +105,11 @@ _UNTYPED = msgspec.json.Decoder()
 
 _META_KEYS = K.META_KEYS
 
-_TS = attrgetter("ts")
-_DUR = attrgetter("dur")
-_ARGS = attrgetter("args")
+_astuple = msgspec.structs.astuple
 _EXT = attrgetter("external_id")
 _CORR = attrgetter("correlation")
 _STREAM = attrgetter("stream")
-_RARE = attrgetter("collective", "nbytes", "out_nelems")
-_NONE3 = (None, None, None)
-_KEY = attrgetter("cat", "name", "pid", "tid")
+_RARE = tuple(map(attrgetter, ("collective", "nbytes", "out_nelems")))
 _CAT = attrgetter("cat")
 _NAME = attrgetter("name")
 
@@ -140,48 +139,47 @@ def _ids(getter, args: list, n: int) -> np.ndarray:
     return out
 
 
+class _KeyIndex(dict):
+    """Key -> code; a key not seen before is numbered (in order of first appearance) as it is
+    looked up, so a block's codes are one pass of C-level lookups whether or not it brings new
+    keys (most blocks bring one or two: a ``ProfilerStep#N`` a step)."""
+
+    __slots__ = ("table",)
+
+    def __missing__(self, k: tuple) -> int:
+        t = self.table
+        code = self[k] = len(t.values)
+        t.values.append(k)
+        if k[0] in K.DROPPED_CATEGORIES:
+            t.dropped.append(code)
+        if K.keeps_shapes(k[1]):
+            t.shapes.append(code)
+        return code
+
+
 class KeyTable:
     """Codes for (cat, name, pid, tid) keys, persistent across the blocks one process decodes.
 
-    A trace has a few thousand distinct keys and millions of rows, so after the first blocks a
-    block's codes cost one dict lookup per row. Keys not yet shipped to the process that
-    assembles the columns travel with the next :class:`Part`.
+    A trace has a few thousand distinct keys and millions of rows, so a block's codes cost one
+    dict lookup per row. Keys not yet shipped to the process that assembles the columns travel
+    with the next :class:`Part`.
     """
 
     def __init__(self) -> None:
         self.token = os.urandom(8).hex()
-        self.index: dict[tuple, int] = {}
+        self.index = _KeyIndex()
+        self.index.table = self
         self.values: list[tuple] = []
         self.sent = 0
         self.dropped: list[int] = []  # codes of keys whose category is not kept
         self.shapes: list[int] = []  # codes of keys whose rows keep their shapes (events.keeps_shapes)
 
-    def codes(self, xs: list) -> np.ndarray:
-        """The codes of the keys of events ``xs``."""
-        idx = self.index
-        try:  # most blocks hold no new key: no list of keys
-            return np.fromiter(map(idx.__getitem__, map(_KEY, xs)), dtype=np.int32, count=len(xs))
-        except KeyError:
-            pass
-        keys = list(map(_KEY, xs))
-        got = list(map(idx.get, keys))
-        i = -1
-        try:
-            while True:  # new keys, numbered in order of first appearance
-                i = got.index(None, i + 1)
-                k = keys[i]
-                code = idx.get(k)
-                if code is None:
-                    code = idx[k] = len(self.values)
-                    self.values.append(k)
-                    if k[0] in K.DROPPED_CATEGORIES:
-                        self.dropped.append(code)
-                    if K.keeps_shapes(k[1]):
-                        self.shapes.append(code)
-                got[i] = code
-        except ValueError:
-            pass
-        return np.fromiter(got, dtype=np.int32, count=len(got))
+    def lookup(self, codes: list[int]) -> np.ndarray:
+        """A boolean array over the codes so far, True at ``codes``: ``lookup(c)[key]`` is
+        ``np.isin(key, c)`` without its per-call cost."""
+        out = np.zeros(len(self.values), dtype=bool)
+        out[codes] = True
+        return out
 
     def unsent(self) -> list[tuple]:
         new = self.values[self.sent :]
@@ -202,7 +200,8 @@ class Part(msgspec.Struct, gc=False):
     ext: np.ndarray
     corr: np.ndarray
     stream: np.ndarray
-    keep: dict  # row in the block -> events.Args
+    keep_rows: np.ndarray  # rows in the block whose args are kept, ascending
+    keep_args: bytes  # their args as a JSON array (events.Args), see _kept
     mem: np.ndarray  # [memory] events, events.MEMORY_COLUMNS
     other: dict  # (ph, cat) -> count of the events that are not rows (every phase but X; X of dropped categories)
     frames: dict = {}  # name -> [events, total ns] of the dropped Python frames (events.add_frame)
@@ -231,31 +230,35 @@ def extract(evs: list, table: KeyTable, counted: int | None = None) -> Part:
         del nx
     count = len(evs) if counted is None else counted
     frames: dict = {}  # Python frames of dropped rows (events.add_frame)
-    key = table.codes(xs)
+    n = len(xs)
+    # one pass over the structs: their fields as tuples, one a field (zip reuses its key tuple)
+    cat, name, pid, tid, ts, dur, args = zip(*map(_astuple, xs)) if n else ((),) * 7
+    del xs
+    key = np.fromiter(map(table.index.__getitem__, zip(cat, name, pid, tid)), dtype=np.int32, count=n)
+    del cat, name, pid, tid
     if table.dropped:
-        drop = np.isin(key, table.dropped)
+        drop = table.lookup(table.dropped)[key]
         if drop.any():
             other = Counter(other)
             for code, k in zip(*np.unique(key[drop], return_counts=True)):
                 other["X", table.values[int(code)][0]] += int(k)
             gone = np.flatnonzero(drop)
-            durs = np.rint(np.fromiter((xs[i].dur for i in gone.tolist()), dtype=np.float64, count=len(gone)) * 1000)
+            durs = np.rint(np.fromiter(map(dur.__getitem__, gone.tolist()), dtype=np.float64, count=len(gone)) * 1000)
             codes, inv = np.unique(key[gone], return_inverse=True)
             calls = np.bincount(inv, minlength=len(codes))
             total = np.bincount(inv, weights=durs, minlength=len(codes))
             for c, n_calls, t in zip(codes.tolist(), calls.tolist(), total.tolist()):
                 K.add_frame(frames, table.values[c][1], n_calls, int(t))
-            rows = np.flatnonzero(~drop)
-            xs = [xs[i] for i in rows.tolist()]
+            rows = np.flatnonzero(~drop).tolist()
+            ts, dur, args = (tuple(map(col.__getitem__, rows)) for col in (ts, dur, args))
             key = key[rows]
-    n = len(xs)
-    ts = np.fromiter(map(_TS, xs), dtype=np.float64, count=n)
-    dur = np.fromiter(map(_DUR, xs), dtype=np.float64, count=n)
-    args = list(map(_ARGS, xs))
+            n = len(rows)
+    ts = np.array(ts, dtype=np.float64).reshape(n)
+    dur = np.array(dur, dtype=np.float64).reshape(n)
     try:
         ext = _ids(_EXT, args, n)
     except AttributeError:  # "args": null
-        args = [_EMPTY if a is None else a for a in args]
+        args = tuple(_EMPTY if a is None else a for a in args)
         ext = _ids(_EXT, args, n)
     miss = np.flatnonzero(ext == -1)
     if miss.size:  # 2021-era GPU and runtime events: "external id"
@@ -266,22 +269,23 @@ def extract(evs: list, table: KeyTable, counted: int | None = None) -> Part:
     corr = _ids(_CORR, args, n)
     stream = _ids(_STREAM, args, n)
     # rows whose args are kept: collective metadata, byte counts, c10d input shapes
-    keep: dict[int, K.Args] = {}
+    keep_rows = _NO_ROWS
+    keep_args = b""
     if n:
-        rare = list(map(_RARE, args))
-        cand = (
-            []
-            if rare.count(_NONE3) == n
-            else [np.flatnonzero(np.fromiter(map(ne, rare, repeat(_NONE3)), dtype=bool, count=n))]
-        )
-        del rare
+        cand: set[int] = set()
+        for get in _RARE:
+            col = list(map(get, args))
+            if col.count(None) != n:
+                cand.update(compress(range(n), map(is_not, col, repeat(None))))
         if table.shapes:
-            rows = np.flatnonzero(np.isin(key, table.shapes)).tolist()
-            cand.append(
-                np.array([i for i in rows if args[i].input_dims is not None or args[i].grid is not None], dtype=np.intp)
-            )
+            for i in np.flatnonzero(table.lookup(table.shapes)[key]).tolist():
+                a = args[i]
+                if a.input_dims is not None or a.grid is not None:
+                    cand.add(i)
         if cand:
-            keep = {i: _public_args(args[i]) for i in np.unique(np.concatenate(cand)).tolist()}
+            rows = sorted(cand)
+            keep_rows = np.array(rows, dtype=np.int64)
+            keep_args = _kept(args, rows)
     return Part(
         table.token,
         table.unsent(),
@@ -293,7 +297,8 @@ def extract(evs: list, table: KeyTable, counted: int | None = None) -> Part:
         ext,
         corr,
         stream,
-        keep,
+        keep_rows,
+        keep_args,
         K.memory_array(mem_rows),
         dict(other),
         frames,
@@ -367,9 +372,8 @@ class Columns:
         p["key"].append(np.asarray(m, dtype=np.int32)[part.key])
         for key in ("ts", "dur", "ext", "corr", "stream"):
             p[key].append(getattr(part, key))
-        base = self.rows
-        for i, a in part.keep.items():
-            self.keep[base + i] = a
+        if len(part.keep_rows):
+            self.keep.update(zip((part.keep_rows + self.rows).tolist(), kept_args(part.keep_args)))
         self.rows += n
 
     def memory_events(self) -> np.ndarray:
@@ -386,26 +390,45 @@ class Columns:
         return out.astype(dtype, copy=False)
 
 
-# _A's fields are Args' first ones, in order: an _A converts positionally
+# _A's fields are Args' first ones (same names, same JSON keys): an encoded _A decodes as Args
 assert K.Args.__struct_fields__[: len(_A.__struct_fields__)] == _A.__struct_fields__
-_ID_POS = tuple(_A.__struct_fields__.index(f) for f in _ID_FIELDS)
-_RAW_POS = tuple(_A.__struct_fields__.index(f) for f in K.RAW_FIELDS)
-_NBYTES_POS = _A.__struct_fields__.index("nbytes")
-_astuple = msgspec.structs.astuple
+_NO_ROWS = np.empty(0, dtype=np.int64)
+_NBYTES = attrgetter("nbytes")
+_KEEP_ENC = msgspec.json.Encoder()
+_KEEP_DEC = msgspec.json.Decoder(list[K.Args])
+_NA_TEXT = str(NA).encode()
 
 
-def _public_args(a: _A) -> K.Args:
-    t = list(_astuple(a))
-    for i in _ID_POS:
-        if t[i] == NA:
-            t[i] = None
-    if t[_NBYTES_POS].__class__ is str:
-        t[_NBYTES_POS] = K._to_int(t[_NBYTES_POS])
-    # a Raw points into the block's buffer; keep private copies of the few we retain
-    for i in _RAW_POS:
-        if t[i] is not None:
-            t[i] = t[i].copy()
-    return K.Args(*t)
+def _kept(args: list, rows: list[int]) -> bytes:
+    """The args of ``rows`` as a JSON array of :class:`.events.Args` (:func:`kept_args` reads it).
+
+    _A omits its defaults, so each object holds the fields its event had, as decoded: an id the
+    event did not have (NA here) is absent, hence None in Args; the shapes (Raw) are their JSON
+    text as it was in the file. Encoding a few hundred structs and decoding them where the
+    columns are assembled is several times cheaper than converting them one by one (and than
+    pickling Args from a worker process); the decoded Raw values point into this small payload,
+    not into the block."""
+    kept = list(map(args.__getitem__, rows))
+    if str in map(type, map(_NBYTES, kept)):  # ROCm byte counts are strings: as integers
+        kept = [_int_nbytes(a) for a in kept]
+    return _KEEP_ENC.encode(kept)
+
+
+def _int_nbytes(a: _A) -> _A:
+    return msgspec.structs.replace(a, nbytes=K._to_int(a.nbytes)) if a.nbytes.__class__ is str else a
+
+
+def kept_args(payload: bytes) -> list[K.Args]:
+    """The :class:`.events.Args` that :func:`_kept` encoded."""
+    vals = _KEEP_DEC.decode(payload)
+    if _NA_TEXT in payload:  # an id of -2**63 in the file is NA: absent, as this decoder always read it
+        vals = [_no_na(a) for a in vals]
+    return vals
+
+
+def _no_na(a: K.Args) -> K.Args:
+    na = {f: None for f in _ID_FIELDS if getattr(a, f) == NA}
+    return msgspec.structs.replace(a, **na) if na else a
 
 
 def _internal(e: K.Event):
