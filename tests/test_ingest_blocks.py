@@ -337,6 +337,74 @@ def test_key_inside_a_string_is_not_the_event_array(tmp_path, chunk):
     assert_same(*_both(p))
 
 
+# Every argument the block decoder keeps, written by hand: the shapes with odd spacing (they must
+# come back as the file's own text), an id of -2**63 (the decoder's "absent"), a byte count as a
+# string (ROCm) and one that is not a number.
+_KEPT_EVENTS = [
+    '{"ph": "X", "cat": "kernel", "name": "ncclDevKernel_AllGather", "pid": 1, "tid": 2, "ts": 1.0, "dur": 2.0, '
+    '"args": {"External id": -9223372036854775808, "correlation": 5, "stream": 7, "device": 0, '
+    '"Collective name": "allgather", "In msg nelems": 3, "Out msg nelems": 6, "Group size": 2, "dtype": "BFloat16", '
+    '"Process Group Name": "0", "Process Group Description": "default_pg", "Process Group Ranks": [0, 1], '
+    '"bytes": "4096", "name": "x", "external id": 9, "grid": [ 4,1,  1 ], "other": {"k": [1, 2]}}}',
+    '{"ph": "X", "cat": "cpu_op", "name": "aten::mm", "pid": 1, "tid": 2, "ts": 3.0, "dur": 1.0, '
+    '"args": {"External id": 11, "Input Dims": [[2,  3], [3, 4]], "Input type": ["c10::BFloat16", "c10::BFloat16"], '
+    '"Concrete Inputs": ["", ""], "Input Strides": [[3, 1], [4, 1]]}}',
+    '{"ph": "X", "cat": "gpu_memcpy", "name": "Memcpy HtoD", "pid": 1, "tid": 3, "ts": 4.0, "dur": 1.0, '
+    '"args": {"External id": 12, "correlation": 13, "stream": 7, "bytes": "many"}}',
+    '{"ph": "X", "cat": "cpu_op", "name": "aten::relu", "pid": 1, "tid": 2, "ts": 5.0, "dur": 1.0, '
+    '"args": {"External id": 14, "Input Dims": [[2, 3]]}}',
+]
+_KEPT_EXPECTED = {  # row -> the non-None fields of its events.Args
+    0: {
+        "correlation": 5,
+        "stream": 7,
+        "device": 0,
+        "collective": "allgather",
+        "in_nelems": 3,
+        "out_nelems": 6,
+        "group_size": 2,
+        "dtype": "BFloat16",
+        "pg_name": "0",
+        "pg_desc": "default_pg",
+        "pg_ranks": [0, 1],
+        "nbytes": 4096,
+        "name": "x",
+        "external_id_lc": 9,
+        "grid": b"[ 4,1,  1 ]",
+    },
+    1: {
+        "external_id": 11,
+        "input_dims": b"[[2,  3], [3, 4]]",
+        "input_type": b'["c10::BFloat16", "c10::BFloat16"]',
+        "concrete_inputs": b'["", ""]',
+    },
+    2: {"external_id": 12, "correlation": 13, "stream": 7},  # "many" bytes: no count
+}
+
+
+@pytest.mark.parametrize("workers", [0, 2], ids=["one-process", "workers"])
+def test_kept_args_are_the_files_own(tmp_path, monkeypatch, workers):
+    """The args of kept rows (collectives, byte counts, shapes) travel from the block decoder to
+    the trace as one JSON payload a block: each field comes back as the file wrote it."""
+    if workers:
+        monkeypatch.setattr(blocks, "CHUNK_BYTES", 256)
+        monkeypatch.setattr(blocks, "PARALLEL_AFTER", 0)
+    p = tmp_path / "kept.json"
+    p.write_text('{"traceEvents": [\n' + ",\n".join(_KEPT_EVENTS) + "\n]}")
+    rt = load_trace(p, workers=workers)
+    got = {
+        row: {
+            f: (bytes(v) if isinstance(v, msgspec.Raw) else v)
+            for f in a.__struct_fields__
+            if (v := getattr(a, f)) is not None
+        }
+        for row, a in rt.args.items()
+    }
+    assert got == _KEPT_EXPECTED
+    # row 0: -2**63 is the decoder's "absent", so its lowercase id is read; row 3 keeps nothing
+    assert rt.external_id.tolist() == [9, 11, 12, 14]
+
+
 def test_raw_args_are_private_copies():
     rt = load_trace(RECORDED[0])
     raws = [a.input_dims for a in rt.args.values() if a.input_dims is not None]
