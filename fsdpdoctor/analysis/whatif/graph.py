@@ -323,8 +323,11 @@ def _unexplained_waits(
     cross-stream waits allow (with their capped gaps), where that is ≥ UNEXPLAINED_US; an op that
     started within INFER_TOL_US of the end of earlier-launched work on another stream gets an
     edge to it in ``deps`` instead (its wait is then explained)."""
-    # the backlog: the first op of it on a stream is where it was measured, the rest queued behind
-    c = np.where(backlog, np.where(prev_s < 0, start, -np.inf), key + g_launch)
+    # the backlog: the first op of it on a stream no earlier than the GPU's first work of the window
+    # (where the first of all was measured), the rest queued behind; one that started later waited
+    # for something: an edge inferred below, or a wait kept as measured
+    opened = float(start[backlog].min()) if backlog.any() else 0.0
+    c = np.where(backlog, np.where(prev_s < 0, opened, -np.inf), key + g_launch)
     m = prev_s >= 0
     c[m] = np.maximum(c[m], end[prev_s[m]] + g_stream[m])
     m = prev_p >= 0

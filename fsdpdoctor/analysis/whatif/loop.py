@@ -146,6 +146,16 @@ def replay(
         MIN_SYNC_US,
         CAP_SYNC_US,
     )
+    # the backlog's first op on each stream starts no earlier than the window's first GPU work;
+    # a later measured start is carried by its inferred edge or its kept wait (graph._unexplained_waits)
+    opened = g.start
+    if g.backlog.any():
+        bl = np.flatnonzero(g.backlog)
+        bl = bl[np.argsort(key[bl], kind="stable")]
+        first = bl[np.unique(g.stream[bl], return_index=True)[1]]
+        opened = g.start.copy()
+        opened[first] = g.start[bl].min()
+    args = (args[0], args[1], args[2], opened) + args[4:]
     if _use_compiled(kinds_a.size, replays):
         loading = _COMPILED is None
         S, E, marks = _compiled_loop()(*args)
@@ -338,8 +348,8 @@ def _replay_loop(
         kind = ev_kind[o]
         i = ev_idx[o]
         if kind == 0:
-            # the backlog runs from where the first of it on each stream was measured (the GPU's
-            # state when the window opened), the rest of it queued behind; other ops no earlier
+            # the backlog runs from the window's first GPU work on each stream (``start`` holds it
+            # for the first of it on a stream), the rest of it queued behind; other ops no earlier
             # than their launch (or measured start), moved with the CPU
             s = stream[i]
             p = stream_last[s]
