@@ -68,7 +68,7 @@ GPU_PAIRS = [
         "matmul-wrong-engine",
         f"{LEVERS}/llama-fp32-b64",
         f"{LEVERS}/llama-bf16-b64",
-        "the replay's first step waits for the warm-up backlog to drain (207.9 ms); its steady steps take ~120 ms where bf16 ran 84.7 (GEMMs at ~75% of the BF16 peak; the replay assumes 50%)",
+        "the replay's steady steps take ~120 ms where bf16 ran 84.7 (its GEMMs at ~75% of the BF16 peak; the replay assumes 50%)",
     ),
     ("matmul-wrong-engine", "matmul-wrong-engine", f"{LEVERS}/llama-tf32-b64", f"{LEVERS}/llama-bf16-b64", ""),
     (
@@ -345,8 +345,12 @@ LEVER_AFTER = """
   FSDP's copy stream was pinned at its measured start (330.9 ms into the window, where it had
   waited for a `chunk_cat` kernel on the compute stream); it now starts with the window's first GPU
   work and waits on an edge inferred as the window's ops' are (the second replayed step 245 → 122
-  ms). Now 472.4 ms (1.12×) and 78.8 ms (1.31×): fixes made on these pairs, so no longer out of sample. The tuned-on H100 / H200
-  fp32 twins did not move (1.08×, 1.28×); FSD015 on the H100 DDP run went from 26.5 to 46.1 ms and
+  ms); (4) the backlog's fp32 GEMMs took the elementwise kernels' factor (0.5) instead of their
+  namesakes' in the window (their kernels have no FLOPs: no launching op in the window), so the
+  backlog drained at 196 ms where its GEMMs at the window's rate take 83 (first replayed step
+  207.9 → 97.8 ms). Now 499.9 ms (1.06×) and 78.8 ms (1.31×): fixes made on these pairs, so no
+  longer out of sample. The tuned-on H100 / H200
+  fp32 twins did not move (1.08×, 1.28×); FSD015 on the H100 DDP run went from 26.5 to 51.7 ms and
   on the pageable-offload run from 26.9 to 47.9 ms (no twin of either); (3) moved nothing else but a
   sensitivity replay of the public HTA send/recv trace (its unchanged replay 2.15 → 2.12% off).
 * Two blocks per unit: GPU-bound, FSD016 silent and the fix saved nothing (−1.6 / +0.2 ms traced),

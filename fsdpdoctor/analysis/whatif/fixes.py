@@ -426,7 +426,9 @@ def fix_tensor_cores(
         return None
     fp32 = _name_mask(g, lambda n: any(t in n for t in _FP32) and not any(t in n for t in _LOW))
     fwd_bwd = (g.phase == "forward") | (g.phase == "backward")
-    for i in np.flatnonzero(g.is_compute & fwd_bwd & fp32).tolist():
+    # not the backlog: its kernels change as their namesakes in the window do (loop.replay), its
+    # GEMMs with the GEMMs (their kernels have no FLOPs here: no launching op in the window)
+    for i in np.flatnonzero(g.is_compute & fwd_bwd & fp32 & ~g.backlog).tolist():
         if i not in gemm_ops:
             fx.scale[i] = elementwise
     return fx
