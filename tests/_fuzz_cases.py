@@ -54,19 +54,25 @@ def trace_doc(variant: str = "per-block", rank: int = 0, max_events: int | None 
 GPU_TRACE = RECORDED / "gpu" / "fsdp2" / "rank0.json.gz"
 
 
-def gpu_trace_doc(whole_step: bool = False) -> dict:
-    """The real H100 FSDP2 trace (torch 2.11, ``record_shapes=True``: GEMM and attention ops with
-    their ``Input Dims`` / ``Input type`` / ``Concrete Inputs``, cuBLAS / CUTLASS / fmha kernels,
-    ``deviceProperties``), cut to its last step to keep each case fast: what the compute, MFU and
-    waterfall analyses and the kernel classes read, which the CPU recordings do not have. Unless
-    ``whole_step``, the step is trimmed to a few events of each kind (``_suitefuzz_gpu``)."""
-    with gzip.open(GPU_TRACE, "rb") as f:
+def last_step_doc(path: Path) -> dict:
+    """A recorded trace cut to its last ``ProfilerStep`` and what follows it, metadata kept."""
+    with gzip.open(path, "rb") as f:
         doc = json.loads(f.read())
     evs = doc["traceEvents"]
     last = max(
         e["ts"] for e in evs if e.get("cat") == "user_annotation" and str(e.get("name")).startswith("ProfilerStep")
     )
     doc["traceEvents"] = [e for e in evs if e.get("ph") == "M" or e.get("ts", 0) >= last]
+    return doc
+
+
+def gpu_trace_doc(whole_step: bool = False) -> dict:
+    """The real H100 FSDP2 trace (torch 2.11, ``record_shapes=True``: GEMM and attention ops with
+    their ``Input Dims`` / ``Input type`` / ``Concrete Inputs``, cuBLAS / CUTLASS / fmha kernels,
+    ``deviceProperties``), cut to its last step to keep each case fast: what the compute, MFU and
+    waterfall analyses and the kernel classes read, which the CPU recordings do not have. Unless
+    ``whole_step``, the step is trimmed to a few events of each kind (``_suitefuzz_gpu``)."""
+    doc = last_step_doc(GPU_TRACE)
     if whole_step:
         return doc
     from _suitefuzz_gpu import trim_step

@@ -19,12 +19,11 @@ and clock.
 from __future__ import annotations
 
 import copy
-import gzip
 import json
 from pathlib import Path
 from typing import Any, Callable
 
-from _fuzz_cases import BIG, GPU_FLOP_OPS, GPU_SYNC_OPS, RECORDED, Case, _dumps_lenient, _set_all, nested
+from _fuzz_cases import BIG, GPU_FLOP_OPS, GPU_SYNC_OPS, RECORDED, Case, _dumps_lenient, _set_all, last_step_doc, nested
 from _suitefuzz_gpu import trim_step
 
 FSDP1_TRACE = RECORDED / "gpu" / "fsdp1" / "rank0.json.gz"
@@ -53,13 +52,7 @@ COLLECTIVE_FIELDS: dict[str, tuple] = {
 
 def fsdp1_step_doc() -> dict:
     """The FSDP1 recording's last step, trimmed, with ``[memory]`` events added."""
-    with gzip.open(FSDP1_TRACE, "rb") as f:
-        doc = json.loads(f.read())
-    evs = doc["traceEvents"]
-    last = max(
-        e["ts"] for e in evs if e.get("cat") == "user_annotation" and str(e.get("name")).startswith("ProfilerStep")
-    )
-    doc["traceEvents"] = [e for e in evs if e.get("ph") == "M" or e.get("ts", 0) >= last]
+    doc = last_step_doc(FSDP1_TRACE)
     doc = trim_step(doc, GPU_FLOP_OPS + GPU_SYNC_OPS + COLLECTIVE_OPS)
     step = next(
         e for e in doc["traceEvents"] if e.get("cat") == "user_annotation" and str(e["name"]).startswith("ProfilerStep")

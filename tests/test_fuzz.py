@@ -173,17 +173,23 @@ def test_named_hostile_inputs(work, baseline, warm):
     assert "regenerate it with 'fsdpdoctor analyze" in by_id["schema_str.json:check"]["stderr"]
 
 
+def read_or_refused(cases: list[Case], work: Path, warm: list[list[str]]) -> dict[str, dict]:
+    """Run ``cases`` and hold each to "read, or refused in one line naming the file, never an
+    internal error" (:func:`problems`); each case's result by id."""
+    results = run_cases(cases, work, warm)
+    assert len(results) == len(cases)
+    bad = [p for c, r in zip(cases, results) for p in problems(c, r, must_refuse=False)]
+    assert not bad, "\n".join(bad)
+    return {c.id: r for c, r in zip(cases, results)}
+
+
 def test_gpu_trace_fields(work, warm):
     """Every field of a real GPU trace that the compute, MFU and waterfall analyses and the kernel
     classes read, hostile: read (exit 0) or refused in one line naming the file, never an internal
     error. A ``deviceProperties`` name that is not a string (issue 44: exit 3) is an unknown device."""
     cases = gpu_cases(quiet_dir(work, "gpu"))
     assert {"gpu", "deviceProperties", "shapes", "labels"} <= {c.family for c in cases}
-    results = run_cases(cases, work, [warm("gpu")])
-    assert len(results) == len(cases)
-    bad = [p for c, r in zip(cases, results) for p in problems(c, r, must_refuse=False)]
-    assert not bad, "\n".join(bad)
-    by_id = {c.id: r for c, r in zip(cases, results)}
+    by_id = read_or_refused(cases, work, [warm("gpu")])
     for cid in ("dp_name_int.json", "dp_name_list.json", "dp_mem_str.json", "dp_entries_not_dicts.json"):
         assert by_id[cid]["code"] == 0, by_id[cid]["stderr"]
         rf = json.loads(by_id[cid]["stdout"])["rank_facts"][0]
@@ -206,11 +212,7 @@ def test_collective_memory_and_metadata_fields(work, warm):
 
     cases = field_cases(quiet_dir(work, "fields"))
     assert {"collectives", "kernels", "memory", "meta"} <= {c.family for c in cases}
-    results = run_cases(cases, work, [warm("fsdp1")])
-    assert len(results) == len(cases)
-    bad = [p for c, r in zip(cases, results) for p in problems(c, r, must_refuse=False)]
-    assert not bad, "\n".join(bad)
-    by_id = {c.id: r for c, r in zip(cases, results)}
+    by_id = read_or_refused(cases, work, [warm("fsdp1")])
     # sizes past 64 bits are refused for what they are; an unknown collective is read
     for cid in ("coll_in_msg_nelems_big.json", "coll_group_size_big.json", "memory_total_allocated_big.json"):
         assert by_id[cid]["code"] == 2 and "64-bit" in by_id[cid]["stderr"], by_id[cid]["stderr"]
@@ -221,11 +223,7 @@ def test_flight_recorder_fields(work, warm):
     """Every field of a Flight Recorder dump, hostile, one at a time: the hang diagnosis reads
     it or refuses it in one line naming the dump, never an internal error."""
     cases = fr_field_cases(quiet_dir(work, "fr"))
-    results = run_cases(cases, work, [warm("fr")])
-    assert len(results) == len(cases)
-    bad = [p for c, r in zip(cases, results) for p in problems(c, r, must_refuse=False)]
-    assert not bad, "\n".join(bad)
-    codes = [r["code"] for r in results]
+    codes = [r["code"] for r in read_or_refused(cases, work, [warm("fr")]).values()]
     assert codes.count(2) > 0 and codes.count(0) + codes.count(1) > 0
 
 
