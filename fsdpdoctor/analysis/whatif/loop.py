@@ -119,7 +119,7 @@ def replay(
         kinds_a[order],
         idx_a[order],
         keys_a[order],
-        g.start,
+        _backlog_starts(g),
         key,
         dur,
         g.backlog,
@@ -146,16 +146,6 @@ def replay(
         MIN_SYNC_US,
         CAP_SYNC_US,
     )
-    # the backlog's first op on each stream starts no earlier than the window's first GPU work;
-    # a later measured start is carried by its inferred edge or its kept wait (graph._unexplained_waits)
-    opened = g.start
-    if g.backlog.any():
-        bl = np.flatnonzero(g.backlog)
-        bl = bl[np.argsort(key[bl], kind="stable")]
-        first = bl[np.unique(g.stream[bl], return_index=True)[1]]
-        opened = g.start.copy()
-        opened[first] = g.start[bl].min()
-    args = (args[0], args[1], args[2], opened) + args[4:]
     if _use_compiled(kinds_a.size, replays):
         loading = _COMPILED is None
         S, E, marks = _compiled_loop()(*args)
@@ -235,6 +225,23 @@ def _stream_index(g: Graph) -> np.ndarray:
     cached = getattr(g, "_stream_ix", None)
     if cached is None:
         cached = g._stream_ix = np.unique(g.stream, return_inverse=True)[1]  # type: ignore[attr-defined]
+    return cached
+
+
+def _backlog_starts(g: Graph) -> np.ndarray:
+    """The measured starts, the backlog's first op on each stream moved to the window's first GPU
+    work: the loop starts it there, and a later measured start is carried by its inferred edge or
+    its kept wait (graph._unexplained_waits). Once per graph."""
+    cached = getattr(g, "_backlog_starts", None)
+    if cached is None:
+        cached = g.start
+        if g.backlog.any():
+            bl = np.flatnonzero(g.backlog)
+            bl = bl[np.argsort(g.key[bl], kind="stable")]
+            first = bl[np.unique(g.stream[bl], return_index=True)[1]]
+            cached = g.start.copy()
+            cached[first] = g.start[bl].min()
+        g._backlog_starts = cached  # type: ignore[attr-defined]
     return cached
 
 
@@ -349,8 +356,8 @@ def _replay_loop(
         i = ev_idx[o]
         if kind == 0:
             # the backlog runs from the window's first GPU work on each stream (``start`` holds it
-            # for the first of it on a stream), the rest of it queued behind; other ops no earlier
-            # than their launch (or measured start), moved with the CPU
+            # for the first of it on a stream: _backlog_starts), the rest of it queued behind;
+            # other ops no earlier than their launch (or measured start), moved with the CPU
             s = stream[i]
             p = stream_last[s]
             if backlog[i]:
