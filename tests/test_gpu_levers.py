@@ -101,3 +101,13 @@ def test_no_hook_finding_where_two_blocks_per_unit_saved_nothing():
     assert abs(_saved("llama-bf16-b64", "llama-bf16-b64-pairs")) < 2.5
     assert not [x for x in report(SET / "llama-bf16-b64").findings if x.slug == "gpu-starved-by-hooks"]
     assert [x for x in report(SET / "llama-bf16").findings if x.slug == "gpu-starved-by-hooks"]
+
+
+@pytest.mark.parametrize("problem, most", [("llama-fp32-b64", 1.10), ("llama-tf32-b64", 1.35)])
+def test_the_bf16_replay_against_its_twin(problem, most):
+    """FSD015's replay of bf16 on the GPU-bound fp32 / TF32 runs against what the bf16 twin saved
+    (raw step clocks): 1.06x and 1.31x short today; 1.98x and 1.79x before the replay's blocked
+    copies, the backlog's start and its GEMMs' factor and TF32's rate were mended on these pairs."""
+    f = next(x for x in report(SET / problem).findings if x.slug == "matmul-wrong-engine")
+    saved = _saved(problem, "llama-bf16-b64")
+    assert 1.0 <= saved / f.est_saving_ms <= most, (problem, f.est_saving_ms, saved)
