@@ -118,6 +118,12 @@ def _engines(c) -> tuple[dict[str, float], bool, bool]:
     return p, "bf16" in p, "tf32" in p
 
 
+def _peak_name(c) -> str:
+    """What MFU and the replay's rate are against: the device's dense BF16 peak, its FP16 one on a
+    GPU without BF16 (V100, T4), or the peak given with ``--peak-tflops``."""
+    return f"{c.peak_dtype.upper()} dense peak" if c.peak_dtype else "given peak"
+
+
 def _fixes(facts, bf16: bool, tf32: bool) -> dict[str, str]:
     """The fix for the run's setup and the device's engines: bf16 (and TF32 where it has it), or
     fp16 with loss scaling where it has no bf16."""
@@ -197,15 +203,20 @@ def check(facts, cfg):
             f"(CUDA-core kernels such as simt_sgemm / gemm_f32f32…ffma)"
             + (f"; {_engine_split(c)}" if _engine_split(c) else ""),
         ]
+    peak = _peak_name(c)
     if rate and c.peak_tflops:
         evidence.append(
-            f"those kernels achieve {rate:.1f} TFLOP/s; the {c.peak_label} does {c.peak_tflops:.0f} TFLOP/s "
-            f"of dense BF16 on tensor cores ({100 * rate / c.peak_tflops:.1f}% of it)"
+            f"those kernels achieve {rate:.1f} TFLOP/s; "
+            + (
+                f"the {c.peak_label} does {c.peak_tflops:.0f} TFLOP/s of dense {c.peak_dtype.upper()} on tensor cores"
+                if c.peak_dtype
+                else f"the given peak is {c.peak_tflops:.0f} TFLOP/s"
+            )
+            + f" ({100 * rate / c.peak_tflops:.1f}% of it)"
         )
     if c.mfu_pct is not None:
         evidence.append(
-            f"MFU {c.mfu_pct:.1f}% of the BF16 dense peak ({c.model_flops_per_step / 1e9:,.0f} GFLOP per "
-            f"{ms(c.step_ms)} step)"
+            f"MFU {c.mfu_pct:.1f}% of the {peak} ({c.model_flops_per_step / 1e9:,.0f} GFLOP per {ms(c.step_ms)} step)"
         )
     peaks, bf16, tf32 = _engines(c)
     by_name = c.source == "names"
@@ -248,7 +259,7 @@ def check(facts, cfg):
             replay_evidence(
                 facts,
                 REPLAY_FIX,
-                f"those kernels at {100 * TENSOR_CORE_SHARE:.0f}% of the BF16 dense peak "
+                f"those kernels at {100 * TENSOR_CORE_SHARE:.0f}% of the {peak} "
                 f"({TENSOR_CORE_SHARE * (c.peak_tflops or 0):.0f} TFLOP/s, assumed) and fp32 elementwise kernels at half "
                 "the bytes",
             )
@@ -260,7 +271,7 @@ def check(facts, cfg):
         # (on the H200 TF32 -> bf16 twin the bf16 run was 9.8 ms faster, its CPU span shorter)
         evidence.append(
             f"no saving estimated: the replay moves {ms(fp32_ms)} of fp32 kernel time per step to tensor cores "
-            f"without shortening the {'CPU-bound ' if facts.timeline.bound == 'cpu' else ''}step; what bf16 "
+            f"without shortening the {'CPU-bound ' if facts.timeline.bound == 'cpu' else ''}step; what {'bf16' if bf16 else 'fp16'} "
             "changes on the CPU (fewer, smaller kernels to launch) is not replayed: measure it"
         )
         saving = None

@@ -194,6 +194,25 @@ def test_v100_matmul_wrong_engine_fires_from_kernel_names_with_fp16_advice(v100)
     # the step is CPU-bound (FSD010 leads): freeing GPU time promises nothing here, and says so
     assert f.est_saving_ms is None and f.saving_range_ms is None
     assert "the step is CPU-bound" in text and "no saving estimated" in text
+    # the change it would bring is fp16, not bf16 (this GPU has no bf16)
+    assert "what fp16 changes on the CPU" in text and "bf16" not in text.replace("no bf16", "")
+
+
+def test_v100_matmul_wrong_engine_names_the_fp16_peak(shared_traces):
+    """On a GPU without bf16, MFU and the replay's tensor-core rate are against its FP16 peak, and
+    FSD015 says so: hta-ddp-v100-2022's test rank (V100, shapes recorded: the replay's path). The
+    V100's dense FP16 tensor-core peak is 125 TFLOP/s (NVIDIA's V100 SXM2 datasheet), so the
+    assumed rate, half of it, is 62 TFLOP/s (62.5, shown to the TFLOP)."""
+    path = shared_traces / "hta-ddp-v100-2022" / "test-rank-1.json.gz"
+    events = _events(path)
+    assert any("Input Dims" in e.get("args", {}) for e in events)  # shapes: FLOPs, the replay's rate
+    rep = fsdpdoctor.analyze(path)
+    f = next(x for x in rep.findings if x.slug == "matmul-wrong-engine")
+    text = " ".join([f.summary, *f.evidence])
+    assert "does 125 TFLOP/s of dense FP16 on tensor cores" in text
+    assert "of the FP16 dense peak (62 TFLOP/s, assumed)" in text
+    assert "MFU" in text and "% of the FP16 dense peak (" in text
+    assert "dense BF16" not in text and "BF16 dense" not in text
 
 
 @pytest.mark.parametrize(

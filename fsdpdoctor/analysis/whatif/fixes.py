@@ -670,18 +670,22 @@ FIXES = {
 ASSUMPTIONS: dict[str, list[tuple[str, dict, dict]]] = {
     "tensor_cores": [
         (
-            "the fp32 matmuls' rate on tensor cores: 35-70% of the dense BF16 peak (50% assumed)",
+            "the fp32 matmuls' rate on tensor cores: 35-70% of the dense BF16 peak (FP16 without BF16; 50% assumed)",
             {"share": 0.35},
             {"share": 0.7},
         ),
         (
-            "fp32 elementwise kernels in bf16: 0.75-0.4 of their time (0.5 assumed)",
+            "fp32 elementwise kernels in bf16 (fp16 without it): 0.75-0.4 of their time (0.5 assumed)",
             {"elementwise": 0.75},
             {"elementwise": 0.4},
         ),
     ],
     "mixed_precision": [
-        ("fp32 compute kernels in bf16: 0.7-0.35 of their time (0.5 assumed)", {"compute": 0.7}, {"compute": 0.35}),
+        (
+            "fp32 compute kernels in bf16 (fp16 without it): 0.7-0.35 of their time (0.5 assumed)",
+            {"compute": 0.7},
+            {"compute": 0.35},
+        ),
     ],
     "hooks_half": [
         (
