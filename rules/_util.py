@@ -61,6 +61,22 @@ def fsdp_version(facts: RunFacts) -> int | None:
     return {"fsdp1": 1, "fsdp2": 2}.get(mem or "")
 
 
+#: all-reduces per step from which a data-parallel loop without DDP's labels reduces one
+#: gradient at a time (DDP's ~25 MiB buckets make a few dozen at most)
+PER_PARAM_ALLREDUCES = 100
+FIX_BUCKETS = (
+    "# one all-reduce per parameter, each launched from Python: let DDP bucket them (25 MiB buckets,\n"
+    "# launched as the gradients are ready, overlapping the backward pass)\n"
+    "model = DistributedDataParallel(model, device_ids=[rank], bucket_cap_mb=25, gradient_as_bucket_view=True)\n"
+)
+
+
+def per_parameter_allreduces(facts: RunFacts, ar) -> bool:
+    """Whether ``ar`` (the run's all-reduce stats) are one per parameter, each launched from
+    Python: at least PER_PARAM_ALLREDUCES a step, and no DDP labels (DDP buckets its own)."""
+    return ar is not None and ar.count_per_step >= PER_PARAM_ALLREDUCES and not facts.parallelism.ddp
+
+
 def is_ddp(facts: RunFacts) -> bool:
     """DistributedDataParallel (or an all-reduce data-parallel loop like it), FSDP not detected:
     the run's kind (``parallelism.run_kind``) is a data-parallel one."""

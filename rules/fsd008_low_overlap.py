@@ -28,13 +28,25 @@ Known problems
     includes its wait for the other ranks, which no overlap hides: on the public MI300 DDP trace
     (one rank's file of an 8-GPU job) the all-reduces reach 2.5 GB/s of bus bandwidth and it still
     claims 7.08 ms of the 11.76 ms exposed per step. DDP bucket and compression advice needs the
-    buckets' sizes and dtypes (``record_shapes=True``): the 404 all-reduces per step of the public
-    V100 trace carry neither and get no advice.
+    buckets' sizes and dtypes (``record_shapes=True``). The 404 all-reduces per step of the public
+    V100 trace (hta-df-index-v100) carry neither; they are one per parameter, launched from Python
+    without DDP, and get DDP's buckets as the fix (as FSD010 does for their CPU cost).
 """
 
 from fsdpdoctor.fmt import mib, ms, pct
 
-from ._util import ALL_COMM, finding, fix_for, is_ddp, is_fsdp, no_fix_known, of_step, step_ms
+from ._util import (
+    ALL_COMM,
+    FIX_BUCKETS,
+    finding,
+    fix_for,
+    is_ddp,
+    is_fsdp,
+    no_fix_known,
+    of_step,
+    per_parameter_allreduces,
+    step_ms,
+)
 
 CODE = "FSD008"
 SLUG = "low-overlap"
@@ -113,6 +125,12 @@ def ddp_fix(facts) -> tuple[str | None, list[str]]:
     if ar is None or not ar.count_per_step:
         return None, []
     n, total = ar.count_per_step, ar.bytes_per_step or 0.0
+    if per_parameter_allreduces(facts, ar):
+        # no DDP here: a loop that reduces one gradient at a time (FSD010 names its CPU cost)
+        return FIX_BUCKETS, [
+            f"{n:g} all-reduces per step, one per parameter, each launched from Python (no DDP labels, no "
+            "buckets): each waits for its own gradient and its own launch"
+        ]
     avg = total / n
     dtypes = "/".join(ar.dtypes) or "dtype unknown"
     if not total:

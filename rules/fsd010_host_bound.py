@@ -41,7 +41,17 @@ Known problems
 from fsdpdoctor.fmt import mib, ms, pct
 
 from ._idiom import batch_line, idiom_parts
-from ._util import finding, fix_for, is_ddp, is_fsdp, of_cpu_step, of_window, step_ms
+from ._util import (
+    FIX_BUCKETS,
+    finding,
+    fix_for,
+    is_ddp,
+    is_fsdp,
+    of_cpu_step,
+    of_window,
+    per_parameter_allreduces,
+    step_ms,
+)
 
 CODE = "FSD010"
 SLUG = "host-bound"
@@ -62,11 +72,6 @@ FIX_BROADCAST = (
     "# where the buffers are not updated in training (or are the same on every rank):\n"
     "model = DistributedDataParallel(model, device_ids=[rank], broadcast_buffers=False)\n"
 )
-FIX_BUCKETS = (
-    "# one all-reduce per parameter, each launched from Python: let DDP bucket them (25 MiB buckets,\n"
-    "# launched as the gradients are ready, overlapping the backward pass)\n"
-    "model = DistributedDataParallel(model, device_ids=[rank], bucket_cap_mb=25, gradient_as_bucket_view=True)\n"
-)
 FIX_OPTIMIZER = "# the optimizer's step runs on the CPU while the GPU waits\n"
 FIX_FUSED = "opt = torch.optim.{cls}(params, lr=lr, fused=True)   # one fused kernel per parameter group\n"
 FIX_SHAMPOO = "# Shampoo: compute its preconditioners less often (a larger precondition_frequency)\n"
@@ -74,8 +79,6 @@ FIX_HOOKS = "# FSDP hooks between small kernels: fewer, larger FSDP units (wrap 
 FIX_PLAIN = "# launch overhead between small kernels: larger per-GPU batches, or CUDA graphs for the steady part\n"
 #: a cause holds a material share of the host-bound idle from this share (data loading, the optimizer)
 CAUSE_MIN_SHARE = 0.05
-#: per-parameter all-reduces from this count per step (DDP buckets ~25 MiB: a few dozen at most)
-PER_PARAM_ALLREDUCES = 100
 
 FIX_INFERENCE = """# launch overhead between small kernels: replay each step from a CUDA graph
 model = torch.compile(model, mode="reduce-overhead")   # CUDA graphs + fused kernels
@@ -208,7 +211,7 @@ def _causes(facts, host_idle: float) -> tuple[list[str], list[str]]:
         )
         parts.append(FIX_BROADCAST)
     ar = kinds.get("all_reduce")
-    if ar is not None and ar.count_per_step >= PER_PARAM_ALLREDUCES and not is_ddp_bucketed(facts):
+    if per_parameter_allreduces(facts, ar):
         lines.append(
             f"{ar.count_per_step:g} all-reduces a step, one per parameter (no DDP buckets), each launched from "
             f"Python; {pct(100 * ar.exposed_ms_per_step / ar.gpu_ms_per_step) if ar.gpu_ms_per_step else '–'} "
@@ -237,8 +240,3 @@ def _causes(facts, host_idle: float) -> tuple[list[str], list[str]]:
     elif idle.get("python", 0.0) + idle.get("launch", 0.0) >= floor:
         parts.append(FIX_COMPILE)
     return lines, parts
-
-
-def is_ddp_bucketed(facts) -> bool:
-    """DDP (its own labels), which buckets its all-reduces; a hand-written all-reduce loop is not."""
-    return facts.parallelism.ddp

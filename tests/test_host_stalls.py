@@ -136,6 +136,24 @@ def test_host_bound_does_not_offer_compile_where_compiled_regions_run(shared_tra
     assert "DistributedDataParallel(" in f.fix["any"]
 
 
+def test_low_overlap_of_per_parameter_allreduces_gets_ddp_buckets(shared_traces):
+    """FSD008 on the same trace: its all-reduces are no DDP buckets (no DDP labels, one
+    ``c10d::allreduce_`` per parameter from Python), so the overlap fix is DDP's bucketing, the one
+    FSD010 gives for their CPU cost, not "no code fix is known in this DDP run"."""
+    d = shared_traces / "hta-df-index-v100"
+    ev = _events(d / "rank-1.json.gz")
+    assert not any(e["name"].startswith("DistributedDataParallel") for e in ev)
+    steps = [e for e in ev if e["name"].startswith("ProfilerStep#")]
+    lo, hi = min(s["ts"] for s in steps), max(s["ts"] + s["dur"] for s in steps)
+    per_param = sum(1 for e in ev if e["name"] == "c10d::allreduce_" and lo <= e["ts"] < hi) / len(steps)
+    f = next(x for x in analyze([d]).findings if x.slug == "low-overlap")
+    text = "\n".join(f.evidence)
+    assert f"{per_param:g} all-reduces per step, one per parameter, each launched from Python" in text
+    assert "bucket(s)" not in text
+    fix = "\n".join(f.fix.values())
+    assert "DistributedDataParallel(" in fix and "bucket_cap_mb=25" in fix and "No code fix" not in fix
+
+
 def test_host_bound_names_ddp_buffer_broadcast(shared_traces):
     d = shared_traces / "hta-nccl-allreduce-a100-2ranks"
     ev = _events(d / "rank-0.json.gz")
