@@ -215,6 +215,22 @@ def test_v100_matmul_wrong_engine_names_the_fp16_peak(shared_traces):
     assert "dense BF16" not in text and "BF16 dense" not in text
 
 
+def test_matmul_wrong_engine_needs_a_material_part_of_the_step(shared_traces):
+    """The 2021 TensorBoard-plugin trace (V100, fp32, no shapes): its GEMM kernels (sgemm /
+    gemmSN, read here from the raw JSON) take ~0.01 ms of its one 13.4 ms ProfilerStep, under 5%
+    of it: whatever engine they run on changes nothing, and FSD015 stays silent. The same rule
+    fires on the V100 traces where fp32 GEMMs are a quarter of the step (tests above)."""
+    path = shared_traces / "kineto-tbplugin-2021-computeproperties" / "gpu_metrics_input.json"
+    with open(path) as fh:
+        ev = [e for e in json.load(fh)["traceEvents"] if e.get("ph") == "X"]
+    (step,) = [e["dur"] for e in ev if e.get("name", "").startswith("ProfilerStep#")]
+    gemm = sum(e["dur"] for e in ev if e.get("cat") == "Kernel" and "gemm" in e["name"].lower())
+    assert 0 < gemm < 0.05 * step
+    rep = fsdpdoctor.analyze(path)
+    assert rep.facts.compute is not None and rep.facts.compute.fp32_share_pct >= 20  # the share alone would fire
+    assert not any(f.slug == "matmul-wrong-engine" for f in rep.findings)
+
+
 @pytest.mark.parametrize(
     "name, cls, engine",
     [
