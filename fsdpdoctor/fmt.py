@@ -13,6 +13,11 @@ def pct(v: float | None) -> str:
     return "–" if v is None else f"{v:.1f}%"
 
 
+def plural(n: int | float, word: str, many: str | None = None) -> str:
+    """ "1 unit", "5 units", "2.5 steps"; ``many`` where the plural is not ``word`` + "s"."""
+    return f"{n:g} " + (word if n == 1 else many or word + "s")
+
+
 def mib(v: float | None) -> str:
     if v is None:
         return "–"

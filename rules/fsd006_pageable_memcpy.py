@@ -32,7 +32,7 @@ Known problems
     the trace shows only where it synchronizes.
 """
 
-from fsdpdoctor.fmt import ms
+from fsdpdoctor.fmt import ms, plural
 
 from ._idiom import idiom_parts
 from ._util import REPLAY_MAX_ERROR_PCT, finding, fix_for, is_fsdp, of_step, replay_evidence
@@ -79,7 +79,7 @@ def check(facts, cfg):
     evidence = [
         off.evidence
         if in_hooks
-        else f"{off.pageable_count} host copies from/to pageable memory"
+        else f"{plural(off.pageable_count, 'host copy', 'host copies')} from/to pageable memory"
         + (", none inside FSDP hooks" if is_fsdp(facts) else "")
     ]
     if facts.gpu_present:
@@ -110,7 +110,8 @@ def check(facts, cfg):
     return [
         finding(
             __name__,
-            f"{off.pageable_count} host copies use pageable memory ({ms(per_step)} of copy time per step).",
+            f"{plural(off.pageable_count, 'host copy', 'host copies')} {'uses' if off.pageable_count == 1 else 'use'} pageable memory "
+            f"({ms(per_step)} of copy time per step).",
             evidence=evidence,
             cause=cause,
             fix=fix,

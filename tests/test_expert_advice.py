@@ -86,6 +86,10 @@ def test_wording_says_what_the_trace_shows(shared_traces):
     assert "all-gathers" not in md.split("## ")[0]  # the headline
     df = fsdpdoctor.analyze(shared_traces / "hta-df-index-v100").to_markdown()
     assert "Memory at the peak" not in df
-    from fsdpdoctor.report.sections import plural
+    from fsdpdoctor.fmt import plural
 
     assert (plural(1, "unit"), plural(5, "unit"), plural(1, "step")) == ("1 unit", "5 units", "1 step")
+    assert (plural(1, "host copy", "host copies"), plural(24, "host copy", "host copies")) == (
+        "1 host copy",
+        "24 host copies",
+    )

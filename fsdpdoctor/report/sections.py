@@ -6,7 +6,7 @@ import re
 from typing import TYPE_CHECKING
 
 from fsdpdoctor.facts import RunFacts
-from fsdpdoctor.fmt import mib, ms, pct
+from fsdpdoctor.fmt import mib, ms, pct, plural
 from fsdpdoctor.report.tables import Table
 from fsdpdoctor.report.hang_sections import hang_headline, hang_table  # noqa: F401  (re-exported)
 from fsdpdoctor.report.memory_sections import BAR_WIDTH, memory_headline, memory_tables  # noqa: F401  (re-exported)
@@ -70,11 +70,6 @@ def saving_text(fd: "Finding", f: RunFacts) -> str:
 
 def _num(v: float) -> str:
     return f"{v:.2f}" if v >= 0 else f"−{-v:.2f}"
-
-
-def plural(n: int | float, word: str) -> str:
-    """ "1 unit", "5 units", "2.5 steps"."""
-    return f"{n:g} {word}" + ("" if n == 1 else "s")
 
 
 def limit_text(f: RunFacts) -> str:
