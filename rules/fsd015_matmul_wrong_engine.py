@@ -259,7 +259,13 @@ def check(facts, cfg):
             "no shapes in the trace, so a wider range than from FLOPs)"
         )
         if saving is not None:
-            evidence.append(replay_evidence(facts, REPLAY_FIX, f"those kernels' time × {ratio:.2f}"))
+            evidence.append(
+                replay_evidence(
+                    facts,
+                    REPLAY_FIX,
+                    f"those kernels' time × {ratio:.2f} and fp32 elementwise kernels at half the bytes",
+                )
+            )
             if saving < 0.5 * gpu_cut and facts.timeline.bound == "cpu":
                 evidence.append(
                     f"the step is CPU-bound: the {ms(gpu_cut)} of GPU time shortens the step only once the CPU "

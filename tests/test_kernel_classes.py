@@ -191,6 +191,8 @@ def test_v100_matmul_wrong_engine_fires_from_kernel_names_with_fp16_advice(v100)
     # the GPU time it frees: the sgemm time × (1 − 15.7 / 125), the V100's fp32 and fp16 peaks
     assert f"{sgemm * (1 - 15.7 / 125):.2f} ms less GPU time per step" in text
     assert f.saving_kind == "matmul-wrong-engine/names"
+    # the replay also halves the fp32 elementwise kernels (fixes.fix_tensor_cores): its line says so
+    assert "0.13 and fp32 elementwise kernels at half the bytes" in text
     # the step is CPU-bound (FSD010 leads): freeing GPU time promises nothing here, and says so
     assert f.est_saving_ms is None and f.saving_range_ms is None
     assert "the step is CPU-bound" in text and "no saving estimated" in text
