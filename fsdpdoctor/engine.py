@@ -311,7 +311,14 @@ def set_range(f: Finding, facts: RunFacts, fix: str | None, clock: str = "gpu") 
         a = w.assumption_ms.get(fix)
         if a:
             lo, hi = min(lo, a[0] * k), max(hi, a[1] * k)
-            said.append(w.assumptions.get(fix, "the fix's assumptions varied"))
+            said.append(
+                w.assumptions.get(fix)
+                or (
+                    "the fix's stated assumptions did not move it"
+                    if a[1] - a[0] < 0.005
+                    else "the fix's assumptions varied over the ranks"
+                )
+            )
         sens = w.sensitivity_ms.get(fix, 0.0) * k
         if sens >= 0.005:
             lo, hi = lo - sens, hi + sens

@@ -189,8 +189,16 @@ def replay_evidence(facts: RunFacts, fix: str, what: str) -> str:
         if w.unexplained_waits
         else ""
     )
+    step, saving = w.step_ms.get(fix, 0.0), w.saving_ms.get(fix, 0.0)
+    # from the unchanged replay of the same steps on the same rank (the saving's), where it saves
+    before = step + saving if saving > 0 else w.replayed_step_ms
+    whose = (
+        f"rank {w.saving_rank[fix]}'s step"
+        if saving > 0 and fix in w.saving_rank and len(w.per_rank_error_pct) > 1
+        else "the step"
+    )
     return (
-        f"what-if replay: {what} takes the step from {w.replayed_step_ms:.1f} to {w.step_ms.get(fix, 0.0):.1f} ms "
+        f"what-if replay: {what} takes {whose} from {before:.1f} to {step:.1f} ms "
         f"(the unchanged replay reproduces the measured steps within {w.error_pct:.2f}%{kept})"
     )
 

@@ -417,3 +417,55 @@ def test_replay_applicability_is_decided_once_with_the_rules():
     for fs in (unknown, off, on):
         assert _applies(fs) == {name: fs.fix_applies(name) for name in FIXES}
     assert _applies(unknown)["mixed_precision"] is False
+
+
+def test_the_runs_saving_carries_its_own_ranks_step_note_and_assumptions():
+    """The run's saving of a fix is the largest rank's (the slowest rank sets the step); the step
+    with the fix, the fix's note and the assumptions stated beside it are that rank's, so that the
+    finding's "from X to Y ms" adds up to its saving and its range text describes its replays.
+    Two ranks built by hand: rank 0 saves 0.55 ms with a stated span, rank 1 saves 1.25 ms and no
+    assumption moved it (param-dlrm's fused-optimizer finding showed rank 0's span beside rank 1's
+    saving)."""
+    from fsdpdoctor.analysis.whatif.fold import fold_whatif
+    from fsdpdoctor.facts import WhatIfFacts
+
+    def rank(r, replayed, step, saving, said):
+        w = WhatIfFacts(measured_step_ms=replayed, replayed_step_ms=replayed)
+        w.step_ms["fused_optimizer"], w.saving_ms["fused_optimizer"] = step, saving
+        w.assumption_ms["fused_optimizer"] = [saving - 0.01, saving + 0.01] if said else [saving, saving]
+        if said:
+            w.assumptions["fused_optimizer"] = said
+        w.evidence["fused_optimizer"] = f"rank {r}'s note"
+        return dataclasses.replace(_RankStub(), rank=r, whatif=w)
+
+    run = fold_whatif([rank(0, 16.0, 15.45, 0.55, "traffic: 0.54-0.56 ms"), rank(1, 19.9, 18.65, 1.25, "")])
+    assert run.saving_ms["fused_optimizer"] == 1.25 and run.saving_rank["fused_optimizer"] == 1
+    assert run.step_ms["fused_optimizer"] == 18.65  # rank 1's, not the mean (17.05)
+    assert run.evidence["fused_optimizer"] == "rank 1's note"
+    assert "fused_optimizer" not in run.assumptions  # rank 0's span is not this saving's
+    assert run.replayed_step_ms == pytest.approx(17.95)  # the run's unchanged replay: the mean, as before
+
+
+@dataclasses.dataclass
+class _RankStub:
+    rank: int = 0
+    whatif: object = None
+    compute_ms_total: float = 0.0
+
+
+def test_a_replayed_finding_on_many_ranks_adds_up(shared_traces):
+    """param-dlrm-v100-8ranks (8 ranks, one step each): FSD017's fused-optimizer saving is one
+    rank's, and its evidence names that rank and its replayed step before and after, whose
+    difference is the saving (to the 0.1 ms shown)."""
+    import re
+
+    import fsdpdoctor
+
+    rep = fsdpdoctor.analyze(shared_traces / "param-dlrm-v100-8ranks")
+    f = next(x for x in rep.findings if x.slug == "non-matmul-kernels")
+    line = next(e for e in f.evidence if e.startswith("what-if replay:"))
+    m = re.search(r"takes rank (\d+)'s step from ([\d.]+) to ([\d.]+) ms", line)
+    assert m, line
+    assert int(m.group(1)) == rep.facts.whatif.saving_rank["fused_optimizer"]
+    assert float(m.group(2)) - float(m.group(3)) == pytest.approx(f.est_saving_ms, abs=0.11)
+    assert "memory traffic" not in " ".join(f.evidence)  # another rank's span is not stated beside it

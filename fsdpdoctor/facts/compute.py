@@ -97,8 +97,10 @@ class WhatIfFacts:
     twins (:mod:`fsdpdoctor.savings`). ``sensitivity_ms[fix]``: how much a saving changes when the
     waits the trace does not explain and the inferred edges are left out (per run: the maximum).
     ``step_ms[fix]`` is the replayed mean step time with the fix applied, ``saving_ms[fix]`` the
-    replayed step time without it minus with it (per run: the maximum over ranks, since the
-    slowest rank sets the step). ``exposed_rs_ms[fix]`` is the exposed reduce-scatter per step
+    replayed step time without it minus with it, on the same steps (per run: the maximum over
+    ranks, since the slowest rank sets the step, and ``step_ms[fix]`` of the rank it is from, so
+    that the two add up to that rank's unchanged replay where the saving is positive; its stated
+    assumptions and the fix's note are that rank's too). ``exposed_rs_ms[fix]`` is the exposed reduce-scatter per step
     in the replay ("none": unchanged).
     """
 
@@ -124,6 +126,7 @@ class WhatIfFacts:
     assumptions: dict[str, str] = field(default_factory=dict)
     evidence: dict[str, str] = field(default_factory=dict)  # fix → what the transformation changed
     per_rank_error_pct: dict[str, float] = field(default_factory=dict)  # run summary only
+    saving_rank: dict[str, int] = field(default_factory=dict)  # run summary only: fix → the rank its saving is from
     # fixed-cost share of the median all-gather / reduce-scatter (fit duration = a + bytes/bw);
     # None when the sizes do not vary enough to tell
     latency_share: float | None = None

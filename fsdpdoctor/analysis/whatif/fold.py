@@ -18,12 +18,14 @@ class WhatIfFold:
     WhatIfFacts need not be kept), read back in rank order; kept whole only the replay of the
     rank with the most compute (the straggler fix interpolates its replays)."""
 
-    __slots__ = ("cols", "evidence", "said", "slow")
+    __slots__ = ("cols", "top", "slow")
 
     def __init__(self) -> None:
         self.cols = Columns()
-        self.evidence: dict[str, tuple[int, str]] = {}  # fix → (rank, text) of the lowest rank that has one
-        self.said: dict[str, tuple[int, str]] = {}  # fix → (rank, assumptions stated) of the lowest rank
+        # fix → ((saving, -rank), the rank's note on the fix, the assumptions it stated, its step
+        # with the fix) of the rank whose saving is the run's (the largest; the lowest rank among
+        # equals): what a finding shows beside the run's saving is that rank's, not another's
+        self.top: dict[str, tuple[tuple[float, int], str, str, float]] = {}
         self.slow: tuple[tuple[float, int], int, float, WhatIfFacts] | None = None
 
     def add(self, rank: int, w: WhatIfFacts | None, compute_ms_total: float) -> None:
@@ -41,16 +43,15 @@ class WhatIfFold:
             row["latency_share"] = w.latency_share
         for name, v in w.saving_ms.items():
             row[("saving", name)], row[("step", name)] = v, w.step_ms[name]
-            if name in w.evidence and (name not in self.evidence or rank < self.evidence[name][0]):
-                self.evidence[name] = (rank, w.evidence[name])
+            key = (v, -rank)
+            if name not in self.top or key > self.top[name][0]:
+                self.top[name] = (key, w.evidence.get(name, ""), w.assumptions.get(name, ""), w.step_ms[name])
         for name, v in w.exposed_rs_ms.items():
             row[("rs", name)] = v
         for name, v in w.sensitivity_ms.items():
             row[("sens", name)] = v
         for name, (lo, hi) in w.assumption_ms.items():
             row[("alo", name)], row[("ahi", name)] = lo, hi
-            if name in w.assumptions and (name not in self.said or rank < self.said[name][0]):
-                self.said[name] = (rank, w.assumptions[name])
         if compute_ms_total > 0:
             row["compute_ms"] = compute_ms_total
             key = (compute_ms_total, -rank)
@@ -76,10 +77,10 @@ class WhatIfFold:
         out.latency_share = float(np.median(shares)) if shares else None
         for name in cols.keys("saving"):
             out.saving_ms[name] = max(cols.values(("saving", name)))
-            out.step_ms[name] = float(np.mean(cols.values(("step", name))))
-            ev = self.evidence.get(name)
-            if ev and ev[1]:
-                out.evidence[name] = ev[1]
+            out.step_ms[name] = self.top[name][3]  # the step of the rank whose saving it is
+            out.saving_rank[name] = -self.top[name][0][1]
+            if self.top[name][1]:
+                out.evidence[name] = self.top[name][1]
         self._straggler(out)
         for name in cols.keys("rs"):
             out.exposed_rs_ms[name] = float(np.mean(cols.values(("rs", name))))
@@ -88,8 +89,8 @@ class WhatIfFold:
         # the run's saving is the maximum over ranks: so are the ends of its span
         for name in cols.keys("alo"):
             out.assumption_ms[name] = [max(cols.values(("alo", name))), max(cols.values(("ahi", name)))]
-            if name in self.said:
-                out.assumptions[name] = self.said[name][1]
+            if name in self.top and self.top[name][2]:
+                out.assumptions[name] = self.top[name][2]
         return out
 
     def _straggler(self, out: WhatIfFacts) -> None:
