@@ -19,6 +19,9 @@ Known problems
     52.6 and 69.0 ms, 13.5%, draw nothing). Only the rank with the largest variation is reported,
     and its saving (mean minus median step) assumes the slow steps are avoidable; a stall that
     recurs every N steps (a checkpoint) shows only when it falls inside the profiled window.
+    Steps that run torch.compile's one-time work are not judged here: the leading ones are left
+    out of the steady steps, and where a steady step compiles, compile-in-window (FSD026) reports
+    it instead (a seconds-long compile would swamp any other variation).
 """
 
 import statistics
@@ -48,6 +51,9 @@ gc.freeze()   # after the model is loaded: no full collections over it
 
 
 def check(facts, cfg):
+    cw = facts.compile_window
+    if cw is not None and cw.steady_compile_ms:
+        return []  # steps that recompile: compile-in-window says which and what they cost
     worst = None
     for rank, times in facts.step_times().items():
         if len(times) < cfg["jitter_min_steps"]:

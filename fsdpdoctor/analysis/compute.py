@@ -42,6 +42,7 @@ from fsdpdoctor.facts import ComputeFacts
 from fsdpdoctor.ingest.events import ATTN_BWD_OPS, ATTN_FWD_OPS, CONV_OPS, FLOP_OPS
 from fsdpdoctor.ingest.kineto import RankTrace
 from fsdpdoctor.ingest.shapes import decode_list, engine
+from fsdpdoctor.analysis.compile_window import compile_rows
 from fsdpdoctor.analysis import intervals as iv
 from fsdpdoctor.analysis.columns import Columns
 from fsdpdoctor.analysis.comms import comm_kernel_mask, launch_rows
@@ -394,6 +395,12 @@ def _from_shapes(
     """:func:`analyze_compute` over the ops with recorded shapes."""
     counted = name_rows(rt, lambda n: n in FLOP_OPS, "cpu_op")
     empty = KernelFlops(np.zeros(0, np.int64), np.zeros(0), [], np.zeros(0, bool), np.zeros(0, bool))
+    compiling = compile_rows(rt)
+    if compiling.size and counted.size:
+        chains = enclosing(rt, compiling, counted)
+        inside = np.fromiter((bool(chains[r]) for r in counted.tolist()), dtype=bool, count=counted.size)
+        cf.ops_in_compile = int(inside.sum())
+        counted = counted[~inside]
     if counted.size == 0:
         return cf, empty
     names = [rt.names[c] for c in rt.name[counted].tolist()]
@@ -548,7 +555,7 @@ class ComputeFold:
     def add(self, rank: int, c: ComputeFacts | None) -> None:
         if c is None:
             return
-        row: dict = {"without": float(c.ops_without_shapes)}
+        row: dict = {"without": float(c.ops_without_shapes), "in_compile": float(c.ops_in_compile)}
         if c.source == "shapes":
             row["shapes"], row["with"] = 1.0, float(c.ops_with_shapes)
             row["named_ms_per_step"] = c.named_ms_per_step
@@ -588,6 +595,7 @@ class ComputeFold:
         out.named_ms_per_step = mean("named_ms_per_step") or 0.0
         out.ops_with_shapes = int(sum(cols.values("with")))
         out.ops_without_shapes = int(sum(cols.values("without")))
+        out.ops_in_compile = int(sum(cols.values("in_compile")))
         for attr in _DICT_ATTRS:
             setattr(
                 out, attr, {k: float(np.mean(cols.filled((attr, k), 0.0, among="shapes"))) for k in cols.keys(attr)}

@@ -32,7 +32,7 @@ from fsdpdoctor.facts.parallelism import (  # noqa: F401
     ParallelismFacts,
 )
 from fsdpdoctor.facts.ledger import InputLedger, LedgerRow  # noqa: F401
-from fsdpdoctor.facts.efficiency import EfficiencyFacts, GemmShape, HookCost, LoaderFacts, SyncSite  # noqa: F401
+from fsdpdoctor.facts.efficiency import CompileFacts, EfficiencyFacts, GemmShape, HookCost, LoaderFacts, SyncSite  # noqa: F401
 from fsdpdoctor.facts.framework import FrameworkFacts, ModuleClassStats, PythonFrames  # noqa: F401
 
 #: 2: the report is one document (every RunFacts field once, at the top level, plus ``findings``);
@@ -346,6 +346,8 @@ class RankFacts:
     loader: LoaderFacts | None = None  # the DataLoader's next() inside the steps (None: no loader range)
     # what the trace's Python frames (with_stack) say: libraries, module classes (analysis.framework)
     python: PythonFrames | None = None
+    # torch.compile's one-time work in the window, and the warm-up steps left out for it (None: none)
+    compile_window: CompileFacts | None = None
 
     @property
     def step_ms(self) -> list[float]:
@@ -633,6 +635,7 @@ class RunFacts:
     rank_summaries: list[RankSummary] = field(default_factory=list)
     rank_detail: str = "all"
     loader: LoaderFacts | None = None  # the DataLoader inside the steps, mean over the ranks that show one
+    compile_window: CompileFacts | None = None  # torch.compile's one-time work in the window (the rank with most)
     # the framework that drove the run and the model's repeated block by its class (analysis.framework)
     framework: FrameworkFacts | None = None
 

@@ -67,6 +67,9 @@ class ComputeFacts:
     dtype_mfu_pct: float | None = None
     ops_with_shapes: int = 0
     ops_without_shapes: int = 0
+    # matmul / attention ops inside torch.compile's one-time work (traced on fake tensors, captured
+    # into a CUDA graph, benchmarked): not the step's model FLOPs, not counted
+    ops_in_compile: int = 0
 
     @property
     def gemm_mix(self) -> dict[str, float]:

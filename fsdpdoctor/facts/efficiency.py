@@ -213,3 +213,27 @@ class LoaderFacts:
     longest_ms: float = 0.0  # the longest single call
     steps: int = 0  # the steps it is a mean over (the fewest of any rank)
     ranks: int = 1  # ranks with loader ranges (run level)
+
+
+@dataclass(slots=True)
+class CompileFacts:
+    """torch.compile's one-time work inside the profiled window: its ``<phase> (dynamo_timed)``
+    ranges (compilation, the AOT trace, lowering, CUDA-graph recording, autotuning;
+    :mod:`fsdpdoctor.analysis.compile_window`). The leading steps that hold such work are the
+    compile's warm-up, left out of the steady steps every other figure is on, where a step
+    without it follows; compile work in a steady step (a recompilation, or a window whose every
+    step compiles) stays in it and is counted here."""
+
+    warmup_steps: list[int] = field(default_factory=list)  # step numbers left out of the steady steps
+    warmup_ms: list[float] = field(default_factory=list)  # their durations
+    warmup_compile_ms: float = 0.0  # the compile work in them
+    # steady step number → its compile work (ms), steps with some only
+    steady_compile_ms: dict[str, float] = field(default_factory=dict)
+    steady_steps: int = 0
+    steady_step_ms: float | None = None  # the steady steps' mean duration (CPU span of the step range)
+    # phase (the name of an outermost range, without " (dynamo_timed)") → ms in the window's steps
+    phases: dict[str, float] = field(default_factory=dict)
+    # per steady step: the GPU idle inside compile ranges (no kernel, memcpy or memset); None: no GPU
+    gpu_idle_ms_per_step: float | None = None
+    rank: int = 0  # the rank these are from (run level: the one with the most compile work)
+    ranks: int = 1  # ranks with compile work in their window (run level)

@@ -20,6 +20,7 @@ from __future__ import annotations
 import re
 from collections import Counter
 from contextlib import contextmanager
+import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator, Union
@@ -154,6 +155,25 @@ class RankTrace:
 
     def row_name(self, i: int) -> str:
         return self.names[self.name[i]]
+
+    def since(self, t0: float, why: str) -> "RankTrace":
+        """The trace without the complete events that start before ``t0`` (µs), as if the
+        profiler's window had opened then: those events are counted in ``other_events`` under
+        ``("X", why)`` (the input ledger lists them as not read), the ``[memory]`` events and
+        everything else kept. GPU work launched before ``t0`` and run after it keeps its rows and
+        loses its launch, like the warm-up backlog of a window that opens mid-run."""
+        keep = self.ts >= t0
+        rows = np.flatnonzero(keep)
+        new_row = np.full(len(self.ts), -1, dtype=np.int64)
+        new_row[rows] = np.arange(rows.size)
+        other = dict(self.other_events)
+        other[("X", why)] = other.get(("X", why), 0) + int(len(self.ts) - rows.size)
+        cols = {
+            k: getattr(self, k)[rows]
+            for k in ("cat", "name", "thread", "ts", "dur", "external_id", "correlation", "stream")
+        }
+        args = {int(new_row[r]): a for r, a in self.args.items() if keep[r]}
+        return dataclasses.replace(self, **cols, args=args, other_events=other, _masks={})
 
     def to_dataframe(self) -> "pd.DataFrame":  # noqa: F821
         """The events as a pandas DataFrame (names and categories as pandas Categoricals)."""

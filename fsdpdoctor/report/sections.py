@@ -180,7 +180,15 @@ def ticket_headline(f: RunFacts) -> list[tuple[str, str]]:
         if key in full:
             items.append((key, full[key]))
     if f.step_clock_ms:
-        items.append(("Step", f"{ms(f.step_clock_ms)} ({plural(f.steps.count, 'step')} per rank) · {limit_text(f)}"))
+        cw = f.compile_window
+        left = (
+            f"; step {', '.join(map(str, cw.warmup_steps))} left out: torch.compile's warm-up, {ms(max(cw.warmup_ms))}"
+            if cw is not None and cw.warmup_steps
+            else ""
+        )
+        items.append(
+            ("Step", f"{ms(f.step_clock_ms)} ({plural(f.steps.count, 'step')} per rank{left}) · {limit_text(f)}")
+        )
     if f.compute is not None and f.compute.mfu_pct is not None:
         items.append(("MFU", mfu_text(f)))
     if waterfall_line(f):

@@ -39,6 +39,7 @@ from fsdpdoctor.analysis.ranks.summary import cpu_span, exposed_by_phase_kind, f
 from fsdpdoctor.analysis.columns import Columns
 from fsdpdoctor.analysis.compute import ComputeFold
 from fsdpdoctor.analysis.efficiency import EfficiencyFold
+from fsdpdoctor.analysis.compile_window import fold_compile
 from fsdpdoctor.analysis.loader import fold_loader
 from fsdpdoctor.analysis.whatif import WhatIfFold
 from fsdpdoctor.analysis.steps import PHASES
@@ -689,6 +690,7 @@ def fold(
         if len(versions) > 1:
             rf.notes.append(f"ranks disagree on the FSDP version: {sorted(map(str, versions))}")
     rf.loader = fold_loader([r.loader for r in ranks if r.loader is not None])
+    rf.compile_window = fold_compile([(r.rank, r.compile_window) for r in ranks if r.compile_window is not None])
     kept = [s.ops_recorded_pct for s in sums if s.ops_recorded_pct is not None]
     rf.ops_recorded_pct = min(kept) if kept else None
     sources = Counter(r.rank_source for r in ranks)

@@ -14,6 +14,7 @@ from fsdpdoctor.facts.efficiency import FUSED_OPTIMIZERS
 from fsdpdoctor.ingest._io import gc_paused
 from fsdpdoctor.ingest.kineto import RankTrace, load_trace
 from fsdpdoctor.ingest.ledger import trace_ledger
+from fsdpdoctor.analysis.compile_window import split_warmup
 from fsdpdoctor.analysis.compute import analyze_compute, finish, ops_by_external_id
 from fsdpdoctor.analysis.efficiency import analyze_efficiency
 from fsdpdoctor.analysis.framework import python_frames
@@ -97,7 +98,8 @@ def ops_recorded_pct(rt: RankTrace) -> float | None:
 def _read_rank(rt: RankTrace, order_index: int) -> tuple[RankFacts, WhatIfPlan | None]:
     """Everything of a rank that reads its trace: its facts, but for the what-if replay, whose
     graph and transformations come back as a plan to replay once the trace can go."""
-    info = find_steps(rt)
+    recorded_pct = ops_recorded_pct(rt)  # of the whole window: a warm-up left out is no sampling
+    rt, info, compiling = split_warmup(rt, find_steps(rt), bool(rt.mask_cat("kernel").any()))
     labels = label_rows(rt)
     chains = enclosing(rt, labels, issue_rows(rt))
     colls = find_collectives(rt, chains, group_size=rt.world_size)
@@ -130,10 +132,21 @@ def _read_rank(rt: RankTrace, order_index: int) -> tuple[RankFacts, WhatIfPlan |
         )
     if info.step_method != "ProfilerStep":
         notes.append(f"no ProfilerStep annotations: steps from {info.step_method}")
+    if compiling is not None and compiling.warmup_steps:
+        notes.append(
+            f"step{'s' if len(compiling.warmup_steps) > 1 else ''} "
+            f"{', '.join(map(str, compiling.warmup_steps))} left out of the steady steps: torch.compile's one-time "
+            f"work ({compiling.warmup_compile_ms:.2f} ms of {sum(compiling.warmup_ms):.2f} ms)"
+        )
     device_name, device_mem, gpus = _device(rt)
     compute, kflops = analyze_compute(rt, info.steps, device_name, n_steps)
     if compute.source:
         finish(compute, sum(s.step_ms for s in steps) / len(steps) if steps else None)
+    if compute.ops_in_compile:
+        notes.append(
+            f"{compute.ops_in_compile} matmul/attention ops inside torch.compile's one-time work (traced, captured "
+            "into a CUDA graph or benchmarked, their kernels not the step's) are not counted in FLOPs and MFU"
+        )
     if compute.source != "shapes" and gpu_present:
         notes.append(
             "no matmul or attention op with recorded shapes in this trace: FLOPs and MFU not computed "
@@ -195,10 +208,11 @@ def _read_rank(rt: RankTrace, order_index: int) -> tuple[RankFacts, WhatIfPlan |
         pipelines=pipelines(rt),
         backlog_ops=backlog.ops,
         backlog_ms=backlog.gpu_ms,
-        ops_recorded_pct=ops_recorded_pct(rt),
+        ops_recorded_pct=recorded_pct,
         ledger=ledger,
         loader=analyze_loader(rt, info.steps, gpu_present),
         python=python_frames(rt.python_frames),
+        compile_window=compiling,
     )
     return facts, plan
 
