@@ -81,8 +81,9 @@ SHAPE_GROUPS = {
     ): 2,
     ("hsdp",): 4,
     ("tp-fsdp",): 4,
-    # profiled from the first step: its own process, so that no other shape compiled before it
-    ("compiled-cold",): 2,
+    # profiled from the first step: a process of their own, so that no other shape compiled before
+    # compiled-cold (compiled-recompile, after it, compiles in its own warm-up steps)
+    ("compiled-cold", "compiled-recompile"): 2,
 }
 SHAPES = tuple(v for group in SHAPE_GROUPS for v in group)
 RECORD_TIMEOUT_S = 600

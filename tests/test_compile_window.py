@@ -151,3 +151,39 @@ def test_a_cuda_graph_capture_is_named_not_offered_cuda_graphs(shared_traces):
     twin = fsdpdoctor.analyze(shared_traces / FLUX / "profile_trace_rank_0.json.gz")
     assert twin.facts.compile_window is None
     assert rep.facts.compute.flops_per_step == pytest.approx(twin.facts.compute.flops_per_step, rel=1e-9)
+
+
+def test_a_recompilation_in_a_steady_step_is_named_and_costed(recorded_run, recorder):
+    """compiled-recompile: profiled after its warm-up, its second profiled step runs shorter
+    sequences and its blocks recompile there. Nothing is left out; the compile work of that step
+    is the finding's, per step of the window, with a span down to none (a last new shape)."""
+    d = recorded_run("compiled-recompile")
+    rep = fsdpdoctor.analyze(d)
+    want_step = recorder.SHAPE_WAIT + recorder.SHAPE_WARMUP + 1
+    truth = {}
+    for rf in rep.facts.rank_facts:
+        ev = _events(d / f"rank{rf.rank}.json.gz")
+        steps = sorted((e for e in ev if e.get("name", "").startswith("ProfilerStep#")), key=lambda e: e["ts"])
+        ranges = _compile_ranges(ev)
+        per = {}
+        for s in steps:
+            a, b = s["ts"], s["ts"] + s["dur"]
+            spans = [
+                (max(r["ts"], a), min(r["ts"] + r["dur"], b)) for r in ranges if r["ts"] < b and r["ts"] + r["dur"] > a
+            ]
+            if spans:
+                per[s["name"].split("#")[1]] = _union_us(spans) / 1e3
+        assert list(per) == [str(want_step)]  # only the step with the new length compiles
+        cw = rf.compile_window
+        assert cw.warmup_steps == [] and cw.steady_steps == len(steps) == recorder.SHAPE_ACTIVE
+        assert cw.steady_compile_ms == {str(want_step): pytest.approx(per[str(want_step)])}
+        truth[rf.rank] = per[str(want_step)]
+    run = rep.facts.compile_window
+    assert run.ranks == 2 and run.rank == max(truth, key=lambda r: (truth[r], -r))
+    slugs = {f.slug: f for f in rep.findings}
+    assert "step-time-jitter" not in slugs
+    f = slugs["compile-in-window"]
+    assert f.severity in ("warning", "critical") and "recompiles" in f.summary
+    assert f.est_saving_ms == pytest.approx(truth[run.rank] / recorder.SHAPE_ACTIVE)
+    assert f.saving_range_ms[0] == 0.0
+    assert "mark_dynamic" in f.fix["any"]
