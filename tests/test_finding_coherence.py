@@ -40,7 +40,7 @@ FSDP_CODE = re.compile(
     r"BackwardPrefetch|ShardingStrategy|set_modules_to_|set_requires_gradient_sync"
 )
 TRAINING_ADVICE = re.compile(
-    r"DataLoader|optimizer|backward|fully_shard|FSDP|DistributedDataParallel|bucket_cap_mb", re.I
+    r"DataLoader|optimizer|backward|fully_shard|FSDP(?!doctor)|DistributedDataParallel|bucket_cap_mb", re.I
 )
 GPU_RECORDED = REPO / "fixtures" / "recorded" / "gpu"
 MULTI_RANK_PUBLIC = ("param-dlrm-v100-8ranks", "hta-sampled-128ranks")
