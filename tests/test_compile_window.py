@@ -187,3 +187,50 @@ def test_a_recompilation_in_a_steady_step_is_named_and_costed(recorded_run, reco
     assert f.est_saving_ms == pytest.approx(truth[run.rank] / recorder.SHAPE_ACTIVE)
     assert f.saving_range_ms[0] == 0.0
     assert "mark_dynamic" in f.fix["any"]
+
+
+def test_a_gpu_trace_is_read_from_its_first_steady_step(tmp_path):
+    """No GPU recording has compile work in its window yet, so one is made from the H200 GPT-2
+    recording (5 steps): a ``_compile.compile_inner (dynamo_timed)`` cpu_op, written as torch 2.13
+    writes it, over a quarter of its first step. That step is left out; the steps after it are
+    the recording's own, so their step times, the replay's fidelity and the FLOPs per step are
+    those of the recording read whole (the first steady step's clock starts at its own CPU
+    start, so it alone may differ)."""
+    src = Path(__file__).resolve().parents[1] / "fixtures" / "recorded" / "gpu-h200" / "gpt2-bf16" / "rank0.json.gz"
+    with gzip.open(src, "rt") as fh:
+        doc = json.load(fh)
+    ev = doc["traceEvents"]
+    steps = sorted(
+        (e for e in ev if e.get("cat") == "user_annotation" and e["name"].startswith("ProfilerStep#")),
+        key=lambda e: e["ts"],
+    )
+    first = steps[0]
+    ext = 1 + max(e["args"].get("External id", 0) for e in ev if isinstance(e.get("args"), dict))
+    ev.append(
+        {
+            "ph": "X",
+            "cat": "cpu_op",
+            "name": "_compile.compile_inner (dynamo_timed)",
+            "pid": first["pid"],
+            "tid": first["tid"],
+            "ts": first["ts"] + 1.0,
+            "dur": round(first["dur"] / 4, 3),
+            "args": {"External id": ext, "Record function id": 0, "Ev Idx": len(ev)},
+        }
+    )
+    path = tmp_path / "rank0.json.gz"
+    with gzip.open(path, "wt") as fh:
+        json.dump(doc, fh)
+    whole, cut = fsdpdoctor.analyze(src), fsdpdoctor.analyze(path)
+    numbers = [int(s["name"].split("#")[1]) for s in steps]
+    a, b = whole.facts.rank_facts[0], cut.facts.rank_facts[0]
+    assert [s.number for s in b.steps] == numbers[1:]
+    assert b.compile_window.warmup_steps == [numbers[0]]
+    assert b.compile_window.warmup_compile_ms == pytest.approx(round(first["dur"] / 4, 3) / 1e3)
+    same = {s.number: s.step_ms for s in a.steps}
+    for s in b.steps[1:]:
+        assert s.step_ms == pytest.approx(same[s.number], rel=1e-9)
+    assert cut.facts.whatif.error_pct <= 2.0
+    assert cut.facts.compute.flops_per_step == pytest.approx(whole.facts.compute.flops_per_step, rel=1e-6)
+    slugs = {f.slug for f in cut.findings}
+    assert "compile-in-window" in slugs and "step-time-jitter" not in slugs
