@@ -48,6 +48,13 @@ TITLE = "torch.compile's one-time work inside the profiled steps"
 SEVERITY = "info"
 THRESHOLDS = ()
 SAVES_ON = "step"  # compile work stalls the whole step, CPU side first
+# compare: a run that started to compile (recompile) inside its steps: the CPU's forward / backward
+# time it grew by, and the GPU's idle meanwhile; before the general findings (FSD001 is 10)
+EXPLAINS = {
+    "gpu": [("host_bound_idle", None), ("other_idle", None)],
+    "cpu": [("cpu_forward", None), ("cpu_backward", None)],
+}
+CLAIM_PRIORITY = 5
 
 FIX_WINDOW = """# profile after the compiled model's first calls (compilation, CUDA-graph recording, autotuning)
 prof = torch.profiler.profile(schedule=torch.profiler.schedule(wait=2, warmup=1, active=3), ...)

@@ -234,3 +234,28 @@ def test_a_gpu_trace_is_read_from_its_first_steady_step(tmp_path):
     assert cut.facts.compute.flops_per_step == pytest.approx(whole.facts.compute.flops_per_step, rel=1e-6)
     slugs = {f.slug for f in cut.findings}
     assert "compile-in-window" in slugs and "step-time-jitter" not in slugs
+
+
+def test_compare_names_the_recompilation(recorded_run):
+    """compare, warm compiled run → the same run recompiling in a step: the growth of the CPU's
+    forward and backward time is compile-in-window's, and it is about the compile work the raw
+    trace holds per step (the part each rank's forward / backward grew by)."""
+    from fsdpdoctor.analysis.compare import compare
+
+    before, after = fsdpdoctor.analyze(recorded_run("compiled")), fsdpdoctor.analyze(recorded_run("compiled-recompile"))
+    c = compare(
+        before.facts, after.facts, before.findings, after.findings, before_label="warm", after_label="recompile"
+    )
+    cause = next(k for k in c.causes if k.slug == "compile-in-window")
+    total = sum(k.delta_ms for k in c.causes)
+    assert cause.delta_ms > 0.9 * total
+    d = recorded_run("compiled-recompile")
+    per_rank = []
+    for p in sorted(d.glob("rank*.json.gz")):
+        ev = _events(p)
+        steps = [e for e in ev if e.get("cat") == "user_annotation" and e["name"].startswith("ProfilerStep#")]
+        lo, hi = min(s["ts"] for s in steps), max(s["ts"] + s["dur"] for s in steps)
+        spans = [(max(r["ts"], lo), min(r["ts"] + r["dur"], hi)) for r in _compile_ranges(ev) if r["ts"] < hi]
+        per_rank.append(_union_us(spans) / 1e3 / len(steps))
+    mean = sum(per_rank) / len(per_rank)
+    assert 0.8 * mean < cause.delta_ms < 1.2 * mean
