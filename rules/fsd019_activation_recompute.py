@@ -49,14 +49,26 @@ from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import apply_ac
 blocks = set(list(model.layers)[::2])
 apply_activation_checkpointing(model, check_fn=lambda m: m in blocks)
 
-# or selectively: keep matmul outputs, recompute only the cheap ops (torch >= 2.4)
+# or selectively: keep {what} outputs, recompute only the cheap ops (torch >= 2.4)
 from functools import partial
 from torch.utils.checkpoint import checkpoint, create_selective_checkpoint_contexts, CheckpointPolicy
 def policy(ctx, op, *args, **kwargs):
-    return CheckpointPolicy.MUST_SAVE if op in (torch.ops.aten.mm.default, torch.ops.aten.addmm.default) \\
+    return CheckpointPolicy.MUST_SAVE if op in ({saved}) \\
         else CheckpointPolicy.PREFER_RECOMPUTE
 out = checkpoint(block, x, use_reentrant=False, context_fn=partial(create_selective_checkpoint_contexts, policy))
 """
+MATMUL_SAVED = ("matmul", "torch.ops.aten.mm.default, torch.ops.aten.addmm.default")
+CONV_SAVED = ("convolution", "torch.ops.aten.convolution.default,")
+
+
+def _fix_code(fs) -> str:
+    """FIX with the expensive ops the recompute re-runs kept: convolutions where it re-runs
+    convolutions and no matmul (a CNN: the MI300 ResNet re-runs aten::conv2d and batch_norm),
+    else the matmuls."""
+    names = " ".join(fs.recompute_ops)
+    conv = "conv" in names and not any(k in names for k in ("linear", "matmul", "mm", "attention"))
+    what, saved = CONV_SAVED if conv else MATMUL_SAVED
+    return FIX.format(what=what, saved=saved)
 
 
 def check(facts, cfg):
@@ -91,6 +103,7 @@ def check(facts, cfg):
             evidence.append(
                 f"activations at the memory peak: {act / 2**30:.2f} GiB of {m.peak_allocated_bytes / 2**30:.2f} GiB"
             )
+    code = _fix_code(fs)
     return [
         finding(
             __name__,
@@ -99,7 +112,7 @@ def check(facts, cfg):
             "checkpointing every other block about half.",
             evidence=evidence,
             cause="checkpoint_wrapper / apply_activation_checkpointing / torch.utils.checkpoint around the blocks",
-            fix=fix_for(facts, fsdp2=FIX, fsdp1=FIX, ddp=FIX, training=FIX, lever="activation_checkpointing_less"),
+            fix=fix_for(facts, fsdp2=code, fsdp1=code, ddp=code, training=code, lever="activation_checkpointing_less"),
             confidence=0.8,
             est_saving_ms=cost,
         )

@@ -93,3 +93,35 @@ def test_wording_says_what_the_trace_shows(shared_traces):
         "1 host copy",
         "24 host copies",
     )
+
+
+def _recomputed(path: Path) -> set[str]:
+    """Names of the forward ops (aten::conv2d, aten::linear, aten::batch_norm) that run inside an
+    autograd backward node (``autograd::engine::evaluate_function: …``) on the same thread."""
+    ev = [e for e in _events(path) if e.get("ph") == "X" and e.get("cat") == "cpu_op"]
+    nodes: dict = {}
+    for e in ev:
+        if e["name"].startswith("autograd::engine::evaluate_function"):
+            nodes.setdefault(e["tid"], []).append((e["ts"], e["ts"] + e["dur"]))
+    out = set()
+    for e in ev:
+        if e["name"] in ("aten::conv2d", "aten::linear", "aten::batch_norm"):
+            if any(a <= e["ts"] and e["ts"] + e["dur"] <= b for a, b in nodes.get(e["tid"], ())):
+                out.add(e["name"])
+    return out
+
+
+def test_selective_checkpointing_keeps_what_the_model_runs(shared_traces):
+    """FSD019's selective-checkpointing policy keeps the expensive ops the recompute re-runs: a
+    CNN's convolutions (the public MI300 ResNet re-runs conv2d and batch_norm inside backward
+    nodes, its one linear layer not), a transformer's matmuls (the H100 fsdp2-ac recording)."""
+    path = shared_traces / "tracelens-mi300-ddp" / "resnet_act_checkpoint.json.gz"
+    assert _recomputed(path) == {"aten::conv2d", "aten::batch_norm"}
+    cnn = next(f for f in fsdpdoctor.analyze(path).findings if f.slug == "activation-recompute")
+    code = "\n".join(cnn.fix.values())
+    assert "torch.ops.aten.convolution.default" in code and "aten.mm" not in code
+    rec = Path(__file__).resolve().parents[1] / "fixtures" / "recorded" / "gpu" / "fsdp2-ac" / "rank0.json.gz"
+    assert "aten::linear" in _recomputed(rec)
+    tf = next(f for f in fsdpdoctor.analyze(rec.parent).findings if f.slug == "activation-recompute")
+    code = "\n".join(tf.fix.values())
+    assert "torch.ops.aten.mm.default" in code and "convolution" not in code

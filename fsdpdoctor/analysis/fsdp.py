@@ -470,6 +470,7 @@ def _checkpointing(rt: RankTrace, f: FsdpFacts, n_steps: int) -> None:
         f.recompute_cpu_ms_per_step = per_step
         f.recompute_gpu_ms_per_step = _recompute_gpu_ms(rt, inside) / max(n_steps, 1)
         names = sorted({rt.row_name(int(r)) for r in inside})
+        f.recompute_ops = names
         f.activation_checkpointing_evidence = (
             f"{inside.size / max(n_steps, 1):g} forward ops per step ({', '.join(names)}) run inside autograd "
             f"backward nodes: checkpointed activations recomputed, {per_step:.2f} ms CPU per step"

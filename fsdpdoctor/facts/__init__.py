@@ -220,6 +220,7 @@ class FsdpFacts:
     microbatches_per_step: int = 1  # forward passes per optimizer step (gradient accumulation)
     activation_checkpointing: bool | None = None  # forward ops recomputed inside backward; None: unknown
     activation_checkpointing_evidence: str = ""
+    recompute_ops: list[str] = field(default_factory=list)  # the forward ops run again inside backward nodes
     recompute_cpu_ms_per_step: float = 0.0  # CPU time of recomputed forward ops inside backward
     # the re-run forward's GPU time: the efficiency waterfall's recompute part where the rank has one
     # (every kernel launched in the re-run forward), else |union| of the kernels the forward-only ops launched
