@@ -55,7 +55,7 @@ WHY = {
     "mtia_ccp_events": "MTIA device work (not CUDA kernels): not read",
     "mtia_runtime": "MTIA runtime calls: not read",
     "cuda_profiler_range": "GPU work recorded as CUPTI hardware-counter ranges, not as kernels: not read",
-    # analysis.compile_window.WARMUP_EVENTS (as written, lower-cased by canonical_category)
+    # analysis.compile_window.WARMUP_EVENTS (canonical_category leaves it as written)
     "torch.compile warm-up steps": "the leading steps that ran torch.compile's one-time work: left out, the "
     "steady steps after them read (compile-in-window)",
 }
