@@ -348,12 +348,18 @@ MIN_STEPS = 2  # steps per run, at least, to measure its step-to-step spread (a 
 
 
 def step_samples(f: RunFacts, basis: str) -> list[float]:
-    """The run's step times, one a step (the mean over its ranks of each step's time)."""
+    """The run's step times, one a step (the mean over its ranks of each step's time), each less
+    the torch.compile work in it (a recompilation: a cause compile-in-window names, not noise)."""
     ranks = [r for r in _ranks_for(f, basis) if r.steps]
     if not ranks:
         return []
     n = min(len(r.steps) for r in ranks)
-    return [sum(r.steps[i].step_ms for r in ranks) / len(ranks) for i in range(n)]
+
+    def compiling(r: RankFacts, i: int) -> float:
+        cw = r.compile_window
+        return cw.steady_compile_ms.get(str(r.steps[i].number), 0.0) if cw is not None else 0.0
+
+    return [sum(r.steps[i].step_ms - compiling(r, i) for r in ranks) / len(ranks) for i in range(n)]
 
 
 def step_noise(before: RunFacts, after: RunFacts, basis: str) -> tuple[float | None, str]:
@@ -369,8 +375,17 @@ def step_noise(before: RunFacts, after: RunFacts, basis: str) -> tuple[float | N
         return sum((v - m) ** 2 for v in x) / (len(x) - 1)
 
     noise = 2 * math.sqrt(var(xb) / len(xb) + var(xa) / len(xa))
+    less = (
+        " (less their torch.compile work)"
+        if any(
+            r.compile_window is not None and r.compile_window.steady_compile_ms
+            for f in (before, after)
+            for r in f.all_ranks()
+        )
+        else ""
+    )
     spread = (
-        f"steps {min(xb):.2f}–{max(xb):.2f} ms before ({len(xb)} steps), {min(xa):.2f}–{max(xa):.2f} ms after "
+        f"steps{less} {min(xb):.2f}–{max(xb):.2f} ms before ({len(xb)} steps), {min(xa):.2f}–{max(xa):.2f} ms after "
         f"({len(xa)}): ±{noise:.2f} ms on the difference (two standard errors)"
     )
     return noise, spread
