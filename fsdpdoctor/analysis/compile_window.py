@@ -94,15 +94,12 @@ def split_warmup(rt: RankTrace, info: StepInfo, gpu_present: bool) -> tuple[Rank
         window = iv.merge(np.array([s.start for s in steady]), np.array([s.end for s in steady]))
         inside = iv.intersect(spans, window)
         idle = (iv.total(inside) - iv.intersect_len(inside, busy)) / 1e3 / len(steady)
+    in_steady = [iv.total(iv.clip(spans, s.start, s.end)) for s in steady]  # the steps as read now
     facts = CompileFacts(
         warmup_steps=[s.number for s in warmup],
         warmup_ms=[(s.end - s.start) / 1e3 for s in warmup],
         warmup_compile_ms=sum(per_step[:lead]) / 1e3,
-        steady_compile_ms={
-            str(s.number): iv.total(iv.clip(spans, s.start, s.end)) / 1e3
-            for s in steady
-            if iv.total(iv.clip(spans, s.start, s.end)) > 0
-        },
+        steady_compile_ms={str(s.number): us / 1e3 for s, us in zip(steady, in_steady) if us > 0},
         steady_steps=len(steady),
         steady_step_ms=sum(s.end - s.start for s in steady) / 1e3 / len(steady) if steady else None,
         phases=dict(sorted(phases.items(), key=lambda kv: -kv[1])),
